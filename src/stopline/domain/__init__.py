@@ -1,0 +1,1 @@
+"""The contract as pure values: vocabulary, transition tables, records, receipts."""

@@ -1,0 +1,231 @@
+"""Receipts: the answer to "what happened?", never claiming more than the evidence.
+
+The headline follows R8's precedence, worst first; each operation gets one
+line in plain words. ``build_receipt`` is pure: it reads records only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
+
+__all__ = ["HEADLINE_MESSAGES", "OperationLine", "Receipt", "build_receipt", "headline_for"]
+
+HEADLINE_MESSAGES: dict[Headline, str] = {
+    Headline.CANCELED_BEFORE_EXTERNAL_ACTION: "Canceled before external action.",
+    Headline.STOPPED_WITH_COMPLETED_ACTIONS: (
+        "Stopped. {n} actions had already completed and were kept."
+    ),
+    Headline.CORRECTION_QUEUED: "Action had already completed; correction queued.",
+    Headline.CORRECTED: "Action had already completed; it was corrected.",
+    Headline.AWAITING_CONFIRMATION: "Cancellation requested; waiting for vendor confirmation.",
+    Headline.VERIFYING: (
+        "The action may already have happened; verifying before closing this run."
+    ),
+    Headline.NEEDS_REVIEW: "Status unknown; human review required.",
+    Headline.RUNNING: "Running.",
+    Headline.PAUSED: "Paused. No new actions are dispatched until it is resumed.",
+    Headline.COMPLETED: "Completed.",
+    Headline.FAILED: "Failed.",
+}
+
+_PLAIN_STATUS: dict[OpStatus, str] = {
+    OpStatus.NOT_STARTED: "not started",
+    OpStatus.PREVENTED: "not sent: stopped at the dispatch gate",
+    OpStatus.REQUESTED: "sent; no answer yet",
+    OpStatus.ACCEPTED: "accepted by the provider; not finished yet",
+    OpStatus.COMMITTED: "completed",
+    OpStatus.NOT_COMMITTED: "did not happen",
+    OpStatus.UNKNOWN: "may have happened; verifying",
+    OpStatus.NEEDS_REVIEW: "outcome unknown; waiting for human review",
+    OpStatus.COMPENSATING: "completed; correction in progress",
+    OpStatus.COMPENSATED: "completed, then corrected",
+    OpStatus.COMPENSATION_FAILED: "completed; the correction failed",
+}
+
+_SETTLED_STATES = frozenset(
+    {RunState.CANCELLED, RunState.NEEDS_REVIEW, RunState.COMPLETED, RunState.FAILED}
+)
+_CANCELLED_STATES = frozenset(
+    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
+)
+
+
+def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
+    """R8: the worst outcome any operation justifies, whatever state the run is in.
+
+    Doubt (review, verification) shows on every run; the outcomes of a stop
+    (awaiting confirmation, correction, kept actions) only on a cancelled one.
+    """
+    statuses = {op.status for op in ops}
+    if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
+        return Headline.NEEDS_REVIEW
+    if run.state is RunState.NEEDS_REVIEW:
+        return Headline.NEEDS_REVIEW
+    if OpStatus.UNKNOWN in statuses:
+        return Headline.VERIFYING
+    if run.state not in _CANCELLED_STATES:
+        return _STATE_HEADLINES.get(run.state, Headline.RUNNING)
+    if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
+        return Headline.AWAITING_CONFIRMATION
+    if OpStatus.COMPENSATING in statuses:
+        return Headline.CORRECTION_QUEUED
+    if OpStatus.COMMITTED in statuses:
+        return Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    if OpStatus.COMPENSATED in statuses:
+        return Headline.CORRECTED
+    return Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+
+
+_STATE_HEADLINES = {
+    RunState.COMPLETED: Headline.COMPLETED,
+    RunState.FAILED: Headline.FAILED,
+    RunState.PAUSED: Headline.PAUSED,
+    RunState.PAUSING: Headline.PAUSED,
+}
+
+
+def _cancel_words(op: OperationRecord) -> str:
+    if op.cancel_state == CancelState.CONFIRMED:
+        return "the provider confirmed the cancel"
+    if op.cancel_state == CancelState.REFUSED:
+        return "the provider refused to cancel it"
+    if op.status.in_flight or op.status is OpStatus.UNKNOWN:
+        if op.provider_can_cancel:
+            asked = " (cancel asked)" if op.cancel_state == CancelState.ASKED else ""
+            return "the provider can still cancel it" + asked
+        if op.cancellable is Cancellable.NEVER or op.status is not OpStatus.REQUESTED:
+            # R12: said exactly when it matters, while it is in flight
+            return "the provider cannot cancel it once accepted"
+    return ""
+
+
+def _recovery(op: OperationRecord) -> str:
+    if op.status is OpStatus.UNKNOWN:
+        return "verify by reading the destination" if op.can_verify else "human review"
+    if op.status.in_flight:
+        if op.provider_can_cancel:
+            return "waiting for the provider's answer to the cancel"
+        return "waiting for the outcome; then verify" if op.can_verify else "waiting for outcome"
+    if op.status is OpStatus.NEEDS_REVIEW:
+        return "a reviewer decides committed or not committed"
+    if op.status is OpStatus.COMMITTED and op.can_compensate:
+        return "can be corrected by its compensation"
+    return ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperationLine:
+    op_id: str
+    what: str
+    status: OpStatus
+    status_words: str
+    provider_cancel: str
+    recovery: str
+    evidence: tuple[Evidence, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op_id": self.op_id,
+            "what": self.what,
+            "status": self.status.value,
+            "status_words": self.status_words,
+            "provider_cancel": self.provider_cancel,
+            "recovery": self.recovery,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
+
+    def text(self) -> str:
+        parts = [f"- {self.what}: {self.status_words}"]
+        if self.provider_cancel:
+            parts.append(f"; {self.provider_cancel}")
+        if self.recovery:
+            parts.append(f"; next: {self.recovery}")
+        refs = ", ".join(f"{e.kind.value}:{e.ref}" for e in self.evidence[-3:])
+        if refs:
+            parts.append(f" [evidence: {refs}]")
+        return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Receipt:
+    run_id: str
+    run_state: RunState
+    headline: Headline
+    message: str
+    lines: tuple[OperationLine, ...]
+    cancelled_by: str | None
+    cancel_reason: str | None
+    resume_rule: str
+
+    @property
+    def settled(self) -> bool:
+        """The run has ended and every operation is resolved (R2): this will not change."""
+        return self.run_state in _SETTLED_STATES and all(
+            line.status.resolved for line in self.lines
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_state": self.run_state.value,
+            "headline": self.headline.value,
+            "message": self.message,
+            "cancelled_by": self.cancelled_by,
+            "cancel_reason": self.cancel_reason,
+            "resume_rule": self.resume_rule,
+            "settled": self.settled,
+            "operations": [line.to_json() for line in self.lines],
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def text(self) -> str:
+        out = [self.message]
+        out.extend(line.text() for line in self.lines)
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def _resume_rule(run: RunRecord) -> str:
+    if run.state in (RunState.PAUSED, RunState.PAUSING):
+        return "can be resumed by a principal allowed to resume"
+    if run.state in _CANCELLED_STATES:
+        return "cancelled: a new run is needed; committed operations are not repeated"
+    return ""
+
+
+def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
+    headline = headline_for(run, ops)
+    committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED)
+    message = HEADLINE_MESSAGES[headline].format(n=committed)
+    lines = tuple(
+        OperationLine(
+            op_id=op.id,
+            what=op.description or op.tool,
+            status=op.status,
+            status_words=_PLAIN_STATUS[op.status],
+            provider_cancel=_cancel_words(op),
+            recovery=_recovery(op),
+            evidence=tuple(op.evidence),
+        )
+        for op in ops
+    )
+    return Receipt(
+        run_id=run.id,
+        run_state=run.state,
+        headline=headline,
+        message=message,
+        lines=lines,
+        cancelled_by=run.cancelled_by,
+        cancel_reason=run.cancel_reason,
+        resume_rule=_resume_rule(run),
+    )

@@ -1,0 +1,96 @@
+"""The transition tables: one per entity, and the one function that applies them.
+
+Each table is a plain mapping ``(state, event) -> next_state``. Storage
+guards compare-and-set on the state read in the same transaction, so the
+tables below are the only place a legal move is defined; the docs diagram
+(``docs/semantics.md``) is drawn from them by ``diagram()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
+from stopline.errors import IllegalTransition
+
+__all__ = ["OPERATION_TABLE", "RUN_TABLE", "apply", "diagram", "events_from"]
+
+_S = OpStatus
+_E = OpEvent
+
+OPERATION_TABLE: Mapping[tuple[OpStatus, OpEvent], OpStatus] = {
+    (_S.NOT_STARTED, _E.GATE_PASSED): _S.REQUESTED,
+    (_S.NOT_STARTED, _E.GATE_REFUSED): _S.PREVENTED,
+    # a retry of an operation that provably did not commit keeps its id
+    (_S.NOT_COMMITTED, _E.GATE_PASSED): _S.REQUESTED,
+    (_S.REQUESTED, _E.ACCEPTED): _S.ACCEPTED,
+    (_S.REQUESTED, _E.COMMITTED): _S.COMMITTED,
+    (_S.REQUESTED, _E.REJECTED): _S.NOT_COMMITTED,
+    (_S.REQUESTED, _E.NOT_SENT): _S.NOT_COMMITTED,
+    (_S.REQUESTED, _E.LOST): _S.UNKNOWN,
+    (_S.REQUESTED, _E.CANCEL_CONFIRMED): _S.NOT_COMMITTED,
+    (_S.ACCEPTED, _E.COMMITTED): _S.COMMITTED,
+    (_S.ACCEPTED, _E.REJECTED): _S.NOT_COMMITTED,
+    (_S.ACCEPTED, _E.LOST): _S.UNKNOWN,
+    (_S.ACCEPTED, _E.CANCEL_CONFIRMED): _S.NOT_COMMITTED,
+    # R4: a late response settles an unknown
+    (_S.UNKNOWN, _E.COMMITTED): _S.COMMITTED,
+    (_S.UNKNOWN, _E.REJECTED): _S.NOT_COMMITTED,
+    (_S.UNKNOWN, _E.CANCEL_CONFIRMED): _S.NOT_COMMITTED,
+    (_S.UNKNOWN, _E.VERIFIED_COMMITTED): _S.COMMITTED,
+    (_S.UNKNOWN, _E.VERIFIED_NOT_COMMITTED): _S.NOT_COMMITTED,
+    (_S.UNKNOWN, _E.ESCALATED): _S.NEEDS_REVIEW,
+    # evidence that contradicts a recorded outcome goes to a human
+    (_S.COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
+    (_S.NOT_COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
+    (_S.NEEDS_REVIEW, _E.REVIEWED_COMMITTED): _S.COMMITTED,
+    (_S.NEEDS_REVIEW, _E.REVIEWED_NOT_COMMITTED): _S.NOT_COMMITTED,
+    (_S.COMMITTED, _E.COMPENSATION_STARTED): _S.COMPENSATING,
+    (_S.COMPENSATING, _E.COMPENSATED): _S.COMPENSATED,
+    (_S.COMPENSATING, _E.COMPENSATION_FAILED): _S.COMPENSATION_FAILED,
+    (_S.COMPENSATION_FAILED, _E.ESCALATED): _S.NEEDS_REVIEW,
+}
+
+_R = RunState
+_V = RunEvent
+
+RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
+    (_R.RUNNING, _V.PAUSE): _R.PAUSING,
+    (_R.PAUSING, _V.PAUSED): _R.PAUSED,
+    (_R.PAUSING, _V.RESUME): _R.RUNNING,
+    (_R.PAUSED, _V.RESUME): _R.RUNNING,
+    (_R.RUNNING, _V.CANCEL): _R.CANCELLING,
+    (_R.PAUSING, _V.CANCEL): _R.CANCELLING,
+    (_R.PAUSED, _V.CANCEL): _R.CANCELLING,
+    (_R.CANCELLING, _V.SETTLE): _R.SETTLING,
+    (_R.CANCELLING, _V.SETTLED): _R.CANCELLED,
+    (_R.SETTLING, _V.SETTLED): _R.CANCELLED,
+    (_R.CANCELLING, _V.ESCALATE): _R.NEEDS_REVIEW,
+    (_R.SETTLING, _V.ESCALATE): _R.NEEDS_REVIEW,
+    (_R.NEEDS_REVIEW, _V.REVIEWED): _R.CANCELLED,
+    (_R.RUNNING, _V.COMPLETE): _R.COMPLETED,
+    (_R.RUNNING, _V.FAIL): _R.FAILED,
+    (_R.RUNNING, _V.ESCALATE): _R.NEEDS_REVIEW,
+}
+
+_State = TypeVar("_State", OpStatus, RunState)
+_Event = TypeVar("_Event", OpEvent, RunEvent)
+
+
+def apply(table: Mapping[tuple[_State, _Event], _State], state: _State, event: _Event) -> _State:
+    """The next state, or ``IllegalTransition(state, event)``."""
+    try:
+        return table[(state, event)]
+    except KeyError:
+        raise IllegalTransition(state, event) from None
+
+
+def events_from(table: Mapping[tuple[_State, _Event], _State], state: _State) -> list[_Event]:
+    """The events legal in ``state``, in table order."""
+    return [event for (source, event) in table if source == state]
+
+
+def diagram(table: Mapping[tuple[_State, _Event], _State]) -> str:
+    """The table as ``state --event--> next`` lines, for the docs."""
+    return "\n".join(f"{s} --{e}--> {t}" for (s, e), t in table.items())

@@ -1,0 +1,201 @@
+"""The contract's vocabulary, defined once.
+
+Every status, event, policy and outcome in CONTRACT.md is an enum member here;
+the rest of the package never compares raw strings. Enum values are the
+words of the contract, so they read the same in the ledger, in JSON receipts
+and in the docs.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "Cancellable",
+    "Cause",
+    "EvidenceKind",
+    "Grant",
+    "Headline",
+    "OpEvent",
+    "OpStatus",
+    "PhaseKind",
+    "Policy",
+    "RunEvent",
+    "RunState",
+]
+
+
+class RunState(enum.StrEnum):
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    CANCELLING = "cancelling"
+    SETTLING = "settling"
+    CANCELLED = "cancelled"
+    NEEDS_REVIEW = "needs_review"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class RunEvent(enum.StrEnum):
+    PAUSE = "pause"
+    PAUSED = "paused"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    SETTLE = "settle"  # in-flight work remains: cancelling -> settling
+    SETTLED = "settled"  # every operation resolved
+    ESCALATE = "escalate"  # some outcome cannot be determined
+    REVIEWED = "reviewed"  # every review item resolved
+    COMPLETE = "complete"
+    FAIL = "fail"
+
+
+class OpStatus(enum.StrEnum):
+    NOT_STARTED = "not_started"
+    PREVENTED = "prevented"
+    REQUESTED = "requested"
+    ACCEPTED = "accepted"
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+    UNKNOWN = "unknown"
+    NEEDS_REVIEW = "needs_review"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+
+    @property
+    def in_flight(self) -> bool:
+        """Passed the gate and has no outcome yet."""
+        return self in _IN_FLIGHT
+
+    @property
+    def resolved(self) -> bool:
+        """An end state of R2 (or never dispatched)."""
+        return self in _RESOLVED
+
+
+_IN_FLIGHT = frozenset({OpStatus.REQUESTED, OpStatus.ACCEPTED})
+_RESOLVED = frozenset(
+    {
+        OpStatus.PREVENTED,
+        OpStatus.COMMITTED,
+        OpStatus.NOT_COMMITTED,
+        OpStatus.COMPENSATED,
+        OpStatus.NEEDS_REVIEW,
+    }
+)
+
+
+class OpEvent(enum.StrEnum):
+    GATE_PASSED = "gate_passed"
+    GATE_REFUSED = "gate_refused"
+    ACCEPTED = "accepted"  # the provider acknowledged the request
+    COMMITTED = "committed"  # a response (on time or late) proves the effect
+    REJECTED = "rejected"  # the provider refused or failed before commit
+    NOT_SENT = "not_sent"  # passed the gate, abandoned before the first byte left
+    LOST = "lost"  # no answer: local abort, timeout, disconnect, crash
+    CANCEL_CONFIRMED = "cancel_confirmed"  # the provider confirms nothing happened
+    VERIFIED_COMMITTED = "verified_committed"
+    VERIFIED_NOT_COMMITTED = "verified_not_committed"
+    ESCALATED = "escalated"  # verification budget spent, or no verifier
+    CONFLICT = "conflict"  # later evidence contradicts a recorded outcome
+    REVIEWED_COMMITTED = "reviewed_committed"
+    REVIEWED_NOT_COMMITTED = "reviewed_not_committed"
+    COMPENSATION_STARTED = "compensation_started"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+
+
+class Policy(enum.StrEnum):
+    """What a cancel does to work in flight in a phase."""
+
+    IMMEDIATE = "immediate"  # interrupt at once (read-only work)
+    AT_BOUNDARY = "at_boundary"  # the current step finishes, then the run stops
+    VERIFY = "verify"  # the run cannot stop before proving what happened
+
+
+class PhaseKind(enum.StrEnum):
+    THINKING = "thinking"
+    READING = "reading"
+    AWAITING_APPROVAL = "awaiting_approval"
+    CALLING_EXTERNAL = "calling_external"
+    COMMITTING = "committing"
+    WAITING_CALLBACK = "waiting_callback"
+    HANDOFF = "handoff"
+    FINALIZING = "finalizing"
+
+    @property
+    def default_policy(self) -> Policy:
+        return _DEFAULT_POLICY[self]
+
+
+_DEFAULT_POLICY = {
+    PhaseKind.THINKING: Policy.IMMEDIATE,
+    PhaseKind.READING: Policy.IMMEDIATE,
+    PhaseKind.AWAITING_APPROVAL: Policy.IMMEDIATE,
+    PhaseKind.CALLING_EXTERNAL: Policy.VERIFY,
+    PhaseKind.COMMITTING: Policy.VERIFY,
+    PhaseKind.WAITING_CALLBACK: Policy.AT_BOUNDARY,
+    PhaseKind.HANDOFF: Policy.AT_BOUNDARY,
+    PhaseKind.FINALIZING: Policy.AT_BOUNDARY,
+}
+
+
+class Cancellable(enum.StrEnum):
+    """Up to which point the provider can still cancel an operation."""
+
+    UNTIL_ACCEPTED = "until_accepted"  # cancel before acceptance only
+    AFTER_ACCEPTED = "after_accepted"  # cancel even once accepted
+    NEVER = "never"
+
+
+class Grant(enum.IntFlag):
+    """A run's authority. Cancel revokes INITIATE and keeps the rest."""
+
+    INITIATE = 1
+    VERIFY = 2
+    COMPENSATE = 4
+    AUDIT = 8
+
+    @classmethod
+    def all(cls) -> Grant:
+        return cls.INITIATE | cls.VERIFY | cls.COMPENSATE | cls.AUDIT
+
+
+class Cause(enum.StrEnum):
+    """Why an operation lost its answer or a run stopped: the reason is data."""
+
+    USER_CANCEL = "user_cancel"
+    TIMEOUT = "timeout"
+    TRANSPORT = "transport"
+    SERVER_ERROR = "server_error"
+    CRASH = "crash"
+    LOCAL_ERROR = "local_error"
+
+
+class EvidenceKind(enum.StrEnum):
+    TRACE = "trace"
+    SPAN = "span"
+    PROVIDER_RECEIPT = "provider_receipt"
+    RESPONSE_DIGEST = "response_digest"
+    READ_BACK = "read_back"
+    APPROVAL = "approval"
+    REVIEW = "review"
+    LOCAL = "local"  # what this process itself observed (gate, abort, error)
+    PROGRESS = "progress"
+
+
+class Headline(enum.StrEnum):
+    """R8 outcomes, worst first, then the states of a run that was not cancelled."""
+
+    NEEDS_REVIEW = "needs_review"
+    VERIFYING = "verifying"
+    AWAITING_CONFIRMATION = "awaiting_confirmation"
+    CORRECTION_QUEUED = "correction_queued"
+    STOPPED_WITH_COMPLETED_ACTIONS = "stopped_with_completed_actions"
+    CORRECTED = "corrected"
+    CANCELED_BEFORE_EXTERNAL_ACTION = "canceled_before_external_action"
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"

@@ -1,0 +1,138 @@
+"""The exception tree, written down once.
+
+    StoplineError                      root of every error stopline raises
+    ├── IllegalTransition              (state, event) not in the table
+    ├── NotFound
+    │   ├── UnknownRun
+    │   └── UnknownOperation
+    ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── OperationInDoubt               a replayed operation whose outcome is unknown
+    ├── NotPermitted                   the run lacks the authority for this
+    └── LedgerError                    storage problems, always naming the ledger
+        ├── LedgerCorrupt
+        ├── LedgerLocked
+        ├── LedgerUnavailable          unreadable, missing directory, refused
+        └── SchemaTooNew               written by a newer stopline
+
+    RunCancelled (BaseException)       unwinds a workflow whose run was fenced
+
+``RunCancelled`` derives from ``BaseException`` like the cancellation
+exceptions of asyncio and trio, so ``except Exception`` in a workflow does not
+swallow it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "LedgerCorrupt",
+    "LedgerError",
+    "LedgerLocked",
+    "LedgerUnavailable",
+    "NotFound",
+    "NotPermitted",
+    "OperationInDoubt",
+    "RunCancelled",
+    "SchemaTooNew",
+    "StoplineError",
+    "UnknownOperation",
+    "UnknownRun",
+]
+
+
+class StoplineError(Exception):
+    """Root of every error stopline raises."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": str(self)}
+
+
+class IllegalTransition(StoplineError):
+    def __init__(self, state: enum.Enum, event: enum.Enum) -> None:
+        self.state = state
+        self.event = event
+        super().__init__(f"illegal transition: event {event.value!r} in state {state.value!r}")
+
+
+class NotFound(StoplineError):
+    pass
+
+
+class UnknownRun(NotFound):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"unknown run id {run_id!r}")
+
+
+class UnknownOperation(NotFound):
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(f"unknown operation id {op_id!r}")
+
+
+class IdempotencyConflict(StoplineError):
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"operation id {op_id!r} was already used with different arguments; "
+            "an id is an idempotency key and names one logical call"
+        )
+
+
+class OperationInDoubt(StoplineError):
+    def __init__(self, op_id: str, status: enum.Enum) -> None:
+        self.op_id = op_id
+        self.status = status
+        super().__init__(
+            f"operation {op_id!r} was dispatched before and its outcome is {status.value!r}; "
+            "verify or review it before running it again"
+        )
+
+
+class NotPermitted(StoplineError):
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+
+
+class LedgerError(StoplineError):
+    def __init__(self, location: str, cause: str) -> None:
+        self.location = location
+        self.cause = cause
+        super().__init__(f"ledger {location}: {cause}")
+
+
+class LedgerCorrupt(LedgerError):
+    pass
+
+
+class LedgerLocked(LedgerError):
+    pass
+
+
+class LedgerUnavailable(LedgerError):
+    pass
+
+
+class SchemaTooNew(LedgerError):
+    def __init__(self, location: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            location,
+            f"schema version {found} was written by a newer stopline "
+            f"(this one supports up to {supported}); upgrade stopline to open it",
+        )
+
+
+class RunCancelled(BaseException):
+    """Raised in a workflow whose run is fenced; ``ledger.run()`` absorbs it."""
+
+    def __init__(self, run_id: str, op_id: str | None = None) -> None:
+        self.run_id = run_id
+        self.op_id = op_id
+        where = f" (operation {op_id!r} refused at the gate)" if op_id else ""
+        super().__init__(f"run {run_id!r} is cancelled{where}")

@@ -1,0 +1,135 @@
+"""R8: the headline never claims more than the evidence, worst outcome first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline.domain.receipt import HEADLINE_MESSAGES, build_receipt, headline_for
+from stopline.domain.vocab import Cancellable, Grant, Headline, OpStatus, Policy, RunState
+
+
+def run_record(state: RunState = RunState.CANCELLED) -> RunRecord:
+    return RunRecord(
+        id="run_x",
+        name="t",
+        owner="u",
+        tenant="t",
+        parent_id=None,
+        state=state,
+        fence=1,
+        grants=Grant.VERIFY,
+        phase=None,
+        policy=Policy.VERIFY,
+        created_at=0.0,
+        updated_at=0.0,
+        cancelled_by="u",
+        cancel_reason="r",
+    )
+
+
+def op(
+    status: OpStatus,
+    *,
+    cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED,
+    cancel_state: str = CancelState.NONE,
+    n: int = 0,
+) -> OperationRecord:
+    return OperationRecord(
+        id=f"run_x/{n}",
+        run_id="run_x",
+        tool="send",
+        description="send the message",
+        args_digest="d",
+        status=status,
+        cancellable=cancellable,
+        can_verify=True,
+        can_compensate=False,
+        cancel_state=cancel_state,
+        attempts=1,
+        result=None,
+        has_result=False,
+        error=None,
+        cause=None,
+        evidence=(Evidence.local("gate"),),
+        created_at=0.0,
+        updated_at=0.0,
+    )
+
+
+# Each case: the statuses present, and the one headline they justify.
+PRECEDENCE = [
+    ([OpStatus.NEEDS_REVIEW, OpStatus.UNKNOWN, OpStatus.COMMITTED], Headline.NEEDS_REVIEW),
+    ([OpStatus.COMPENSATION_FAILED], Headline.NEEDS_REVIEW),
+    ([OpStatus.UNKNOWN, OpStatus.REQUESTED, OpStatus.COMMITTED], Headline.VERIFYING),
+    ([OpStatus.ACCEPTED, OpStatus.COMPENSATING], Headline.AWAITING_CONFIRMATION),
+    ([OpStatus.REQUESTED], Headline.AWAITING_CONFIRMATION),
+    ([OpStatus.COMPENSATING, OpStatus.COMMITTED], Headline.CORRECTION_QUEUED),
+    ([OpStatus.COMMITTED, OpStatus.COMPENSATED], Headline.STOPPED_WITH_COMPLETED_ACTIONS),
+    ([OpStatus.COMPENSATED, OpStatus.PREVENTED], Headline.CORRECTED),
+    ([OpStatus.PREVENTED, OpStatus.NOT_COMMITTED], Headline.CANCELED_BEFORE_EXTERNAL_ACTION),
+    ([], Headline.CANCELED_BEFORE_EXTERNAL_ACTION),
+]
+
+
+@pytest.mark.parametrize(("statuses", "expected"), PRECEDENCE)
+def test_r8_headline_precedence(statuses: list[OpStatus], expected: Headline) -> None:
+    ops = [op(s, n=i) for i, s in enumerate(statuses)]
+    assert headline_for(run_record(), ops) is expected
+
+
+def test_r8_exact_messages_of_the_contract() -> None:
+    assert HEADLINE_MESSAGES[Headline.CANCELED_BEFORE_EXTERNAL_ACTION] == (
+        "Canceled before external action."
+    )
+    assert HEADLINE_MESSAGES[Headline.AWAITING_CONFIRMATION] == (
+        "Cancellation requested; waiting for vendor confirmation."
+    )
+    assert HEADLINE_MESSAGES[Headline.CORRECTION_QUEUED] == (
+        "Action had already completed; correction queued."
+    )
+    assert HEADLINE_MESSAGES[Headline.CORRECTED] == (
+        "Action had already completed; it was corrected."
+    )
+    assert HEADLINE_MESSAGES[Headline.VERIFYING] == (
+        "The action may already have happened; verifying before closing this run."
+    )
+    assert HEADLINE_MESSAGES[Headline.NEEDS_REVIEW] == "Status unknown; human review required."
+    receipt = build_receipt(run_record(), [op(OpStatus.COMMITTED), op(OpStatus.COMMITTED, n=1)])
+    assert receipt.message == "Stopped. 2 actions had already completed and were kept."
+
+
+def test_r8_doubt_shows_even_on_a_completed_run() -> None:
+    """A run that ended on its own still says 'verifying' while an outcome is unknown."""
+    assert headline_for(run_record(RunState.COMPLETED), [op(OpStatus.UNKNOWN)]) is (
+        Headline.VERIFYING
+    )
+    assert headline_for(run_record(RunState.COMPLETED), [op(OpStatus.COMMITTED)]) is (
+        Headline.COMPLETED
+    )
+
+
+def test_r12_uncancellable_said_only_while_in_flight() -> None:
+    in_flight = build_receipt(
+        run_record(RunState.CANCELLING),
+        [op(OpStatus.ACCEPTED, cancellable=Cancellable.UNTIL_ACCEPTED)],
+    )
+    assert "cannot cancel it once accepted" in in_flight.lines[0].provider_cancel
+    done = build_receipt(run_record(), [op(OpStatus.COMMITTED, cancellable=Cancellable.NEVER)])
+    assert done.lines[0].provider_cancel == ""
+    still = build_receipt(run_record(RunState.CANCELLING), [op(OpStatus.REQUESTED)])
+    assert still.lines[0].provider_cancel == "the provider can still cancel it"
+
+
+def test_receipt_renders_text_and_json() -> None:
+    receipt = build_receipt(run_record(), [op(OpStatus.PREVENTED)])
+    text = receipt.text()
+    assert text.splitlines()[0] == "Canceled before external action."
+    assert "send the message: not sent: stopped at the dispatch gate" in text
+    data = json.loads(receipt.json())
+    assert data["headline"] == "canceled_before_external_action"
+    assert data["operations"][0]["status"] == "prevented"
+    assert data["operations"][0]["evidence"] == [{"kind": "local", "ref": "gate"}]
+    assert data["settled"] is True
