@@ -1,0 +1,135 @@
+"""The storage seam: what a ledger backend must do, and nothing more.
+
+A backend is a handful of async methods, each one transaction. The SQLite
+backend runs them on one writer thread with group commit; the PostgreSQL
+backend (a later release) implements the same methods, and the ledger
+contract suite in ``tests/ledger`` runs unchanged against both.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+from stopline.domain.model import (
+    EventRecord,
+    Evidence,
+    OperationRecord,
+    OperationSpec,
+    RunRecord,
+)
+from stopline.domain.vocab import Cause, Grant, OpEvent, PhaseKind, Policy, RunEvent, RunState
+
+__all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
+
+
+class GateVerdict(enum.Enum):
+    PASSED = "passed"  # intent recorded as requested; dispatch may proceed
+    PREVENTED = "prevented"  # fenced: recorded as prevented
+    PAUSED = "paused"  # run paused: nothing recorded, wait for resume
+    EXISTING = "existing"  # this id was seen before with the same arguments
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GateResult:
+    verdict: GateVerdict
+    operation: OperationRecord | None = None  # set for PREVENTED and EXISTING
+    fence: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunSpec:
+    id: str
+    name: str
+    owner: str
+    tenant: str
+    parent_id: str | None = None
+    grants: Grant = Grant.INITIATE | Grant.VERIFY | Grant.COMPENSATE | Grant.AUDIT
+    policy: Policy = Policy.VERIFY
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutcomeUpdate:
+    """A status change of one operation, with what it rests on."""
+
+    event: OpEvent
+    evidence: Sequence[Evidence]
+    cause: Cause | None = None
+    result: Any = None
+    has_result: bool = False
+    error: str | None = None
+    cancel_state: str | None = None
+    late: bool = False
+
+
+class Backend(abc.ABC):
+    """One ledger store. Every method is one transaction."""
+
+    location: str
+
+    @abc.abstractmethod
+    async def create_run(self, spec: RunSpec) -> RunRecord: ...
+
+    @abc.abstractmethod
+    async def gate(self, spec: OperationSpec) -> GateResult:
+        """Check fence, state and ``initiate``, and record the intent, atomically."""
+
+    @abc.abstractmethod
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """Apply one transition (compare-and-set on the status read in the same txn)."""
+
+    @abc.abstractmethod
+    async def note(
+        self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
+    ) -> OperationRecord:
+        """Append an event that changes no status (progress, cancel asked, late copy)."""
+
+    @abc.abstractmethod
+    async def run_event(
+        self,
+        run_id: str,
+        event: RunEvent,
+        *,
+        by: str,
+        reason: str = "",
+    ) -> tuple[RunRecord, bool]:
+        """Apply a run transition; CANCEL is idempotent (R7) and revokes ``initiate``.
+
+        Returns the run and whether this call changed it.
+        """
+
+    @abc.abstractmethod
+    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord: ...
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunRecord: ...
+
+    @abc.abstractmethod
+    async def operations(self, run_id: str) -> list[OperationRecord]: ...
+
+    @abc.abstractmethod
+    async def get_operation(self, op_id: str) -> OperationRecord: ...
+
+    @abc.abstractmethod
+    async def events(self, run_id: str) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    async def list_runs(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[RunRecord]: ...
+
+    @abc.abstractmethod
+    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
+        """Operations in flight or unknown, through an index (never a history scan)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,104 @@
+"""Rows to records and back: the one place the ledger's text columns are decoded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
+
+__all__ = [
+    "OP_COLUMNS",
+    "RUN_COLUMNS",
+    "dump_evidence",
+    "dump_result",
+    "event_from_row",
+    "op_from_row",
+    "run_from_row",
+]
+
+RUN_COLUMNS = (
+    "id, name, owner, tenant, parent_id, state, fence, grants, phase, policy, "
+    "created_at, updated_at, cancelled_by, cancel_reason, cancelled_at"
+)
+OP_COLUMNS = (
+    "id, run_id, tool, description, args_digest, status, cancellable, can_verify, "
+    "can_compensate, cancel_state, attempts, result, has_result, error, cause, evidence, "
+    "created_at, updated_at"
+)
+
+
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        id=row[0],
+        name=row[1],
+        owner=row[2],
+        tenant=row[3],
+        parent_id=row[4],
+        state=RunState(row[5]),
+        fence=row[6],
+        grants=Grant(row[7]),
+        phase=PhaseKind(row[8]) if row[8] else None,
+        policy=Policy(row[9]),
+        created_at=row[10],
+        updated_at=row[11],
+        cancelled_by=row[12],
+        cancel_reason=row[13],
+        cancelled_at=row[14],
+    )
+
+
+def op_from_row(row: Sequence[Any]) -> OperationRecord:
+    return OperationRecord(
+        id=row[0],
+        run_id=row[1],
+        tool=row[2],
+        description=row[3],
+        args_digest=row[4],
+        status=OpStatus(row[5]),
+        cancellable=Cancellable(row[6]),
+        can_verify=bool(row[7]),
+        can_compensate=bool(row[8]),
+        cancel_state=row[9],
+        attempts=row[10],
+        result=json.loads(row[11]) if row[12] else None,
+        has_result=bool(row[12]),
+        error=row[13],
+        cause=Cause(row[14]) if row[14] else None,
+        evidence=tuple(Evidence.from_json(e) for e in json.loads(row[15])),
+        created_at=row[16],
+        updated_at=row[17],
+    )
+
+
+def event_from_row(row: Sequence[Any]) -> EventRecord:
+    return EventRecord(
+        seq=row[0],
+        at=row[1],
+        run_id=row[2],
+        op_id=row[3],
+        kind=row[4],
+        from_state=row[5],
+        to_state=row[6],
+        data=json.loads(row[7]),
+    )
+
+
+def dump_evidence(evidence: Sequence[Evidence]) -> str:
+    return json.dumps([e.to_json() for e in evidence], separators=(",", ":"))
+
+
+def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
+    """JSON text of a result, or (None, False) when it is absent or not JSON-able."""
+    if not has_result:
+        return None, False
+    try:
+        return json.dumps(result, separators=(",", ":")), True
+    except (TypeError, ValueError):
+        return None, False
+
+
+def dump_data(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), default=str)

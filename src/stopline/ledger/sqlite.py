@@ -1,0 +1,500 @@
+"""The embedded SQLite ledger: WAL, ``synchronous=FULL``, one writer thread.
+
+Every public method is one transaction, written as ``_x_txn(conn, ...)``
+running on the writer thread, with the async method a thin wrapper. Two
+processes on one file are safe: each transaction starts with
+``BEGIN IMMEDIATE`` under a busy timeout, so writers queue instead of racing.
+Storage errors are mapped to the ledger's own errors here, at the boundary,
+each naming the file and the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
+from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
+from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
+from stopline.errors import (
+    LedgerCorrupt,
+    LedgerError,
+    LedgerLocked,
+    LedgerUnavailable,
+    SchemaTooNew,
+    StoplineError,
+    UnknownOperation,
+    UnknownRun,
+)
+from stopline.ledger import rows
+from stopline.ledger._writer import Writer
+from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+
+__all__ = ["SQLiteBackend"]
+
+T = TypeVar("T")
+
+_GATE_SQL = f"""
+INSERT OR IGNORE INTO operations ({rows.OP_COLUMNS})
+SELECT ?, id, ?, ?, ?, 'requested', ?, ?, ?, 'none', 1, NULL, 0, NULL, NULL, ?, ?, ?
+FROM runs WHERE id = ? AND state = 'running' AND (grants & {int(Grant.INITIATE)}) != 0
+"""
+_GATE_EVENT_SQL = """
+INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+SELECT ?, id, ?, 'gate_passed', 'not_started', 'requested', '{"fence":' || fence || '}'
+FROM runs WHERE id = ?
+"""
+_GATE_EVIDENCE = rows.dump_evidence([Evidence.local("gate", "intent recorded before dispatch")])
+_FENCED_STATES = frozenset(
+    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
+)
+_CANCEL_NOOP_STATES = frozenset(
+    {
+        RunState.CANCELLING,
+        RunState.SETTLING,
+        RunState.CANCELLED,
+        RunState.NEEDS_REVIEW,
+        RunState.COMPLETED,
+        RunState.FAILED,
+    }
+)
+
+
+class SQLiteBackend(Backend):
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self.location = f"sqlite:///{self.path}"
+        self._synchronous = synchronous
+        self._writer = Writer(self._connect, self._map_error)
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
+        import anyio
+
+        backend = cls(path, **options)
+        await anyio.to_thread.run_sync(backend._writer.start)
+        return backend
+
+    # -- connection and errors ---------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if not self.path.parent.exists():
+            raise LedgerUnavailable(self.location, f"directory {self.path.parent} does not exist")
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+            )
+        except sqlite3.Error as exc:
+            raise self._map_error(exc) from exc
+        try:
+            conn.execute("PRAGMA busy_timeout = 10000")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise LedgerUnavailable(self.location, f"cannot use WAL journal (got {mode!r})")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(conn)
+        except BaseException as exc:
+            conn.close()
+            raise self._map_error(exc) from exc
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(self.location, version, SCHEMA_VERSION)
+            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise LedgerCorrupt(self.location, "not a stopline ledger (foreign tables found)")
+            for step in MIGRATIONS[version:]:
+                for statement in step.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _map_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
+            return exc
+        message = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+            err: LedgerError = LedgerLocked(self.location, f"{message} (another process holds it)")
+        elif "not a database" in message or "malformed" in message:
+            err = LedgerCorrupt(self.location, message)
+        elif "unable to open" in message or "readonly" in message or "disk I/O" in message:
+            err = LedgerUnavailable(self.location, message)
+        else:
+            err = LedgerError(self.location, message)
+        err.__cause__ = exc
+        return err
+
+    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._writer.submit(fn)
+
+    async def close(self) -> None:
+        await self._writer.close()
+
+    # -- runs ----------------------------------------------------------------
+    async def create_run(self, spec: RunSpec) -> RunRecord:
+        def txn(conn: sqlite3.Connection) -> RunRecord:
+            now = time.time()
+            state = RunState.RUNNING
+            grants = spec.grants
+            if spec.parent_id is not None:
+                parent = _run(conn, spec.parent_id)
+                if not parent.grants & Grant.INITIATE:
+                    grants &= ~Grant.INITIATE  # born fenced
+                    state = RunState.CANCELLING
+            conn.execute(
+                f"INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, 0, ?, NULL, ?, ?, ?, NULL, NULL, NULL)",
+                (
+                    spec.id,
+                    spec.name,
+                    spec.owner,
+                    spec.tenant,
+                    spec.parent_id,
+                    state.value,
+                    int(grants),
+                    spec.policy.value,
+                    now,
+                    now,
+                ),
+            )
+            _event(
+                conn,
+                now,
+                spec.id,
+                None,
+                "run_created",
+                None,
+                state.value,
+                {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id},
+            )
+            return _run(conn, spec.id)
+
+        return await self._tx(txn)
+
+    async def run_event(
+        self,
+        run_id: str,
+        event: RunEvent,
+        *,
+        by: str,
+        reason: str = "",
+    ) -> tuple[RunRecord, bool]:
+        def txn(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
+            run = _run(conn, run_id)
+            now = time.time()
+            if event is RunEvent.CANCEL and run.state in _CANCEL_NOOP_STATES:
+                return run, False  # R7: the first cancel wins
+            target = apply(RUN_TABLE, run.state, event)
+            if event is RunEvent.CANCEL:
+                conn.execute(
+                    "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?, "
+                    "cancelled_by = ?, cancel_reason = ?, cancelled_at = ?, updated_at = ? "
+                    "WHERE id = ?",
+                    (
+                        target.value,
+                        int(~Grant.INITIATE & Grant.all()),
+                        by,
+                        reason,
+                        now,
+                        now,
+                        run_id,
+                    ),
+                )
+            else:
+                conn.execute(
+                    "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
+                    (target.value, now, run_id, run.state.value),
+                )
+            _event(
+                conn,
+                now,
+                run_id,
+                None,
+                event.value,
+                run.state.value,
+                target.value,
+                {"by": by, "reason": reason},
+            )
+            return _run(conn, run_id), True
+
+        return await self._tx(txn)
+
+    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+        def txn(conn: sqlite3.Connection) -> RunRecord:
+            now = time.time()
+            changed = conn.execute(
+                "UPDATE runs SET phase = ?, policy = ?, updated_at = ? WHERE id = ?",
+                (kind.value, policy.value, now, run_id),
+            ).rowcount
+            if not changed:
+                raise UnknownRun(run_id)
+            _event(
+                conn,
+                now,
+                run_id,
+                None,
+                "phase",
+                None,
+                None,
+                {"phase": kind.value, "policy": policy.value},
+            )
+            return _run(conn, run_id)
+
+        return await self._tx(txn)
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        return await self._tx(lambda conn: _run(conn, run_id))
+
+    async def list_runs(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        clauses, params = [], []
+        if state is not None:
+            clauses.append("state = ?")
+            params.append(state.value)
+        if owner is not None:
+            clauses.append("owner = ?")
+            params.append(owner)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {rows.RUN_COLUMNS} FROM runs {where} ORDER BY created_at DESC LIMIT ?"
+
+        def txn(conn: sqlite3.Connection) -> list[RunRecord]:
+            return [rows.run_from_row(r) for r in conn.execute(sql, (*params, limit))]
+
+        return await self._tx(txn)
+
+    # -- operations ----------------------------------------------------------
+    async def gate(self, spec: OperationSpec) -> GateResult:
+        return await self._tx(lambda conn: _gate_txn(conn, spec))
+
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        return await self._tx(lambda conn: _record_txn(conn, op_id, update))
+
+    async def note(
+        self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
+    ) -> OperationRecord:
+        def txn(conn: sqlite3.Connection) -> OperationRecord:
+            op = _op(conn, op_id)
+            now = time.time()
+            if cancel_state is not None:
+                conn.execute(
+                    "UPDATE operations SET cancel_state = ?, updated_at = ? WHERE id = ?",
+                    (cancel_state, now, op_id),
+                )
+            _event(conn, now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
+            return _op(conn, op_id)
+
+        return await self._tx(txn)
+
+    async def operations(self, run_id: str) -> list[OperationRecord]:
+        def txn(conn: sqlite3.Connection) -> list[OperationRecord]:
+            _run(conn, run_id)
+            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY rowid"
+            return [rows.op_from_row(r) for r in conn.execute(sql, (run_id,))]
+
+        return await self._tx(txn)
+
+    async def get_operation(self, op_id: str) -> OperationRecord:
+        return await self._tx(lambda conn: _op(conn, op_id))
+
+    async def events(self, run_id: str) -> list[EventRecord]:
+        def txn(conn: sqlite3.Connection) -> list[EventRecord]:
+            _run(conn, run_id)
+            sql = "SELECT * FROM events WHERE run_id = ? ORDER BY seq"
+            return [rows.event_from_row(r) for r in conn.execute(sql, (run_id,))]
+
+        return await self._tx(txn)
+
+    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
+        sql = (
+            f"SELECT {rows.OP_COLUMNS} FROM operations INDEXED BY ops_open "
+            "WHERE status IN ('requested', 'accepted', 'unknown', 'compensating') LIMIT ?"
+        )
+        return await self._tx(
+            lambda conn: [rows.op_from_row(r) for r in conn.execute(sql, (limit,))]
+        )
+
+
+# -- transaction bodies (run on the writer thread) ----------------------------
+def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+    row = conn.execute(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise UnknownRun(run_id)
+    return rows.run_from_row(row)
+
+
+def _op(conn: sqlite3.Connection, op_id: str) -> OperationRecord:
+    sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?"
+    row = conn.execute(sql, (op_id,)).fetchone()
+    if row is None:
+        raise UnknownOperation(op_id)
+    return rows.op_from_row(row)
+
+
+def _event(
+    conn: sqlite3.Connection,
+    at: float,
+    run_id: str,
+    op_id: str | None,
+    kind: str,
+    from_state: str | None,
+    to_state: str | None,
+    data: dict[str, Any],
+) -> None:
+    conn.execute(
+        "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data)),
+    )
+
+
+def _gate_txn(conn: sqlite3.Connection, spec: OperationSpec) -> GateResult:
+    now = time.time()
+    inserted = conn.execute(
+        _GATE_SQL,
+        (
+            spec.id,
+            spec.tool,
+            spec.description,
+            spec.args_digest,
+            spec.cancellable.value,
+            int(spec.can_verify),
+            int(spec.can_compensate),
+            _GATE_EVIDENCE,
+            now,
+            now,
+            spec.run_id,
+        ),
+    ).rowcount
+    if inserted == 1:
+        conn.execute(_GATE_EVENT_SQL, (now, spec.id, spec.run_id))
+        return GateResult(GateVerdict.PASSED)
+    return _gate_slow_path(conn, spec, now)
+
+
+def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -> GateResult:
+    """The id exists, the run is missing, or the run may not initiate."""
+    from stopline.errors import IdempotencyConflict
+
+    run = _run(conn, spec.run_id)
+    sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?"
+    row = conn.execute(sql, (spec.id,)).fetchone()
+    may_initiate = run.state is RunState.RUNNING and bool(run.grants & Grant.INITIATE)
+    if row is not None:
+        existing = rows.op_from_row(row)
+        if existing.args_digest != spec.args_digest or existing.run_id != spec.run_id:
+            raise IdempotencyConflict(spec.id)
+        if existing.status is OpStatus.NOT_COMMITTED and may_initiate:
+            # a retry with the same key: the earlier attempt provably did not commit
+            target = apply(OPERATION_TABLE, existing.status, OpEvent.GATE_PASSED)
+            conn.execute(
+                "UPDATE operations SET status = ?, attempts = attempts + 1, cancel_state = 'none',"
+                " updated_at = ? WHERE id = ? AND status = ?",
+                (target.value, now, spec.id, existing.status.value),
+            )
+            _event(
+                conn,
+                now,
+                spec.run_id,
+                spec.id,
+                OpEvent.GATE_PASSED.value,
+                existing.status.value,
+                target.value,
+                {"fence": run.fence, "retry": True},
+            )
+            return GateResult(GateVerdict.PASSED, fence=run.fence)
+        if existing.status is OpStatus.NOT_COMMITTED and run.state in _FENCED_STATES:
+            # R1: a retry timer or redelivery after the fence; the attempt is refused
+            _event(
+                conn,
+                now,
+                spec.run_id,
+                spec.id,
+                OpEvent.GATE_REFUSED.value,
+                existing.status.value,
+                existing.status.value,
+                {"fence": run.fence, "retry": True, "run_state": run.state.value},
+            )
+            return GateResult(GateVerdict.PREVENTED, existing, run.fence)
+        return GateResult(GateVerdict.EXISTING, existing, run.fence)
+    if run.state in (RunState.PAUSING, RunState.PAUSED):
+        return GateResult(GateVerdict.PAUSED, fence=run.fence)
+    evidence = [Evidence.local(f"fence:{run.fence}", f"run {run.state.value}; initiate revoked")]
+    conn.execute(
+        f"INSERT INTO operations ({rows.OP_COLUMNS}) VALUES "
+        "(?, ?, ?, ?, ?, 'prevented', ?, ?, ?, 'none', 0, NULL, 0, NULL, NULL, ?, ?, ?)",
+        (
+            spec.id,
+            spec.run_id,
+            spec.tool,
+            spec.description,
+            spec.args_digest,
+            spec.cancellable.value,
+            int(spec.can_verify),
+            int(spec.can_compensate),
+            rows.dump_evidence(evidence),
+            now,
+            now,
+        ),
+    )
+    _event(
+        conn,
+        now,
+        spec.run_id,
+        spec.id,
+        OpEvent.GATE_REFUSED.value,
+        "not_started",
+        "prevented",
+        {"fence": run.fence, "run_state": run.state.value},
+    )
+    return GateResult(GateVerdict.PREVENTED, _op(conn, spec.id), run.fence)
+
+
+def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+    op = _op(conn, op_id)
+    target = apply(OPERATION_TABLE, op.status, update.event)
+    now = time.time()
+    evidence = [*op.evidence, *update.evidence]
+    result_text, has_result = rows.dump_result(update.result, update.has_result)
+    conn.execute(
+        "UPDATE operations SET status = ?, evidence = ?, updated_at = ?,"
+        " cause = COALESCE(?, cause), error = COALESCE(?, error),"
+        " result = CASE WHEN ? THEN ? ELSE result END,"
+        " has_result = CASE WHEN ? THEN 1 ELSE has_result END,"
+        " cancel_state = COALESCE(?, cancel_state)"
+        " WHERE id = ? AND status = ?",
+        (
+            target.value,
+            rows.dump_evidence(evidence),
+            now,
+            update.cause.value if update.cause else None,
+            update.error,
+            has_result,
+            result_text,
+            has_result,
+            update.cancel_state,
+            op_id,
+            op.status.value,
+        ),
+    )
+    data: dict[str, Any] = {"evidence": [e.to_json() for e in update.evidence]}
+    if update.cause is not None:
+        data["cause"] = update.cause.value
+    if update.error is not None:
+        data["error"] = update.error
+    if update.late:
+        data["late"] = True
+    _event(conn, now, op.run_id, op_id, update.event.value, op.status.value, target.value, data)
+    return _op(conn, op_id)

@@ -1,0 +1,198 @@
+"""The ledger contract: what every backend must do, written once.
+
+A backend's test module subclasses ``LedgerContract`` and provides a
+``backend`` fixture; the tests below then run unchanged against it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import pytest
+
+from stopline.domain.model import Evidence, OperationSpec
+from stopline.domain.vocab import Cancellable, Cause, Grant, OpEvent, OpStatus, RunEvent, RunState
+from stopline.errors import IdempotencyConflict, IllegalTransition, UnknownOperation, UnknownRun
+from stopline.ledger.backend import Backend, GateVerdict, OutcomeUpdate, RunSpec
+
+
+def run_spec(run_id: str = "run_a", **kw: object) -> RunSpec:
+    return RunSpec(id=run_id, name="job", owner="user:1", tenant="acme", **kw)  # type: ignore[arg-type]
+
+
+def op_spec(
+    op_id: str = "run_a/1:send", run_id: str = "run_a", digest: str = "d1"
+) -> OperationSpec:
+    return OperationSpec(
+        id=op_id,
+        run_id=run_id,
+        tool="send",
+        args_digest=digest,
+        description="send",
+        cancellable=Cancellable.UNTIL_ACCEPTED,
+        can_verify=True,
+        can_compensate=False,
+    )
+
+
+COMMIT = OutcomeUpdate(
+    OpEvent.COMMITTED, [Evidence.local("response")], result={"ok": 1}, has_result=True
+)
+
+
+class LedgerContract:
+    async def test_create_and_read_run(self, backend: Backend) -> None:
+        run = await backend.create_run(run_spec())
+        assert run.state is RunState.RUNNING
+        assert run.grants == Grant.all()
+        assert (await backend.get_run("run_a")) == run
+        assert [r.id for r in await backend.list_runs(owner="user:1")] == ["run_a"]
+        assert await backend.list_runs(state=RunState.CANCELLED) == []
+
+    async def test_gate_records_intent(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        result = await backend.gate(op_spec())
+        assert result.verdict is GateVerdict.PASSED
+        op = await backend.get_operation("run_a/1:send")
+        assert op.status is OpStatus.REQUESTED
+        assert [e.kind for e in await backend.events("run_a")] == ["run_created", "gate_passed"]
+
+    async def test_gate_refuses_after_fence(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        run, first = await backend.run_event("run_a", RunEvent.CANCEL, by="user:1", reason="r")
+        assert first and run.state is RunState.CANCELLING
+        assert not run.grants & Grant.INITIATE  # cancel revokes initiate, keeps the rest
+        assert run.grants & Grant.VERIFY and run.grants & Grant.AUDIT
+        result = await backend.gate(op_spec())
+        assert result.verdict is GateVerdict.PREVENTED
+        assert result.operation is not None
+        assert result.operation.status is OpStatus.PREVENTED
+
+    async def test_cancel_is_idempotent(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        first, changed = await backend.run_event("run_a", RunEvent.CANCEL, by="a", reason="one")
+        second, again = await backend.run_event("run_a", RunEvent.CANCEL, by="b", reason="two")
+        assert changed and not again
+        assert second.fence == first.fence == 1
+        assert second.cancelled_by == "a" and second.cancel_reason == "one"  # first wins
+        kinds = [e.kind for e in await backend.events("run_a")]
+        assert kinds.count("cancel") == 1
+
+    async def test_every_requested_precedes_the_cancel(self, backend: Backend) -> None:
+        """R1 in ledger order, with gates racing a cancel."""
+        await backend.create_run(run_spec())
+
+        async def dispatch(i: int) -> None:
+            await backend.gate(op_spec(f"run_a/{i}:send"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(dispatch, i)
+                if i == 20:
+                    tg.start_soon(
+                        functools.partial(backend.run_event, "run_a", RunEvent.CANCEL, by="u")
+                    )
+        events = await backend.events("run_a")
+        cancel_seq = next(e.seq for e in events if e.kind == "cancel")
+        passed = [e.seq for e in events if e.kind == "gate_passed"]
+        refused = [e.seq for e in events if e.kind == "gate_refused"]
+        assert all(seq < cancel_seq for seq in passed)
+        assert all(seq > cancel_seq for seq in refused)
+        assert len(passed) + len(refused) == 40
+
+    async def test_record_transitions_and_evidence(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        accepted = await backend.record(
+            "run_a/1:send", OutcomeUpdate(OpEvent.ACCEPTED, [Evidence.local("ack")])
+        )
+        assert accepted.status is OpStatus.ACCEPTED
+        done = await backend.record("run_a/1:send", COMMIT)
+        assert done.status is OpStatus.COMMITTED
+        assert done.result == {"ok": 1} and done.has_result
+        assert [e.ref for e in done.evidence] == ["gate", "ack", "response"]
+
+    async def test_lost_records_cause(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        op = await backend.record(
+            "run_a/1:send",
+            OutcomeUpdate(OpEvent.LOST, [Evidence.local("timeout")], cause=Cause.TIMEOUT),
+        )
+        assert op.status is OpStatus.UNKNOWN and op.cause is Cause.TIMEOUT
+        assert [o.id for o in await backend.unresolved()] == ["run_a/1:send"]
+
+    async def test_illegal_transition_changes_nothing(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.record("run_a/1:send", COMMIT)
+        before = await backend.events("run_a")
+        with pytest.raises(IllegalTransition) as info:
+            await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.LOST, []))
+        assert info.value.state is OpStatus.COMMITTED
+        assert await backend.events("run_a") == before
+        assert (await backend.get_operation("run_a/1:send")).status is OpStatus.COMMITTED
+
+    async def test_id_reuse_with_other_arguments_is_refused(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec(digest="d1"))
+        before = await backend.events("run_a")
+        with pytest.raises(IdempotencyConflict):
+            await backend.gate(op_spec(digest="d2"))
+        assert await backend.events("run_a") == before
+
+    async def test_same_id_same_arguments_returns_existing(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.record("run_a/1:send", COMMIT)
+        again = await backend.gate(op_spec())
+        assert again.verdict is GateVerdict.EXISTING
+        assert again.operation is not None and again.operation.result == {"ok": 1}
+
+    async def test_retry_of_not_committed_keeps_the_id(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.REJECTED, []))
+        again = await backend.gate(op_spec())
+        assert again.verdict is GateVerdict.PASSED
+        op = await backend.get_operation("run_a/1:send")
+        assert op.status is OpStatus.REQUESTED and op.attempts == 2
+
+    async def test_unknown_ids(self, backend: Backend) -> None:
+        with pytest.raises(UnknownRun):
+            await backend.get_run("nope")
+        with pytest.raises(UnknownRun):
+            await backend.run_event("nope", RunEvent.CANCEL, by="u")
+        with pytest.raises(UnknownRun):
+            await backend.gate(op_spec(run_id="nope", op_id="nope/1"))
+        with pytest.raises(UnknownOperation):
+            await backend.get_operation("nope/1")
+        with pytest.raises(UnknownOperation):
+            await backend.record("nope/1", COMMIT)
+        with pytest.raises(UnknownRun):
+            await backend.operations("nope")
+
+    async def test_run_transitions(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        run, _ = await backend.run_event("run_a", RunEvent.COMPLETE, by="u")
+        assert run.state is RunState.COMPLETED
+        with pytest.raises(IllegalTransition):
+            await backend.run_event("run_a", RunEvent.PAUSE, by="u")
+        _, changed = await backend.run_event("run_a", RunEvent.CANCEL, by="u")
+        assert not changed  # cancelling a finished run changes nothing (R7)
+
+    async def test_child_of_fenced_parent_is_born_fenced(self, backend: Backend) -> None:
+        await backend.create_run(run_spec("parent"))
+        await backend.run_event("parent", RunEvent.CANCEL, by="u")
+        child = await backend.create_run(run_spec("child", parent_id="parent"))
+        assert not child.grants & Grant.INITIATE
+        gate = await backend.gate(op_spec("child/1", run_id="child"))
+        assert gate.verdict is GateVerdict.PREVENTED
+
+    async def test_note_keeps_status(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        op = await backend.note("run_a/1:send", "progress", {"progress": 0.5}, cancel_state="asked")
+        assert op.status is OpStatus.REQUESTED and op.cancel_state == "asked"
+        assert (await backend.events("run_a"))[-1].data == {"progress": 0.5}
