@@ -1,0 +1,85 @@
+"""stopline: a cancellation contract for AI agents.
+
+async with stopline.open("sqlite:///agent.db") as ledger:
+    async with ledger.run("refund", owner="user:42") as run:
+        await run.call(issue_refund, order, amount)
+    receipt = await ledger.cancel(run.id, by="user:42")
+"""
+
+from stopline.domain.model import Evidence, OperationRecord, RunRecord
+from stopline.domain.receipt import OperationLine, Receipt
+from stopline.domain.vocab import (
+    Cancellable,
+    Cause,
+    EvidenceKind,
+    Grant,
+    Headline,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunState,
+)
+from stopline.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerLocked,
+    LedgerUnavailable,
+    NotFound,
+    NotPermitted,
+    OperationInDoubt,
+    RunCancelled,
+    SchemaTooNew,
+    StoplineError,
+    UnknownOperation,
+    UnknownRun,
+)
+from stopline.runtime.context import CallContext
+from stopline.runtime.ledger import Ledger, VerifyBudget, open
+from stopline.runtime.run import Run
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CallContext",
+    "Cancellable",
+    "Cause",
+    "Evidence",
+    "EvidenceKind",
+    "Grant",
+    "Headline",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "Ledger",
+    "LedgerCorrupt",
+    "LedgerError",
+    "LedgerLocked",
+    "LedgerUnavailable",
+    "NotFound",
+    "NotPermitted",
+    "OpStatus",
+    "OperationInDoubt",
+    "OperationLine",
+    "OperationRecord",
+    "PhaseKind",
+    "Policy",
+    "ReadBack",
+    "Receipt",
+    "Rejected",
+    "Run",
+    "RunCancelled",
+    "RunRecord",
+    "RunState",
+    "SchemaTooNew",
+    "StoplineError",
+    "Tool",
+    "UnknownOperation",
+    "UnknownRun",
+    "Verdict",
+    "VerifyBudget",
+    "__version__",
+    "open",
+    "tool",
+]

@@ -1,0 +1,1 @@
+"""The async runtime: the ledger facade, runs, tools and settlement."""

@@ -1,0 +1,340 @@
+"""The ledger as the runtime uses it: runs, cancel, settlement, receipts.
+
+``async with stopline.open(url) as ledger`` opens the backend and a task
+group for background work that outlives a workflow's own scope: asking
+providers to cancel, verifying unknown outcomes, settling cancelled runs.
+Closing the ledger stops that work; what it had not finished stays truthful
+in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from stopline.domain.model import Evidence, OperationRecord, digest
+from stopline.domain.receipt import Receipt, build_receipt
+from stopline.domain.vocab import (
+    Cause,
+    EvidenceKind,
+    OpEvent,
+    OpStatus,
+    Policy,
+    RunEvent,
+    RunState,
+)
+from stopline.errors import IllegalTransition, UnknownRun
+from stopline.ledger import open_backend, resolve_url
+from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.runtime.context import CallContext
+from stopline.runtime.run import Run
+from stopline.runtime.settle import Settler
+from stopline.runtime.tool import Tool, Verdict
+
+__all__ = ["Ledger", "VerifyBudget", "open"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifyBudget:
+    """How hard to try a read-back before handing an operation to review."""
+
+    attempts: int = 6
+    first_delay: float = 0.2
+    factor: float = 2.0
+    max_delay: float = 10.0
+
+    def delays(self) -> list[float]:
+        out, delay = [], self.first_delay
+        for _ in range(self.attempts - 1):
+            out.append(min(delay, self.max_delay))
+            delay *= self.factor
+        return out
+
+
+# Events that agree with an outcome already recorded: kept as evidence, no change.
+_AGREES: dict[OpEvent, frozenset[OpStatus]] = {
+    OpEvent.COMMITTED: frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}),
+    OpEvent.VERIFIED_COMMITTED: frozenset(
+        {OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}
+    ),
+    OpEvent.REJECTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.NOT_SENT: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+}
+# Events that contradict a recorded outcome: a human decides.
+_CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
+    OpEvent.COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.VERIFIED_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.REJECTED: frozenset({OpStatus.COMMITTED}),
+    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.COMMITTED}),
+    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.COMMITTED}),
+}
+
+
+class Ledger:
+    """Open with ``async with stopline.open(url) as ledger``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        verify: VerifyBudget | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.verify_budget = verify or VerifyBudget()
+        self._backend = backend
+        self._tg: TaskGroup | None = None
+        self._local: dict[str, Run] = {}
+        self._tools: dict[str, Tool[Any]] = {}
+        self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
+        self._changes: dict[str, anyio.Event] = {}
+        self._settler = Settler(self)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise RuntimeError("the ledger is not open: use 'async with stopline.open(...)'")
+        return self._backend
+
+    async def __aenter__(self) -> Ledger:
+        if self._backend is None:
+            self._backend = await open_backend(self.url)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tg, self._tg = self._tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.backend.close()
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start background work that outlives the caller's scope."""
+        if self._tg is None:
+            raise RuntimeError("the ledger is not open")
+        self._tg.start_soon(fn, *args)
+
+    # -- tools -------------------------------------------------------------------
+    def register_tool(self, tool: Tool[Any]) -> None:
+        """Known tools can be verified and cancelled from this process."""
+        self._tools.setdefault(tool.name, tool)
+
+    def adopt(self, fn: Callable[..., Awaitable[Any]]) -> Tool[Any]:
+        """A plain async function used as a tool: effectful, with no capabilities."""
+        tool = self._adopted.get(fn)
+        if tool is None:
+            tool = self._adopted[fn] = Tool(fn)
+        return tool
+
+    # -- runs ----------------------------------------------------------------------
+    def run(
+        self,
+        name: str,
+        *,
+        owner: str,
+        tenant: str = "default",
+        run_id: str | None = None,
+        parent_id: str | None = None,
+        policy: Policy = Policy.VERIFY,
+    ) -> RunContext:
+        spec = RunSpec(
+            id=run_id or f"run_{uuid.uuid4().hex[:16]}",
+            name=name,
+            owner=owner,
+            tenant=tenant,
+            parent_id=parent_id,
+            policy=policy,
+        )
+        return RunContext(self, spec, attach=run_id is not None)
+
+    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> Receipt:
+        """Fence the run (durably, first), interrupt local work, ask providers; R7 idempotent.
+
+        Returns the receipt as it stands now; ``wait_settled`` gives the final one.
+        """
+        _, first = await self.backend.run_event(run_id, RunEvent.CANCEL, by=by, reason=reason)
+        if first:
+            run = self._local.get(run_id)
+            if run is not None:
+                inflight = list(run._inflight.values())
+                run._deliver_cancel()
+                for ctx in inflight:
+                    self._settler.ask_provider_cancel(ctx)
+            self._changed(run_id)
+            self.spawn(self._settler.advance, run_id)
+        return await self.receipt(run_id)
+
+    async def receipt(self, run_id: str) -> Receipt:
+        run = await self.backend.get_run(run_id)
+        return build_receipt(run, await self.backend.operations(run_id))
+
+    async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
+        """Wait until the receipt can no longer change by itself, and return it."""
+        with anyio.fail_after(timeout):
+            while True:
+                receipt = await self.receipt(run_id)
+                if receipt.settled:
+                    return receipt
+                await self.wait_for_change(run_id)
+
+    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
+        """Until this process changes the run, or ``poll`` s for other processes' changes."""
+        event = self._changes.get(run_id)
+        if event is None:
+            event = self._changes[run_id] = anyio.Event()
+        with anyio.move_on_after(poll):
+            await event.wait()
+
+    def _changed(self, run_id: str) -> None:
+        event = self._changes.pop(run_id, None)
+        if event is not None:
+            event.set()
+
+    # -- outcomes --------------------------------------------------------------
+    async def late_response(
+        self, op_id: str, verdict: Verdict, *, result: Any = None, ref: str = "", detail: str = ""
+    ) -> OperationRecord:
+        """R4: attach a response that came after cancel or timeout; never restarts anything.
+
+        ``verdict`` says what the response proves: ``committed`` (a success),
+        ``not_committed`` (the provider's refusal), ``unknown`` (kept only).
+        """
+        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
+        if ref:
+            evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
+        if verdict is Verdict.UNKNOWN:
+            op = await self.backend.note(
+                op_id, "late_response", {"evidence": [e.to_json() for e in evidence]}
+            )
+            self._changed(op.run_id)
+            return op
+        event = OpEvent.COMMITTED if verdict is Verdict.COMMITTED else OpEvent.REJECTED
+        return await self._resolve(
+            op_id,
+            OutcomeUpdate(
+                event, evidence, result=result, has_result=verdict is Verdict.COMMITTED, late=True
+            ),
+        )
+
+    async def _resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
+        try:
+            op = await self.backend.record(op_id, update)
+        except IllegalTransition:
+            current = await self.backend.get_operation(op_id)
+            if current.status in _CONTRADICTS.get(update.event, ()):
+                op = await self.backend.record(
+                    op_id,
+                    dataclasses.replace(
+                        update,
+                        event=OpEvent.CONFLICT,
+                        error=f"{update.event.value} contradicts recorded {current.status.value}",
+                    ),
+                )
+            else:
+                op = await self.backend.note(
+                    op_id,
+                    f"evidence_{update.event.value}",
+                    {
+                        "evidence": [e.to_json() for e in update.evidence],
+                        "late": update.late,
+                    },
+                    cancel_state=update.cancel_state,
+                )
+        self._after_change(op)
+        return op
+
+    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
+        """R3: no answer is ``unknown``, never ``not_committed``."""
+        return await self._resolve(
+            ctx.op_id,
+            OutcomeUpdate(OpEvent.LOST, [Evidence.local(cause.value, detail)], cause=cause),
+        )
+
+    def _after_change(self, op: OperationRecord) -> None:
+        self._changed(op.run_id)
+        if op.status is OpStatus.UNKNOWN:
+            self._settler.verify_soon(op)
+        run = self._local.get(op.run_id)
+        if run is None or run.cancel_requested:
+            self.spawn(self._settler.advance, op.run_id)
+
+
+class RunContext:
+    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly."""
+
+    def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
+        self._ledger = ledger
+        self._spec = spec
+        self._attach = attach
+        self._scope = anyio.CancelScope()
+        self._run: Run | None = None
+
+    async def __aenter__(self) -> Run:
+        backend = self._ledger.backend
+        record = None
+        if self._attach:
+            try:
+                record = await backend.get_run(self._spec.id)
+            except UnknownRun:
+                record = None
+        if record is None:
+            record = await backend.create_run(self._spec)
+        run = self._run = Run(self._ledger, record)
+        self._ledger._local[run.id] = run
+        self._scope.__enter__()
+        run._scope = self._scope
+        if record.state is not RunState.RUNNING and record.state not in (
+            RunState.PAUSING,
+            RunState.PAUSED,
+        ):
+            run.cancel_requested = True
+        return run
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        from stopline.errors import RunCancelled
+
+        run = self._run
+        assert run is not None
+        ours = isinstance(exc, RunCancelled) and exc.run_id == run.id
+        if ours:
+            et, exc, tb = None, None, None
+        swallowed = bool(self._scope.__exit__(et, exc, tb))
+        run.cancelled_caught = ours or self._scope.cancelled_caught
+        del self._ledger._local[run.id]
+        ledger = self._ledger
+        with anyio.CancelScope(shield=True):
+            if not run.cancel_requested:
+                event = RunEvent.COMPLETE if exc is None or swallowed else RunEvent.FAIL
+                reason = "" if event is RunEvent.COMPLETE else f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
+                    await ledger.backend.run_event(run.id, event, by=run.owner, reason=reason)
+            ledger._changed(run.id)
+            await ledger._settler.advance(run.id)
+        return ours or swallowed
+
+
+def open(url: str | None = None, *, verify: VerifyBudget | None = None) -> Ledger:
+    """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
+
+    Use it as ``async with stopline.open(url) as ledger``.
+    """
+    return Ledger(url, verify=verify)

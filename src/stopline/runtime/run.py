@@ -1,0 +1,192 @@
+"""A run as the workflow sees it: phases, gated calls, boundaries.
+
+``Run.call`` is the dispatch gate's caller. For an effectful tool it records
+the intent through the gate (one durable transaction) before the tool's
+first byte leaves, then records what the call proved: ``committed`` on a
+response, ``not_committed`` only on a provider's refusal, and ``unknown`` on
+anything else (R3). A cancel reaches a call according to the phase policy:
+``immediate`` interrupts it, ``at_boundary`` and ``verify`` let it finish and
+stop the run right after (the provider is asked to cancel meanwhile when it
+can).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+from stopline.domain.model import Evidence, OperationSpec, RunRecord, digest
+from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
+from stopline.errors import OperationInDoubt, RunCancelled
+from stopline.ledger.backend import GateVerdict, OutcomeUpdate
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import Rejected, Tool
+
+if TYPE_CHECKING:
+    from stopline.domain.receipt import Receipt
+    from stopline.runtime.ledger import Ledger
+
+__all__ = ["Run"]
+
+R = TypeVar("R")
+_REPLAYABLE = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
+
+
+class Run:
+    """Handle on one run inside ``async with ledger.run(...) as run``."""
+
+    def __init__(self, ledger: Ledger, record: RunRecord) -> None:
+        self._ledger = ledger
+        self.id = record.id
+        self.name = record.name
+        self.owner = record.owner
+        self.tenant = record.tenant
+        self.policy = record.policy
+        self.phase_kind: PhaseKind | None = record.phase
+        self._seq = 0
+        self._scope: anyio.CancelScope | None = None
+        self._inflight: dict[str, CallContext] = {}
+        # "a cancel was asked for" (committed to the ledger) ...
+        self.cancel_requested = False
+        # ... kept apart from "this run's work was interrupted" (cancelled_caught).
+        self.cancelled_caught = False
+
+    # -- the gate's caller ---------------------------------------------------
+    async def call(
+        self,
+        tool: Tool[R] | Callable[..., Awaitable[R]],
+        *args: Any,
+        key: str | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """Run a tool. Effectful tools pass the gate first; reads go straight through."""
+        t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
+        if not t.effects:
+            return await t.fn(*args, **kwargs)
+        self._seq += 1
+        op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
+        self._ledger.register_tool(t)
+        spec = OperationSpec(
+            id=op_id,
+            run_id=self.id,
+            tool=t.name,
+            args_digest=digest([args, kwargs]),
+            description=t.description,
+            cancellable=t.cancellable,
+            can_verify=t.verify_fn is not None,
+            can_compensate=t.compensate_fn is not None,
+        )
+        gate = await self._ledger.backend.gate(spec)
+        while gate.verdict is GateVerdict.PAUSED:
+            await self._ledger.wait_for_change(self.id)
+            gate = await self._ledger.backend.gate(spec)
+        if gate.verdict is GateVerdict.PREVENTED:
+            self.cancel_requested = True
+            raise RunCancelled(self.id, op_id)
+        if gate.verdict is GateVerdict.EXISTING:
+            return self._replay(gate.operation)  # type: ignore[no-any-return]
+        ctx = CallContext(self._ledger, self.id, op_id, t)  # type: ignore[arg-type]
+        if self.cancel_requested:
+            # the cancel landed between our gate and our first byte: nothing left
+            await self._ledger._resolve(
+                op_id,
+                OutcomeUpdate(
+                    OpEvent.NOT_SENT,
+                    [Evidence.local("not_dispatched", "cancelled before sending")],
+                    cause=Cause.USER_CANCEL,
+                ),
+            )
+            raise RunCancelled(self.id, op_id)
+        self._inflight[op_id] = ctx
+        try:
+            result = await self._dispatch(t, ctx, args, kwargs, timeout)
+        finally:
+            del self._inflight[op_id]
+        if self.cancel_requested:
+            raise RunCancelled(self.id)  # the boundary after a recorded response
+        return result
+
+    def _replay(self, op: Any) -> Any:
+        """R10: a committed operation is never repeated; its recorded result is returned."""
+        if op.status in _REPLAYABLE:
+            return op.result
+        if op.status is OpStatus.PREVENTED:
+            self.cancel_requested = True
+            raise RunCancelled(self.id, op.id)
+        raise OperationInDoubt(op.id, op.status)
+
+    async def _dispatch(
+        self,
+        t: Tool[R],
+        ctx: CallContext,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+    ) -> R:
+        ledger = self._ledger
+        call_args = (ctx, *args) if t.wants_context else args
+        try:
+            with anyio.fail_after(timeout):
+                result = await t.fn(*call_args, **kwargs)
+        except anyio.get_cancelled_exc_class():
+            cause = Cause.USER_CANCEL if self.cancel_requested else Cause.LOCAL_ERROR
+            with anyio.CancelScope(shield=True):
+                await ledger._lost(ctx, cause, "local abort: the call was interrupted")
+            raise
+        except Rejected as exc:
+            evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
+            await ledger._resolve(
+                ctx.op_id,
+                OutcomeUpdate(
+                    OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
+                ),
+            )
+            raise
+        except TimeoutError:
+            await ledger._lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
+            raise
+        except (ConnectionError, OSError) as exc:
+            await ledger._lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
+            raise
+        except Exception as exc:
+            await ledger._lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
+            raise
+        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
+        if ctx.provider_ref:
+            evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
+        await ledger._resolve(
+            ctx.op_id, OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
+        )
+        return result
+
+    # -- phases and boundaries -------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def phase(self, kind: PhaseKind, policy: Policy | None = None) -> AsyncIterator[None]:
+        """A named stretch with its cancel policy; entering and leaving are boundaries."""
+        self.boundary()
+        previous = (self.phase_kind, self.policy)
+        self.phase_kind, self.policy = kind, policy or kind.default_policy
+        await self._ledger.backend.set_phase(self.id, kind, self.policy)
+        try:
+            yield
+        finally:
+            self.phase_kind, self.policy = previous
+        self.boundary()
+
+    def boundary(self) -> None:
+        """A safe point: raise ``RunCancelled`` if a cancel was committed."""
+        if self.cancel_requested:
+            raise RunCancelled(self.id)
+
+    async def receipt(self) -> Receipt:
+        return await self._ledger.receipt(self.id)
+
+    # -- delivery of a committed cancel (called by the ledger) -----------------
+    def _deliver_cancel(self) -> None:
+        self.cancel_requested = True
+        if self._scope is not None and (self.policy is Policy.IMMEDIATE or not self._inflight):
+            self._scope.cancel()

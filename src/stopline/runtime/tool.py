@@ -1,0 +1,147 @@
+"""Tools: what a side-effecting call declares about its provider.
+
+A tool is an async callable plus what its provider can do: cancel (until
+accepted, after accepted, never), verify (a read-only read-back by
+idempotency key) and compensate. Effectful tools receive a ``CallContext``
+as their first argument when that parameter is named ``ctx`` or annotated
+``CallContext``; through it they learn their idempotency key and report
+acceptance and progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from stopline.domain.vocab import Cancellable
+from stopline.errors import StoplineError
+
+if TYPE_CHECKING:
+    from stopline.runtime.context import CallContext
+
+__all__ = ["ReadBack", "Rejected", "Tool", "Verdict", "tool"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Verdict(enum.StrEnum):
+    """What a read-back of the destination found."""
+
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+    UNKNOWN = "unknown"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadBack:
+    verdict: Verdict
+    ref: str = ""
+    detail: str = ""
+
+
+class Rejected(StoplineError):
+    """Raised by a provider that refused the request before any effect.
+
+    This is the only way a failed call becomes ``not_committed``: any other
+    exception leaves the operation ``unknown`` (R3).
+    """
+
+    def __init__(self, reason: str, ref: str = "") -> None:
+        self.reason = reason
+        self.ref = ref
+        super().__init__(reason)
+
+
+CancelFn = Callable[["CallContext"], Awaitable[bool]]
+VerifyFn = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
+CompensateFn = Callable[["CallContext"], Awaitable[Any]]
+
+
+class Tool(Generic[R]):
+    """A declared call. Build one with ``@stopline.tool(...)``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *,
+        name: str | None = None,
+        description: str = "",
+        effects: bool = True,
+        cancellable: Cancellable = Cancellable.NEVER,
+    ) -> None:
+        self.fn = fn
+        self.name: str = name or str(getattr(fn, "__name__", "tool"))
+        self.description = description or self.name.replace("_", " ")
+        self.effects = effects
+        self.cancellable = cancellable
+        self.cancel_fn: CancelFn | None = None
+        self.verify_fn: VerifyFn | None = None
+        self.compensate_fn: CompensateFn | None = None
+        self.wants_context = effects and _first_param_is_context(fn)
+
+    def canceller(self, fn: CancelFn) -> CancelFn:
+        """Register how to ask the provider to cancel; return True when it confirms."""
+        self.cancel_fn = fn
+        if self.cancellable is Cancellable.NEVER:
+            self.cancellable = Cancellable.UNTIL_ACCEPTED
+        return fn
+
+    def verifier(self, fn: VerifyFn) -> VerifyFn:
+        """Register the read-only read-back by idempotency key."""
+        self.verify_fn = fn
+        return fn
+
+    def compensator(self, fn: CompensateFn) -> CompensateFn:
+        self.compensate_fn = fn
+        return fn
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} effects={self.effects} cancellable={self.cancellable.value}>"
+
+
+def _first_param_is_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not params:
+        return False
+    first = params[0]
+    annotation = first.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name == "ctx" or text.endswith("CallContext")
+
+
+@overload
+def tool(fn: Callable[P, Awaitable[R]], /) -> Tool[R]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str = "",
+    effects: bool = True,
+    cancellable: Cancellable = Cancellable.NEVER,
+) -> Callable[[Callable[P, Awaitable[R]]], Tool[R]]: ...
+
+
+def tool(
+    fn: Callable[P, Awaitable[R]] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str = "",
+    effects: bool = True,
+    cancellable: Cancellable = Cancellable.NEVER,
+) -> Tool[R] | Callable[[Callable[P, Awaitable[R]]], Tool[R]]:
+    """Declare a tool; ``effects=False`` marks a read that needs no gate record."""
+
+    def wrap(f: Callable[P, Awaitable[R]]) -> Tool[R]:
+        return Tool(f, name=name, description=description, effects=effects, cancellable=cancellable)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,70 @@
+"""Named points where a test holds a workflow, acts, then lets it go.
+
+barriers = Barriers()
+hold = barriers.hold("accepted")      # the next call to reach "accepted" stops there
+...                                   # start the workflow
+await hold.reached.wait()             # it is there, deterministically
+await ledger.cancel(run_id, by="t")   # act
+hold.release()                        # let it go on
+"""
+
+from __future__ import annotations
+
+import anyio
+
+__all__ = ["Barrier", "Barriers"]
+
+
+class Barrier:
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self.reached = anyio.Event()
+        self._released = anyio.Event()
+        self.key: str | None = None  # the idempotency key of the call that reached it
+
+    def release(self) -> None:
+        self._released.set()
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    async def wait_released(self) -> None:
+        await self._released.wait()
+
+
+class Barriers:
+    """One-shot holds by point name; a point with no hold passes straight through."""
+
+    def __init__(self) -> None:
+        self._holds: dict[str, Barrier] = {}
+        self.passed: list[tuple[str, str]] = []  # (point, key), in order
+
+    def hold(self, point: str) -> Barrier:
+        barrier = self._holds[point] = Barrier(point)
+        return barrier
+
+    def release_all(self) -> None:
+        for barrier in self._holds.values():
+            barrier.release()
+
+    async def reach(self, point: str, key: str, *, unless: anyio.Event | None = None) -> None:
+        """Stop here if a test holds ``point``, until released (or ``unless`` is set)."""
+        self.passed.append((point, key))
+        barrier = self._holds.pop(point, None)
+        if barrier is None:
+            return
+        barrier.key = key
+        barrier.reached.set()
+        if unless is None:
+            await barrier.wait_released()
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on(event: anyio.Event) -> None:
+                await event.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on, unless)
+            await barrier.wait_released()
+            tg.cancel_scope.cancel()

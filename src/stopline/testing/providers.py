@@ -1,0 +1,114 @@
+"""A fake remote provider with its own ground truth, barriers and faults.
+
+``FakeProvider`` plays an external system (a payments API, a chat service):
+it keeps what it really committed (``committed``, ``effects``), stops at the
+barriers ``received``, ``accepted``, ``committed`` and ``responding``, and
+injects the faults the contract is about: refuse a cancel, be unable to
+cancel once accepted, drop the connection after committing, answer late.
+Its ``tool`` is a ``stopline.Tool`` declaring exactly what it can do.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from stopline.domain.vocab import Cancellable
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
+from stopline.testing.barriers import Barriers
+
+__all__ = ["CancelBehaviour", "FakeProvider"]
+
+
+class CancelBehaviour(enum.Enum):
+    CONFIRM = "confirm"  # cancels when it still can, and says so
+    REFUSE = "refuse"  # answers the cancel with a refusal and goes on
+
+
+class FakeProvider:
+    def __init__(
+        self,
+        name: str,
+        *,
+        cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED,
+        on_cancel: CancelBehaviour = CancelBehaviour.CONFIRM,
+        verifiable: bool = True,
+        drop_response: bool = False,
+        description: str = "",
+    ) -> None:
+        self.name = name
+        self.barriers = Barriers()
+        self.on_cancel = on_cancel
+        self.drop_response = drop_response
+        self.requests: list[str] = []  # every request that reached the provider
+        self.committed: dict[str, Any] = {}  # ground truth: key -> what was done
+        self.effects: list[str] = []  # every commit, so a duplicate effect shows
+        self.cancel_requests: list[str] = []
+        self.in_progress: set[str] = set()
+        self._cancelled: dict[str, anyio.Event] = {}
+        self.late: list[tuple[str, Any]] = []  # responses nobody was waiting for
+        self.tool: Tool[Any] = Tool(
+            self._call, name=name, description=description or name, cancellable=cancellable
+        )
+        self.tool.wants_context = True
+        if cancellable is not Cancellable.NEVER:
+            self.tool.cancel_fn = self._cancel
+        if verifiable:
+            self.tool.verify_fn = self._verify
+
+    def hold(self, point: str) -> Any:
+        """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``."""
+        return self.barriers.hold(point)
+
+    async def _call(self, ctx: CallContext, payload: Any = None) -> dict[str, Any]:
+        key = ctx.key
+        self.requests.append(key)
+        cancelled = self._cancelled.setdefault(key, anyio.Event())
+        self.in_progress.add(key)
+        try:
+            if key in self.committed:  # idempotent by key: the recorded result, no new effect
+                return {"id": key, "value": self.committed[key], "replayed": True}
+            await self.barriers.reach("received", key, unless=cancelled)
+            if cancelled.is_set():
+                raise Rejected("cancelled before acceptance", ref=f"{self.name}:{key}")
+            await ctx.accepted(ref=f"{self.name}:{key}")
+            await self.barriers.reach("accepted", key, unless=cancelled)
+            if cancelled.is_set():
+                raise Rejected("cancelled after acceptance", ref=f"{self.name}:{key}")
+            self.committed[key] = payload
+            self.effects.append(key)
+            await self.barriers.reach("committed", key)
+            if self.drop_response:
+                raise ConnectionResetError("connection dropped before the response")
+            await self.barriers.reach("responding", key)
+            return {"id": key, "value": payload}
+        finally:
+            self.in_progress.discard(key)
+
+    async def _cancel(self, ctx: CallContext) -> bool:
+        key = ctx.key
+        self.cancel_requests.append(key)
+        if self.on_cancel is CancelBehaviour.REFUSE or key in self.committed:
+            return False
+        self._cancelled.setdefault(key, anyio.Event()).set()
+        return True
+
+    async def _verify(self, ctx: CallContext) -> ReadBack:
+        key = ctx.key
+        if key in self.committed:
+            return ReadBack(Verdict.COMMITTED, ref=f"{self.name}:{key}", detail="found by key")
+        if key in self.in_progress:
+            return ReadBack(Verdict.UNKNOWN, detail="still in progress")
+        return ReadBack(Verdict.NOT_COMMITTED, ref=f"{self.name}:{key}", detail="no such key")
+
+    async def respond_late(
+        self, key: str, deliver: Callable[[str, Any], Awaitable[object]]
+    ) -> None:
+        """Deliver the recorded response of ``key`` to whoever still listens (R4)."""
+        response = {"id": key, "value": self.committed[key]}
+        self.late.append((key, response))
+        await deliver(key, response)
