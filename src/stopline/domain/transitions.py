@@ -44,6 +44,11 @@ OPERATION_TABLE: Mapping[tuple[OpStatus, OpEvent], OpStatus] = {
     # evidence that contradicts a recorded outcome goes to a human
     (_S.COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
     (_S.NOT_COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
+    # evidence that arrives after escalation settles the review item too
+    (_S.NEEDS_REVIEW, _E.COMMITTED): _S.COMMITTED,
+    (_S.NEEDS_REVIEW, _E.REJECTED): _S.NOT_COMMITTED,
+    (_S.NEEDS_REVIEW, _E.VERIFIED_COMMITTED): _S.COMMITTED,
+    (_S.NEEDS_REVIEW, _E.VERIFIED_NOT_COMMITTED): _S.NOT_COMMITTED,
     (_S.NEEDS_REVIEW, _E.REVIEWED_COMMITTED): _S.COMMITTED,
     (_S.NEEDS_REVIEW, _E.REVIEWED_NOT_COMMITTED): _S.NOT_COMMITTED,
     (_S.COMMITTED, _E.COMPENSATION_STARTED): _S.COMPENSATING,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 
 from stopline.errors import LedgerUnavailable
@@ -24,7 +25,16 @@ async def open_backend(url: str | None = None) -> Backend:
     if url.startswith("sqlite:///"):
         from stopline.ledger.sqlite import SQLiteBackend
 
-        return await SQLiteBackend.open(Path(url.removeprefix("sqlite:///")))
+        path, _, query = url.removeprefix("sqlite:///").partition("?")
+        options = dict(urllib.parse.parse_qsl(query))
+        unknown = set(options) - {"busy_timeout", "synchronous"}
+        if unknown:
+            raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
+        return await SQLiteBackend.open(
+            Path(path),
+            busy_timeout=float(options.get("busy_timeout", 10.0)),
+            synchronous=options.get("synchronous", "FULL").upper(),
+        )
     if url.startswith(("postgresql://", "postgres://")):
         raise LedgerUnavailable(url, "the PostgreSQL backend is not part of this release")
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH")

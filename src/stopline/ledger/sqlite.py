@@ -66,10 +66,19 @@ _CANCEL_NOOP_STATES = frozenset(
 
 
 class SQLiteBackend(Backend):
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        busy_timeout: float = 10.0,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL", "EXTRA"):
+            raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
         self.path = Path(path)
         self.location = f"sqlite:///{self.path}"
         self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
         self._writer = Writer(self._connect, self._map_error)
 
     @classmethod
@@ -86,12 +95,15 @@ class SQLiteBackend(Backend):
             raise LedgerUnavailable(self.location, f"directory {self.path.parent} does not exist")
         try:
             conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=10.0
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout,
             )
         except sqlite3.Error as exc:
             raise self._map_error(exc) from exc
         try:
-            conn.execute("PRAGMA busy_timeout = 10000")
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
                 raise LedgerUnavailable(self.location, f"cannot use WAL journal (got {mode!r})")

@@ -232,6 +232,13 @@ class Ledger:
             ),
         )
 
+    async def verify(self, op_id: str) -> OperationRecord:
+        """Read the destination once for an operation in doubt; record what it proves."""
+        op = await self.backend.get_operation(op_id)
+        if op.status not in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW):
+            return op
+        return await self._settler.read_back(op)
+
     async def _resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
         try:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from stopline.domain.model import Evidence, OperationSpec, RunRecord, digest
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import OperationInDoubt, RunCancelled
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
@@ -80,37 +80,51 @@ class Run:
             can_verify=t.verify_fn is not None,
             can_compensate=t.compensate_fn is not None,
         )
+        return await self._gated(t, spec, args, kwargs, timeout, replayed=False)
+
+    async def _gated(
+        self,
+        t: Tool[R],
+        spec: OperationSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        *,
+        replayed: bool,
+    ) -> R:
         gate = await self._ledger.backend.gate(spec)
         while gate.verdict is GateVerdict.PAUSED:
             await self._ledger.wait_for_change(self.id)
             gate = await self._ledger.backend.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
             self.cancel_requested = True
-            raise RunCancelled(self.id, op_id)
+            raise RunCancelled(self.id, spec.id)
         if gate.verdict is GateVerdict.EXISTING:
-            return self._replay(gate.operation)  # type: ignore[no-any-return]
-        ctx = CallContext(self._ledger, self.id, op_id, t)  # type: ignore[arg-type]
+            assert gate.operation is not None
+            op = gate.operation
+            if op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW) and not replayed:
+                # in doubt: read back first (R5, reads only); retry only if it never happened
+                op = await self._ledger.verify(op.id)
+                if op.status is OpStatus.NOT_COMMITTED:
+                    return await self._gated(t, spec, args, kwargs, timeout, replayed=True)
+            return self._replay(op)  # type: ignore[no-any-return]
+        ctx = CallContext(self._ledger, self.id, spec.id, t)  # type: ignore[arg-type]
         if self.cancel_requested:
             # the cancel landed between our gate and our first byte: nothing left
-            await self._ledger._resolve(
-                op_id,
-                OutcomeUpdate(
-                    OpEvent.NOT_SENT,
-                    [Evidence.local("not_dispatched", "cancelled before sending")],
-                    cause=Cause.USER_CANCEL,
-                ),
-            )
-            raise RunCancelled(self.id, op_id)
-        self._inflight[op_id] = ctx
+            not_sent = Evidence.local("not_dispatched", "cancelled before sending")
+            update = OutcomeUpdate(OpEvent.NOT_SENT, [not_sent], cause=Cause.USER_CANCEL)
+            await self._ledger._resolve(spec.id, update)
+            raise RunCancelled(self.id, spec.id)
+        self._inflight[spec.id] = ctx
         try:
             result = await self._dispatch(t, ctx, args, kwargs, timeout)
         finally:
-            del self._inflight[op_id]
+            del self._inflight[spec.id]
         if self.cancel_requested:
             raise RunCancelled(self.id)  # the boundary after a recorded response
         return result
 
-    def _replay(self, op: Any) -> Any:
+    def _replay(self, op: OperationRecord) -> Any:
         """R10: a committed operation is never repeated; its recorded result is returned."""
         if op.status in _REPLAYABLE:
             return op.result

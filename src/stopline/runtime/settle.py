@@ -78,39 +78,12 @@ class Settler:
 
     async def _verify(self, op: OperationRecord) -> None:
         ledger = self._ledger
-        tool = ledger._tools[op.tool]
         try:
-            if tool.verify_fn is None:
-                await ledger._resolve(
-                    op.id,
-                    OutcomeUpdate(
-                        OpEvent.ESCALATED,
-                        [Evidence.local("no_verifier", f"tool {tool.name!r} has no read-back")],
-                    ),
-                )
-                return
-            ctx = CallContext(ledger, op.run_id, op.id, tool)
             delays = [*ledger.verify_budget.delays(), None]
-            for attempt, delay in enumerate(delays, start=1):
-                try:
-                    answer = await tool.verify_fn(ctx)
-                    read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
-                except Exception as exc:
-                    read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
-                if read.verdict is not Verdict.UNKNOWN:
-                    event = (
-                        OpEvent.VERIFIED_COMMITTED
-                        if read.verdict is Verdict.COMMITTED
-                        else OpEvent.VERIFIED_NOT_COMMITTED
-                    )
-                    evidence = Evidence(
-                        EvidenceKind.READ_BACK, read.ref or f"read-back {attempt}", read.detail
-                    )
-                    await ledger._resolve(op.id, OutcomeUpdate(event, [evidence]))
-                    return
-                current = await ledger.backend.get_operation(op.id)
+            for delay in delays:
+                current = await self.read_back(op)
                 if current.status is not OpStatus.UNKNOWN:
-                    return  # a late response settled it meanwhile
+                    return  # proven, escalated, or settled meanwhile by a late response
                 if delay is not None:
                     await anyio.sleep(delay)
             await ledger._resolve(
@@ -126,6 +99,41 @@ class Settler:
             )
         finally:
             self._verifying.discard(op.id)
+
+    async def read_back(self, op: OperationRecord) -> OperationRecord:
+        """One read-only look at the destination; records what it proves (R5)."""
+        ledger = self._ledger
+        tool = ledger._tools.get(op.tool)
+        if tool is None:
+            return op
+        if tool.verify_fn is None:
+            return await ledger._resolve(
+                op.id,
+                OutcomeUpdate(
+                    OpEvent.ESCALATED,
+                    [Evidence.local("no_verifier", f"tool {tool.name!r} has no read-back")],
+                ),
+            )
+        ctx = CallContext(ledger, op.run_id, op.id, tool)
+        try:
+            answer = await tool.verify_fn(ctx)
+            read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
+        except Exception as exc:
+            read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
+        if read.verdict is Verdict.UNKNOWN:
+            return await ledger.backend.get_operation(op.id)
+        committed = read.verdict is Verdict.COMMITTED
+        event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
+        evidence = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
+        return await ledger._resolve(
+            op.id,
+            OutcomeUpdate(
+                event,
+                [evidence],
+                result=read.result,
+                has_result=committed and read.result is not None,
+            ),
+        )
 
     # -- the run -------------------------------------------------------------------
     async def advance(self, run_id: str) -> None:

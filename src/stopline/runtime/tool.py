@@ -38,9 +38,14 @@ class Verdict(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReadBack:
+    """A verifier's answer. ``NOT_COMMITTED`` means "never will": a request the
+    provider may still be working on is ``UNKNOWN``. A verifier may return the
+    provider's recorded ``result``, which a replay then hands to the workflow."""
+
     verdict: Verdict
     ref: str = ""
     detail: str = ""
+    result: Any = None
 
 
 class Rejected(StoplineError):

@@ -100,7 +100,8 @@ class FakeProvider:
     async def _verify(self, ctx: CallContext) -> ReadBack:
         key = ctx.key
         if key in self.committed:
-            return ReadBack(Verdict.COMMITTED, ref=f"{self.name}:{key}", detail="found by key")
+            result = {"id": key, "value": self.committed[key]}
+            return ReadBack(Verdict.COMMITTED, f"{self.name}:{key}", "found by key", result)
         if key in self.in_progress:
             return ReadBack(Verdict.UNKNOWN, detail="still in progress")
         return ReadBack(Verdict.NOT_COMMITTED, ref=f"{self.name}:{key}", detail="no such key")
