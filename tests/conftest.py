@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,15 +13,9 @@ from stopline import VerifyBudget
 FAST_VERIFY = VerifyBudget(attempts=4, first_delay=0.01, factor=2.0, max_delay=0.05)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        function = getattr(item, "function", None)
-        if function is not None and inspect.iscoroutinefunction(function):
-            item.add_marker(pytest.mark.anyio)
-
-
 @pytest.fixture
 def anyio_backend() -> str:
+    """Async tests run on asyncio; modules that prove trio too override this."""
     return "asyncio"
 
 
