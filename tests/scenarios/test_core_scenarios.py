@@ -7,6 +7,7 @@ every cancel lands at an exact point without sleeps.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
@@ -183,10 +184,8 @@ async def test_s11_queued_retry_fires_after_cancel(ledger: stopline.Ledger) -> N
     retry_outcome: list[str] = []
 
     async def body(run: stopline.Run, started: Started) -> None:
-        try:
+        with contextlib.suppress(stopline.Rejected):
             await run.call(charge, 5, key="charge")
-        except stopline.Rejected:
-            pass
 
         async def retry_later() -> None:  # a timer outside the workflow's own scope
             await timer.wait()
