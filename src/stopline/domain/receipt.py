@@ -165,10 +165,16 @@ class Receipt:
 
     @property
     def settled(self) -> bool:
-        """The run has ended and every operation is resolved (R2): this will not change."""
-        return self.run_state in _SETTLED_STATES and all(
-            line.status.resolved for line in self.lines
-        )
+        """The run has ended and every operation is resolved (R2): this will not change.
+
+        A run in review whose items were all settled is about to close, so not yet.
+        """
+        if self.run_state not in _SETTLED_STATES:
+            return False
+        if not all(line.status.resolved for line in self.lines):
+            return False
+        in_review = any(line.status is OpStatus.NEEDS_REVIEW for line in self.lines)
+        return in_review or self.run_state is not RunState.NEEDS_REVIEW
 
     def to_json(self) -> dict[str, Any]:
         return {

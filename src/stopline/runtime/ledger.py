@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -30,7 +30,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, UnknownRun
+from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
@@ -88,8 +88,11 @@ class Ledger:
         *,
         verify: VerifyBudget | None = None,
         backend: Backend | None = None,
+        observers: Sequence[Callable[[Backend], Backend]] = (),
     ) -> None:
         self.url = resolve_url(url)
+        # each observer wraps the backend to see every durable write (stopline.telemetry)
+        self._observers = tuple(observers)
         self.verify_budget = verify or VerifyBudget()
         self._backend = backend
         self._tg: TaskGroup | None = None
@@ -108,6 +111,8 @@ class Ledger:
     async def __aenter__(self) -> Ledger:
         if self._backend is None:
             self._backend = await open_backend(self.url)
+        for observe in self._observers:
+            self._backend = observe(self._backend)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -317,11 +322,9 @@ class RunContext:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        from stopline.errors import RunCancelled
-
         run = self._run
         assert run is not None
-        ours = isinstance(exc, RunCancelled) and exc.run_id == run.id
+        ours = _only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
@@ -339,9 +342,27 @@ class RunContext:
         return ours or swallowed
 
 
-def open(url: str | None = None, *, verify: VerifyBudget | None = None) -> Ledger:
+def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
+    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
+    if isinstance(exc, RunCancelled):
+        return exc.run_id == run_id
+    if isinstance(exc, BaseExceptionGroup):
+        cancel_class = anyio.get_cancelled_exc_class()
+        leaves = exc.exceptions
+        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
+            any(_only_cancels_of(e, run_id) for e in leaves)
+        )
+    return False
+
+
+def open(
+    url: str | None = None,
+    *,
+    verify: VerifyBudget | None = None,
+    observers: Sequence[Callable[[Backend], Backend]] = (),
+) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``.
     """
-    return Ledger(url, verify=verify)
+    return Ledger(url, verify=verify, observers=observers)

@@ -142,7 +142,7 @@ class Settler:
         lock = self._locks.setdefault(run_id, anyio.Lock())
         async with lock:
             run = await ledger.backend.get_run(run_id)
-            if run.state not in (RunState.CANCELLING, RunState.SETTLING):
+            if run.state not in (RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW):
                 return
             if run_id in ledger._local and ledger._local[run_id]._inflight:
                 return  # local calls still running; their outcomes call us again
@@ -158,7 +158,11 @@ class Settler:
                         if op.status is OpStatus.UNKNOWN:
                             self.verify_soon(op)
                 elif statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
-                    await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by="stopline")
+                    if run.state is not RunState.NEEDS_REVIEW:
+                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by="stopline")
+                elif run.state is RunState.NEEDS_REVIEW:
+                    # every review item was settled by later evidence or a reviewer
+                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by="stopline")
                 else:
                     await ledger.backend.run_event(run_id, RunEvent.SETTLED, by="stopline")
             except IllegalTransition:
