@@ -104,16 +104,38 @@ class SQLiteBackend(Backend):
             raise self._map_error(exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode != "wal":
-                raise LedgerUnavailable(self.location, f"cannot use WAL journal (got {mode!r})")
+            self._when_unlocked(lambda: self._set_wal(conn))
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate(conn)
+            self._when_unlocked(lambda: self._migrate(conn))
         except BaseException as exc:
             conn.close()
             raise self._map_error(exc) from exc
         return conn
+
+    def _when_unlocked(self, step: Callable[[], None]) -> None:
+        """Retry a start-up step while another process holds the file, up to the busy timeout.
+
+        Switching to WAL needs an exclusive lock and SQLite answers "locked" at
+        once instead of waiting, so two processes creating one file need this.
+        This runs on the writer thread, before any caller waits on it.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                step()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _set_wal(self, conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise LedgerUnavailable(self.location, f"cannot use WAL journal (got {mode!r})")
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
