@@ -1,0 +1,190 @@
+"""Bad files and shared files: a typed error naming the path, and nothing lost."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+import stopline
+from stopline.errors import (
+    IdempotencyConflict,
+    LedgerCorrupt,
+    LedgerLocked,
+    LedgerUnavailable,
+    SchemaTooNew,
+    UnknownOperation,
+    UnknownRun,
+)
+from stopline.testing import FakeProvider
+
+
+async def make_ledger(path: Path) -> None:
+    async with (
+        stopline.open(f"sqlite:///{path}") as ledger,
+        ledger.run("job", owner="u", run_id="run_1") as run,
+    ):
+        await run.call(FakeProvider("send").tool, "hi")
+
+
+async def test_corrupt_file_is_named_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    path.write_bytes(b"this is not a database, it is a shopping list\n" * 100)
+    before = path.read_bytes()
+    with pytest.raises(LedgerCorrupt) as info:
+        async with stopline.open(f"sqlite:///{path}"):
+            pass
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+
+
+async def test_truncated_ledger_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await make_ledger(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + b"\x00garbage" * 64 + data[700:])
+    with pytest.raises(LedgerCorrupt) as info:
+        async with stopline.open(f"sqlite:///{path}") as ledger:
+            await ledger.receipt("run_1")
+    assert str(path) in str(info.value)
+
+
+async def test_newer_schema_is_refused_before_any_write(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await make_ledger(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    events_before = _count(path, "events")
+    with pytest.raises(SchemaTooNew) as info:
+        async with stopline.open(f"sqlite:///{path}"):
+            pass
+    assert info.value.found == 99
+    assert "newer stopline" in str(info.value) and str(path) in str(info.value)
+    assert _count(path, "events") == events_before
+
+
+async def test_foreign_database_is_not_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER)")
+    with pytest.raises(LedgerCorrupt, match="not a stopline ledger"):
+        async with stopline.open(f"sqlite:///{path}"):
+            pass
+    with sqlite3.connect(path) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
+    assert tables == ["customers"]
+
+
+async def test_missing_directory_is_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "no" / "such" / "ledger.db"
+    with pytest.raises(LedgerUnavailable, match="does not exist"):
+        async with stopline.open(f"sqlite:///{path}"):
+            pass
+
+
+async def test_unknown_url_and_option(tmp_path: Path) -> None:
+    with pytest.raises(LedgerUnavailable, match="unsupported ledger URL"):
+        async with stopline.open("mysql://x"):
+            pass
+    with pytest.raises(LedgerUnavailable, match="unknown option"):
+        async with stopline.open(f"sqlite:///{tmp_path}/l.db?turbo=1"):
+            pass
+
+
+async def test_file_locked_by_another_process(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await make_ledger(path)
+    holder_code = textwrap.dedent(f"""
+        import sqlite3, sys
+        conn = sqlite3.connect({str(path)!r}, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+        print("locked", flush=True)
+        sys.stdin.readline()
+    """)
+    async with await anyio.open_process([sys.executable, "-c", holder_code]) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert (await holder.stdout.receive()).strip() == b"locked"
+        with pytest.raises(LedgerLocked) as info:
+            async with stopline.open(f"sqlite:///{path}?busy_timeout=0.2") as ledger:
+                await ledger.cancel("run_1", by="u")
+        assert str(path) in str(info.value) and "another process" in str(info.value)
+        await holder.stdin.send(b"\n")
+    async with stopline.open(f"sqlite:///{path}") as ledger:  # nothing was lost
+        receipt = await ledger.receipt("run_1")
+    assert receipt.headline is stopline.Headline.COMPLETED
+
+
+def test_two_processes_on_one_file(tmp_path: Path) -> None:
+    """Two worker processes dispatch at once on one file; every intent and outcome lands."""
+    path = tmp_path / "ledger.db"
+    worker = textwrap.dedent(f"""
+        import sys, anyio, stopline
+        from stopline.testing import FakeProvider
+        async def main(name):
+            provider = FakeProvider("send")
+            async with stopline.open("sqlite:///{path}") as ledger:
+                async with anyio.create_task_group() as tg:
+                    for r in range(10):
+                        async def one(r=r):
+                            rid = f"{{name}}-{{r}}"
+                            async with ledger.run("job", owner=name, run_id=rid) as run:
+                                for i in range(10):
+                                    await run.call(provider.tool, i)
+                        tg.start_soon(one)
+            print(len(provider.effects))
+        anyio.run(main, sys.argv[1])
+    """)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", worker, name], stdout=subprocess.PIPE, text=True)
+        for name in ("a", "b")
+    ]
+    outputs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outputs == ["100", "100"]
+    with sqlite3.connect(path) as conn:
+        statuses = dict(conn.execute("SELECT status, count(*) FROM operations GROUP BY status"))
+        states = dict(conn.execute("SELECT state, count(*) FROM runs GROUP BY state"))
+    assert statuses == {"committed": 200}
+    assert states == {"completed": 20}
+    # per run: created, completed; per operation: gate passed, accepted, committed
+    assert _count(path, "events") == 20 * 2 + 200 * 3
+
+
+async def test_unknown_ids_through_the_runtime(ledger: stopline.Ledger) -> None:
+    with pytest.raises(UnknownRun, match="nope"):
+        await ledger.cancel("nope", by="u")
+    with pytest.raises(UnknownRun):
+        await ledger.receipt("nope")
+    with pytest.raises(UnknownOperation):
+        await ledger.late_response("nope/1", stopline.Verdict.COMMITTED)
+    with pytest.raises(UnknownOperation):
+        await ledger.verify("nope/1")
+
+
+async def test_id_reuse_with_other_arguments(ledger: stopline.Ledger) -> None:
+    send = FakeProvider("send")
+    async with ledger.run("job", owner="u") as run:
+        await run.call(send.tool, "one", key="greeting")
+        events = await ledger.backend.events(run.id)
+        with pytest.raises(IdempotencyConflict, match="greeting"):
+            await run.call(send.tool, "two", key="greeting")
+        assert await ledger.backend.events(run.id) == events
+        again = await run.call(send.tool, "one", key="greeting")  # same args: the recorded result
+    assert again == {"id": f"{run.id}/greeting", "value": "one"}
+    assert len(send.effects) == 1
+
+
+def _count(path: Path, table: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+async def test_ledger_not_open_is_a_clear_error(tmp_path: Path) -> None:
+    ledger = stopline.open(f"sqlite:///{tmp_path}/l.db")
+    with pytest.raises(RuntimeError, match="not open"):
+        await ledger.receipt("x")

@@ -1,0 +1,72 @@
+"""The public surface is exactly what we mean to export."""
+
+from __future__ import annotations
+
+import stopline
+import stopline.testing
+
+EXPECTED = {
+    "CallContext",
+    "Cancellable",
+    "Cause",
+    "Evidence",
+    "EvidenceKind",
+    "Grant",
+    "Headline",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "Ledger",
+    "LedgerCorrupt",
+    "LedgerError",
+    "LedgerLocked",
+    "LedgerUnavailable",
+    "NotFound",
+    "NotPermitted",
+    "OpStatus",
+    "OperationInDoubt",
+    "OperationLine",
+    "OperationRecord",
+    "PhaseKind",
+    "Policy",
+    "ReadBack",
+    "Receipt",
+    "Rejected",
+    "Run",
+    "RunCancelled",
+    "RunRecord",
+    "RunState",
+    "SchemaTooNew",
+    "StoplineError",
+    "Tool",
+    "UnknownOperation",
+    "UnknownRun",
+    "Verdict",
+    "VerifyBudget",
+    "__version__",
+    "open",
+    "tool",
+}
+
+
+def test_exported_names_are_exactly_the_intended_ones() -> None:
+    assert set(stopline.__all__) == EXPECTED
+    for name in stopline.__all__:
+        assert hasattr(stopline, name), name
+
+
+def test_errors_have_one_root_and_cancellation_unwinds() -> None:
+    for name in stopline.__all__:
+        obj = getattr(stopline, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, stopline.StoplineError), name
+    assert issubclass(stopline.RunCancelled, BaseException)
+    assert not issubclass(stopline.RunCancelled, Exception)  # `except Exception` won't eat it
+
+
+def test_testing_surface() -> None:
+    assert set(stopline.testing.__all__) == {
+        "Barrier",
+        "Barriers",
+        "CancelBehaviour",
+        "FakeProvider",
+    }
