@@ -20,6 +20,7 @@ EXPECTED = {
     "LedgerError",
     "LedgerLocked",
     "LedgerUnavailable",
+    "NoAnswer",
     "NotFound",
     "NotPermitted",
     "OpStatus",

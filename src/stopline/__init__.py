@@ -38,7 +38,7 @@ from stopline.errors import (
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger, VerifyBudget, open
 from stopline.runtime.run import Run
-from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, tool
+from stopline.runtime.tool import NoAnswer, ReadBack, Rejected, Tool, Verdict, tool
 
 __version__ = "0.1.0"
 
@@ -57,6 +57,7 @@ __all__ = [
     "LedgerError",
     "LedgerLocked",
     "LedgerUnavailable",
+    "NoAnswer",
     "NotFound",
     "NotPermitted",
     "OpStatus",

@@ -23,7 +23,7 @@ from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseK
 from stopline.errors import OperationInDoubt, RunCancelled
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
-from stopline.runtime.tool import Rejected, Tool
+from stopline.runtime.tool import NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
     from stopline.domain.receipt import Receipt
@@ -118,6 +118,10 @@ class Run:
         self._inflight[spec.id] = ctx
         try:
             result = await self._dispatch(t, ctx, args, kwargs, timeout)
+        except Exception as exc:
+            if self.cancel_requested:  # the provider's answer to our cancel: unwind quietly
+                raise RunCancelled(self.id, spec.id) from exc
+            raise
         finally:
             del self._inflight[spec.id]
         if self.cancel_requested:
@@ -160,6 +164,9 @@ class Run:
                 ),
             )
             raise
+        except NoAnswer as exc:
+            await ledger._lost(ctx, exc.cause, exc.detail)
+            raise
         except TimeoutError:
             await ledger._lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
             raise
@@ -170,7 +177,7 @@ class Run:
             await ledger._lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
             raise
         evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
-        if ctx.provider_ref:
+        if ctx.provider_ref and not ctx._accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
         await ledger._resolve(
             ctx.op_id, OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
@@ -201,6 +208,12 @@ class Run:
 
     # -- delivery of a committed cancel (called by the ledger) -----------------
     def _deliver_cancel(self) -> None:
+        """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
+        (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
+        """
         self.cancel_requested = True
-        if self._scope is not None and (self.policy is Policy.IMMEDIATE or not self._inflight):
+        interrupt = self.policy is Policy.IMMEDIATE or (
+            self.policy is Policy.VERIFY and not self._inflight
+        )
+        if self._scope is not None and interrupt:
             self._scope.cancel()

@@ -16,13 +16,13 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from stopline.domain.vocab import Cancellable
+from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import StoplineError
 
 if TYPE_CHECKING:
     from stopline.runtime.context import CallContext
 
-__all__ = ["ReadBack", "Rejected", "Tool", "Verdict", "tool"]
+__all__ = ["NoAnswer", "ReadBack", "Rejected", "Tool", "Verdict", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,6 +59,19 @@ class Rejected(StoplineError):
         self.reason = reason
         self.ref = ref
         super().__init__(reason)
+
+
+class NoAnswer(StoplineError):
+    """Raised by a provider or integration that lost the answer, saying why.
+
+    The operation becomes ``unknown`` with ``cause`` recorded (R3): a timeout,
+    a broken transport and a server error are told apart in the ledger.
+    """
+
+    def __init__(self, cause: Cause, detail: str) -> None:
+        self.cause = cause
+        self.detail = detail
+        super().__init__(f"{cause.value}: {detail}")
 
 
 CancelFn = Callable[["CallContext"], Awaitable[bool]]
