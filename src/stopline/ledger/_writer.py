@@ -13,6 +13,7 @@ Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
 
 from __future__ import annotations
 
+import functools
 import queue
 import sqlite3
 import threading
@@ -42,16 +43,15 @@ class _Job(Generic[T]):
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             self._event: Any = future
-            self._wake: Callable[[], object] = lambda: loop.call_soon_threadsafe(
-                _set_future, future
-            )
+            # wakes are grouped per loop: one call_soon_threadsafe per batch
+            self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: _set_future(future))
         else:
             import trio
 
             event = trio.Event()
             token = trio.lowlevel.current_trio_token()
             self._event = event
-            self._wake = lambda: token.run_sync_soon(event.set)
+            self._wake = (token, event.set)
 
     async def done(self) -> None:
         if hasattr(self._event, "wait"):
@@ -147,41 +147,62 @@ class Writer:
             conn.close()
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
+        """One transaction for the batch; if any job fails, replay each job on its own.
+
+        Jobs are functions of the database state, so after a rollback nothing
+        they did remains and each can run again alone: the common case pays
+        no savepoints, and one job's error never undoes another's work.
+        """
+        if not self._run_together(conn, batch):
+            for job in batch:
+                self._run_together(conn, [job])
+        _wake_all(batch)
+
+    def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
-            self._fail_all(batch, exc)
-            return
-        single = len(batch) == 1
+            self._fail(batch, exc)
+            return True
         for job in batch:
             try:
-                if single:
-                    job.result = job.fn(conn)
-                else:
-                    conn.execute("SAVEPOINT job")
-                    job.result = job.fn(conn)
-                    conn.execute("RELEASE job")
+                job.result = job.fn(conn)
+                job.error = None
             except BaseException as exc:
-                job.error = self._map_error(exc)
-                if not single:
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-        try:
-            if single and batch[0].error is not None:
                 conn.execute("ROLLBACK")
-            else:
-                conn.execute("COMMIT")
+                if len(batch) > 1:
+                    return False
+                job.error = self._map_error(exc)
+                return True
+        try:
+            conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            self._fail_all(batch, exc)
-            return
-        for job in batch:
-            job._wake()
+            self._fail(batch, exc)
+        return True
 
-    def _fail_all(self, batch: list[_Job[Any]], exc: BaseException) -> None:
+    def _fail(self, batch: list[_Job[Any]], exc: BaseException) -> None:
         mapped = self._map_error(exc)
         for job in batch:
             job.error = mapped
             job.result = None
-            job._wake()
+
+
+def _wake_all(batch: list[_Job[Any]]) -> None:
+    """One thread-safe wake per event loop (or trio token) for the whole batch."""
+    by_loop: dict[int, tuple[Any, list[Callable[[], None]]]] = {}
+    for job in batch:
+        owner, setter = job._wake
+        by_loop.setdefault(id(owner), (owner, []))[1].append(setter)
+    for owner, setters in by_loop.values():
+        run_all = functools.partial(_call_all, setters)
+        if hasattr(owner, "call_soon_threadsafe"):
+            owner.call_soon_threadsafe(run_all)
+        else:
+            owner.run_sync_soon(run_all)
+
+
+def _call_all(setters: list[Callable[[], None]]) -> None:
+    for setter in setters:
+        setter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
@@ -12,6 +12,7 @@ from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind
 __all__ = [
     "OP_COLUMNS",
     "RUN_COLUMNS",
+    "LazyEvidence",
     "dump_evidence",
     "dump_result",
     "event_from_row",
@@ -67,10 +68,50 @@ def op_from_row(row: Sequence[Any]) -> OperationRecord:
         has_result=bool(row[12]),
         error=row[13],
         cause=Cause(row[14]) if row[14] else None,
-        evidence=tuple(Evidence.from_json(e) for e in json.loads(row[15])),
+        evidence=LazyEvidence(row[15]),
         created_at=row[16],
         updated_at=row[17],
     )
+
+
+class LazyEvidence(Sequence[Evidence]):
+    """An operation's evidence, decoded from its JSON column on first use.
+
+    The gate's hot path returns records nobody reads the evidence of; decoding
+    it there would cost the writer thread for nothing.
+    """
+
+    __slots__ = ("_items", "_raw")
+
+    def __init__(self, raw: str) -> None:
+        self._raw = raw
+        self._items: tuple[Evidence, ...] | None = None
+
+    def _decoded(self) -> tuple[Evidence, ...]:
+        if self._items is None:
+            self._items = tuple(Evidence.from_json(e) for e in json.loads(self._raw))
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> Evidence: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Evidence]: ...
+    def __getitem__(self, index: int | slice) -> Evidence | Sequence[Evidence]:
+        return self._decoded()[index]
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._decoded() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._decoded())
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
 
 
 def event_from_row(row: Sequence[Any]) -> EventRecord:

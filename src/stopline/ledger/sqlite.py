@@ -10,6 +10,7 @@ each naming the file and the cause.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -497,21 +498,25 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
 
 
 def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-    op = _op(conn, op_id)
-    target = apply(OPERATION_TABLE, op.status, update.event)
+    row = conn.execute("SELECT status, run_id FROM operations WHERE id = ?", (op_id,)).fetchone()
+    if row is None:
+        raise UnknownOperation(op_id)
+    source = OpStatus(row[0])
+    target = apply(OPERATION_TABLE, source, update.event)
     now = time.time()
-    evidence = [*op.evidence, *update.evidence]
     result_text, has_result = rows.dump_result(update.result, update.has_result)
-    conn.execute(
-        "UPDATE operations SET status = ?, evidence = ?, updated_at = ?,"
+    items = [rows.dump_data(e.to_json()) for e in update.evidence]
+    appended = _append_evidence_sql(len(items))
+    updated = conn.execute(
+        f"UPDATE operations SET status = ?, evidence = {appended}, updated_at = ?,"
         " cause = COALESCE(?, cause), error = COALESCE(?, error),"
         " result = CASE WHEN ? THEN ? ELSE result END,"
         " has_result = CASE WHEN ? THEN 1 ELSE has_result END,"
         " cancel_state = COALESCE(?, cancel_state)"
-        " WHERE id = ? AND status = ?",
+        f" WHERE id = ? AND status = ? RETURNING {rows.OP_COLUMNS}",
         (
             target.value,
-            rows.dump_evidence(evidence),
+            *items,
             now,
             update.cause.value if update.cause else None,
             update.error,
@@ -520,9 +525,9 @@ def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> 
             has_result,
             update.cancel_state,
             op_id,
-            op.status.value,
+            source.value,
         ),
-    )
+    ).fetchone()
     data: dict[str, Any] = {"evidence": [e.to_json() for e in update.evidence]}
     if update.cause is not None:
         data["cause"] = update.cause.value
@@ -530,5 +535,14 @@ def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> 
         data["error"] = update.error
     if update.late:
         data["late"] = True
-    _event(conn, now, op.run_id, op_id, update.event.value, op.status.value, target.value, data)
-    return _op(conn, op_id)
+    _event(conn, now, row[1], op_id, update.event.value, source.value, target.value, data)
+    return rows.op_from_row(updated)
+
+
+@functools.cache
+def _append_evidence_sql(count: int) -> str:
+    """``json_insert`` appending ``count`` items: no read-modify-write of the array in Python."""
+    if count == 0:
+        return "evidence"
+    pairs = ", ".join(["'$[#]', json(?)"] * count)
+    return f"json_insert(evidence, {pairs})"

@@ -148,8 +148,11 @@ class Run:
         ledger = self._ledger
         call_args = (ctx, *args) if t.wants_context else args
         try:
-            with anyio.fail_after(timeout):
+            if timeout is None:
                 result = await t.fn(*call_args, **kwargs)
+            else:
+                with anyio.fail_after(timeout):
+                    result = await t.fn(*call_args, **kwargs)
         except anyio.get_cancelled_exc_class():
             cause = Cause.USER_CANCEL if self.cancel_requested else Cause.LOCAL_ERROR
             with anyio.CancelScope(shield=True):
