@@ -1,0 +1,57 @@
+"""`stopline bench`: each figure measured beside its baseline in the same run.
+
+Machines are shared and noisy, so absolute numbers move; the ratio to a
+baseline measured moments earlier on the same machine is what we compare.
+Each suite module exposes ``async def measure(quick: bool, **options) ->
+list[Figure]``; this module runs them, prints a table and writes JSON
+``{name: {"value", "unit", "baseline", "ratio", "target", "note"}}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from stopline.bench.figures import Figure
+
+__all__ = ["SUITES", "Figure", "main", "run_suites"]
+
+# module name under stopline.bench -> the options it takes
+SUITES: tuple[str, ...] = ("core",)
+
+
+async def run_suites(
+    *, quick: bool, workdir: Path, postgres: str | None = None, only: tuple[str, ...] = SUITES
+) -> list[Figure]:
+    figures: list[Figure] = []
+    for name in only:
+        module = importlib.import_module(f"stopline.bench.{name}")
+        measure: Callable[..., Awaitable[list[Figure]]] = module.measure
+        figures.extend(await measure(quick=quick, workdir=workdir, postgres=postgres))
+    return figures
+
+
+def main(*, quick: bool = False, json_path: str | None = None, postgres: str | None = None) -> int:
+    """Run the benchmarks, print a table, optionally write JSON; return the exit code."""
+    with tempfile.TemporaryDirectory(prefix="stopline-bench-") as tmp:
+        figures = anyio.run(_run, quick, Path(tmp), postgres)
+    out: dict[str, Any] = {f.name: f.to_json() for f in figures}
+    width = max(len(f.name) for f in figures)
+    print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target")
+    for f in figures:
+        print(f.row(width))
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {json_path}", file=sys.stderr)
+    return 0
+
+
+async def _run(quick: bool, workdir: Path, postgres: str | None) -> list[Figure]:
+    return await run_suites(quick=quick, workdir=workdir, postgres=postgres)

@@ -1,0 +1,203 @@
+"""Core figures: the gate's cost on SQLite, its throughput, and in-process cancel latency.
+
+Baselines are measured in the same run on the same file, through the same
+writer thread, so each ratio is what stopline adds on top of the floor an
+async program pays for one durable SQLite transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+
+import stopline
+from stopline.bench.figures import Figure, median, percentile
+from stopline.ledger.sqlite import SQLiteBackend
+
+__all__ = ["measure"]
+
+
+@stopline.tool
+async def _noop(ctx: stopline.CallContext, n: int) -> int:
+    return n
+
+
+async def _bare_txn_samples(path: Path, n: int) -> list[float]:
+    """A bare fence check + insert, one transaction each, through the same writer."""
+    backend = await SQLiteBackend.open(path)
+    try:
+
+        def setup(conn: sqlite3.Connection) -> None:
+            conn.execute("CREATE TABLE IF NOT EXISTS bare_fence (id TEXT PRIMARY KEY, fence INT)")
+            conn.execute("CREATE TABLE IF NOT EXISTS bare_ops (id TEXT PRIMARY KEY, run TEXT)")
+            conn.execute("INSERT OR IGNORE INTO bare_fence VALUES ('r', 0)")
+
+        await backend._tx(setup)  # the same writer thread
+        samples = []
+        for _ in range(n):
+            op_id = uuid.uuid4().hex
+
+            def txn(conn: sqlite3.Connection, op_id: str = op_id) -> None:
+                row = conn.execute("SELECT fence FROM bare_fence WHERE id = 'r'").fetchone()
+                if row[0] == 0:
+                    conn.execute("INSERT INTO bare_ops VALUES (?, 'r')", (op_id,))
+
+            start = time.perf_counter()
+            await backend._tx(txn)
+            samples.append(time.perf_counter() - start)
+        return samples
+    finally:
+        await backend.close()
+
+
+async def _gate_samples(url: str, n: int) -> list[float]:
+    samples = []
+    async with stopline.open(url) as ledger, ledger.run("bench", owner="bench") as run:
+        for i in range(n):
+            start = time.perf_counter()
+            await run.call(_noop, i)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _concurrent(url: str, runs: int, per_run: int) -> float:
+    async with stopline.open(url) as ledger:
+
+        async def one() -> None:
+            async with ledger.run("bench", owner="bench") as run:
+                for i in range(per_run):
+                    await run.call(_noop, i)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(runs):
+                tg.start_soon(one)
+        elapsed = time.perf_counter() - start
+    return runs * per_run / elapsed
+
+
+async def _bare_concurrent(path: Path, workers: int, per_worker: int) -> float:
+    backend = await SQLiteBackend.open(path)
+    try:
+
+        def setup(conn: sqlite3.Connection) -> None:
+            conn.execute("CREATE TABLE IF NOT EXISTS bare_ops2 (id TEXT PRIMARY KEY)")
+
+        await backend._tx(setup)
+
+        async def one() -> None:
+            for _ in range(per_worker * 2):  # intent and outcome: two writes per operation
+                op_id = uuid.uuid4().hex
+                await backend._tx(functools.partial(_insert_bare, op_id=op_id))
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(workers):
+                tg.start_soon(one)
+        elapsed = time.perf_counter() - start
+    finally:
+        await backend.close()
+    return workers * per_worker / elapsed
+
+
+def _insert_bare(conn: sqlite3.Connection, op_id: str) -> None:
+    conn.execute("INSERT INTO bare_ops2 VALUES (?)", (op_id,))
+
+
+async def _cancel_latencies(url: str, n: int) -> list[float]:
+    async with stopline.open(url) as ledger:
+        return [await _one_cancel(ledger) for _ in range(n)]
+
+
+async def _one_cancel(ledger: stopline.Ledger) -> float:
+    """cancel() -> fence durable -> the in-flight call's scope cancelled."""
+    in_call = anyio.Event()
+    marks: dict[str, float] = {}
+    ids: list[str] = []
+
+    @stopline.tool
+    async def wait(ctx: stopline.CallContext) -> None:
+        in_call.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            marks["interrupted"] = time.perf_counter()
+            raise
+
+    async def workflow() -> None:
+        async with ledger.run("bench", owner="bench") as run:
+            ids.append(run.id)
+            async with run.phase(stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE):
+                await run.call(wait)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow)
+        await in_call.wait()
+        start = time.perf_counter()
+        await ledger.cancel(ids[0], by="bench")
+    return marks["interrupted"] - start
+
+
+async def _one_task_cancel() -> float:
+    started = anyio.Event()
+    marks: dict[str, float] = {}
+
+    async def victim() -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            marks["interrupted"] = time.perf_counter()
+            raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(victim)
+        await started.wait()
+        start = time.perf_counter()
+        tg.cancel_scope.cancel()
+    return marks["interrupted"] - start
+
+
+async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) -> list[Figure]:
+    del postgres
+    n = 300 if quick else 3000
+    url = f"sqlite:///{workdir / 'core.db'}"
+    bare = await _bare_txn_samples(workdir / "bare.db", n)
+    gated = await _gate_samples(url, n)
+    runs, per_run = (100, 5) if quick else (100, 50)
+    throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
+    bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
+    cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", 50 if quick else 300)
+    task_cancels = [await _one_task_cancel() for _ in range(50 if quick else 300)]
+    return [
+        Figure(
+            "gate_sqlite_us",
+            median(gated) * 1e6,
+            "us",
+            median(bare) * 1e6,
+            "ratio <= 2.0",
+            "p50 gated write (intent + outcome) vs one bare fence-check+insert txn",
+        ),
+        Figure(
+            "gate_sqlite_concurrent_ops_per_s",
+            throughput,
+            "ops/s",
+            bare_throughput,
+            ">= 20000",
+            f"{runs} concurrent runs; baseline: bare inserts, 2 per op",
+        ),
+        Figure(
+            "cancel_inprocess_p99_ms",
+            percentile(cancels, 99) * 1e3,
+            "ms",
+            percentile(task_cancels, 99) * 1e3,
+            "<= 1.0 ms",
+            "cancel() to in-flight scope cancelled, fence durable first; "
+            "baseline: bare task cancel",
+        ),
+    ]
