@@ -1,0 +1,7 @@
+"""``python -m stopline.cli``."""
+
+import sys
+
+from stopline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""The ``stopline`` command: global options, the command groups, error handling."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import click
+import typer
+
+from stopline.cli import _common as c
+from stopline.cli import extras, lifecycle, mapping, review, runs, stats
+from stopline.cli.views import UsageError
+from stopline.errors import StoplineError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="stopline",
+    help="See and act on agent runs: runs, receipts, cancel, review, stats.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    ledger: Annotated[
+        str | None,
+        typer.Option(
+            "--ledger",
+            envvar="STOPLINE_LEDGER",
+            help="Ledger URL (default sqlite:///stopline.db).",
+            show_envvar=True,
+        ),
+    ] = None,
+) -> None:
+    ctx.obj = c.Options(ledger=ledger)
+
+
+runs.register(app)
+lifecycle.register(app)
+app.add_typer(review.app, name="review")
+mapping.register(app)
+stats.register(app)
+extras.register(app)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: errors are one line on stderr, never a traceback; returns the exit code."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="stopline")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else c.EXIT_ERROR)
+    except UsageError as exc:
+        c.err.print(f"stopline: usage: {exc}", markup=False)
+        return c.EXIT_USAGE
+    except StoplineError as exc:
+        c.err.print(f"stopline: error: {exc}", markup=False)
+        return c.EXIT_ERROR
+    except NotImplementedError:
+        c.err.print("stopline: error: not available in this version", markup=False)
+        return c.EXIT_ERROR
+    except click.exceptions.Abort:
+        c.err.print("stopline: interrupted", markup=False)
+        return c.EXIT_PENDING
+    except KeyboardInterrupt:
+        c.err.print("stopline: interrupted; nothing recorded is lost", markup=False)
+        return c.EXIT_PENDING
+    except OSError as exc:
+        c.err.print(f"stopline: error: {exc}", markup=False)
+        return c.EXIT_ERROR
+    return c.EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

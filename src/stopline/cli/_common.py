@@ -1,0 +1,151 @@
+"""What every command shares: the ledger it opens, output, errors, exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import typer
+from rich.console import Console
+
+import stopline
+from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import Headline
+from stopline.errors import LedgerUnavailable, StoplineError
+from stopline.ledger import resolve_url
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_NEEDS_REVIEW",
+    "EXIT_OK",
+    "EXIT_PENDING",
+    "EXIT_USAGE",
+    "NotAvailable",
+    "Options",
+    "err",
+    "exit_code_for",
+    "fail",
+    "opened",
+    "out",
+    "print_json",
+    "run_sync",
+]
+
+EXIT_OK = 0  # settled (or a read that succeeded)
+EXIT_ERROR = 1  # unknown run, bad ledger URL, corrupt file, feature not available
+EXIT_USAGE = 2  # bad arguments
+EXIT_PENDING = 3  # still verifying or awaiting confirmation (or Ctrl-C while waiting)
+EXIT_NEEDS_REVIEW = 4  # a human must decide an outcome
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+
+
+class NotAvailable(StoplineError):
+    """The runtime of this version has no API for the command yet."""
+
+    def __init__(self, command: str, method: str) -> None:
+        super().__init__(
+            f"'{command}' is not available in this version of stopline "
+            f"(the ledger has no {method}() yet)"
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class Options:
+    """Global options, kept on the typer context."""
+
+    ledger: str | None = None
+
+    @property
+    def url(self) -> str:
+        return resolve_url(self.ledger)
+
+
+def options(ctx: typer.Context) -> Options:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, Options) else Options()
+
+
+def _check_exists(url: str) -> None:
+    """A read must not create an empty ledger where the operator mistyped a path."""
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+        if not path.exists():
+            raise LedgerUnavailable(url, "no ledger file there (set --ledger or $STOPLINE_LEDGER)")
+
+
+@contextlib.asynccontextmanager
+async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
+    _check_exists(url)
+    async with stopline.open(url) as ledger:
+        yield ledger
+
+
+def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run one coroutine on a fresh event loop (asyncio)."""
+
+    async def main() -> T:
+        return await fn()
+
+    return anyio.run(main)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    err.print(f"stopline: error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def exit_code_for(receipt: Receipt) -> int:
+    """0 settled, 4 needs review, 3 anything still moving (verifying, awaiting, running)."""
+    if receipt.headline is Headline.NEEDS_REVIEW:
+        return EXIT_NEEDS_REVIEW
+    return EXIT_OK if receipt.settled else EXIT_PENDING
+
+
+_HEADLINE_STYLE = {
+    Headline.NEEDS_REVIEW: "bold red",
+    Headline.VERIFYING: "yellow",
+    Headline.AWAITING_CONFIRMATION: "yellow",
+    Headline.CORRECTION_QUEUED: "yellow",
+    Headline.STOPPED_WITH_COMPLETED_ACTIONS: "cyan",
+    Headline.CORRECTED: "cyan",
+    Headline.CANCELED_BEFORE_EXTERNAL_ACTION: "green",
+    Headline.COMPLETED: "green",
+    Headline.FAILED: "red",
+}
+
+
+def print_receipt(receipt: Receipt) -> None:
+    style = _HEADLINE_STYLE.get(receipt.headline, "")
+    out.print(f"[{style}]{receipt.message}[/]" if style else receipt.message)
+    for line in receipt.lines:
+        out.print(f"  {line.text()}", markup=False)
+    if receipt.cancelled_by:
+        reason = f" ({receipt.cancel_reason})" if receipt.cancel_reason else ""
+        out.print(f"  cancelled by {receipt.cancelled_by}{reason}", markup=False)
+    if receipt.resume_rule:
+        out.print(f"  resume: {receipt.resume_rule}", markup=False)
+    state = "settled" if receipt.settled else "not settled yet"
+    out.print(f"  [dim]run {receipt.run_id}: {receipt.run_state.value}, {state}[/]")
+
+
+def method(ledger: stopline.Ledger, command: str, name: str) -> Callable[..., Awaitable[Any]]:
+    """A ledger method that later versions add, or ``NotAvailable``."""
+    fn = getattr(ledger, name, None)
+    if fn is None or not callable(fn):
+        raise NotAvailable(command, name)
+    return fn  # type: ignore[no-any-return]

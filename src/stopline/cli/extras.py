@@ -1,0 +1,65 @@
+"""`stopline console`, `demo` and `bench`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Annotated
+
+import typer
+
+from stopline.cli import _common as c
+
+__all__ = ["register"]
+
+
+def console(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Interface to bind; keep it local.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    token: Annotated[
+        str | None,
+        typer.Option(help="Access token (default: $STOPLINE_CONSOLE_TOKEN, else a random one)."),
+    ] = None,
+    principal: Annotated[
+        str | None,
+        typer.Option(help="Record actions as this principal (default console:<login name>)."),
+    ] = None,
+) -> None:
+    """Serve the web console: runs, timelines, receipts, the review queue, cancel."""
+    try:
+        from stopline.console import serve
+    except ImportError as exc:
+        c.fail(f"the console needs its extra: pip install 'stopline[console]' ({exc})")
+    token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
+    url = c.options(ctx).url
+    c._check_exists(url)
+    c.err.print(f"stopline console for {url}", markup=False)
+    c.err.print(f"open http://{host}:{port}/?token={token}", markup=False)
+    serve(url, host=host, port=port, token=token, principal=principal)
+
+
+def demo() -> None:
+    """Run the report-upload-notify demo, cancelled at four points."""
+    from stopline import demo as demo_module
+
+    raise typer.Exit(demo_module.main())
+
+
+def bench(
+    quick: Annotated[bool, typer.Option(help="A short run (CI).")] = False,
+    json_path: Annotated[str | None, typer.Option("--json", help="Also write JSON here.")] = None,
+    postgres: Annotated[
+        str | None, typer.Option(help="Also benchmark this PostgreSQL URL.")
+    ] = None,
+) -> None:
+    """Benchmarks beside a baseline in the same run, as ratios."""
+    from stopline import bench as bench_module
+
+    raise typer.Exit(bench_module.main(quick=quick, json_path=json_path, postgres=postgres))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(console)
+    app.command()(demo)
+    app.command()(bench)

@@ -1,0 +1,224 @@
+"""`stopline map MODULE`: the phases and tools of a workflow module, and their gaps.
+
+Tools are the ``stopline.Tool`` objects found at module level (also those
+held as ``.tool`` by a module-level object, such as a provider). Phases come
+from a module-level ``PHASES`` sequence (``PhaseKind`` or ``(PhaseKind,
+Policy)`` pairs) when there is one, else from the ``PhaseKind.NAME`` the
+module's source mentions, with their default policies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from stopline.cli import _common as c
+from stopline.cli.views import UsageError
+from stopline.domain.vocab import Cancellable, PhaseKind, Policy
+from stopline.runtime.tool import Tool
+
+__all__ = ["ModuleMap", "map_module", "register"]
+
+_POLICY_WORDS = {
+    Policy.IMMEDIATE: "at once: cancel interrupts it",
+    Policy.AT_BOUNDARY: "at the next boundary: the current step finishes",
+    Policy.VERIFY: "only after verification: what happened is proven first",
+}
+_PHASE_REF = re.compile(r"PhaseKind\.([A-Z_]+)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolInfo:
+    name: str
+    description: str
+    effects: bool
+    cancellable: Cancellable
+    can_cancel: bool
+    has_verifier: bool
+    has_compensator: bool
+
+    @property
+    def stop(self) -> str:
+        """How a cancel reaches a call of this tool in flight."""
+        if not self.effects:
+            return "at once (read-only)"
+        if self.can_cancel and self.cancellable is Cancellable.AFTER_ACCEPTED:
+            return "at once: the provider cancels even after acceptance"
+        verified = "verification" if self.has_verifier else "human review"
+        if self.can_cancel and self.cancellable is Cancellable.UNTIL_ACCEPTED:
+            return f"provider cancel until accepted; then only after {verified}"
+        return f"only after {verified}"
+
+    @property
+    def gaps(self) -> list[str]:
+        if not self.effects:
+            return []
+        out = []
+        if not self.has_verifier:
+            out.append("no verifier: an unknown outcome goes to human review")
+        if not self.has_compensator:
+            out.append("no compensator: a committed action cannot be corrected")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "effects": self.effects,
+            "cancellable": self.cancellable.value,
+            "can_cancel": self.can_cancel,
+            "has_verifier": self.has_verifier,
+            "has_compensator": self.has_compensator,
+            "stop": self.stop,
+            "gaps": self.gaps,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModuleMap:
+    module: str
+    phases: list[tuple[PhaseKind, Policy]]
+    tools: list[ToolInfo]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "phases": [
+                {"phase": k.value, "policy": p.value, "stop": _POLICY_WORDS[p]}
+                for k, p in self.phases
+            ],
+            "tools": [t.to_json() for t in self.tools],
+            "gaps": [{"tool": t.name, "gap": g} for t in self.tools for g in t.gaps],
+        }
+
+
+def load_module(target: str) -> ModuleType:
+    """A dotted module name (importable from the current directory) or a .py path."""
+    path = Path(target)
+    try:
+        if target.endswith(".py") or path.is_file():
+            if not path.is_file():
+                raise UsageError(f"no such file: {target}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"cannot import {target}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return module
+        if "" not in sys.path:
+            sys.path.insert(0, "")
+        return importlib.import_module(target)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {target}: {exc}") from exc
+
+
+def _phases(module: ModuleType) -> list[tuple[PhaseKind, Policy]]:
+    declared = getattr(module, "PHASES", None)
+    if declared is not None:
+        out = []
+        for item in declared:
+            if isinstance(item, PhaseKind):
+                out.append((item, item.default_policy))
+            else:
+                kind, policy = item
+                out.append((PhaseKind(kind), Policy(policy)))
+        return out
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return []
+    seen: dict[PhaseKind, Policy] = {}
+    for name in _PHASE_REF.findall(source):
+        kind = PhaseKind.__members__.get(name)
+        if kind is not None:
+            seen.setdefault(kind, kind.default_policy)
+    return list(seen.items())
+
+
+def map_module(module: ModuleType) -> ModuleMap:
+    tools: dict[int, Tool[Any]] = {}
+    for value in vars(module).values():
+        for candidate in (value, getattr(value, "tool", None)):
+            if isinstance(candidate, Tool):
+                tools.setdefault(id(candidate), candidate)
+    infos = [
+        ToolInfo(
+            name=t.name,
+            description=t.description,
+            effects=t.effects,
+            cancellable=t.cancellable,
+            can_cancel=t.cancel_fn is not None,
+            has_verifier=t.verify_fn is not None,
+            has_compensator=t.compensate_fn is not None,
+        )
+        for t in tools.values()
+    ]
+    infos.sort(key=lambda t: t.name)
+    return ModuleMap(module.__name__, _phases(module), infos)
+
+
+def map_command(
+    module: Annotated[str, typer.Argument(help="A module (dotted name or .py path).")],
+    strict: Annotated[bool, typer.Option(help="Exit 1 when an effectful tool has a gap.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The phases and tools of a workflow module: side effects, how cancel stops them, gaps."""
+    result = map_module(load_module(module))
+    has_gaps = any(t.gaps for t in result.tools)
+    if as_json:
+        c.print_json(result.to_json())
+    else:
+        _print(result)
+    raise typer.Exit(c.EXIT_ERROR if strict and has_gaps else c.EXIT_OK)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _print(result: ModuleMap) -> None:
+    c.out.print(f"[bold]{result.module}[/]")
+    if result.phases:
+        phases = Table(box=None, header_style="bold", title="phases", title_justify="left")
+        for name in ("PHASE", "POLICY", "A CANCEL STOPS IT"):
+            phases.add_column(name)
+        for kind, policy in result.phases:
+            phases.add_row(kind.value, policy.value, _POLICY_WORDS[policy])
+        c.out.print(phases)
+    tools = Table(box=None, header_style="bold", title="tools", title_justify="left")
+    for name in ("TOOL", "EFFECTS", "PROVIDER CANCEL", "VERIFIER", "COMPENSATOR", "STOPS"):
+        tools.add_column(name, overflow="fold")
+    for t in result.tools:
+        cancel = t.cancellable.value if t.effects and t.can_cancel else "-"
+        tools.add_row(
+            t.name,
+            _yes(t.effects),
+            cancel,
+            _yes(t.has_verifier),
+            _yes(t.has_compensator),
+            t.stop,
+        )
+    if result.tools:
+        c.out.print(tools)
+    else:
+        c.out.print("no stopline.Tool objects at module level")
+    gaps = [(t.name, g) for t in result.tools for g in t.gaps]
+    if gaps:
+        c.out.print("[bold yellow]gaps[/]")
+        for name, gap in gaps:
+            c.out.print(f"  {name}: {gap}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("map")(map_command)

@@ -1,0 +1,135 @@
+"""`stopline review list | show OP | resolve OP`: the operations a human must decide."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from stopline.cli import _common as c
+from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_items, run_to_json
+from stopline.cli.views import timeline as build_timeline
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="The review queue: outcomes that need a human decision.", no_args_is_help=True
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+OpArg = Annotated[str, typer.Argument(help="The operation id.", metavar="OP")]
+
+
+class Decision(enum.StrEnum):
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+
+
+@app.command("list")
+def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Operations in needs_review (or whose correction failed), with their run."""
+    url = c.options(ctx).url
+
+    async def go() -> list[Any]:
+        async with c.opened(url) as ledger:
+            return await review_items(ledger.backend)
+
+    items = c.run_sync(go)
+    if as_json:
+        c.print_json([item.to_json() for item in items])
+        return
+    if not items:
+        c.out.print("the review queue is empty")
+        return
+    table = Table(box=None, header_style="bold")
+    for name in ("OPERATION", "WHAT", "STATUS", "RUN", "OWNER", "SINCE", "LAST EVIDENCE"):
+        table.add_column(name, overflow="fold")
+    for item in items:
+        last = item.op.evidence[-1] if item.op.evidence else None
+        table.add_row(
+            item.op.id,
+            item.op.description or item.op.tool,
+            item.op.status.value,
+            item.run.id,
+            item.run.owner,
+            fmt_time(item.op.updated_at),
+            f"{last.kind.value}:{last.ref} {last.detail}".strip() if last else "",
+        )
+    c.out.print(table)
+
+
+@app.command()
+def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
+    """One operation with its run, every event and all its evidence."""
+    url = c.options(ctx).url
+
+    async def go() -> dict[str, Any]:
+        async with c.opened(url) as ledger:
+            op = await ledger.backend.get_operation(op_id)
+            run = await ledger.backend.get_run(op.run_id)
+            events = [e for e in await ledger.backend.events(op.run_id) if e.op_id == op_id]
+            return {"op": op, "run": run, "events": events}
+
+    data = c.run_sync(go)
+    op, run, events = data["op"], data["run"], data["events"]
+    if as_json:
+        c.print_json(
+            {
+                "operation": op_to_json(op),
+                "run": run_to_json(run),
+                "events": [event_to_json(e) for e in events],
+            }
+        )
+        return
+    c.out.print(f"[bold]{op.description or op.tool}[/] {op.id}")
+    c.out.print(f"  status {op.status.value}; run {run.id} ({run.state.value}), owner {run.owner}")
+    c.out.print(
+        f"  provider can cancel: {op.cancellable.value}; verifier: {op.can_verify}; "
+        f"compensator: {op.can_compensate}; attempts: {op.attempts}",
+        markup=False,
+    )
+    if op.error:
+        c.out.print(f"  error: {op.error}", markup=False)
+    c.out.print("[bold]evidence[/]")
+    for ev in op.evidence:
+        c.out.print(f"  - {ev.kind.value}: {ev.ref} {ev.detail}".rstrip(), markup=False)
+    c.out.print("[bold]events[/]")
+    for entry in build_timeline(events, [op]):
+        line = f"  {entry.seq} {fmt_time(entry.at)} {entry.words}"
+        if entry.transition:
+            line += f" [{entry.transition}]"
+        if entry.detail:
+            line += f" ({entry.detail})"
+        c.out.print(line, markup=False)
+
+
+@app.command()
+def resolve(
+    ctx: typer.Context,
+    op_id: OpArg,
+    decision: Annotated[
+        Decision, typer.Option("--as", help="What the reviewer found.", case_sensitive=False)
+    ],
+    note: Annotated[str, typer.Option(help="What the decision rests on (evidence).")] = "",
+    by: Annotated[
+        str, typer.Option(help="The reviewer; recorded in the ledger.", envvar="STOPLINE_PRINCIPAL")
+    ] = "cli:operator",
+    as_json: JsonOpt = False,
+) -> None:
+    """Record a reviewer's decision on an operation in needs_review."""
+    url = c.options(ctx).url
+
+    async def go() -> Any:
+        async with c.opened(url) as ledger:
+            fn = c.method(ledger, "review resolve", "resolve_review")
+            return await fn(op_id, decision.value, by=by, note=note)
+
+    result = c.run_sync(go)
+    to_json = getattr(result, "to_json", None)
+    if as_json:
+        c.print_json(to_json() if callable(to_json) else str(result))
+    else:
+        text = getattr(result, "text", None)
+        c.out.print(text() if callable(text) else str(result), markup=False)

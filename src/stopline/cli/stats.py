@@ -1,0 +1,170 @@
+"""`stopline stats`: outcomes by headline, cancel-to-settled time, how unknowns resolved.
+
+Everything is computed from the ledger's append-only event log, so the
+figures hold for runs of every process that wrote to the ledger. The same
+figures are emitted live as OpenTelemetry metrics by ``stopline.telemetry``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from stopline.cli import _common as c
+from stopline.cli.views import parse_age, recent_runs
+from stopline.domain.model import EventRecord
+from stopline.domain.receipt import headline_for
+from stopline.domain.vocab import OpEvent, OpStatus
+from stopline.ledger.backend import Backend
+from stopline.telemetry import resolved_by
+
+__all__ = ["Stats", "compute_stats", "percentile", "register"]
+
+_SETTLED_KINDS = frozenset({"settled", "escalate"})
+_DECIDED = frozenset({OpStatus.COMMITTED.value, OpStatus.NOT_COMMITTED.value})
+_DOUBT = frozenset({OpStatus.UNKNOWN.value, OpStatus.NEEDS_REVIEW.value})
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclasses.dataclass(slots=True)
+class Stats:
+    runs: int = 0
+    outcomes: Counter[str] = dataclasses.field(default_factory=Counter)
+    cancelled: int = 0
+    settle_times: list[float] = dataclasses.field(default_factory=list)
+    unknowns: int = 0
+    resolved: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def share(self, how: str) -> float | None:
+        return self.resolved[how] / self.unknowns if self.unknowns else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "outcomes": dict(self.outcomes.most_common()),
+            "cancelled_runs": self.cancelled,
+            "cancel_to_settled": {
+                "settled": len(self.settle_times),
+                "p50_seconds": percentile(self.settle_times, 50),
+                "p99_seconds": percentile(self.settle_times, 99),
+            },
+            "unknowns": {
+                "total": self.unknowns,
+                "resolved_by": dict(self.resolved),
+                "share_read_back": self.share("read_back"),
+                "share_review": self.share("review"),
+            },
+        }
+
+
+def _settle_time(events: Sequence[EventRecord]) -> float | None:
+    start = next((e.at for e in events if e.kind == "cancel"), None)
+    if start is None:
+        return None
+    end = next((e.at for e in events if e.kind in _SETTLED_KINDS and e.at >= start), None)
+    return None if end is None else max(0.0, end - start)
+
+
+def _unknowns(events: Sequence[EventRecord]) -> tuple[int, Counter[str]]:
+    """Operations that were unknown at some point, and what settled each."""
+    doubted: dict[str, str] = {}  # op id -> how it was resolved ("unresolved" until then)
+    for e in events:
+        if e.op_id is None:
+            continue
+        if e.to_state == OpStatus.UNKNOWN.value:
+            doubted.setdefault(e.op_id, "unresolved")
+        elif e.op_id in doubted and e.from_state in _DOUBT and e.to_state in _DECIDED:
+            try:
+                doubted[e.op_id] = resolved_by(OpEvent(e.kind))
+            except ValueError:
+                doubted[e.op_id] = e.kind
+    return len(doubted), Counter(doubted.values())
+
+
+async def compute_stats(
+    backend: Backend, *, since: float | None = None, limit: int = 10_000
+) -> Stats:
+    stats = Stats()
+    for run in await recent_runs(backend, since=since, limit=limit):
+        ops = await backend.operations(run.id)
+        events = await backend.events(run.id)
+        stats.runs += 1
+        stats.outcomes[headline_for(run, ops).value] += 1
+        if run.cancelled_at is not None:
+            stats.cancelled += 1
+        took = _settle_time(events)
+        if took is not None:
+            stats.settle_times.append(took)
+        total, how = _unknowns(events)
+        stats.unknowns += total
+        stats.resolved.update(how)
+    return stats
+
+
+def _fmt_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _fmt_share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def stats(
+    ctx: typer.Context,
+    since: Annotated[
+        str | None, typer.Option(help="Only runs started within this age: 1h, 2d, ...")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs, newest first.")] = 10_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Outcomes by headline, time from cancel to settled (p50/p99), how unknowns resolved."""
+    url = c.options(ctx).url
+    age = parse_age(since) if since else None
+
+    async def go() -> Stats:
+        async with c.opened(url) as ledger:
+            return await compute_stats(ledger.backend, since=age, limit=limit)
+
+    result = c.run_sync(go)
+    if as_json:
+        c.print_json(result.to_json())
+        return
+    outcomes = Table(box=None, header_style="bold", title="outcomes", title_justify="left")
+    outcomes.add_column("HEADLINE")
+    outcomes.add_column("RUNS", justify="right")
+    for headline, count in result.outcomes.most_common():
+        outcomes.add_row(headline, str(count))
+    c.out.print(f"{result.runs} runs, {result.cancelled} cancelled")
+    c.out.print(outcomes)
+    c.out.print(
+        f"cancel -> settled: {len(result.settle_times)} runs, "
+        f"p50 {_fmt_seconds(percentile(result.settle_times, 50))}, "
+        f"p99 {_fmt_seconds(percentile(result.settle_times, 99))}"
+    )
+    c.out.print(
+        f"unknown outcomes: {result.unknowns}; resolved by read-back "
+        f"{_fmt_share(result.share('read_back'))}, by review {_fmt_share(result.share('review'))}"
+        + "".join(
+            f", {how.replace('_', ' ')} {n}"
+            for how, n in sorted(result.resolved.items())
+            if how not in ("read_back", "review")
+        )
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(stats)

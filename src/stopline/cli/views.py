@@ -1,0 +1,276 @@
+"""What the operator surfaces show, read from the ledger: no typer, no HTML here.
+
+The CLI and the web console both render these values, so a run reads the
+same in a terminal, in ``--json`` and in a browser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.vocab import OpStatus, RunState
+from stopline.errors import StoplineError
+from stopline.ledger.backend import Backend
+
+__all__ = [
+    "ReviewItem",
+    "TimelineEntry",
+    "UsageError",
+    "event_to_json",
+    "op_to_json",
+    "parse_age",
+    "recent_runs",
+    "review_items",
+    "run_to_json",
+    "timeline",
+]
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+REVIEW_STATUSES = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+
+
+class UsageError(StoplineError):
+    """A malformed argument (exit code 2)."""
+
+
+def parse_age(text: str) -> float:
+    """``90s``, ``15m``, ``1h``, ``2d``, ``1w`` -> seconds."""
+    match = _AGE.match(text)
+    if match is None:
+        raise UsageError(f"bad age {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h)")
+    return float(match.group(1)) * _UNIT[match.group(2)]
+
+
+async def recent_runs(
+    backend: Backend,
+    *,
+    state: RunState | None = None,
+    owner: str | None = None,
+    since: float | None = None,
+    limit: int = 100,
+) -> list[RunRecord]:
+    """Newest first; ``since`` is an age in seconds."""
+    runs = await backend.list_runs(state=state, owner=owner, limit=limit)
+    if since is not None:
+        cutoff = time.time() - since
+        runs = [run for run in runs if run.created_at >= cutoff]
+    return runs
+
+
+def run_to_json(run: RunRecord) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "owner": run.owner,
+        "tenant": run.tenant,
+        "parent_id": run.parent_id,
+        "state": run.state.value,
+        "phase": run.phase.value if run.phase else None,
+        "policy": run.policy.value,
+        "fence": run.fence,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "cancelled_by": run.cancelled_by,
+        "cancel_reason": run.cancel_reason,
+        "cancelled_at": run.cancelled_at,
+    }
+
+
+def op_to_json(op: OperationRecord) -> dict[str, Any]:
+    return {
+        "id": op.id,
+        "run_id": op.run_id,
+        "tool": op.tool,
+        "description": op.description,
+        "status": op.status.value,
+        "cancellable": op.cancellable.value,
+        "can_verify": op.can_verify,
+        "can_compensate": op.can_compensate,
+        "cancel_state": op.cancel_state,
+        "attempts": op.attempts,
+        "error": op.error,
+        "cause": op.cause.value if op.cause else None,
+        "evidence": [e.to_json() for e in op.evidence],
+        "created_at": op.created_at,
+        "updated_at": op.updated_at,
+    }
+
+
+def event_to_json(event: EventRecord) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "at": event.at,
+        "run_id": event.run_id,
+        "op_id": event.op_id,
+        "kind": event.kind,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "data": dict(event.data),
+    }
+
+
+# -- the timeline ------------------------------------------------------------------
+_WORDS: dict[str, str] = {
+    "run_created": "run started",
+    "phase": "phase entered",
+    "cancel": "cancel committed: the fence is raised, initiate revoked",
+    "settle": "settling: waiting for in-flight operations",
+    "settled": "settled: every operation resolved",
+    "escalate": "needs review: an outcome cannot be determined",
+    "reviewed": "review finished",
+    "complete": "run completed",
+    "fail": "run failed",
+    "pause": "pause requested",
+    "paused": "paused",
+    "resume": "resumed",
+    "gate_passed": "passed the dispatch gate: intent recorded",
+    "gate_refused": "refused at the dispatch gate",
+    "accepted": "accepted by the provider",
+    "committed": "response proves it committed",
+    "rejected": "provider refused before commit",
+    "not_sent": "abandoned before the first byte left",
+    "lost": "no answer: outcome unknown",
+    "cancel_confirmed": "provider confirmed the cancel",
+    "cancel_asked": "provider asked to cancel",
+    "cancel_refused": "provider refused the cancel",
+    "verified_committed": "read-back found it committed",
+    "verified_not_committed": "read-back found it did not happen",
+    "escalated": "handed to human review",
+    "conflict": "evidence contradicts the recorded outcome",
+    "reviewed_committed": "reviewer decided: committed",
+    "reviewed_not_committed": "reviewer decided: not committed",
+    "compensation_started": "correction started",
+    "compensated": "corrected",
+    "compensation_failed": "correction failed",
+    "progress": "progress reported",
+    "late_response": "late response kept as evidence",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    seq: int
+    at: float
+    kind: str
+    op_id: str | None
+    subject: str  # "run" or the operation's description
+    words: str
+    transition: str  # "from -> to", or ""
+    detail: str
+    evidence: tuple[Evidence, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "at": self.at,
+            "kind": self.kind,
+            "op_id": self.op_id,
+            "subject": self.subject,
+            "words": self.words,
+            "transition": self.transition,
+            "detail": self.detail,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
+
+
+def _detail(event: EventRecord) -> str:
+    data: Mapping[str, Any] = event.data
+    parts = []
+    if event.kind == "phase":
+        parts.append(f"{data.get('phase')} ({data.get('policy')})")
+    for key in ("by", "reason", "cause", "error", "detail", "message"):
+        value = data.get(key)
+        if value:
+            parts.append(f"{key}: {value}")
+    if data.get("late"):
+        parts.append("late")
+    if data.get("retry"):
+        parts.append("retry")
+    return "; ".join(parts)
+
+
+def _evidence(event: EventRecord) -> tuple[Evidence, ...]:
+    raw = event.data.get("evidence") or ()
+    out = []
+    for item in raw:
+        try:
+            out.append(Evidence.from_json(item))
+        except (KeyError, ValueError, TypeError):
+            continue
+    return tuple(out)
+
+
+def timeline(events: Sequence[EventRecord], ops: Sequence[OperationRecord]) -> list[TimelineEntry]:
+    """Every ledger event of a run in order, in plain words, with its evidence."""
+    names = {op.id: op.description or op.tool for op in ops}
+    out = []
+    for event in events:
+        words = _WORDS.get(event.kind, event.kind.replace("_", " "))
+        if event.kind.startswith("evidence_"):
+            words = f"{event.kind.removeprefix('evidence_')} again: kept as evidence"
+        moved = event.from_state != event.to_state and event.to_state is not None
+        transition = f"{event.from_state or '-'} -> {event.to_state}" if moved else ""
+        out.append(
+            TimelineEntry(
+                seq=event.seq,
+                at=event.at,
+                kind=event.kind,
+                op_id=event.op_id,
+                subject=names.get(event.op_id, event.op_id) if event.op_id else "run",
+                words=words,
+                transition=transition,
+                detail=_detail(event),
+                evidence=_evidence(event),
+            )
+        )
+    return out
+
+
+# -- the review queue -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReviewItem:
+    run: RunRecord
+    op: OperationRecord
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": run_to_json(self.run), "operation": op_to_json(self.op)}
+
+
+async def review_items(backend: Backend, *, limit: int = 1000) -> list[ReviewItem]:
+    """Operations waiting for a human: ``needs_review`` or a failed correction.
+
+    The backend has no review index yet, so this reads the newest ``limit``
+    runs; runs in ``needs_review`` come first.
+    """
+    runs = await backend.list_runs(state=RunState.NEEDS_REVIEW, limit=limit)
+    seen = {run.id for run in runs}
+    runs += [run for run in await backend.list_runs(limit=limit) if run.id not in seen]
+    items = []
+    for run in runs:
+        for op in await backend.operations(run.id):
+            if op.status in REVIEW_STATUSES:
+                items.append(ReviewItem(run, op))
+    return items
+
+
+def fmt_time(at: float | None, *, clock: bool = False) -> str:
+    """Local time; ``clock`` gives only the time of day, to the millisecond."""
+    if at is None:
+        return ""
+    if clock:
+        return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def fmt_age(at: float, now: float | None = None) -> str:
+    seconds = max(0.0, (now or time.time()) - at)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -1,0 +1,214 @@
+"""The web console: server-rendered pages over one ledger, behind a token.
+
+Access: the token printed by ``stopline console`` (or ``$STOPLINE_CONSOLE_TOKEN``)
+is accepted once as ``?token=``; the console then sets an HttpOnly,
+SameSite=Strict session cookie and redirects to the same page without the
+token. Every write is a POST carrying the session's CSRF token, checked
+server-side. Actions are recorded in the ledger under the session's
+principal (``console:<name>`` unless one is configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import getpass
+import hmac
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.applications import Starlette
+from starlette.datastructures import URL
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+import stopline
+from stopline.cli.views import fmt_age, fmt_time, review_items, timeline
+from stopline.domain.vocab import RunState
+from stopline.errors import NotFound, StoplineError
+
+__all__ = ["ConsoleConfig", "create_app"]
+
+COOKIE = "stopline_console"
+_TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+_TEMPLATES.env.globals.update(fmt_time=fmt_time, fmt_age=fmt_age)
+_STOPPED = frozenset(
+    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
+)
+_FINAL = frozenset({RunState.CANCELLED, RunState.COMPLETED, RunState.FAILED})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    url: str
+    token: str
+    principal: str | None = None  # else console:<name given at login, or the login user>
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Session:
+    csrf: str
+    principal: str
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) -> Starlette:
+    """The console app; it opens the ledger for its lifetime unless one is given."""
+    sessions: dict[str, Session] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if ledger is not None:
+            app.state.ledger = ledger
+            yield
+            return
+        async with stopline.open(config.url) as opened:
+            app.state.ledger = opened
+            yield
+
+    def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        nonce = secrets.token_urlsafe(12)
+        session = request.scope.get("stopline_session")
+        context.update(session=session, nonce=nonce, ledger_url=config.url)
+        response = _TEMPLATES.TemplateResponse(request, name, context, status_code=status)
+        response.headers["Content-Security-Policy"] = (
+            f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+            "connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'"
+        )
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def authed(handler: Handler) -> Handler:
+        async def wrapped(request: Request) -> Response:
+            given = request.query_params.get("token")
+            if given is not None:
+                if not hmac.compare_digest(given.encode(), config.token.encode()):
+                    return render(request, "denied.html", 403, reason="wrong token")
+                name = request.query_params.get("name") or getpass.getuser()
+                session_id = secrets.token_urlsafe(32)
+                principal = config.principal or f"console:{name}"
+                sessions[session_id] = Session(secrets.token_urlsafe(32), principal)
+                rest = {k: v for k, v in request.query_params.items() if k not in ("token", "name")}
+                target = URL(path=request.url.path, query=urlencode(rest))
+                redirect = RedirectResponse(str(target), status_code=303)
+                redirect.set_cookie(COOKIE, session_id, httponly=True, samesite="strict")
+                redirect.headers["Referrer-Policy"] = "no-referrer"
+                return redirect
+            session = sessions.get(request.cookies.get(COOKIE, ""))
+            if session is None:
+                return render(request, "denied.html", 401, reason="token required")
+            request.scope["stopline_session"] = session
+            if request.method == "POST":
+                form = await request.form()
+                sent = str(form.get("csrf", ""))
+                if not hmac.compare_digest(sent.encode(), session.csrf.encode()):
+                    return render(request, "denied.html", 403, reason="bad or missing CSRF token")
+            try:
+                return await handler(request)
+            except NotFound as exc:
+                return render(request, "error.html", 404, message=str(exc))
+            except StoplineError as exc:
+                return render(request, "error.html", 409, message=str(exc))
+
+        return wrapped
+
+    def the_ledger(request: Request) -> stopline.Ledger:
+        found: stopline.Ledger = request.app.state.ledger
+        return found
+
+    async def runs_page(request: Request) -> Response:
+        ledger = the_ledger(request)
+        state_arg = request.query_params.get("state", "")
+        state = RunState(state_arg) if state_arg in RunState._value2member_map_ else None
+        runs = await ledger.backend.list_runs(state=state, limit=200)
+        rows = [(run, await ledger.receipt(run.id)) for run in runs]
+        partial = request.query_params.get("partial") == "1"
+        return render(
+            request,
+            "runs.html",
+            rows=rows,
+            state=state,
+            states=list(RunState),
+            live=True,
+            partial=partial,
+        )
+
+    async def run_page(request: Request) -> Response:
+        ledger = the_ledger(request)
+        run_id = request.path_params["run_id"]
+        run = await ledger.backend.get_run(run_id)
+        ops = await ledger.backend.operations(run_id)
+        events = await ledger.backend.events(run_id)
+        receipt = await ledger.receipt(run_id)
+        return render(
+            request,
+            "run.html",
+            run=run,
+            ops=ops,
+            timeline=timeline(events, ops),
+            receipt=receipt,
+            can_cancel=run.state not in _STOPPED and run.state not in _FINAL,
+            live=not receipt.settled,
+            partial=request.query_params.get("partial") == "1",
+        )
+
+    async def cancel_action(request: Request) -> Response:
+        ledger = the_ledger(request)
+        session: Session = request.scope["stopline_session"]
+        form = await request.form()
+        reason = str(form.get("reason", "")).strip()[:500]
+        run_id = request.path_params["run_id"]
+        receipt = await ledger.cancel(run_id, by=session.principal, reason=reason)
+        return render(request, "receipt.html", receipt=receipt, by=session.principal)
+
+    async def review_page(request: Request) -> Response:
+        ledger = the_ledger(request)
+        items = await review_items(ledger.backend)
+        return render(
+            request,
+            "review.html",
+            items=items,
+            can_resolve=callable(getattr(ledger, "resolve_review", None)),
+            live=False,
+            partial=False,
+        )
+
+    async def resolve_action(request: Request) -> Response:
+        ledger = the_ledger(request)
+        fn = getattr(ledger, "resolve_review", None)
+        if not callable(fn):
+            return render(
+                request,
+                "error.html",
+                501,
+                message="resolving a review is not available in this version of stopline",
+            )
+        session: Session = request.scope["stopline_session"]
+        form = await request.form()
+        decision = str(form.get("decision", ""))
+        if decision not in ("committed", "not_committed"):
+            return render(request, "error.html", 400, message="decision must be committed or not")
+        op_id = request.path_params["op_id"]
+        note = str(form.get("note", "")).strip()[:1000]
+        await fn(op_id, decision, by=session.principal, note=note)
+        op = await ledger.backend.get_operation(op_id)
+        receipt = await ledger.receipt(op.run_id)
+        return render(request, "receipt.html", receipt=receipt, by=session.principal)
+
+    routes = [
+        Route("/", authed(runs_page)),
+        Route("/runs/{run_id:path}/cancel", authed(cancel_action), methods=["POST"]),
+        Route("/runs/{run_id:path}", authed(run_page)),
+        Route("/review", authed(review_page)),
+        Route("/review/{op_id:path}/resolve", authed(resolve_action), methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,367 @@
+"""OpenTelemetry traces and metrics, observed from the ledger's durable writes.
+
+    async with stopline.open(url, observers=[Telemetry()]) as ledger:
+        ...
+
+``Telemetry`` is an observer: it wraps the ledger's backend (the narrow
+storage seam) and turns every write that reached the ledger into spans and
+metrics, so a trace never shows more than the ledger proves. Only
+``opentelemetry-api`` is needed; with no SDK configured the spans are no-ops,
+and with one they export as usual.
+
+Spans (all carry ``stopline.run_id``; operation spans ``stopline.op_id``):
+
+    stopline.run            create_run .. the run ends or settles (headline)
+    stopline.phase          one per phase entered, until the next one or the end
+    stopline.operation      the gate .. the operation's resolved status
+      stopline.dispatch     the gate's one transaction (verdict)
+      stopline.verify       unknown .. verified, escalated or settled otherwise
+      stopline.compensate   compensation started .. compensated or failed
+    stopline.cancel         the fence write, a child of the caller's span
+      stopline.settle       the run settled after that cancel (headline)
+
+The first resolved outcome of an operation carries a ``span`` evidence
+pointer ``<trace_id>:<span_id>``, so the receipt links into the trace.
+Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
+from stopline.domain.receipt import headline_for
+from stopline.domain.vocab import (
+    EvidenceKind,
+    OpEvent,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunEvent,
+    RunState,
+)
+from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
+
+__all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
+
+ATTR_RUN_ID = "stopline.run_id"
+ATTR_OP_ID = "stopline.op_id"
+ATTR_STATUS = "stopline.status"
+
+_SETTLING_EVENTS = frozenset({RunEvent.SETTLED, RunEvent.ESCALATE})
+_RUN_END_EVENTS = _SETTLING_EVENTS | {RunEvent.COMPLETE, RunEvent.FAIL}
+_VERIFY_EVENTS = frozenset({OpEvent.VERIFIED_COMMITTED, OpEvent.VERIFIED_NOT_COMMITTED})
+_REVIEW_EVENTS = frozenset({OpEvent.REVIEWED_COMMITTED, OpEvent.REVIEWED_NOT_COMMITTED})
+_TROUBLE = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+
+
+def resolved_by(event: OpEvent) -> str:
+    """How an unknown outcome was settled: the ``stats`` categories."""
+    if event in _VERIFY_EVENTS:
+        return "read_back"
+    if event in _REVIEW_EVENTS:
+        return "review"
+    if event is OpEvent.CANCEL_CONFIRMED:
+        return "provider"
+    return "late_response"
+
+
+class Telemetry:
+    """An observer for ``stopline.open(url, observers=[Telemetry()])``.
+
+    Providers default to the globally configured ones (no-ops without an SDK).
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        from stopline import __version__
+
+        self.tracer = trace.get_tracer("stopline", __version__, tracer_provider)
+        meter = metrics.get_meter("stopline", __version__, meter_provider=meter_provider)
+        self.outcomes = meter.create_counter(
+            "stopline.runs.outcomes", description="Runs settled or ended, by receipt headline"
+        )
+        self.settle_time = meter.create_histogram(
+            "stopline.cancel.settle_time",
+            unit="s",
+            description="Time from the cancel (fence) to the settled receipt",
+        )
+        self.unknowns = meter.create_counter(
+            "stopline.unknowns.resolved",
+            description="Unknown outcomes resolved, by read_back, review, late_response, provider",
+        )
+        self.gate_decisions = meter.create_counter(
+            "stopline.gate.decisions", description="Dispatch gate verdicts"
+        )
+        self.op_outcomes = meter.create_counter(
+            "stopline.operations.outcomes", description="Resolved operation statuses"
+        )
+
+        # spans in progress, shared by every ledger this observer watches in the process
+        self.open_backends = 0
+        self.runs: dict[str, Span] = {}
+        self.phases: dict[str, Span] = {}
+        self.ops: dict[str, Span] = {}
+        self.verifying: dict[str, Span] = {}
+        self.compensating: dict[str, Span] = {}
+        self.cancels: dict[str, Context] = {}
+        self.doubted: set[str] = set()  # operations that were unknown at some point
+        self.linked: set[str] = set()  # operations whose outcome carries a span pointer
+
+    def __call__(self, backend: Backend) -> Backend:
+        self.open_backends += 1
+        return TracedBackend(backend, self)
+
+
+class TracedBackend(Backend):
+    """Delegates every method unchanged; records spans and metrics of what was written."""
+
+    def __init__(self, inner: Backend, telemetry: Telemetry) -> None:
+        self.inner = inner
+        self.location = inner.location
+        self._t = telemetry
+        self._runs = telemetry.runs
+        self._phases = telemetry.phases
+        self._ops = telemetry.ops
+        self._verify = telemetry.verifying
+        self._compensate = telemetry.compensating
+        self._cancels = telemetry.cancels
+        self._doubted = telemetry.doubted
+        self._linked = telemetry.linked
+
+    # -- helpers -------------------------------------------------------------------
+    def _under_run(self, run_id: str) -> Context | None:
+        span = self._runs.get(run_id)
+        return trace.set_span_in_context(span) if span is not None else None
+
+    def _op_span(self, op_id: str, run_id: str, tool: str) -> Span:
+        span = self._ops.get(op_id)
+        if span is None:
+            span = self._ops[op_id] = self._t.tracer.start_span(
+                f"stopline.operation {tool}",
+                context=self._under_run(run_id),
+                kind=SpanKind.CLIENT,
+                attributes={ATTR_RUN_ID: run_id, ATTR_OP_ID: op_id, "stopline.tool": tool},
+            )
+        return span
+
+    def _child(self, name: str, parent: Span, attributes: dict[str, Any]) -> Span:
+        context = trace.set_span_in_context(parent)
+        return self._t.tracer.start_span(name, context=context, attributes=attributes)
+
+    @staticmethod
+    def _end(span: Span | None, status: str, **attributes: Any) -> None:
+        if span is None:
+            return
+        span.set_attribute(ATTR_STATUS, status)
+        for key, value in attributes.items():
+            span.set_attribute(f"stopline.{key}", value)
+        if status in _TROUBLE:
+            span.set_status(Status(StatusCode.ERROR, status))
+        span.end()
+
+    @contextmanager
+    def _errors_on(self, span: Span) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.end()
+            raise
+
+    # -- runs ----------------------------------------------------------------------
+    async def create_run(self, spec: RunSpec) -> RunRecord:
+        run = await self.inner.create_run(spec)
+        self._runs[run.id] = self._t.tracer.start_span(
+            f"stopline.run {run.name}",
+            attributes={
+                ATTR_RUN_ID: run.id,
+                "stopline.owner": run.owner,
+                "stopline.tenant": run.tenant,
+                "stopline.parent_id": run.parent_id or "",
+                ATTR_STATUS: run.state.value,
+            },
+        )
+        return run
+
+    async def run_event(
+        self, run_id: str, event: RunEvent, *, by: str, reason: str = ""
+    ) -> tuple[RunRecord, bool]:
+        if event is not RunEvent.CANCEL:
+            # read before the write, so the spans end with no await after the commit
+            ops = await self.inner.operations(run_id) if event in _RUN_END_EVENTS else []
+            run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
+            if changed:
+                self._run_changed(run, event, ops)
+            return run, changed
+        span = self._t.tracer.start_span(
+            "stopline.cancel",
+            attributes={ATTR_RUN_ID: run_id, "stopline.by": by, "stopline.reason": reason},
+            links=[trace.Link(s.get_span_context()) for s in [self._runs.get(run_id)] if s],
+        )
+        with self._errors_on(span):
+            run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
+        span.set_attribute("stopline.first", changed)  # R7: a second cancel changes nothing
+        span.set_attribute("stopline.fence", run.fence)
+        if changed:
+            self._cancels[run_id] = trace.set_span_in_context(span)
+            run_span = self._runs.get(run_id)
+            if run_span is not None:
+                run_span.add_event("stopline.cancel", {"stopline.by": by})
+        self._end(span, run.state.value)
+        return run, changed
+
+    def _run_changed(self, run: RunRecord, event: RunEvent, ops: list[OperationRecord]) -> None:
+        run_span = self._runs.get(run.id)
+        if run_span is not None:
+            run_span.add_event(f"stopline.{event.value}", {ATTR_STATUS: run.state.value})
+        if event not in _RUN_END_EVENTS:
+            return
+        headline = headline_for(run, ops).value
+        self._t.outcomes.add(1, {"stopline.headline": headline})
+        cancel = self._cancels.pop(run.id, None)
+        if event in _SETTLING_EVENTS and run.cancelled_at is not None:
+            self._t.settle_time.record(
+                max(0.0, run.updated_at - run.cancelled_at), {"stopline.headline": headline}
+            )
+            settle = self._t.tracer.start_span(
+                "stopline.settle", context=cancel, attributes={ATTR_RUN_ID: run.id}
+            )
+            self._end(settle, run.state.value, headline=headline)
+        self._end(self._phases.pop(run.id, None), run.state.value)
+        self._end(self._runs.pop(run.id, None), run.state.value, headline=headline)
+
+    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+        run = await self.inner.set_phase(run_id, kind, policy)
+        self._end(self._phases.pop(run_id, None), "left")
+        self._phases[run_id] = self._t.tracer.start_span(
+            f"stopline.phase {kind.value}",
+            context=self._under_run(run_id),
+            attributes={ATTR_RUN_ID: run_id, "stopline.policy": policy.value},
+        )
+        return run
+
+    # -- operations ------------------------------------------------------------------
+    async def gate(self, spec: OperationSpec) -> GateResult:
+        op_span = self._op_span(spec.id, spec.run_id, spec.tool)
+        dispatch = self._child("stopline.dispatch", op_span, {ATTR_OP_ID: spec.id})
+        with self._errors_on(dispatch):
+            result = await self.inner.gate(spec)
+        verdict = result.verdict.value
+        self._t.gate_decisions.add(1, {"stopline.gate": verdict})
+        dispatch.set_attribute("stopline.gate", verdict)
+        dispatch.set_attribute("stopline.fence", result.fence)
+        dispatch.end()
+        if result.verdict is GateVerdict.PASSED:
+            op_span.set_attribute(ATTR_STATUS, OpStatus.REQUESTED.value)
+        elif result.verdict is GateVerdict.PREVENTED:
+            self._t.op_outcomes.add(1, {ATTR_STATUS: OpStatus.PREVENTED.value})
+            self._end(self._ops.pop(spec.id, None), OpStatus.PREVENTED.value)
+        else:  # paused (asked again later) or a replay of a recorded operation
+            status = result.operation.status.value if result.operation else verdict
+            self._end(self._ops.pop(spec.id, None), status, gate=verdict)
+        return result
+
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        span = self._ops.get(op_id)
+        resolving = update.event not in (OpEvent.ACCEPTED, OpEvent.COMPENSATION_STARTED)
+        if span is not None and resolving and op_id not in self._linked:
+            ctx = span.get_span_context()
+            if ctx.is_valid:
+                pointer = (
+                    f"{trace.format_trace_id(ctx.trace_id)}:{trace.format_span_id(ctx.span_id)}"
+                )
+                evidence = [Evidence(EvidenceKind.SPAN, pointer, "otel"), *update.evidence]
+                update = dataclasses.replace(update, evidence=evidence)
+        op = await self.inner.record(op_id, update)
+        if resolving:
+            self._linked.add(op_id)
+        self._op_changed(op, update.event, late=update.late)
+        return op
+
+    def _op_changed(self, op: OperationRecord, event: OpEvent, *, late: bool) -> None:
+        span = self._op_span(op.id, op.run_id, op.tool)
+        span.add_event(f"stopline.{event.value}", {ATTR_STATUS: op.status.value, "late": late})
+        span.set_attribute(ATTR_STATUS, op.status.value)
+        if op.status is OpStatus.UNKNOWN:
+            self._doubted.add(op.id)
+            if op.id not in self._verify:
+                self._verify[op.id] = self._child(
+                    "stopline.verify", span, {ATTR_RUN_ID: op.run_id, ATTR_OP_ID: op.id}
+                )
+        elif op.id in self._verify:
+            self._end(self._verify.pop(op.id), op.status.value, event=event.value)
+        if event is OpEvent.COMPENSATION_STARTED:
+            self._compensate[op.id] = self._child(
+                "stopline.compensate", span, {ATTR_RUN_ID: op.run_id, ATTR_OP_ID: op.id}
+            )
+        elif op.id in self._compensate and op.status is not OpStatus.COMPENSATING:
+            self._end(self._compensate.pop(op.id), op.status.value)
+        if op.id in self._doubted and op.status in (OpStatus.COMMITTED, OpStatus.NOT_COMMITTED):
+            self._doubted.discard(op.id)
+            self._t.unknowns.add(1, {"stopline.resolved_by": resolved_by(event)})
+        if op.status.resolved and op.status is not OpStatus.NEEDS_REVIEW:
+            self._t.op_outcomes.add(1, {ATTR_STATUS: op.status.value})
+            self._end(self._ops.pop(op.id, None), op.status.value, late=late)
+        elif op.status is OpStatus.NEEDS_REVIEW:
+            self._doubted.add(op.id)  # a reviewer (or late evidence) resolves it
+
+    async def note(
+        self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
+    ) -> OperationRecord:
+        op = await self.inner.note(op_id, kind, data, cancel_state)
+        target = self._ops.get(op_id) or self._runs.get(op.run_id)
+        if target is not None:
+            target.add_event(f"stopline.{kind}", {ATTR_OP_ID: op_id, ATTR_STATUS: op.status.value})
+        return op
+
+    # -- reads and lifecycle: unchanged ------------------------------------------------
+    async def get_run(self, run_id: str) -> RunRecord:
+        return await self.inner.get_run(run_id)
+
+    async def operations(self, run_id: str) -> list[OperationRecord]:
+        return await self.inner.operations(run_id)
+
+    async def get_operation(self, op_id: str) -> OperationRecord:
+        return await self.inner.get_operation(op_id)
+
+    async def events(self, run_id: str) -> list[EventRecord]:
+        return await self.inner.events(run_id)
+
+    async def list_runs(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        return await self.inner.list_runs(state=state, owner=owner, limit=limit)
+
+    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
+        return await self.inner.unresolved(limit)
+
+    def __getattr__(self, name: str) -> Any:
+        # methods added to the backend later (review, reconcile) pass straight through
+        return getattr(self.inner, name)
+
+    async def close(self) -> None:
+        """Spans still open end as ``unfinished``: the ledger keeps the truth for next time."""
+        self._t.open_backends -= 1
+        for spans in (self._verify, self._compensate, self._ops, self._phases, self._runs):
+            if self._t.open_backends > 0:
+                break  # another ledger of this process still writes these runs
+            for span in spans.values():
+                self._end(span, "unfinished")
+            spans.clear()
+        await self.inner.close()
+
+
+# Methods the backend seam gains later pass through ``__getattr__`` until traced here.
+TracedBackend.__abstractmethods__ = frozenset()

@@ -1,0 +1,232 @@
+"""Spans and metrics emitted for S1, S3 and S9, read from the SDK's in-memory exporters.
+
+Each test waits for the span it asserts on to end (a span processor sets an
+event), never for a sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import format_span_id, format_trace_id
+
+import stopline
+from stopline import Cancellable, EvidenceKind, Headline, OpStatus, PhaseKind, Policy
+from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID, ATTR_STATUS, Telemetry
+from stopline.testing import FakeProvider
+from tests.conftest import FAST_VERIFY
+from tests.scenarios.workflows import Started, calls, start
+
+
+class EndSignals(SpanProcessor):
+    """Sets an event when a span whose name starts with a prefix ends."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, anyio.Event] = {}
+        self.names: list[str] = []
+
+    def ended(self, prefix: str) -> anyio.Event:
+        """Set once a span named ``prefix...`` has ended (before or after this call)."""
+        event = self.waiting.setdefault(prefix, anyio.Event())
+        if any(name.startswith(prefix) for name in self.names):
+            event.set()
+        return event
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.names.append(span.name)
+        for prefix, event in self.waiting.items():
+            if span.name.startswith(prefix):
+                event.set()
+
+
+class Otel:
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.signals = EndSignals()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.tracer_provider.add_span_processor(self.signals)
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.telemetry = Telemetry(self.tracer_provider, self.meter_provider)
+
+    def named(self, prefix: str) -> list[ReadableSpan]:
+        return [s for s in self.spans.get_finished_spans() if s.name.startswith(prefix)]
+
+    def one(self, prefix: str) -> ReadableSpan:
+        found = self.named(prefix)
+        assert len(found) == 1, [s.name for s in self.spans.get_finished_spans()]
+        return found[0]
+
+    def points(self, metric: str) -> list[tuple[dict[str, Any], Any]]:
+        """(attributes, data point) of one metric."""
+        data = self.reader.get_metrics_data()
+        out: list[tuple[dict[str, Any], Any]] = []
+        assert data is not None
+        for resource in data.resource_metrics:
+            for scope in resource.scope_metrics:
+                for m in scope.metrics:
+                    if m.name == metric:
+                        out.extend((dict(p.attributes or {}), p) for p in m.data.data_points)
+        return out
+
+    def count(self, metric: str, **attributes: str) -> int:
+        return sum(
+            int(p.value)
+            for attrs, p in self.points(metric)
+            if all(attrs.get(f"stopline.{k}") == v for k, v in attributes.items())
+        )
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    made = Otel()
+    yield made
+    made.tracer_provider.shutdown()
+    made.meter_provider.shutdown()
+
+
+@pytest.fixture
+async def traced(ledger_url: str, otel: Otel) -> AsyncIterator[stopline.Ledger]:
+    async with stopline.open(ledger_url, verify=FAST_VERIFY, observers=[otel.telemetry]) as opened:
+        yield opened
+
+
+async def settled_and_traced(ledger: stopline.Ledger, otel: Otel, run_id: str) -> None:
+    with anyio.fail_after(10):
+        ended = otel.signals.ended("stopline.run")
+        await ledger.wait_settled(run_id)
+        await ended.wait()
+
+
+async def test_s01_spans_prevented_at_the_gate(
+    traced: stopline.Ledger, otel: Otel, ledger_url: str
+) -> None:
+    """Cancelled from another connection (as the CLI does) while the agent thinks."""
+    send = FakeProvider("send")
+    thinking = anyio.Event()
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        async with run.phase(PhaseKind.FINALIZING):
+            await thinking.wait()
+        await run.call(send.tool, "hello")
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, traced, body)
+        await started.ready.wait()
+        async with stopline.open(ledger_url, observers=[otel.telemetry]) as elsewhere:
+            await elsewhere.cancel(started.run_id, by="user:1", reason="stop")
+        thinking.set()
+    await settled_and_traced(traced, otel, started.run_id)
+
+    run = otel.one("stopline.run")
+    assert run.attributes is not None
+    assert run.attributes[ATTR_RUN_ID] == started.run_id
+    assert run.attributes[ATTR_STATUS] == "cancelled"
+    assert run.attributes["stopline.headline"] == Headline.CANCELED_BEFORE_EXTERNAL_ACTION.value
+    cancel = otel.one("stopline.cancel")
+    assert cancel.attributes is not None and cancel.attributes["stopline.by"] == "user:1"
+    dispatch = otel.one("stopline.dispatch")
+    assert dispatch.attributes is not None and dispatch.attributes["stopline.gate"] == "prevented"
+    op = otel.one("stopline.operation")
+    assert op.attributes is not None
+    assert op.attributes[ATTR_STATUS] == OpStatus.PREVENTED.value
+    assert str(op.attributes[ATTR_OP_ID]).startswith(started.run_id)
+    assert dispatch.parent is not None and dispatch.parent.span_id == op.context.span_id
+    settle = otel.one("stopline.settle")
+    assert settle.parent is not None and settle.parent.span_id == cancel.context.span_id
+    assert otel.one("stopline.phase").attributes == {
+        ATTR_RUN_ID: started.run_id,
+        "stopline.policy": "at_boundary",
+        ATTR_STATUS: "cancelled",  # a phase ends with the next one or with the run
+    }
+    assert otel.count("stopline.gate.decisions", gate="prevented") == 1
+    assert otel.count("stopline.runs.outcomes", headline="canceled_before_external_action") == 1
+    [(_, histogram)] = otel.points("stopline.cancel.settle_time")
+    assert histogram.count == 1
+    assert send.requests == []
+
+
+async def test_s03_spans_unknown_then_verified(traced: stopline.Ledger, otel: Otel) -> None:
+    notify = FakeProvider("notify", cancellable=Cancellable.NEVER)
+    held = notify.hold("committed")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, traced, calls(notify, policy=Policy.IMMEDIATE))
+        await held.reached.wait()
+        await traced.cancel(started.run_id, by="user:1")
+    await settled_and_traced(traced, otel, started.run_id)
+
+    op_span = otel.one("stopline.operation notify")
+    assert op_span.attributes is not None
+    assert op_span.attributes[ATTR_STATUS] == OpStatus.COMMITTED.value
+    events = [e.name for e in op_span.events]
+    assert events.index("stopline.lost") < events.index("stopline.verified_committed")
+    verify = otel.one("stopline.verify")
+    assert verify.parent is not None and verify.parent.span_id == op_span.context.span_id
+    assert verify.attributes is not None
+    assert verify.attributes[ATTR_STATUS] == OpStatus.COMMITTED.value
+    assert verify.attributes["stopline.event"] == "verified_committed"
+    # the receipt links into the trace
+    receipt = await traced.receipt(started.run_id)
+    pointer = (
+        f"{format_trace_id(op_span.context.trace_id)}:{format_span_id(op_span.context.span_id)}"
+    )
+    assert any(e.kind is EvidenceKind.SPAN and e.ref == pointer for e in receipt.lines[0].evidence)
+    assert otel.one("stopline.run").attributes == otel.one("stopline.run").attributes
+    assert otel.count("stopline.unknowns.resolved", resolved_by="read_back") == 1
+    assert otel.count("stopline.operations.outcomes", status="committed") == 1
+    headline = Headline.STOPPED_WITH_COMPLETED_ACTIONS.value
+    assert otel.count("stopline.runs.outcomes", headline=headline) == 1
+
+
+async def test_s09_spans_late_success_kept(traced: stopline.Ledger, otel: Otel) -> None:
+    remote_done = anyio.Event()
+    accepted = anyio.Event()
+
+    @stopline.tool(cancellable=Cancellable.NEVER)
+    async def pay(ctx: stopline.CallContext, amount: int) -> str:
+        await ctx.accepted(ref="psp:1")
+        accepted.set()
+        await remote_done.wait()
+        return "paid"
+
+    @pay.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.ReadBack:
+        return stopline.ReadBack(stopline.Verdict.UNKNOWN, detail="still processing")
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE):
+            await run.call(pay, 100)
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, traced, body)
+        await accepted.wait()
+        await traced.cancel(started.run_id, by="user:1")
+    op = (await traced.backend.operations(started.run_id))[0]
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    op_ended = otel.signals.ended("stopline.operation pay")
+    late = await traced.late_response(op.id, stopline.Verdict.COMMITTED, result="paid", ref="psp:1")
+    assert late.status is OpStatus.COMMITTED
+    with anyio.fail_after(10):
+        await op_ended.wait()
+    await settled_and_traced(traced, otel, started.run_id)
+
+    op_span = otel.one("stopline.operation pay")
+    assert op_span.attributes is not None
+    assert op_span.attributes[ATTR_STATUS] == OpStatus.COMMITTED.value
+    assert op_span.attributes["stopline.late"] is True
+    committed = [e for e in op_span.events if e.name == "stopline.committed"]
+    assert committed and committed[0].attributes is not None and committed[0].attributes["late"]
+    assert [e.name for e in op_span.events].count("stopline.accepted") == 1
+    assert otel.count("stopline.unknowns.resolved", resolved_by="late_response") == 1
+    assert otel.count("stopline.unknowns.resolved", resolved_by="read_back") == 0
+    assert started.entries == 1
+    assert len(otel.named("stopline.run")) == 1  # the workflow was not restarted
