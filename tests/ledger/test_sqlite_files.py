@@ -188,3 +188,31 @@ async def test_ledger_not_open_is_a_clear_error(tmp_path: Path) -> None:
     ledger = stopline.open(f"sqlite:///{tmp_path}/l.db")
     with pytest.raises(RuntimeError, match="not open"):
         await ledger.receipt("x")
+
+
+async def test_v1_ledger_is_migrated_in_order_and_keeps_its_history(tmp_path: Path) -> None:
+    from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.executescript(MIGRATIONS[0])
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute(
+            "INSERT INTO runs (id, name, owner, tenant, state, grants, policy, created_at,"
+            " updated_at) VALUES ('run_old', 'job', 'u', 't', 'completed', 15, 'verify', 1, 1)"
+        )
+        conn.execute(
+            "INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
+            " cancellable, can_verify, can_compensate, created_at, updated_at, evidence)"
+            " VALUES ('run_old/1', 'run_old', 'send', 'send', 'd', 'committed', 'never', 0, 0,"
+            " 1, 1, '[]')"
+        )
+    async with stopline.open(f"sqlite:///{path}") as ledger:
+        receipt = await ledger.receipt("run_old")
+        op = await ledger.backend.get_operation("run_old/1")
+    assert receipt.headline is stopline.Headline.COMPLETED
+    assert op.status is stopline.OpStatus.COMMITTED and op.compensates is None
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"run_owners", "approvals", "checkpoints", "workers"} <= tables

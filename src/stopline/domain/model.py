@@ -104,6 +104,8 @@ class OperationSpec:
     cancellable: Cancellable
     can_verify: bool
     can_compensate: bool
+    compensates: str | None = None  # set for a compensation: the operation it corrects
+    worker: str = ""  # the worker (process) that passes the gate
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ class OperationRecord:
     evidence: Sequence[Evidence]
     created_at: float
     updated_at: float
+    compensates: str | None = None
+    worker: str = ""
 
     @property
     def provider_can_cancel(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.model import (
@@ -21,7 +21,16 @@ from stopline.domain.model import (
     OperationSpec,
     RunRecord,
 )
-from stopline.domain.vocab import Cause, Grant, OpEvent, PhaseKind, Policy, RunEvent, RunState
+from stopline.domain.vocab import (
+    Cause,
+    Grant,
+    OpEvent,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunEvent,
+    RunState,
+)
 
 __all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
 
@@ -122,8 +131,15 @@ class Backend(abc.ABC):
     ) -> list[RunRecord]: ...
 
     @abc.abstractmethod
-    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
-        """Operations in flight or unknown, through an index (never a history scan)."""
+    async def unresolved(
+        self, limit: int = 10_000, statuses: Collection[OpStatus] | None = None
+    ) -> list[OperationRecord]:
+        """Open operations through an index, never a scan of resolved history.
+
+        ``statuses`` picks among the open ones (in flight, unknown, compensating,
+        needs_review, compensation_failed); the default is what crash recovery
+        and reconciliation look at: in flight, unknown and compensating.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -27,7 +27,7 @@ RUN_COLUMNS = (
 OP_COLUMNS = (
     "id, run_id, tool, description, args_digest, status, cancellable, can_verify, "
     "can_compensate, cancel_state, attempts, result, has_result, error, cause, evidence, "
-    "created_at, updated_at"
+    "created_at, updated_at, compensates, worker"
 )
 
 
@@ -71,6 +71,8 @@ def op_from_row(row: Sequence[Any]) -> OperationRecord:
         evidence=LazyEvidence(row[15]),
         created_at=row[16],
         updated_at=row[17],
+        compensates=row[18],
+        worker=row[19],
     )
 
 

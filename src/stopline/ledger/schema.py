@@ -13,7 +13,34 @@ recovery never scans resolved history.
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+from stopline.domain.vocab import OpStatus
+
+__all__ = [
+    "DEFAULT_UNRESOLVED",
+    "MIGRATIONS",
+    "OPEN_STATUSES",
+    "OPEN_STATUSES_SQL",
+    "SCHEMA_VERSION",
+]
+
+# Statuses in the partial index ops_open: everything not yet settled for good.
+OPEN_STATUSES = frozenset(
+    {
+        OpStatus.REQUESTED,
+        OpStatus.ACCEPTED,
+        OpStatus.UNKNOWN,
+        OpStatus.COMPENSATING,
+        OpStatus.NEEDS_REVIEW,
+        OpStatus.COMPENSATION_FAILED,
+    }
+)
+OPEN_STATUSES_SQL = (
+    "'requested', 'accepted', 'unknown', 'compensating', 'needs_review', 'compensation_failed'"
+)
+# What crash recovery and reconciliation look at by default.
+DEFAULT_UNRESOLVED = frozenset(
+    {OpStatus.REQUESTED, OpStatus.ACCEPTED, OpStatus.UNKNOWN, OpStatus.COMPENSATING}
+)
 
 _V1 = """
 CREATE TABLE runs (
@@ -71,5 +98,57 @@ CREATE TABLE events (
 CREATE INDEX events_run ON events(run_id, seq);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# V2: lifecycle and truth. Ownership of shared children (R6), approvals (S5),
+# evidenced checkpoints (R10), the worker that passed the gate and the
+# workers' leases (crash recovery, R2), compensations linked to the operation
+# they correct (S8), and review items in the open-operations index.
+_V2 = f"""
+ALTER TABLE operations ADD COLUMN compensates TEXT;
+ALTER TABLE operations ADD COLUMN worker TEXT NOT NULL DEFAULT '';
+CREATE INDEX ops_compensates ON operations(compensates) WHERE compensates IS NOT NULL;
+DROP INDEX ops_open;
+CREATE INDEX ops_open ON operations(status)
+    WHERE status IN ({OPEN_STATUSES_SQL});
+CREATE TABLE run_owners (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    owner_run TEXT NOT NULL REFERENCES runs(id),
+    exclusive INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (run_id, owner_run)
+);
+CREATE INDEX run_owners_owner ON run_owners(owner_run) WHERE released_at IS NULL;
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    scope TEXT NOT NULL,
+    approver TEXT NOT NULL,
+    status TEXT NOT NULL,
+    expires_at REAL,
+    requested_by TEXT NOT NULL,
+    decided_by TEXT,
+    created_at REAL NOT NULL,
+    decided_at REAL
+);
+CREATE INDEX approvals_run ON approvals(run_id, scope);
+CREATE TABLE checkpoints (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    at REAL NOT NULL,
+    state TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE workers (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    lease_until REAL NOT NULL
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)

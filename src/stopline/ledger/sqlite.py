@@ -14,7 +14,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +34,13 @@ from stopline.errors import (
 from stopline.ledger import rows
 from stopline.ledger._writer import Writer
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
-from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from stopline.ledger.schema import (
+    DEFAULT_UNRESOLVED,
+    MIGRATIONS,
+    OPEN_STATUSES,
+    OPEN_STATUSES_SQL,
+    SCHEMA_VERSION,
+)
 
 __all__ = ["SQLiteBackend"]
 
@@ -42,8 +48,15 @@ T = TypeVar("T")
 
 _GATE_SQL = f"""
 INSERT OR IGNORE INTO operations ({rows.OP_COLUMNS})
-SELECT ?, id, ?, ?, ?, 'requested', ?, ?, ?, 'none', 1, NULL, 0, NULL, NULL, ?, ?, ?
+SELECT ?, id, ?, ?, ?, 'requested', ?, ?, ?, 'none', 1, NULL, 0, NULL, NULL, ?, ?, ?, ?, ?
 FROM runs WHERE id = ? AND state = 'running' AND (grants & {int(Grant.INITIATE)}) != 0
+"""
+# A compensation passes under the `compensate` grant, which cancel keeps (R7, S8).
+_GATE_COMPENSATION_SQL = f"""
+INSERT OR IGNORE INTO operations ({rows.OP_COLUMNS})
+SELECT ?, id, ?, ?, ?, 'requested', ?, ?, ?, 'none', 1, NULL, 0, NULL, NULL, ?, ?, ?, ?, ?
+FROM runs WHERE id = ? AND state NOT IN ('pausing', 'paused')
+    AND (grants & {int(Grant.COMPENSATE)}) != 0
 """
 _GATE_EVENT_SQL = """
 INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
@@ -352,14 +365,26 @@ class SQLiteBackend(Backend):
 
         return await self._tx(txn)
 
-    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
+    async def unresolved(
+        self, limit: int = 10_000, statuses: Collection[OpStatus] | None = None
+    ) -> list[OperationRecord]:
+        wanted = _wanted_open_statuses(statuses)
+        marks = ", ".join("?" * len(wanted))
+        # the index's own condition must appear verbatim for SQLite to use it
         sql = (
             f"SELECT {rows.OP_COLUMNS} FROM operations INDEXED BY ops_open "
-            "WHERE status IN ('requested', 'accepted', 'unknown', 'compensating') LIMIT ?"
+            f"WHERE status IN ({OPEN_STATUSES_SQL}) AND status IN ({marks}) LIMIT ?"
         )
         return await self._tx(
-            lambda conn: [rows.op_from_row(r) for r in conn.execute(sql, (limit,))]
+            lambda conn: [rows.op_from_row(r) for r in conn.execute(sql, (*wanted, limit))]
         )
+
+
+def _wanted_open_statuses(statuses: Collection[OpStatus] | None) -> list[str]:
+    chosen = DEFAULT_UNRESOLVED if statuses is None else frozenset(statuses)
+    if not chosen <= OPEN_STATUSES:
+        raise ValueError(f"not open statuses: {sorted(s.value for s in chosen - OPEN_STATUSES)}")
+    return sorted(s.value for s in chosen)
 
 
 # -- transaction bodies (run on the writer thread) ----------------------------
@@ -398,7 +423,7 @@ def _event(
 def _gate_txn(conn: sqlite3.Connection, spec: OperationSpec) -> GateResult:
     now = time.time()
     inserted = conn.execute(
-        _GATE_SQL,
+        _GATE_COMPENSATION_SQL if spec.compensates else _GATE_SQL,
         (
             spec.id,
             spec.tool,
@@ -410,6 +435,8 @@ def _gate_txn(conn: sqlite3.Connection, spec: OperationSpec) -> GateResult:
             _GATE_EVIDENCE,
             now,
             now,
+            spec.compensates,
+            spec.worker,
             spec.run_id,
         ),
     ).rowcount
@@ -469,7 +496,7 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
     evidence = [Evidence.local(f"fence:{run.fence}", f"run {run.state.value}; initiate revoked")]
     conn.execute(
         f"INSERT INTO operations ({rows.OP_COLUMNS}) VALUES "
-        "(?, ?, ?, ?, ?, 'prevented', ?, ?, ?, 'none', 0, NULL, 0, NULL, NULL, ?, ?, ?)",
+        "(?, ?, ?, ?, ?, 'prevented', ?, ?, ?, 'none', 0, NULL, 0, NULL, NULL, ?, ?, ?, ?, ?)",
         (
             spec.id,
             spec.run_id,
@@ -482,6 +509,8 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
             rows.dump_evidence(evidence),
             now,
             now,
+            spec.compensates,
+            spec.worker,
         ),
     )
     _event(
