@@ -144,6 +144,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    # -- lifecycle (ownership, pause, approvals, checkpoints) ---------------------
+
+    # -- truth (reconciliation, compensation, review, recovery) -------------------
+
     async def __aenter__(self) -> Backend:
         return self
 

@@ -379,6 +379,10 @@ class SQLiteBackend(Backend):
             lambda conn: [rows.op_from_row(r) for r in conn.execute(sql, (*wanted, limit))]
         )
 
+    # -- lifecycle (ownership, pause, approvals, checkpoints) ---------------------
+
+    # -- truth (reconciliation, compensation, review, recovery) -------------------
+
 
 def _wanted_open_statuses(statuses: Collection[OpStatus] | None) -> list[str]:
     chosen = DEFAULT_UNRESOLVED if statuses is None else frozenset(statuses)

@@ -34,9 +34,11 @@ from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
+from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.run import Run
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
+from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "VerifyBudget", "open"]
 
@@ -79,7 +81,7 @@ _CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
 }
 
 
-class Ledger:
+class Ledger(LifecycleMixin, TruthMixin):
     """Open with ``async with stopline.open(url) as ledger``."""
 
     def __init__(
@@ -101,6 +103,9 @@ class Ledger:
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # this process's identity in the ledger: operations record the worker that
+        # passed the gate, so crash recovery can tell a dead worker's from a live one's
+        self.worker_id = f"worker_{uuid.uuid4().hex[:16]}"
 
     @property
     def backend(self) -> Backend:

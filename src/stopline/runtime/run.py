@@ -79,6 +79,7 @@ class Run:
             cancellable=t.cancellable,
             can_verify=t.verify_fn is not None,
             can_compensate=t.compensate_fn is not None,
+            worker=self._ledger.worker_id,
         )
         return await self._gated(t, spec, args, kwargs, timeout, replayed=False)
 
