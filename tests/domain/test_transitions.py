@@ -55,10 +55,10 @@ def test_contract_diagram_edges_are_in_the_table() -> None:
         assert OPERATION_TABLE[(source, event)] is target
 
 
-def test_terminal_states_admit_no_progress_events() -> None:
-    """A prevented operation never passes the gate later, whatever arrives."""
-    assert events_from(OPERATION_TABLE, OpStatus.PREVENTED) == []
-    assert events_from(RUN_TABLE, RunState.CANCELLED) == []
+def test_prevented_passes_again_only_through_the_gate() -> None:
+    """A prevented operation moves only when a resumed run dispatches it again (R10)."""
+    assert events_from(OPERATION_TABLE, OpStatus.PREVENTED) == [OpEvent.GATE_PASSED]
+    assert events_from(RUN_TABLE, RunState.CANCELLED) == [RunEvent.RESUME]
 
 
 def test_diagram_is_drawn_from_the_table() -> None:

@@ -10,9 +10,10 @@ import pytest
 from stopline.ledger.backend import Backend
 from stopline.ledger.sqlite import SQLiteBackend
 from tests.ledger.contract import LedgerContract
+from tests.ledger.contract_lifecycle import LifecycleContract
 
 
-class TestSQLiteLedger(LedgerContract):
+class TestSQLiteLedger(LedgerContract, LifecycleContract):
     @pytest.fixture
     async def backend(self, tmp_path: Path) -> AsyncIterator[Backend]:
         opened = await SQLiteBackend.open(tmp_path / "contract.db")

@@ -106,6 +106,7 @@ class OperationSpec:
     can_compensate: bool
     compensates: str | None = None  # set for a compensation: the operation it corrects
     worker: str = ""  # the worker (process) that passes the gate
+    needs_approval: bool = False  # passes only with a granted, unexpired approval (S5)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ OPERATION_TABLE: Mapping[tuple[OpStatus, OpEvent], OpStatus] = {
     (_S.NOT_STARTED, _E.GATE_REFUSED): _S.PREVENTED,
     # a retry of an operation that provably did not commit keeps its id
     (_S.NOT_COMMITTED, _E.GATE_PASSED): _S.REQUESTED,
+    # a resumed run dispatches what the fence had prevented, under the same id (R10)
+    (_S.PREVENTED, _E.GATE_PASSED): _S.REQUESTED,
     (_S.REQUESTED, _E.ACCEPTED): _S.ACCEPTED,
     (_S.REQUESTED, _E.COMMITTED): _S.COMMITTED,
     (_S.REQUESTED, _E.REJECTED): _S.NOT_COMMITTED,
@@ -77,6 +79,8 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     (_R.RUNNING, _V.COMPLETE): _R.COMPLETED,
     (_R.RUNNING, _V.FAIL): _R.FAILED,
     (_R.RUNNING, _V.ESCALATE): _R.NEEDS_REVIEW,
+    # R10: a cancelled run resumes only from an evidenced checkpoint (checked in the ledger)
+    (_R.CANCELLED, _V.RESUME): _R.RUNNING,
 }
 
 _State = TypeVar("_State", OpStatus, RunState)

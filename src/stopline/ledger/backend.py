@@ -14,6 +14,7 @@ import enum
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import (
     EventRecord,
     Evidence,
@@ -37,6 +38,7 @@ __all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
 
 class GateVerdict(enum.Enum):
     PASSED = "passed"  # intent recorded as requested; dispatch may proceed
+    NEEDS_APPROVAL = "needs_approval"  # no valid approval for this operation: nothing recorded
     PREVENTED = "prevented"  # fenced: recorded as prevented
     PAUSED = "paused"  # run paused: nothing recorded, wait for resume
     EXISTING = "existing"  # this id was seen before with the same arguments
@@ -56,6 +58,7 @@ class RunSpec:
     owner: str
     tenant: str
     parent_id: str | None = None
+    shared: bool = False  # the parent is one owner among others (R6)
     grants: Grant = Grant.INITIATE | Grant.VERIFY | Grant.COMPENSATE | Grant.AUDIT
     policy: Policy = Policy.VERIFY
 
@@ -117,7 +120,8 @@ class Backend(abc.ABC):
     async def get_run(self, run_id: str) -> RunRecord: ...
 
     @abc.abstractmethod
-    async def operations(self, run_id: str) -> list[OperationRecord]: ...
+    async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
+        """The run's operations; with ``descendants``, its child runs' too (S4)."""
 
     @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...
@@ -145,6 +149,47 @@ class Backend(abc.ABC):
     async def close(self) -> None: ...
 
     # -- lifecycle (ownership, pause, approvals, checkpoints) ---------------------
+    @abc.abstractmethod
+    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
+        """Fence the run and every run it owns exclusively, in one transaction (R1, R6)."""
+
+    @abc.abstractmethod
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None: ...
+
+    @abc.abstractmethod
+    async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:
+        """running -> pausing (paused once idle) for the run and its exclusive subtree."""
+
+    @abc.abstractmethod
+    async def settle_pause(self, run_id: str) -> RunRecord: ...
+
+    @abc.abstractmethod
+    async def resume(self, run_id: str, *, by: str) -> tuple[RunRecord, list[str]]:
+        """Back to running with initiate re-granted; returns the approvals that expired."""
+
+    @abc.abstractmethod
+    async def request_approval(
+        self, approval_id: str, run_id: str, scope: str, *, approver: str, requested_by: str
+    ) -> ApprovalRecord: ...
+
+    @abc.abstractmethod
+    async def decide_approval(
+        self, approval_id: str, *, granted: bool, by: str, expires_at: float | None
+    ) -> ApprovalRecord: ...
+
+    @abc.abstractmethod
+    async def approvals(self, run_id: str) -> list[ApprovalRecord]: ...
+
+    @abc.abstractmethod
+    async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint: ...
+
+    @abc.abstractmethod
+    async def last_checkpoint(self, run_id: str) -> Checkpoint | None: ...
+
+    @abc.abstractmethod
+    async def audit(
+        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
+    ) -> None: ...
 
     # -- truth (reconciliation, compensation, review, recovery) -------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
 from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
@@ -32,6 +33,7 @@ from stopline.errors import (
     UnknownRun,
 )
 from stopline.ledger import rows
+from stopline.ledger import sqlite_lifecycle as lc
 from stopline.ledger._writer import Writer
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.schema import (
@@ -58,24 +60,24 @@ SELECT ?, id, ?, ?, ?, 'requested', ?, ?, ?, 'none', 1, NULL, 0, NULL, NULL, ?, 
 FROM runs WHERE id = ? AND state NOT IN ('pausing', 'paused')
     AND (grants & {int(Grant.COMPENSATE)}) != 0
 """
+# An operation that needs approval passes only with a granted, unexpired one (S5).
+_GATE_APPROVED_SQL = (
+    _GATE_SQL.strip()
+    + """
+    AND EXISTS (SELECT 1 FROM approvals a WHERE a.run_id = runs.id AND a.scope = ?
+        AND a.status = 'granted' AND (a.expires_at IS NULL OR a.expires_at > ?))"""
+)
 _GATE_EVENT_SQL = """
 INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
 SELECT ?, id, ?, 'gate_passed', 'not_started', 'requested', '{"fence":' || fence || '}'
 FROM runs WHERE id = ?
 """
 _GATE_EVIDENCE = rows.dump_evidence([Evidence.local("gate", "intent recorded before dispatch")])
+# What a gate may dispatch again under the same id: it provably never happened
+# (not_committed), or the fence stopped it and the run was since resumed (prevented).
+_RETRYABLE = frozenset({OpStatus.NOT_COMMITTED, OpStatus.PREVENTED})
 _FENCED_STATES = frozenset(
     {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
-)
-_CANCEL_NOOP_STATES = frozenset(
-    {
-        RunState.CANCELLING,
-        RunState.SETTLING,
-        RunState.CANCELLED,
-        RunState.NEEDS_REVIEW,
-        RunState.COMPLETED,
-        RunState.FAILED,
-    }
 )
 
 
@@ -217,6 +219,12 @@ class SQLiteBackend(Backend):
                     now,
                 ),
             )
+            if spec.parent_id is not None:
+                conn.execute(
+                    "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (spec.id, spec.parent_id, int(not spec.shared), now),
+                )
             _event(
                 conn,
                 now,
@@ -242,29 +250,14 @@ class SQLiteBackend(Backend):
         def txn(conn: sqlite3.Connection) -> tuple[RunRecord, bool]:
             run = _run(conn, run_id)
             now = time.time()
-            if event is RunEvent.CANCEL and run.state in _CANCEL_NOOP_STATES:
-                return run, False  # R7: the first cancel wins
+            if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
+                result = lc.cancel_txn(conn, run_id, by, reason)
+                return result.run, result.first
             target = apply(RUN_TABLE, run.state, event)
-            if event is RunEvent.CANCEL:
-                conn.execute(
-                    "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?, "
-                    "cancelled_by = ?, cancel_reason = ?, cancelled_at = ?, updated_at = ? "
-                    "WHERE id = ?",
-                    (
-                        target.value,
-                        int(~Grant.INITIATE & Grant.all()),
-                        by,
-                        reason,
-                        now,
-                        now,
-                        run_id,
-                    ),
-                )
-            else:
-                conn.execute(
-                    "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
-                    (target.value, now, run_id, run.state.value),
-                )
+            conn.execute(
+                "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
+                (target.value, now, run_id, run.state.value),
+            )
             _event(
                 conn,
                 now,
@@ -346,10 +339,19 @@ class SQLiteBackend(Backend):
 
         return await self._tx(txn)
 
-    async def operations(self, run_id: str) -> list[OperationRecord]:
+    async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
         def txn(conn: sqlite3.Connection) -> list[OperationRecord]:
             _run(conn, run_id)
-            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY rowid"
+            if not descendants:
+                sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY rowid"
+                return [rows.op_from_row(r) for r in conn.execute(sql, (run_id,))]
+            sql = (
+                "WITH RECURSIVE tree(id) AS (SELECT ? UNION"
+                " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
+                " WHERE o.exclusive = 1)"
+                f" SELECT {rows.OP_COLUMNS} FROM operations"
+                " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, rowid"
+            )
             return [rows.op_from_row(r) for r in conn.execute(sql, (run_id,))]
 
         return await self._tx(txn)
@@ -380,6 +382,50 @@ class SQLiteBackend(Backend):
         )
 
     # -- lifecycle (ownership, pause, approvals, checkpoints) ---------------------
+    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
+        return await self._tx(lambda conn: lc.cancel_txn(conn, run_id, by, reason))
+
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
+        await self._tx(lambda conn: lc.add_owner_txn(conn, run_id, owner_run, exclusive))
+
+    async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:
+        return await self._tx(lambda conn: lc.pause_txn(conn, run_id, by, reason))
+
+    async def settle_pause(self, run_id: str) -> RunRecord:
+        return await self._tx(lambda conn: lc.settle_pause_txn(conn, run_id))
+
+    async def resume(self, run_id: str, *, by: str) -> tuple[RunRecord, list[str]]:
+        return await self._tx(lambda conn: lc.resume_txn(conn, run_id, by))
+
+    async def request_approval(
+        self, approval_id: str, run_id: str, scope: str, *, approver: str, requested_by: str
+    ) -> ApprovalRecord:
+        return await self._tx(
+            lambda conn: lc.request_approval_txn(
+                conn, approval_id, run_id, scope, approver, requested_by
+            )
+        )
+
+    async def decide_approval(
+        self, approval_id: str, *, granted: bool, by: str, expires_at: float | None
+    ) -> ApprovalRecord:
+        return await self._tx(
+            lambda conn: lc.decide_approval_txn(conn, approval_id, granted, by, expires_at)
+        )
+
+    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return await self._tx(lambda conn: lc.approvals_txn(conn, run_id))
+
+    async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
+        return await self._tx(lambda conn: lc.checkpoint_txn(conn, run_id, name, state))
+
+    async def last_checkpoint(self, run_id: str) -> Checkpoint | None:
+        return await self._tx(lambda conn: lc.last_checkpoint_txn(conn, run_id))
+
+    async def audit(
+        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
+    ) -> None:
+        await self._tx(lambda conn: lc.audit_txn(conn, run_id, principal, action, allowed, detail))
 
     # -- truth (reconciliation, compensation, review, recovery) -------------------
 
@@ -426,25 +472,28 @@ def _event(
 
 def _gate_txn(conn: sqlite3.Connection, spec: OperationSpec) -> GateResult:
     now = time.time()
-    inserted = conn.execute(
-        _GATE_COMPENSATION_SQL if spec.compensates else _GATE_SQL,
-        (
-            spec.id,
-            spec.tool,
-            spec.description,
-            spec.args_digest,
-            spec.cancellable.value,
-            int(spec.can_verify),
-            int(spec.can_compensate),
-            _GATE_EVIDENCE,
-            now,
-            now,
-            spec.compensates,
-            spec.worker,
-            spec.run_id,
-        ),
-    ).rowcount
-    if inserted == 1:
+    params: tuple[Any, ...] = (
+        spec.id,
+        spec.tool,
+        spec.description,
+        spec.args_digest,
+        spec.cancellable.value,
+        int(spec.can_verify),
+        int(spec.can_compensate),
+        _GATE_EVIDENCE,
+        now,
+        now,
+        spec.compensates,
+        spec.worker,
+        spec.run_id,
+    )
+    if spec.compensates:
+        sql = _GATE_COMPENSATION_SQL
+    elif spec.needs_approval:
+        sql, params = _GATE_APPROVED_SQL, (*params, spec.id, now)
+    else:
+        sql = _GATE_SQL
+    if conn.execute(sql, params).rowcount == 1:
         conn.execute(_GATE_EVENT_SQL, (now, spec.id, spec.run_id))
         return GateResult(GateVerdict.PASSED)
     return _gate_slow_path(conn, spec, now)
@@ -462,7 +511,7 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
         existing = rows.op_from_row(row)
         if existing.args_digest != spec.args_digest or existing.run_id != spec.run_id:
             raise IdempotencyConflict(spec.id)
-        if existing.status is OpStatus.NOT_COMMITTED and may_initiate:
+        if existing.status in _RETRYABLE and may_initiate:
             # a retry with the same key: the earlier attempt provably did not commit
             target = apply(OPERATION_TABLE, existing.status, OpEvent.GATE_PASSED)
             conn.execute(
@@ -496,7 +545,10 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
             return GateResult(GateVerdict.PREVENTED, existing, run.fence)
         return GateResult(GateVerdict.EXISTING, existing, run.fence)
     if run.state in (RunState.PAUSING, RunState.PAUSED):
+        lc.settle_pause_txn(conn, run.id)  # a worker waiting at the gate is idle
         return GateResult(GateVerdict.PAUSED, fence=run.fence)
+    if may_initiate and spec.needs_approval:
+        return GateResult(GateVerdict.NEEDS_APPROVAL, fence=run.fence)
     evidence = [Evidence.local(f"fence:{run.fence}", f"run {run.state.value}; initiate revoked")]
     conn.execute(
         f"INSERT INTO operations ({rows.OP_COLUMNS}) VALUES "

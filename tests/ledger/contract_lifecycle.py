@@ -1,0 +1,176 @@
+"""Ledger contract for the lifecycle: subtree fences, ownership, pause, approvals, checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import anyio
+import pytest
+
+from stopline.domain.lifecycle import ApprovalStatus
+from stopline.domain.vocab import Grant, OpEvent, OpStatus, RunEvent, RunState
+from stopline.errors import IllegalTransition, NotFound, NotPermitted
+from stopline.ledger.backend import Backend, GateVerdict, OutcomeUpdate
+from tests.ledger.contract import COMMIT, op_spec, run_spec
+
+
+class LifecycleContract:
+    async def test_cancel_fences_the_exclusive_subtree_in_one_transaction(
+        self, backend: Backend
+    ) -> None:
+        await backend.create_run(run_spec("root"))
+        await backend.create_run(run_spec("child", parent_id="root"))
+        await backend.create_run(run_spec("grandchild", parent_id="child"))
+        await backend.create_run(run_spec("other"))
+        result = await backend.cancel("root", by="u", reason="stop")
+        assert result.first and set(result.fenced) == {"root", "child", "grandchild"}
+        for run_id in result.fenced:
+            run = await backend.get_run(run_id)
+            assert run.state is RunState.CANCELLING and not run.grants & Grant.INITIATE
+        assert (await backend.get_run("other")).state is RunState.RUNNING
+        seqs = {
+            e.run_id: e.seq
+            for r in result.fenced
+            for e in await backend.events(r)
+            if e.kind == "cancel"
+        }
+        assert len(seqs) == 3
+        again = await backend.cancel("root", by="u")
+        assert not again.first and again.fenced == ()
+
+    async def test_shared_child_survives_one_owner(self, backend: Backend) -> None:
+        await backend.create_run(run_spec("a"))
+        await backend.create_run(run_spec("b"))
+        await backend.create_run(run_spec("refresh", parent_id="a", shared=True))
+        await backend.add_owner("refresh", "b", exclusive=False)
+        first = await backend.cancel("a", by="u")
+        assert "refresh" not in first.fenced and first.released == ("refresh",)
+        assert (await backend.get_run("refresh")).state is RunState.RUNNING
+        assert (await backend.gate(op_spec("refresh/1", "refresh"))).verdict is GateVerdict.PASSED
+        last = await backend.cancel("b", by="u")
+        assert "refresh" in last.fenced  # its last owner is gone
+
+    async def test_children_race_the_subtree_fence(self, backend: Backend) -> None:
+        """R1 across a tree: no child dispatch lands after its root's cancel."""
+        await backend.create_run(run_spec("root"))
+        for n in range(5):
+            await backend.create_run(run_spec(f"c{n}", parent_id="root"))
+
+        async def dispatch(n: int, i: int) -> None:
+            await backend.gate(op_spec(f"c{n}/{i}", f"c{n}"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                for n in range(5):
+                    tg.start_soon(dispatch, n, i)
+                if i == 10:
+                    tg.start_soon(functools.partial(backend.cancel, "root", by="u"))
+        for n in range(5):
+            events = await backend.events(f"c{n}")
+            cancel = next(e.seq for e in events if e.kind == "cancel")
+            assert all(e.seq < cancel for e in events if e.kind == "gate_passed")
+            assert all(e.seq > cancel for e in events if e.kind == "gate_refused")
+
+    async def test_pause_waits_then_resume(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        assert await backend.pause("run_a", by="u") == ["run_a"]
+        assert (await backend.get_run("run_a")).state is RunState.PAUSING  # one in flight
+        paused = await backend.gate(op_spec("run_a/2"))
+        assert paused.verdict is GateVerdict.PAUSED  # nothing recorded
+        await backend.record("run_a/1:send", COMMIT)
+        assert (await backend.settle_pause("run_a")).state is RunState.PAUSED
+        run, expired = await backend.resume("run_a", by="u")
+        assert run.state is RunState.RUNNING and expired == []
+        assert (await backend.gate(op_spec("run_a/2"))).verdict is GateVerdict.PASSED
+
+    async def test_resume_after_cancel_needs_every_operation_resolved(
+        self, backend: Backend
+    ) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.cancel("run_a", by="u")
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.LOST, []))
+        await backend.run_event("run_a", RunEvent.SETTLE, by="stopline")
+        with pytest.raises(IllegalTransition):
+            await backend.resume("run_a", by="u")  # settling: not yet
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.VERIFIED_COMMITTED, []))
+        await backend.run_event("run_a", RunEvent.SETTLED, by="stopline")
+        run, _ = await backend.resume("run_a", by="u")
+        assert run.state is RunState.RUNNING and run.grants & Grant.INITIATE
+
+    async def test_resume_refused_while_an_operation_is_in_doubt(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.LOST, []))
+        await backend.run_event("run_a", RunEvent.ESCALATE, by="stopline")
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.ESCALATED, []))
+        with pytest.raises(IllegalTransition):
+            await backend.resume("run_a", by="u")
+
+    async def test_approval_gates_the_operation(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        spec = dataclasses.replace(op_spec("run_a/pay"), needs_approval=True)
+        assert (await backend.gate(spec)).verdict is GateVerdict.NEEDS_APPROVAL
+        approval = await backend.request_approval(
+            "ap1", "run_a", "run_a/pay", approver="boss", requested_by="user:1"
+        )
+        assert approval.status is ApprovalStatus.PENDING
+        assert (await backend.gate(spec)).verdict is GateVerdict.NEEDS_APPROVAL
+        expired = await backend.decide_approval(
+            "ap1", granted=True, by="boss", expires_at=time.time() - 1
+        )
+        assert not expired.valid_at(time.time())
+        assert (await backend.gate(spec)).verdict is GateVerdict.NEEDS_APPROVAL
+        await backend.request_approval(
+            "ap2", "run_a", "run_a/pay", approver="boss", requested_by="user:1"
+        )
+        await backend.decide_approval("ap2", granted=True, by="boss", expires_at=None)
+        assert (await backend.gate(spec)).verdict is GateVerdict.PASSED
+        with pytest.raises(IllegalTransition):
+            await backend.decide_approval("ap2", granted=False, by="boss", expires_at=None)
+        with pytest.raises(NotFound):
+            await backend.decide_approval("nope", granted=True, by="b", expires_at=None)
+
+    async def test_cancel_withdraws_approvals(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.request_approval(
+            "ap1", "run_a", "run_a/pay", approver="boss", requested_by="u"
+        )
+        await backend.cancel("run_a", by="u")
+        (approval,) = await backend.approvals("run_a")
+        assert approval.status is ApprovalStatus.WITHDRAWN
+
+    async def test_checkpoint_only_when_resolved(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        assert await backend.last_checkpoint("run_a") is None
+        await backend.gate(op_spec())
+        with pytest.raises(NotPermitted, match="not resolved"):
+            await backend.checkpoint("run_a", "after-send", {"step": 1})
+        await backend.record("run_a/1:send", COMMIT)
+        first = await backend.checkpoint("run_a", "after-send", {"step": 1})
+        assert first.seq == 1 and first.operations == ("run_a/1:send",)
+        last = await backend.last_checkpoint("run_a")
+        assert last is not None and last.state == {"step": 1}
+        assert last.operations == ("run_a/1:send",)
+
+    async def test_audit_trail(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.audit(
+            "run_a", principal="mallory", action="cancel", allowed=False, detail="other tenant"
+        )
+        event = (await backend.events("run_a"))[-1]
+        assert event.kind == "denied" and event.data["principal"] == "mallory"
+
+    async def test_descendant_operations(self, backend: Backend) -> None:
+        await backend.create_run(run_spec("root"))
+        await backend.create_run(run_spec("child", parent_id="root"))
+        await backend.gate(op_spec("root/1", "root"))
+        await backend.gate(op_spec("child/1", "child"))
+        mine = await backend.operations("root")
+        tree = await backend.operations("root", descendants=True)
+        assert [o.id for o in mine] == ["root/1"]
+        assert {o.id for o in tree} == {"root/1", "child/1"}
+        assert {o.status for o in tree} == {OpStatus.REQUESTED}
