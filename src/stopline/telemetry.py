@@ -36,7 +36,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
+from stopline.domain.lifecycle import CancelResult
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.receipt import headline_for
 from stopline.domain.vocab import (
     EvidenceKind,
@@ -45,7 +46,6 @@ from stopline.domain.vocab import (
     PhaseKind,
     Policy,
     RunEvent,
-    RunState,
 )
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
 
@@ -120,7 +120,7 @@ class Telemetry:
 
     def __call__(self, backend: Backend) -> Backend:
         self.open_backends += 1
-        return TracedBackend(backend, self)
+        return TracedBackend(backend, self)  # type: ignore[abstract]  # see _delegate
 
 
 class TracedBackend(Backend):
@@ -205,22 +205,30 @@ class TracedBackend(Backend):
             if changed:
                 self._run_changed(run, event, ops)
             return run, changed
+        result = await self.cancel(run_id, by=by, reason=reason)
+        return result.run, result.first
+
+    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         span = self._t.tracer.start_span(
             "stopline.cancel",
             attributes={ATTR_RUN_ID: run_id, "stopline.by": by, "stopline.reason": reason},
             links=[trace.Link(s.get_span_context()) for s in [self._runs.get(run_id)] if s],
         )
         with self._errors_on(span):
-            run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
-        span.set_attribute("stopline.first", changed)  # R7: a second cancel changes nothing
+            result = await self.inner.cancel(run_id, by=by, reason=reason)
+        run = result.run
+        span.set_attribute("stopline.first", result.first)  # R7: a second cancel changes nothing
         span.set_attribute("stopline.fence", run.fence)
-        if changed:
-            self._cancels[run_id] = trace.set_span_in_context(span)
-            run_span = self._runs.get(run_id)
-            if run_span is not None:
-                run_span.add_event("stopline.cancel", {"stopline.by": by})
+        span.set_attribute("stopline.fenced_runs", len(result.fenced))  # the owned subtree
+        if result.first:
+            context = trace.set_span_in_context(span)
+            for fenced in result.fenced:
+                self._cancels[fenced] = context
+                run_span = self._runs.get(fenced)
+                if run_span is not None:
+                    run_span.add_event("stopline.cancel", {"stopline.by": by})
         self._end(span, run.state.value)
-        return run, changed
+        return result
 
     def _run_changed(self, run: RunRecord, event: RunEvent, ops: list[OperationRecord]) -> None:
         run_span = self._runs.get(run.id)
@@ -326,31 +334,6 @@ class TracedBackend(Backend):
             target.add_event(f"stopline.{kind}", {ATTR_OP_ID: op_id, ATTR_STATUS: op.status.value})
         return op
 
-    # -- reads and lifecycle: unchanged ------------------------------------------------
-    async def get_run(self, run_id: str) -> RunRecord:
-        return await self.inner.get_run(run_id)
-
-    async def operations(self, run_id: str) -> list[OperationRecord]:
-        return await self.inner.operations(run_id)
-
-    async def get_operation(self, op_id: str) -> OperationRecord:
-        return await self.inner.get_operation(op_id)
-
-    async def events(self, run_id: str) -> list[EventRecord]:
-        return await self.inner.events(run_id)
-
-    async def list_runs(
-        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
-    ) -> list[RunRecord]:
-        return await self.inner.list_runs(state=state, owner=owner, limit=limit)
-
-    async def unresolved(self, limit: int = 10_000) -> list[OperationRecord]:
-        return await self.inner.unresolved(limit)
-
-    def __getattr__(self, name: str) -> Any:
-        # methods added to the backend later (review, reconcile) pass straight through
-        return getattr(self.inner, name)
-
     async def close(self) -> None:
         """Spans still open end as ``unfinished``: the ledger keeps the truth for next time."""
         self._t.open_backends -= 1
@@ -363,5 +346,16 @@ class TracedBackend(Backend):
         await self.inner.close()
 
 
-# Methods the backend seam gains later pass through ``__getattr__`` until traced here.
+def _delegate(name: str) -> Any:
+    async def method(self: TracedBackend, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self.inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+# Every backend method that is not traced above passes straight through, so a
+# method added to the Backend seam (by any issue) needs no change here.
+for _name in Backend.__abstractmethods__ - set(vars(TracedBackend)):
+    setattr(TracedBackend, _name, _delegate(_name))
 TracedBackend.__abstractmethods__ = frozenset()

@@ -6,6 +6,7 @@ import anyio
 
 import stopline
 from stopline import Cause, Headline, OpStatus, PhaseKind, Policy, Verdict
+from stopline.domain.lifecycle import Principal
 from stopline.testing import FakeProvider
 from tests.scenarios.workflows import Started, calls, start
 
@@ -133,7 +134,8 @@ async def test_r7_concurrent_cancels_make_one_cancellation(ledger: stopline.Ledg
     receipts: list[stopline.Receipt] = []
 
     async def cancel(who: str) -> None:
-        receipts.append(await ledger.cancel(started.run_id, by=who))
+        admin = Principal(who, tenant="default", roles=frozenset({"admin"}))
+        receipts.append(await ledger.cancel(started.run_id, by=admin))
 
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, calls(send))

@@ -15,6 +15,7 @@ import pytest
 
 import stopline
 from stopline import Cancellable, Cause, EvidenceKind, Headline, OpStatus, PhaseKind, Policy
+from stopline.domain.lifecycle import Principal
 from stopline.testing import CancelBehaviour, FakeProvider
 from tests.conftest import FAST_VERIFY
 from tests.scenarios.workflows import Started, calls, start
@@ -98,9 +99,10 @@ async def test_s07_cancel_twice(ledger: stopline.Ledger) -> None:
         started = start(tg, ledger, calls(send))
         await held.reached.wait()
         first = await ledger.cancel(started.run_id, by="user:1", reason="first")
-        second = await ledger.cancel(started.run_id, by="user:2", reason="second")
+        admin = Principal("user:2", tenant="default", roles=frozenset({"admin"}))
+        second = await ledger.cancel(started.run_id, by=admin, reason="second")
     settled = await ledger.wait_settled(started.run_id, timeout=10)
-    third = await ledger.cancel(started.run_id, by="user:3", reason="third")
+    third = await ledger.cancel(started.run_id, by="user:1", reason="third")
     assert third == settled  # after settling: the same receipt
     assert second.cancelled_by == first.cancelled_by == "user:1"
     assert second.cancel_reason == "first"

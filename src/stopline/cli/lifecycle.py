@@ -1,7 +1,7 @@
-"""`stopline pause`, `resume` and `reconcile`: wired to the ledger when it has them.
+"""`stopline pause`, `resume` and `reconcile`.
 
-This release's runtime has no pause, resume or reconcile API yet (issues 3
-and 4); each command says so and exits 1 rather than pretending.
+Each is looked up on the ledger at run time; a runtime without one says so
+and exits 1 rather than pretending. The CLI acts as an operator principal.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from stopline.cli import _common as c
+from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
 
 __all__ = ["register"]
@@ -54,7 +55,9 @@ def pause(
     as_json: JsonOpt = False,
 ) -> None:
     """Pause a run: dispatch stops at the next boundary, initiate is suspended (R9)."""
-    result = _lifecycle(c.options(ctx).url, "pause", "pause", run_id, by=by, reason=reason)
+    result = _lifecycle(
+        c.options(ctx).url, "pause", "pause", run_id, by=operator(by), reason=reason
+    )
     raise typer.Exit(_show(result, as_json))
 
 
@@ -65,7 +68,7 @@ def resume(
     as_json: JsonOpt = False,
 ) -> None:
     """Resume a paused run from its last evidenced checkpoint (R10)."""
-    result = _lifecycle(c.options(ctx).url, "resume", "resume", run_id, by=by)
+    result = _lifecycle(c.options(ctx).url, "resume", "resume", run_id, by=operator(by))
     raise typer.Exit(_show(result, as_json))
 
 

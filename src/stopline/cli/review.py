@@ -11,6 +11,7 @@ from rich.table import Table
 from stopline.cli import _common as c
 from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_items, run_to_json
 from stopline.cli.views import timeline as build_timeline
+from stopline.domain.lifecycle import operator
 
 __all__ = ["app"]
 
@@ -124,7 +125,7 @@ def resolve(
     async def go() -> Any:
         async with c.opened(url) as ledger:
             fn = c.method(ledger, "review resolve", "resolve_review")
-            return await fn(op_id, decision.value, by=by, note=note)
+            return await fn(op_id, decision.value, by=operator(by), note=note)
 
     result = c.run_sync(go)
     to_json = getattr(result, "to_json", None)

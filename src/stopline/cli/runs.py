@@ -18,6 +18,7 @@ from stopline.cli.views import (
     run_to_json,
     timeline,
 )
+from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
 
@@ -148,7 +149,7 @@ def cancel(
 
     async def go() -> Receipt:
         async with c.opened(url) as ledger:
-            receipt = await ledger.cancel(run_id, by=by, reason=reason)
+            receipt = await ledger.cancel(run_id, by=operator(by), reason=reason)
             latest.append(receipt)
             if not wait or receipt.settled:
                 return receipt

@@ -29,6 +29,7 @@ from starlette.templating import Jinja2Templates
 
 import stopline
 from stopline.cli.views import fmt_age, fmt_time, review_items, timeline
+from stopline.domain.lifecycle import operator
 from stopline.domain.vocab import RunState
 from stopline.errors import NotFound, StoplineError
 
@@ -167,7 +168,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         form = await request.form()
         reason = str(form.get("reason", "")).strip()[:500]
         run_id = request.path_params["run_id"]
-        receipt = await ledger.cancel(run_id, by=session.principal, reason=reason)
+        receipt = await ledger.cancel(run_id, by=operator(session.principal), reason=reason)
         return render(request, "receipt.html", receipt=receipt, by=session.principal)
 
     async def review_page(request: Request) -> Response:
@@ -199,7 +200,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             return render(request, "error.html", 400, message="decision must be committed or not")
         op_id = request.path_params["op_id"]
         note = str(form.get("note", "")).strip()[:1000]
-        await fn(op_id, decision, by=session.principal, note=note)
+        await fn(op_id, decision, by=operator(session.principal), note=note)
         op = await ledger.backend.get_operation(op_id)
         receipt = await ledger.receipt(op.run_id)
         return render(request, "receipt.html", receipt=receipt, by=session.principal)

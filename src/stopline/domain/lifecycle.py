@@ -21,6 +21,7 @@ __all__ = [
     "Checkpoint",
     "OwnerOrTenantAdmin",
     "Principal",
+    "operator",
 ]
 
 
@@ -99,6 +100,12 @@ class Principal:
 
     def __str__(self) -> str:
         return self.id
+
+
+def operator(name: str) -> Principal:
+    """An operator of every tenant: how the CLI and the console act (the default policy
+    lets operators act on any run; whoever holds the ledger holds its runs anyway)."""
+    return Principal(name, tenant="*", roles=frozenset({"operator"}))
 
 
 class AccessPolicy:

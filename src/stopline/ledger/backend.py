@@ -32,6 +32,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
+from stopline.ledger.leases import WorkerLease
 
 __all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
 
@@ -181,6 +182,9 @@ class Backend(abc.ABC):
     async def approvals(self, run_id: str) -> list[ApprovalRecord]: ...
 
     @abc.abstractmethod
+    async def get_approval(self, approval_id: str) -> ApprovalRecord: ...
+
+    @abc.abstractmethod
     async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint: ...
 
     @abc.abstractmethod
@@ -192,6 +196,39 @@ class Backend(abc.ABC):
     ) -> None: ...
 
     # -- truth (reconciliation, compensation, review, recovery) -------------------
+    @abc.abstractmethod
+    async def heartbeat(self, worker: str, *, host: str, pid: int, lease_until: float) -> None:
+        """Register ``worker`` or renew its lease; ``lease_until=0`` retires it.
+
+        A retired worker that still holds operations in flight keeps its row, with
+        an expired lease, so the next recovery reconciles them (R2).
+        """
+
+    @abc.abstractmethod
+    async def in_flight_workers(self) -> list[WorkerLease]:
+        """The workers holding requested or accepted operations (through the open index)."""
+
+    @abc.abstractmethod
+    async def recover_orphans(
+        self, workers: Collection[str], evidence: Sequence[Evidence]
+    ) -> list[OperationRecord]:
+        """Mark every requested or accepted operation of these dead workers ``unknown``
+        (cause ``crash``) in one transaction, and forget dead workers holding nothing."""
+
+    @abc.abstractmethod
+    async def begin_compensation(
+        self, spec: OperationSpec, evidence: Sequence[Evidence]
+    ) -> GateResult:
+        """Gate a compensation (``spec.compensates`` set, under the ``compensate`` grant)
+        and move the operation it corrects committed -> compensating, atomically.
+
+        Raises ``IllegalTransition`` (recording nothing) if that operation is not committed.
+        """
+
+    @abc.abstractmethod
+    async def compensations(self, op_id: str) -> list[OperationRecord]:
+        """The compensation operations linked to ``op_id``, oldest first."""
+
 
     async def __aenter__(self) -> Backend:
         return self

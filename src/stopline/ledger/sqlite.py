@@ -14,7 +14,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,8 +34,10 @@ from stopline.errors import (
 )
 from stopline.ledger import rows
 from stopline.ledger import sqlite_lifecycle as lc
+from stopline.ledger import sqlite_truth as tt
 from stopline.ledger._writer import Writer
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.leases import WorkerLease
 from stopline.ledger.schema import (
     DEFAULT_UNRESOLVED,
     MIGRATIONS,
@@ -416,6 +418,9 @@ class SQLiteBackend(Backend):
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return await self._tx(lambda conn: lc.approvals_txn(conn, run_id))
 
+    async def get_approval(self, approval_id: str) -> ApprovalRecord:
+        return await self._tx(lambda conn: lc.load_approval(conn, approval_id))
+
     async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
         return await self._tx(lambda conn: lc.checkpoint_txn(conn, run_id, name, state))
 
@@ -428,6 +433,24 @@ class SQLiteBackend(Backend):
         await self._tx(lambda conn: lc.audit_txn(conn, run_id, principal, action, allowed, detail))
 
     # -- truth (reconciliation, compensation, review, recovery) -------------------
+    async def heartbeat(self, worker: str, *, host: str, pid: int, lease_until: float) -> None:
+        await self._tx(lambda conn: tt.heartbeat_txn(conn, worker, host, pid, lease_until))
+
+    async def in_flight_workers(self) -> list[WorkerLease]:
+        return await self._tx(tt.in_flight_workers_txn)
+
+    async def recover_orphans(
+        self, workers: Collection[str], evidence: Sequence[Evidence]
+    ) -> list[OperationRecord]:
+        return await self._tx(lambda conn: tt.recover_orphans_txn(conn, workers, evidence))
+
+    async def begin_compensation(
+        self, spec: OperationSpec, evidence: Sequence[Evidence]
+    ) -> GateResult:
+        return await self._tx(lambda conn: tt.begin_compensation_txn(conn, spec, evidence))
+
+    async def compensations(self, op_id: str) -> list[OperationRecord]:
+        return await self._tx(lambda conn: tt.compensations_txn(conn, op_id))
 
 
 def _wanted_open_statuses(statuses: Collection[OpStatus] | None) -> list[str]:

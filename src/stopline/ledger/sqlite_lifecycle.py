@@ -29,6 +29,7 @@ __all__ = [
     "checkpoint_txn",
     "decide_approval_txn",
     "last_checkpoint_txn",
+    "load_approval",
     "pause_txn",
     "request_approval_txn",
     "resume_txn",
@@ -269,7 +270,7 @@ def _approval(row: Any) -> ApprovalRecord:
     )
 
 
-def _load_approval(conn: sqlite3.Connection, approval_id: str) -> ApprovalRecord:
+def load_approval(conn: sqlite3.Connection, approval_id: str) -> ApprovalRecord:
     row = conn.execute(
         f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)
     ).fetchone()
@@ -304,13 +305,13 @@ def request_approval_txn(
         None,
         {"approval": approval_id, "scope": scope, "approver": approver},
     )
-    return _load_approval(conn, approval_id)
+    return load_approval(conn, approval_id)
 
 
 def decide_approval_txn(
     conn: sqlite3.Connection, approval_id: str, granted: bool, by: str, expires_at: float | None
 ) -> ApprovalRecord:
-    approval = _load_approval(conn, approval_id)
+    approval = load_approval(conn, approval_id)
     if approval.status is not ApprovalStatus.PENDING:
         raise IllegalTransition(
             approval.status, ApprovalStatus.GRANTED if granted else ApprovalStatus.DENIED
@@ -331,7 +332,7 @@ def decide_approval_txn(
         None,
         {"approval": approval_id, "by": by, "expires_at": expires_at},
     )
-    return _load_approval(conn, approval_id)
+    return load_approval(conn, approval_id)
 
 
 def approvals_txn(conn: sqlite3.Connection, run_id: str) -> list[ApprovalRecord]:

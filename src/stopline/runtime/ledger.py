@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import (
@@ -91,13 +92,18 @@ class Ledger(LifecycleMixin, TruthMixin):
         verify: VerifyBudget | None = None,
         backend: Backend | None = None,
         observers: Sequence[Callable[[Backend], Backend]] = (),
+        access: AccessPolicy | None = None,
     ) -> None:
         self.url = resolve_url(url)
+        # R11: who may cancel, pause, resume, approve and resolve; the default lets the
+        # owner, a tenant admin and an operator act
+        self.access: AccessPolicy = access or OwnerOrTenantAdmin()
         # each observer wraps the backend to see every durable write (stopline.telemetry)
         self._observers = tuple(observers)
         self.verify_budget = verify or VerifyBudget()
         self._backend = backend
         self._tg: TaskGroup | None = None
+        self._closing = False
         self._local: dict[str, Run] = {}
         self._tools: dict[str, Tool[Any]] = {}
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
@@ -125,7 +131,7 @@ class Ledger(LifecycleMixin, TruthMixin):
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tg, self._tg = self._tg, None
+        tg, self._tg, self._closing = self._tg, None, True
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
@@ -137,6 +143,8 @@ class Ledger(LifecycleMixin, TruthMixin):
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start background work that outlives the caller's scope."""
         if self._tg is None:
+            if self._closing:
+                return  # closing: background work stops with the ledger (see the module doc)
             raise RuntimeError("the ledger is not open")
         self._tg.start_soon(fn, *args)
 
@@ -161,38 +169,54 @@ class Ledger(LifecycleMixin, TruthMixin):
         tenant: str = "default",
         run_id: str | None = None,
         parent_id: str | None = None,
+        shared: bool = False,
         policy: Policy = Policy.VERIFY,
     ) -> RunContext:
+        """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
         spec = RunSpec(
             id=run_id or f"run_{uuid.uuid4().hex[:16]}",
             name=name,
             owner=owner,
             tenant=tenant,
             parent_id=parent_id,
+            shared=shared,
             policy=policy,
         )
         return RunContext(self, spec, attach=run_id is not None)
 
-    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> Receipt:
-        """Fence the run (durably, first), interrupt local work, ask providers; R7 idempotent.
+    async def cancel(
+        self, run_id: str, *, by: str | Principal, reason: str = ""
+    ) -> Receipt:
+        """Fence the run and what it owns exclusively (durably, first, in one transaction),
+        then interrupt local work by phase policy and ask providers that can to cancel.
 
-        Returns the receipt as it stands now; ``wait_settled`` gives the final one.
+        Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
+        the final one. Checked against ``access`` (R11).
         """
-        _, first = await self.backend.run_event(run_id, RunEvent.CANCEL, by=by, reason=reason)
-        if first:
-            run = self._local.get(run_id)
+        principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
+        for fenced in result.fenced:
+            run = self._local.get(fenced)
             if run is not None:
                 inflight = list(run._inflight.values())
                 run._deliver_cancel()
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
-            self._changed(run_id)
-            self.spawn(self._settler.advance, run_id)
+            self._changed(fenced)
+        for released in result.released:
+            self._changed(released)
+        if result.fenced:
+            self.spawn(self._advance_all, result.fenced)
         return await self.receipt(run_id)
 
+    async def _advance_all(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            await self._settler.advance(run_id)
+
     async def receipt(self, run_id: str) -> Receipt:
+        """What happened: this run's operations and those of the runs it owns exclusively."""
         run = await self.backend.get_run(run_id)
-        return build_receipt(run, await self.backend.operations(run_id))
+        return build_receipt(run, await self.backend.operations(run_id, descendants=True))
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -291,6 +315,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = self._local.get(op.run_id)
         if run is None or run.cancel_requested:
             self.spawn(self._settler.advance, op.run_id)
+        elif run.pause_requested and not run._inflight:
+            self.spawn(self._settle_pause, op.run_id)
 
 
 class RunContext:
@@ -365,9 +391,10 @@ def open(
     *,
     verify: VerifyBudget | None = None,
     observers: Sequence[Callable[[Backend], Backend]] = (),
+    access: AccessPolicy | None = None,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``.
     """
-    return Ledger(url, verify=verify, observers=observers)
+    return Ledger(url, verify=verify, observers=observers, access=access)

@@ -23,11 +23,13 @@ from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseK
 from stopline.errors import OperationInDoubt, RunCancelled
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
+from stopline.runtime.lifecycle import ApprovalRequired, Retry
 from stopline.runtime.tool import NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
+    from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
     from stopline.domain.receipt import Receipt
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.ledger import Ledger, RunContext
 
 __all__ = ["Run"]
 
@@ -53,6 +55,7 @@ class Run:
         self.cancel_requested = False
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
+        self.pause_requested = False
 
     # -- the gate's caller ---------------------------------------------------
     async def call(
@@ -61,9 +64,17 @@ class Run:
         *args: Any,
         key: str | None = None,
         timeout: float | None = None,
+        needs_approval: bool = False,
+        retry: Retry | None = None,
         **kwargs: Any,
     ) -> R:
-        """Run a tool. Effectful tools pass the gate first; reads go straight through."""
+        """Run a tool. Effectful tools pass the gate first; reads go straight through.
+
+        ``key`` names the operation (its idempotency key; by default the call's
+        position in the run, so a replay recognises it). ``needs_approval``: the
+        gate lets it pass only with a granted, unexpired approval for ``key``.
+        ``retry``: further attempts after a refusal, each through the gate.
+        """
         t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
         if not t.effects:
             return await t.fn(*args, **kwargs)
@@ -80,8 +91,18 @@ class Run:
             can_verify=t.verify_fn is not None,
             can_compensate=t.compensate_fn is not None,
             worker=self._ledger.worker_id,
+            needs_approval=needs_approval,
         )
-        return await self._gated(t, spec, args, kwargs, timeout, replayed=False)
+        if retry is None:
+            return await self._gated(t, spec, args, kwargs, timeout, replayed=False)
+        for delay in [*retry.delays(), None]:
+            try:
+                return await self._gated(t, spec, args, kwargs, timeout, replayed=False)
+            except (Rejected, NoAnswer, TimeoutError, ConnectionError):
+                if delay is None:
+                    raise
+            await anyio.sleep(delay)  # the next attempt passes the gate again (R1)
+        raise AssertionError("unreachable")
 
     async def _gated(
         self,
@@ -100,6 +121,8 @@ class Run:
         if gate.verdict is GateVerdict.PREVENTED:
             self.cancel_requested = True
             raise RunCancelled(self.id, spec.id)
+        if gate.verdict is GateVerdict.NEEDS_APPROVAL:
+            raise ApprovalRequired(spec.id, await self._ledger.why_not_approved(self.id, spec.id))
         if gate.verdict is GateVerdict.EXISTING:
             assert gate.operation is not None
             op = gate.operation
@@ -201,6 +224,25 @@ class Run:
         finally:
             self.phase_kind, self.policy = previous
         self.boundary()
+
+    def child(self, name: str, *, shared: bool = False, run_id: str | None = None) -> RunContext:
+        """A sub-agent's run, owned by this one (exclusively unless ``shared``)."""
+        return self._ledger.run(
+            name,
+            owner=self.owner,
+            tenant=self.tenant,
+            run_id=run_id,
+            parent_id=self.id,
+            shared=shared,
+        )
+
+    async def checkpoint(self, name: str, state: Any = None) -> Checkpoint:
+        """An evidenced checkpoint (R10): refused while any operation is unresolved."""
+        return await self._ledger.backend.checkpoint(self.id, name, state)
+
+    async def request_approval(self, key: str, *, approver: str) -> ApprovalRecord:
+        """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
+        return await self._ledger.request_approval(self.id, key, approver=approver, by=self.owner)
 
     def boundary(self) -> None:
         """A safe point: raise ``RunCancelled`` if a cancel was committed."""
