@@ -350,7 +350,8 @@ class SQLiteBackend(Backend):
             sql = (
                 "WITH RECURSIVE tree(id) AS (SELECT ? UNION"
                 " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
-                " WHERE o.exclusive = 1)"
+                # exclusive ownership is never released; saying so lets the partial index serve
+                " WHERE o.exclusive = 1 AND o.released_at IS NULL)"
                 f" SELECT {rows.OP_COLUMNS} FROM operations"
                 " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, rowid"
             )
@@ -539,8 +540,8 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
             target = apply(OPERATION_TABLE, existing.status, OpEvent.GATE_PASSED)
             conn.execute(
                 "UPDATE operations SET status = ?, attempts = attempts + 1, cancel_state = 'none',"
-                " updated_at = ? WHERE id = ? AND status = ?",
-                (target.value, now, spec.id, existing.status.value),
+                " updated_at = ?, worker = ? WHERE id = ? AND status = ?",  # this attempt's worker
+                (target.value, now, spec.worker, spec.id, existing.status.value),
             )
             _event(
                 conn,

@@ -84,6 +84,7 @@ def add_owner_txn(conn: sqlite3.Connection, run_id: str, owner_run: str, exclusi
 def _fence_closure(conn: sqlite3.Connection, root: str, now: float) -> tuple[list[str], list[str]]:
     """The runs a cancel of ``root`` fences, and the shared children it lets go."""
     fenced, released = [root], []
+    seen = {root}  # membership in O(1): a tree of 10,000 children is a normal case
     frontier = [root]
     while frontier:
         marks = ",".join("?" * len(frontier))
@@ -94,9 +95,10 @@ def _fence_closure(conn: sqlite3.Connection, root: str, now: float) -> tuple[lis
         ).fetchall()
         frontier = []
         for child, owner, exclusive in children:
-            if child in fenced:
+            if child in seen:
                 continue
             if exclusive:
+                seen.add(child)
                 fenced.append(child)
                 frontier.append(child)
                 continue
@@ -110,6 +112,7 @@ def _fence_closure(conn: sqlite3.Connection, root: str, now: float) -> tuple[lis
                 (child,),
             ).fetchone()[0]
             if remaining == 0:  # its last owner is gone
+                seen.add(child)
                 fenced.append(child)
                 frontier.append(child)
     return fenced, released
