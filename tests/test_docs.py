@@ -63,8 +63,13 @@ def test_docs_have_examples() -> None:
 def test_doc_example_runs(code: str, expected: str | None, tmp_path: Path) -> None:
     env = {**os.environ, "STOPLINE_LEDGER": f"sqlite:///{tmp_path / 'stopline.db'}"}
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     if expected is not None:

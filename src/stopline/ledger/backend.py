@@ -229,7 +229,6 @@ class Backend(abc.ABC):
     async def compensations(self, op_id: str) -> list[OperationRecord]:
         """The compensation operations linked to ``op_id``, oldest first."""
 
-
     async def __aenter__(self) -> Backend:
         return self
 

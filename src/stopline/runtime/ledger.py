@@ -184,9 +184,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         )
         return RunContext(self, spec, attach=run_id is not None)
 
-    async def cancel(
-        self, run_id: str, *, by: str | Principal, reason: str = ""
-    ) -> Receipt:
+    async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
         then interrupt local work by phase policy and ask providers that can to cancel.
 
