@@ -319,3 +319,31 @@ async def test_r11_another_tenant_can_neither_see_nor_cancel(ledger: stopline.Le
     ]
     cancel = next(e for e in await ledger.backend.events(run.id) if e.kind == "cancel")
     assert cancel.data["by"] == "user:7"  # the allowed action is on the trail too
+
+
+async def test_r10_approvals_that_expired_during_a_pause_are_asked_again(
+    ledger: stopline.Ledger,
+) -> None:
+    pay = FakeProvider("pay")
+    async with ledger.run("job", owner="user:1") as run:
+        approval = await run.request_approval("pay", approver="manager:1")
+        await ledger.approve(approval.id, by="manager:1", ttl=0)  # expires at once
+        await ledger.pause(run.id, by="user:1")
+        resumed = await ledger.resume(run.id, by="user:1")
+        assert resumed.expired_approvals == (approval.id,)
+        (record,) = await ledger.backend.approvals(run.id)
+        assert record.status is ApprovalStatus.EXPIRED
+        with pytest.raises(ApprovalRequired, match="expired"):
+            await run.call(pay.tool, 5, key="pay", needs_approval=True)
+        again = await run.request_approval("pay", approver="manager:1")
+        await ledger.approve(again.id, by="manager:1")
+        await run.call(pay.tool, 5, key="pay", needs_approval=True)
+    assert pay.effects == [f"{run.id}/pay"]
+
+
+async def test_r11_reads_hide_other_tenants_runs(ledger: stopline.Ledger) -> None:
+    async with ledger.run("job", owner="user:1", tenant="acme") as run:
+        pass
+    assert (await ledger.receipt(run.id, by=Principal("u", tenant="acme"))).run_id == run.id
+    with pytest.raises(UnknownRun):
+        await ledger.receipt(run.id, by=Principal("u", tenant="globex"))

@@ -211,9 +211,14 @@ class Ledger(LifecycleMixin, TruthMixin):
         for run_id in run_ids:
             await self._settler.advance(run_id)
 
-    async def receipt(self, run_id: str) -> Receipt:
-        """What happened: this run's operations and those of the runs it owns exclusively."""
+    async def receipt(self, run_id: str, *, by: str | Principal | None = None) -> Receipt:
+        """What happened: this run's operations and those of the runs it owns exclusively.
+
+        With ``by``, a principal of another tenant is told the run does not exist (R11).
+        """
         run = await self.backend.get_run(run_id)
+        if by is not None and not self.access.visible(Principal.of(by), run):
+            raise UnknownRun(run_id)
         return build_receipt(run, await self.backend.operations(run_id, descendants=True))
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
