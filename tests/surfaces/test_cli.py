@@ -225,25 +225,28 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, seeded: tuple[str
             assert len(done.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(
-    ("args", "method"),
-    [
-        (("pause", "RUN"), "pause"),
-        (("resume", "RUN"), "resume"),
-        (("reconcile",), "reconcile"),
-        (("review", "resolve", "OP", "--as", "committed"), "resolve_review"),
-    ],
-)
-def test_commands_the_runtime_does_not_offer_yet_say_so(
-    seeded: tuple[str, Seeded], args: tuple[str, ...], method: str
-) -> None:
-    if hasattr(stopline.Ledger, method):
-        pytest.skip(f"Ledger.{method} exists: covered by the lifecycle tests")
-    url, ids = seeded
-    args = tuple(ids.running if a == "RUN" else a for a in args)
-    done = stopline_cli(*args, ledger=url)
-    assert done.returncode == EXIT_ERROR
-    assert "not available in this version" in done.stderr
+def test_pause_and_resume(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    idle = anyio.run(_left_running, url, False)
+    paused = stopline_cli("pause", idle, "--reason", "lunch", "--json", ledger=url)
+    assert paused.returncode == EXIT_OK, paused.stderr
+    assert as_json(paused)["run_state"] == "paused"
+    resumed = stopline_cli("resume", idle, "--json", ledger=url)
+    assert resumed.returncode == EXIT_OK, resumed.stderr
+    assert as_json(resumed)["run_state"] == "running"
+    assert (
+        "Resumed run"
+        in stopline_cli("pause", idle, ledger=url).stdout
+        + stopline_cli("resume", idle, ledger=url).stdout
+    )
+
+
+def test_pause_with_a_call_in_flight_exits_pending(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    busy = anyio.run(_left_running, url, True)
+    done = stopline_cli("pause", busy, "--json", ledger=url)
+    assert done.returncode == EXIT_PENDING, done.stderr
+    assert as_json(done)["run_state"] == "pausing"
 
 
 def test_console_script_and_module_agree() -> None:

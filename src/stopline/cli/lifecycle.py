@@ -13,6 +13,7 @@ import typer
 from stopline.cli import _common as c
 from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import RunState
 
 __all__ = ["register"]
 
@@ -58,7 +59,10 @@ def pause(
     result = _lifecycle(
         c.options(ctx).url, "pause", "pause", run_id, by=operator(by), reason=reason
     )
-    raise typer.Exit(_show(result, as_json))
+    _show(result, as_json)
+    # 0 once paused; 3 while pausing (a call in flight finishes first)
+    paused = isinstance(result, Receipt) and result.run_state is RunState.PAUSED
+    raise typer.Exit(c.EXIT_OK if paused else c.EXIT_PENDING)
 
 
 def resume(
