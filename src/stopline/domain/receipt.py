@@ -63,6 +63,8 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
     (awaiting confirmation, correction, kept actions) only on a cancelled one.
     """
     statuses = {op.status for op in ops}
+    # a correction's own progress is the correction of another line, not a new action
+    primary = {op.status for op in ops if op.compensates is None}
     if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
         return Headline.NEEDS_REVIEW
     if run.state is RunState.NEEDS_REVIEW:
@@ -71,13 +73,13 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
         return Headline.VERIFYING
     if run.state not in _CANCELLED_STATES:
         return _STATE_HEADLINES.get(run.state, Headline.RUNNING)
-    if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
+    if primary & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
         return Headline.AWAITING_CONFIRMATION
-    if OpStatus.COMPENSATING in statuses:
+    if OpStatus.COMPENSATING in primary:
         return Headline.CORRECTION_QUEUED
-    if OpStatus.COMMITTED in statuses:
+    if OpStatus.COMMITTED in primary:
         return Headline.STOPPED_WITH_COMPLETED_ACTIONS
-    if OpStatus.COMPENSATED in statuses:
+    if OpStatus.COMPENSATED in primary:
         return Headline.CORRECTED
     return Headline.CANCELED_BEFORE_EXTERNAL_ACTION
 
@@ -99,9 +101,10 @@ def _cancel_words(op: OperationRecord) -> str:
         if op.provider_can_cancel:
             asked = " (cancel asked)" if op.cancel_state == CancelState.ASKED else ""
             return "the provider can still cancel it" + asked
-        if op.cancellable is Cancellable.NEVER or op.status is not OpStatus.REQUESTED:
-            # R12: said exactly when it matters, while it is in flight
-            return "the provider cannot cancel it once accepted"
+        # R12: said exactly when it matters, while it is in flight
+        if op.status is OpStatus.REQUESTED and op.cancellable is Cancellable.NEVER:
+            return "the provider cannot cancel it"
+        return "the provider cannot cancel it once accepted"
     return ""
 
 
@@ -111,11 +114,19 @@ def _recovery(op: OperationRecord) -> str:
     if op.status.in_flight:
         if op.provider_can_cancel:
             return "waiting for the provider's answer to the cancel"
-        return "waiting for the outcome; then verify" if op.can_verify else "waiting for outcome"
+        # R12: it will run to its end at the provider; say what happens then
+        then = "verify by reading the destination" if op.can_verify else "human review if no answer"
+        if op.can_compensate and op.compensates is None:
+            then += "; if it completed, it can be corrected by its compensation"
+        return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:
         return "a reviewer decides committed or not committed"
-    if op.status is OpStatus.COMMITTED and op.can_compensate:
+    if op.status is OpStatus.COMMITTED and op.can_compensate and op.compensates is None:
         return "can be corrected by its compensation"
+    if op.status is OpStatus.COMPENSATING:
+        return "correction queued; its outcome is verified before this run closes"
+    if op.status is OpStatus.COMPENSATION_FAILED:
+        return "a reviewer decides: committed, not committed, or correct it again"
     return ""
 
 
@@ -211,7 +222,7 @@ def _resume_rule(run: RunRecord) -> str:
 
 def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
     headline = headline_for(run, ops)
-    committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED)
+    committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     message = HEADLINE_MESSAGES[headline].format(n=committed)
     lines = tuple(
         OperationLine(

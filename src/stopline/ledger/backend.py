@@ -11,8 +11,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
+
+import anyio
+import anyio.abc
 
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import (
@@ -228,6 +231,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def compensations(self, op_id: str) -> list[OperationRecord]:
         """The compensation operations linked to ``op_id``, oldest first."""
+
+    # -- many processes (optional) ------------------------------------------------
+    async def watch_cancels(
+        self,
+        on_cancel: Callable[[list[str]], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_cancel(run_ids)`` for every cancel committed by any process, until
+        cancelled; ``task_status.started()`` once listening.
+
+        Only speeds up the interruption of in-flight work: the gate reads the fence,
+        so a lost notification never lets a dispatch through (R1). The default
+        watches nothing (a backend serving one process needs nothing more).
+        """
+        task_status.started()
 
     async def __aenter__(self) -> Backend:
         return self

@@ -93,6 +93,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         backend: Backend | None = None,
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
+        tools: Sequence[Tool[Any]] = (),
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
@@ -105,7 +106,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._tg: TaskGroup | None = None
         self._closing = False
         self._local: dict[str, Run] = {}
-        self._tools: dict[str, Tool[Any]] = {}
+        self._tools: dict[str, Tool[Any]] = {t.name: t for t in reversed(tools)}
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
@@ -122,10 +123,18 @@ class Ledger(LifecycleMixin, TruthMixin):
     async def __aenter__(self) -> Ledger:
         if self._backend is None:
             self._backend = await open_backend(self.url)
+        raw = self._backend  # observers wrap the seam's methods, not the notification hook
         for observe in self._observers:
             self._backend = observe(self._backend)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        try:
+            # cancels committed by other processes reach this one's in-flight calls
+            await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
+            await self.recover()  # register this worker; reconcile what dead ones left (R2)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(
@@ -138,6 +147,7 @@ class Ledger(LifecycleMixin, TruthMixin):
                 await tg.__aexit__(None, None, None)
         finally:
             with anyio.CancelScope(shield=True):
+                await self._retire()
                 await self.backend.close()
 
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
@@ -193,19 +203,29 @@ class Ledger(LifecycleMixin, TruthMixin):
         """
         principal, _ = await self.authorize(by, Action.CANCEL, run_id)
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
-        for fenced in result.fenced:
-            run = self._local.get(fenced)
-            if run is not None:
-                inflight = list(run._inflight.values())
-                run._deliver_cancel()
-                for ctx in inflight:
-                    self._settler.ask_provider_cancel(ctx)
-            self._changed(fenced)
+        self._interrupt_local(result.fenced)
         for released in result.released:
             self._changed(released)
         if result.fenced:
             self.spawn(self._advance_all, result.fenced)
         return await self.receipt(run_id)
+
+    def _interrupt_local(self, run_ids: Sequence[str]) -> None:
+        """Deliver a committed cancel to this process's runs: interrupt by phase policy
+        and ask providers that can to cancel what is in flight. Once per run: the
+        cancel's own return and its notification may both bring it."""
+        for fenced in run_ids:
+            run = self._local.get(fenced)
+            if run is not None and not run.cancel_requested:
+                inflight = list(run._inflight.values())
+                run._deliver_cancel()
+                for ctx in inflight:
+                    self._settler.ask_provider_cancel(ctx)
+            self._changed(fenced)
+
+    def _on_remote_cancel(self, run_ids: list[str]) -> None:
+        """A cancel committed by any process (the backend's notification; our own too)."""
+        self._interrupt_local(run_ids)
 
     async def _advance_all(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
@@ -313,6 +333,7 @@ class Ledger(LifecycleMixin, TruthMixin):
 
     def _after_change(self, op: OperationRecord) -> None:
         self._changed(op.run_id)
+        self._after_truth_change(op)
         if op.status is OpStatus.UNKNOWN:
             self._settler.verify_soon(op)
         run = self._local.get(op.run_id)
@@ -395,9 +416,11 @@ def open(
     verify: VerifyBudget | None = None,
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
+    tools: Sequence[Tool[Any]] = (),
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
-    Use it as ``async with stopline.open(url) as ledger``.
+    Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
+    from the start, so operations a crashed worker left in doubt can be verified.
     """
-    return Ledger(url, verify=verify, observers=observers, access=access)
+    return Ledger(url, verify=verify, observers=observers, access=access, tools=tools)

@@ -4,11 +4,15 @@
 cancelled | needs_review`` as the evidence comes in; it is safe to call at
 any time and from many places (it takes a per-run lock and re-reads the
 ledger). Verification only reads (R5); an operation whose read-back budget
-is spent, or whose tool has no verifier, goes to review.
+is spent, or whose tool has no verifier, goes to review. A cancelled run's
+committed operations whose tool declares ``compensation=always`` are
+corrected before the run settles (S8).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -21,16 +25,28 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.ledger import Ledger, VerifyBudget
 
 __all__ = ["Settler"]
+
+_CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
 
 
 class Settler:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self._locks: dict[str, anyio.Lock] = {}
-        self._verifying: set[str] = set()
+        self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
+        self.busy = 0  # background steps running now (tests wait for quiescence on it)
+
+    @contextlib.asynccontextmanager
+    async def working(self) -> AsyncIterator[None]:
+        """Count a background step while it runs."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
 
     # -- providers ---------------------------------------------------------------
     def ask_provider_cancel(self, ctx: CallContext) -> None:
@@ -42,6 +58,10 @@ class Settler:
         self._ledger.spawn(self._ask, ctx)
 
     async def _ask(self, ctx: CallContext) -> None:
+        async with self.working():
+            await self._ask_provider(ctx)
+
+    async def _ask_provider(self, ctx: CallContext) -> None:
         ledger = self._ledger
         assert ctx.tool.cancel_fn is not None
         await ledger.backend.note(ctx.op_id, "cancel_asked", {}, cancel_state=CancelState.ASKED)
@@ -67,56 +87,76 @@ class Settler:
             ledger._changed(ctx.run_id)
 
     # -- verification (R5: reads only) -----------------------------------------------
-    def verify_soon(self, op: OperationRecord) -> None:
-        if op.id in self._verifying:
-            return
-        tool = self._ledger._tools.get(op.tool)
-        if tool is None:
-            return  # not verifiable from this process; the reconciler takes it
-        self._verifying.add(op.id)
-        self._ledger.spawn(self._verify, op)
+    def can_verify_here(self, op: OperationRecord) -> bool:
+        """A read-back (or, with no verifier declared, an escalation) is possible here."""
+        return op.tool in self._ledger._tools or not op.can_verify
 
-    async def _verify(self, op: OperationRecord) -> None:
+    def verify_soon(self, op: OperationRecord) -> None:
+        if op.id in self._verifying or not self.can_verify_here(op):
+            return  # in hand already; or not verifiable from this process: a reconcile takes it
+        self._verifying[op.id] = anyio.Event()
+        self._ledger.spawn(self._verify, op, None)
+
+    async def verify_with_budget(
+        self, op: OperationRecord, budget: VerifyBudget | None = None
+    ) -> OperationRecord:
+        """Verify until proven, escalated or settled meanwhile; join one already running."""
+        running = self._verifying.get(op.id)
+        if running is not None:
+            await running.wait()
+            return await self._ledger.backend.get_operation(op.id)
+        if not self.can_verify_here(op):
+            return op
+        self._verifying[op.id] = anyio.Event()
+        return await self._verify(op, budget)
+
+    async def _verify(self, op: OperationRecord, budget: VerifyBudget | None) -> OperationRecord:
         ledger = self._ledger
+        current = op
         try:
-            delays = [*ledger.verify_budget.delays(), None]
-            for delay in delays:
-                current = await self.read_back(op)
-                if current.status is not OpStatus.UNKNOWN:
-                    return  # proven, escalated, or settled meanwhile by a late response
-                if delay is not None:
-                    await anyio.sleep(delay)
-            await ledger._resolve(
-                op.id,
-                OutcomeUpdate(
-                    OpEvent.ESCALATED,
-                    [
-                        Evidence.local(
-                            "verify_budget_spent", f"{len(delays)} read-backs found no answer"
-                        )
-                    ],
-                ),
-            )
+            async with self.working():
+                delays = [*(budget or ledger.verify_budget).delays(), None]
+                current = await ledger.backend.get_operation(op.id)  # read after a stale list
+                for delay in delays:
+                    if current.status is not OpStatus.UNKNOWN:
+                        return current
+                    current = await self.read_back(current)
+                    if current.status is not OpStatus.UNKNOWN:
+                        return current  # proven, escalated, or settled by a late response
+                    if delay is not None:
+                        await anyio.sleep(delay)  # backoff between read-backs
+                spent = Evidence.local(
+                    "verify_budget_spent", f"{len(delays)} read-backs found no answer"
+                )
+                current = await ledger._resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
+                return current
         finally:
-            self._verifying.discard(op.id)
+            done = self._verifying.pop(op.id, None)
+            if done is not None:
+                done.set()
 
     async def read_back(self, op: OperationRecord) -> OperationRecord:
         """One read-only look at the destination; records what it proves (R5)."""
         ledger = self._ledger
         tool = ledger._tools.get(op.tool)
-        if tool is None:
-            return op
-        if tool.verify_fn is None:
+        verify_fn = None
+        if tool is not None:
+            verify_fn = tool.compensation_verify_fn if op.compensates else tool.verify_fn
+        elif op.can_verify:
+            return op  # its tool is not registered here: leave it for one that has it
+        if verify_fn is None:
+            name = op.tool if tool is None else tool.name
             return await ledger._resolve(
                 op.id,
                 OutcomeUpdate(
                     OpEvent.ESCALATED,
-                    [Evidence.local("no_verifier", f"tool {tool.name!r} has no read-back")],
+                    [Evidence.local("no_verifier", f"tool {name!r} has no read-back")],
                 ),
             )
-        ctx = CallContext(ledger, op.run_id, op.id, tool)
+        assert tool is not None
+        ctx = await ledger._call_context(op, tool)
         try:
-            answer = await tool.verify_fn(ctx)
+            answer = await verify_fn(ctx)
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
         except Exception as exc:
             read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
@@ -138,11 +178,15 @@ class Settler:
     # -- the run -------------------------------------------------------------------
     async def advance(self, run_id: str) -> None:
         """Move a cancelled run towards settled, as far as the evidence allows."""
+        async with self.working():
+            await self._advance(run_id)
+
+    async def _advance(self, run_id: str) -> None:
         ledger = self._ledger
         lock = self._locks.setdefault(run_id, anyio.Lock())
         async with lock:
             run = await ledger.backend.get_run(run_id)
-            if run.state not in (RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW):
+            if run.state not in _CANCELLED:
                 return
             if run_id in ledger._local and ledger._local[run_id]._inflight:
                 return  # local calls still running; their outcomes call us again
@@ -150,8 +194,14 @@ class Settler:
             statuses = {op.status for op in ops}
             if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                 return
+            if run.state is not RunState.NEEDS_REVIEW and await ledger._auto_compensate(ops):
+                ops = await ledger.backend.operations(run_id)
+                statuses = {op.status for op in ops}
             try:
-                if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
+                if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
+                    if run.state is RunState.CANCELLING:  # a correction is on its way
+                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
+                elif statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
                     if run.state is RunState.CANCELLING:
                         await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
                     for op in ops:

@@ -22,10 +22,23 @@ from stopline.errors import StoplineError
 if TYPE_CHECKING:
     from stopline.runtime.context import CallContext
 
-__all__ = ["NoAnswer", "ReadBack", "Rejected", "Tool", "Verdict", "tool"]
+__all__ = ["Compensation", "NoAnswer", "ReadBack", "Rejected", "Tool", "Verdict", "tool"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class Compensation(enum.StrEnum):
+    """Whether a cancel corrects this tool's completed operations by itself.
+
+    ``never``: only when a principal asks (``ledger.compensate``); ``ask``: on
+    cancel the correction is proposed to a principal (recorded on the operation);
+    ``always``: on cancel the correction is queued at once.
+    """
+
+    NEVER = "never"
+    ASK = "ask"
+    ALWAYS = "always"
 
 
 class Verdict(enum.StrEnum):
@@ -90,6 +103,7 @@ class Tool(Generic[R]):
         description: str = "",
         effects: bool = True,
         cancellable: Cancellable = Cancellable.NEVER,
+        compensation: Compensation = Compensation.NEVER,
     ) -> None:
         self.fn = fn
         self.name: str = name or str(getattr(fn, "__name__", "tool"))
@@ -99,6 +113,8 @@ class Tool(Generic[R]):
         self.cancel_fn: CancelFn | None = None
         self.verify_fn: VerifyFn | None = None
         self.compensate_fn: CompensateFn | None = None
+        self.compensation = compensation
+        self.compensation_verify_fn: VerifyFn | None = None
         self.wants_context = effects and _first_param_is_context(fn)
 
     def canceller(self, fn: CancelFn) -> CancelFn:
@@ -114,7 +130,13 @@ class Tool(Generic[R]):
         return fn
 
     def compensator(self, fn: CompensateFn) -> CompensateFn:
+        """Register the correction of a committed call; ``ctx.compensates`` is its key."""
         self.compensate_fn = fn
+        return fn
+
+    def compensation_verifier(self, fn: VerifyFn) -> VerifyFn:
+        """Register the read-back of a correction, by the correction's own key."""
+        self.compensation_verify_fn = fn
         return fn
 
     def __repr__(self) -> str:
@@ -145,6 +167,7 @@ def tool(
     description: str = "",
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
+    compensation: Compensation = Compensation.NEVER,
 ) -> Callable[[Callable[P, Awaitable[R]]], Tool[R]]: ...
 
 
@@ -156,10 +179,18 @@ def tool(
     description: str = "",
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
+    compensation: Compensation = Compensation.NEVER,
 ) -> Tool[R] | Callable[[Callable[P, Awaitable[R]]], Tool[R]]:
     """Declare a tool; ``effects=False`` marks a read that needs no gate record."""
 
     def wrap(f: Callable[P, Awaitable[R]]) -> Tool[R]:
-        return Tool(f, name=name, description=description, effects=effects, cancellable=cancellable)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            effects=effects,
+            cancellable=cancellable,
+            compensation=compensation,
+        )
 
     return wrap(fn) if fn is not None else wrap

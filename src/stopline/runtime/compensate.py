@@ -1,0 +1,236 @@
+"""Compensation: correcting a committed operation with an operation of its own (S8).
+
+A compensation is a full operation: its own id (``<op id>~compensate``, then
+``~compensate.2`` ... for later attempts), its own gate pass under the
+``compensate`` grant (which a cancel keeps), its own outcome and evidence,
+linked to the operation it corrects by ``compensates``. Starting one moves
+the corrected operation ``committed -> compensating`` in the same transaction
+as the gate (``Backend.begin_compensation``), so a crash never leaves one
+without the other. The compensation's outcome then settles the link:
+committed -> the original is ``compensated``; not committed -> the original's
+``compensation_failed`` goes to review; unknown -> verified like any
+operation, the link waiting meanwhile.
+
+The runner lives on the ledger's task group, not the workflow's scope: a
+cancel of the run does not stop it (R7). Only ``stop_compensation`` by a
+principal with that right does, and only in the process running it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
+from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, OpEvent, OpStatus
+from stopline.errors import IllegalTransition, NotPermitted
+from stopline.ledger.backend import GateVerdict, OutcomeUpdate
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import Compensation, NoAnswer, Rejected, Tool
+
+if TYPE_CHECKING:
+    from stopline.runtime.ledger import Ledger
+
+__all__ = ["CompensationContext", "Compensator", "compensation_id"]
+
+
+def compensation_id(op_id: str, attempt: int) -> str:
+    """The id (and idempotency key) of the ``attempt``-th correction of ``op_id``."""
+    return f"{op_id}~compensate" if attempt <= 1 else f"{op_id}~compensate.{attempt}"
+
+
+class CompensationContext(CallContext):
+    """What a compensator sees: ``key`` is the correction's own idempotency key,
+    ``compensates`` the key of the operation it corrects, ``original`` its record."""
+
+    __slots__ = ("compensates", "original")
+
+    def __init__(
+        self, ledger: Ledger, original: OperationRecord, op_id: str, tool: Tool[object]
+    ) -> None:
+        super().__init__(ledger, original.run_id, op_id, tool)
+        self.compensates = original.id
+        self.original = original
+
+
+class Compensator:
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        self._scopes: dict[str, anyio.CancelScope] = {}  # original id -> its running correction
+        self._done: dict[str, anyio.Event] = {}
+        self._proposed: set[str] = set()
+        self._links: dict[str, anyio.Lock] = {}
+
+    def tool_for(self, op: OperationRecord) -> Tool[Any]:
+        """The registered tool that can correct ``op``, or ``NotPermitted`` saying why not."""
+        if op.compensates is not None:
+            raise NotPermitted(f"operation {op.id!r} is itself a correction; it is not corrected")
+        tool = self._ledger._tools.get(op.tool)
+        if not op.can_compensate or (tool is not None and tool.compensate_fn is None):
+            raise NotPermitted(
+                f"operation {op.id!r} cannot be corrected: tool {op.tool!r} declares no compensator"
+            )
+        if tool is None:
+            raise NotPermitted(
+                f"operation {op.id!r}: tool {op.tool!r} is not registered in this process; "
+                "pass it with stopline.open(url, tools=[...]) or ledger.register_tool()"
+            )
+        return tool
+
+    async def start(self, op_id: str, *, by: str, reason: str = "") -> OperationRecord:
+        """Queue the correction of a committed operation; returns the compensation's record."""
+        ledger = self._ledger
+        op = await ledger.backend.get_operation(op_id)
+        tool = self.tool_for(op)
+        if op.status is not OpStatus.COMMITTED:
+            raise IllegalTransition(op.status, OpEvent.COMPENSATION_STARTED)
+        attempt = len(await ledger.backend.compensations(op_id)) + 1
+        comp_id = compensation_id(op_id, attempt)
+        spec = OperationSpec(
+            id=comp_id,
+            run_id=op.run_id,
+            tool=tool.name,
+            args_digest=digest(["compensate", op_id, attempt]),
+            description=f"correct: {op.description or op.tool}",
+            cancellable=Cancellable.NEVER,
+            can_verify=tool.compensation_verify_fn is not None,
+            can_compensate=False,
+            compensates=op_id,
+            worker=ledger.worker_id,
+        )
+        why = f"correction asked by {by}" + (f": {reason}" if reason else "")
+        asked = Evidence.local(comp_id, why)
+        gate = await ledger.backend.begin_compensation(spec, [asked])
+        if gate.verdict is GateVerdict.PAUSED:
+            raise NotPermitted(f"run {op.run_id!r} is paused; resume it to correct {op_id!r}")
+        if gate.verdict is not GateVerdict.PASSED:
+            raise NotPermitted(
+                f"run {op.run_id!r} may not compensate (gate: {gate.verdict.value}); "
+                f"{op_id!r} stays committed"
+            )
+        ledger._changed(op.run_id)
+        self._done[op_id] = anyio.Event()
+        self._scopes[op_id] = anyio.CancelScope()
+        comp = await ledger.backend.get_operation(comp_id)
+        ledger.spawn(self._run, op, comp, tool)
+        return comp
+
+    async def wait(self, op_id: str) -> None:
+        """Until the correction of ``op_id`` running in this process has an outcome."""
+        done = self._done.get(op_id)
+        if done is not None:
+            await done.wait()
+
+    def stop(self, op_id: str) -> bool:
+        """Interrupt the correction of ``op_id`` running here; its outcome becomes unknown."""
+        scope = self._scopes.get(op_id)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    async def _run(self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]) -> None:
+        ledger = self._ledger
+        settler = ledger._settler
+        scope = self._scopes[original.id]
+        try:
+            async with settler.working():
+                with scope:
+                    await self._dispatch(original, comp, tool)
+                if scope.cancelled_caught:
+                    stopped = Evidence.local(Cause.USER_CANCEL.value, "stopped on request")
+                    await ledger._resolve(
+                        comp.id,
+                        OutcomeUpdate(OpEvent.LOST, [stopped], cause=Cause.USER_CANCEL),
+                    )
+                await self.link(await ledger.backend.get_operation(comp.id))
+        finally:
+            self._scopes.pop(original.id, None)
+            done = self._done.pop(original.id, None)
+            if done is not None:
+                done.set()
+
+    async def _dispatch(
+        self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]
+    ) -> None:
+        ledger = self._ledger
+        assert tool.compensate_fn is not None
+        ctx = CompensationContext(ledger, original, comp.id, tool)
+        try:
+            result = await tool.compensate_fn(ctx)
+        except Rejected as exc:
+            refused = Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)
+            update = OutcomeUpdate(
+                OpEvent.REJECTED, [refused], cause=Cause.SERVER_ERROR, error=exc.reason
+            )
+        except NoAnswer as exc:
+            lost = Evidence.local(exc.cause.value, exc.detail)
+            update = OutcomeUpdate(OpEvent.LOST, [lost], cause=exc.cause)
+        except Exception as exc:  # R3: anything else is unknown, never "did not happen"
+            cause = Cause.TRANSPORT if isinstance(exc, OSError) else Cause.LOCAL_ERROR
+            lost = Evidence.local(cause.value, f"{type(exc).__name__}: {exc}")
+            update = OutcomeUpdate(OpEvent.LOST, [lost], cause=cause)
+        else:
+            response = Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))
+            update = OutcomeUpdate(OpEvent.COMMITTED, [response], result=result, has_result=True)
+        with anyio.CancelScope(shield=True):
+            await ledger._resolve(comp.id, update)
+
+    # -- the link --------------------------------------------------------------
+    async def link(self, comp: OperationRecord) -> None:
+        """Carry a correction's outcome to the operation it corrects."""
+        ledger = self._ledger
+        if comp.compensates is None:
+            return
+        corrected = comp.compensates
+        lock = self._links.setdefault(corrected, anyio.Lock())
+        async with ledger._settler.working(), lock:
+            comp = await ledger.backend.get_operation(comp.id)  # as it is now, under the lock
+            original = await ledger.backend.get_operation(corrected)
+            if original.status is not OpStatus.COMPENSATING:
+                return
+            linked = Evidence.local(comp.id, f"correction {comp.status.value}")
+            if comp.status is OpStatus.COMMITTED:
+                await ledger._resolve(
+                    original.id,
+                    OutcomeUpdate(OpEvent.COMPENSATED, [linked, *comp.evidence[-1:]]),
+                )
+            elif comp.status is OpStatus.NOT_COMMITTED:
+                failed = OutcomeUpdate(
+                    OpEvent.COMPENSATION_FAILED, [linked], error=comp.error or "correction failed"
+                )
+                await ledger._resolve(original.id, failed)
+                escalate = Evidence.local("compensation_failed", "a reviewer decides what now")
+                await ledger._resolve(original.id, OutcomeUpdate(OpEvent.ESCALATED, [escalate]))
+
+    # -- the per-tool policy on cancel ---------------------------------------------
+    async def on_cancel(self, ops: list[OperationRecord]) -> bool:
+        """Apply ``always`` and ``ask`` to a cancelled run's committed operations.
+
+        Returns whether a correction was queued.
+        """
+        ledger = self._ledger
+        queued = False
+        for op in ops:
+            if op.status is not OpStatus.COMMITTED or op.compensates is not None:
+                continue
+            tool = ledger._tools.get(op.tool)
+            if tool is None or tool.compensate_fn is None or not op.can_compensate:
+                continue
+            if tool.compensation is Compensation.ALWAYS:
+                if await ledger.backend.compensations(op.id):
+                    continue  # corrected before, or a reviewer decided after a failed one
+                try:
+                    await ledger._start_compensation(
+                        op.id, by="stopline", reason="compensation=always on cancel"
+                    )
+                    queued = True
+                except (NotPermitted, IllegalTransition):
+                    continue  # moved meanwhile, or the run may not compensate
+            elif tool.compensation is Compensation.ASK and op.id not in self._proposed:
+                # the approval hook: until approvals of corrections exist, the proposal
+                # is recorded on the operation and its receipt line offers the correction
+                self._proposed.add(op.id)
+                await ledger.backend.note(op.id, "compensation_proposed", {"policy": "ask"})
+        return queued

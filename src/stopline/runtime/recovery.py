@@ -1,0 +1,168 @@
+"""Crash recovery: workers, leases, and what a dead worker left in flight (R2, S17).
+
+Every runtime registers itself as a worker (host, pid, a lease it renews in
+the background) before it dispatches anything; every operation records the
+worker that passed the gate. On start, and at every renewal, a runtime looks
+at the workers holding operations ``requested`` or ``accepted`` (through the
+open-operations index, never resolved history) and declares one dead when:
+
+- its lease expired (it stopped renewing, or closed: closing retires it), or
+- it runs on this host and its process no longer exists (a SIGKILL is seen
+  at once, without waiting for the lease), or
+- it never registered and its operations have not moved for a lease period.
+
+The dead worker's in-flight operations become ``unknown`` (cause ``crash``)
+in one transaction and are queued for verification. Nothing is re-sent: a
+write is retried only by a workflow that still holds ``initiate``, with the
+same id, after a read-back proved it did not happen (R5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from stopline.domain.model import Evidence, OperationRecord
+from stopline.domain.vocab import OpStatus
+from stopline.errors import StoplineError
+from stopline.ledger.leases import WorkerLease
+
+if TYPE_CHECKING:
+    from stopline.runtime.ledger import Ledger
+
+__all__ = ["RecoveryReport", "Workers", "is_dead", "pid_alive"]
+
+DEFAULT_LEASE = 30.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists and belongs to someone else
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) said it exists
+    return state not in (b"Z", b"X")
+
+
+def is_dead(lease: WorkerLease, *, now: float, host: str, me: str, lease_seconds: float) -> bool:
+    """The rule above, for one worker holding operations in flight."""
+    if lease.worker == me:
+        return False
+    if lease.lease_until is None:  # never registered
+        return lease.last_activity < now - lease_seconds
+    if lease.lease_until < now:
+        return True
+    return lease.host == host and lease.pid is not None and not pid_alive(lease.pid)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What one recovery pass found."""
+
+    worker: str
+    dead_workers: tuple[str, ...]
+    recovered: tuple[str, ...]  # operations marked unknown (cause crash)
+    queued: int  # operations queued for verification in this process
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "dead_workers": list(self.dead_workers),
+            "recovered": list(self.recovered),
+            "queued": self.queued,
+        }
+
+
+class Workers:
+    """This runtime's worker record, its lease, and the sweep for dead ones."""
+
+    def __init__(self, ledger: Ledger, *, lease: float = DEFAULT_LEASE) -> None:
+        self._ledger = ledger
+        self.lease = lease
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.registered = False
+
+    async def register(self) -> None:
+        await self._ledger.backend.heartbeat(
+            self._ledger.worker_id,
+            host=self.host,
+            pid=self.pid,
+            lease_until=time.time() + self.lease,
+        )
+        self.registered = True
+
+    async def retire(self) -> None:
+        """On a clean close: what this worker left in flight is recovered by the next start."""
+        if not self.registered:
+            return
+        self.registered = False
+        with contextlib.suppress(StoplineError):  # the ledger is gone: the lease expires
+            await self._ledger.backend.heartbeat(
+                self._ledger.worker_id, host=self.host, pid=self.pid, lease_until=0.0
+            )
+
+    async def sweep(self) -> tuple[list[str], list[OperationRecord]]:
+        """Find dead workers holding in-flight operations; mark those unknown."""
+        backend = self._ledger.backend
+        now = time.time()
+        dead = [
+            lease.worker
+            for lease in await backend.in_flight_workers()
+            if is_dead(
+                lease, now=now, host=self.host, me=self._ledger.worker_id, lease_seconds=self.lease
+            )
+        ]
+        if not dead:
+            return [], []
+        evidence = [Evidence.local("crash", f"worker(s) {', '.join(dead)} died with it in flight")]
+        return dead, await backend.recover_orphans(dead, evidence)
+
+    async def recover(self) -> RecoveryReport:
+        """Register, sweep, and queue every unknown operation for verification."""
+        ledger = self._ledger
+        await self.register()
+        dead, recovered = await self.sweep()
+        unknown = await ledger.backend.unresolved(statuses={OpStatus.UNKNOWN})
+        queued = self.queue(unknown)
+        for op in recovered:
+            ledger._changed(op.run_id)
+        for run_id in {op.run_id for op in recovered}:
+            ledger.spawn(ledger._settler.advance, run_id)
+        return RecoveryReport(
+            ledger.worker_id, tuple(dead), tuple(op.id for op in recovered), queued
+        )
+
+    def queue(self, ops: Sequence[OperationRecord]) -> int:
+        settler = self._ledger._settler
+        queued = 0
+        for op in ops:
+            if op.status is OpStatus.UNKNOWN and settler.can_verify_here(op):
+                settler.verify_soon(op)
+                queued += 1
+        return queued
+
+    async def keep_alive(self) -> None:
+        """Renew the lease at a third of its length; sweep for workers that died meanwhile."""
+        while True:
+            await anyio.sleep(self.lease / 3)
+            await self.register()
+            _, recovered = await self.sweep()
+            # unknown operations whose tool was registered since, and the newly orphaned
+            self.queue(await self._ledger.backend.unresolved(statuses={OpStatus.UNKNOWN}))
+            for run_id in {op.run_id for op in recovered}:
+                self._ledger.spawn(self._ledger._settler.advance, run_id)
