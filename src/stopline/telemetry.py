@@ -28,7 +28,7 @@ Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -324,6 +324,16 @@ class TracedBackend(Backend):
             self._end(self._ops.pop(op.id, None), op.status.value, late=late)
         elif op.status is OpStatus.NEEDS_REVIEW:
             self._doubted.add(op.id)  # a reviewer (or late evidence) resolves it
+
+    async def begin_compensation(
+        self, spec: OperationSpec, evidence: Sequence[Evidence]
+    ) -> GateResult:
+        """A correction starts: the corrected operation's compensate span opens here."""
+        result = await self.inner.begin_compensation(spec, evidence)
+        if result.verdict is GateVerdict.PASSED and spec.compensates is not None:
+            corrected = await self.inner.get_operation(spec.compensates)
+            self._op_changed(corrected, OpEvent.COMPENSATION_STARTED, late=False)
+        return result
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None

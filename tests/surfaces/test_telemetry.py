@@ -230,3 +230,27 @@ async def test_s09_spans_late_success_kept(traced: stopline.Ledger, otel: Otel) 
     assert otel.count("stopline.unknowns.resolved", resolved_by="read_back") == 0
     assert started.entries == 1
     assert len(otel.named("stopline.run")) == 1  # the workflow was not restarted
+
+
+async def test_s08_compensation_span(traced: stopline.Ledger, otel: Otel) -> None:
+    """A correction opens a compensate span on the corrected operation and ends it."""
+    undone: list[str] = []
+    send = FakeProvider("send", cancellable=Cancellable.NEVER)
+
+    @send.tool.compensator
+    async def _(ctx: Any) -> str:
+        undone.append(ctx.compensates)
+        return "deleted"
+
+    async with traced.run("notify", owner="user:1") as run:
+        await run.call(send.tool, "hello")
+    op = (await traced.backend.operations(run.id))[0]
+    with anyio.fail_after(10):
+        ended = otel.signals.ended("stopline.compensate")
+        corrected = await traced.compensate(op.id, by="user:1")
+        await ended.wait()
+    assert corrected.status is OpStatus.COMPENSATED
+    span = otel.one("stopline.compensate")
+    assert span.attributes is not None and span.attributes[ATTR_OP_ID] == op.id
+    assert span.attributes[ATTR_STATUS] == OpStatus.COMPENSATED.value
+    assert undone == [op.id]
