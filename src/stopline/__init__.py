@@ -6,6 +6,16 @@ async with stopline.open("sqlite:///agent.db") as ledger:
     receipt = await ledger.cancel(run.id, by="user:42")
 """
 
+from stopline.domain.lifecycle import (
+    AccessPolicy,
+    Action,
+    ApprovalRecord,
+    ApprovalStatus,
+    Checkpoint,
+    OwnerOrTenantAdmin,
+    Principal,
+    operator,
+)
 from stopline.domain.model import Evidence, OperationRecord, RunRecord
 from stopline.domain.receipt import OperationLine, Receipt
 from stopline.domain.vocab import (
@@ -35,17 +45,38 @@ from stopline.errors import (
     UnknownOperation,
     UnknownRun,
 )
+from stopline.runtime.compensate import CompensationContext
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger, VerifyBudget, open
+from stopline.runtime.lifecycle import ApprovalRequired, Resumed, Retry
+from stopline.runtime.reconcile import ReconcileSummary
+from stopline.runtime.recovery import RecoveryReport
+from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
 from stopline.runtime.run import Run
-from stopline.runtime.tool import NoAnswer, ReadBack, Rejected, Tool, Verdict, tool
+from stopline.runtime.tool import (
+    Compensation,
+    NoAnswer,
+    ReadBack,
+    Rejected,
+    Tool,
+    Verdict,
+    tool,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessPolicy",
+    "Action",
+    "ApprovalRecord",
+    "ApprovalRequired",
+    "ApprovalStatus",
     "CallContext",
     "Cancellable",
     "Cause",
+    "Checkpoint",
+    "Compensation",
+    "CompensationContext",
     "Evidence",
     "EvidenceKind",
     "Grant",
@@ -64,11 +95,20 @@ __all__ = [
     "OperationInDoubt",
     "OperationLine",
     "OperationRecord",
+    "OwnerOrTenantAdmin",
     "PhaseKind",
     "Policy",
+    "Principal",
     "ReadBack",
     "Receipt",
+    "ReconcileSummary",
+    "RecoveryReport",
     "Rejected",
+    "Resumed",
+    "Retry",
+    "ReviewCase",
+    "ReviewItem",
+    "ReviewVerdict",
     "Run",
     "RunCancelled",
     "RunRecord",
@@ -82,5 +122,6 @@ __all__ = [
     "VerifyBudget",
     "__version__",
     "open",
+    "operator",
     "tool",
 ]
