@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from stopline.cli import _common as c
-from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_items, run_to_json
+from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_json, run_to_json
 from stopline.cli.views import timeline as build_timeline
 from stopline.domain.lifecycle import operator
 
@@ -35,11 +35,11 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     async def go() -> list[Any]:
         async with c.opened(url) as ledger:
-            return await review_items(ledger.backend)
+            return await ledger.review_items()
 
     items = c.run_sync(go)
     if as_json:
-        c.print_json([item.to_json() for item in items])
+        c.print_json([review_item_json(item) for item in items])
         return
     if not items:
         c.out.print("the review queue is empty")

@@ -16,16 +16,16 @@ from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRec
 from stopline.domain.vocab import OpStatus, RunState
 from stopline.errors import StoplineError
 from stopline.ledger.backend import Backend
+from stopline.runtime.review import ReviewItem
 
 __all__ = [
-    "ReviewItem",
     "TimelineEntry",
     "UsageError",
     "event_to_json",
     "op_to_json",
     "parse_age",
     "recent_runs",
-    "review_items",
+    "review_item_json",
     "run_to_json",
     "timeline",
 ]
@@ -232,31 +232,9 @@ def timeline(events: Sequence[EventRecord], ops: Sequence[OperationRecord]) -> l
     return out
 
 
-# -- the review queue -----------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReviewItem:
-    run: RunRecord
-    op: OperationRecord
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run": run_to_json(self.run), "operation": op_to_json(self.op)}
-
-
-async def review_items(backend: Backend, *, limit: int = 1000) -> list[ReviewItem]:
-    """Operations waiting for a human: ``needs_review`` or a failed correction.
-
-    The backend has no review index yet, so this reads the newest ``limit``
-    runs; runs in ``needs_review`` come first.
-    """
-    runs = await backend.list_runs(state=RunState.NEEDS_REVIEW, limit=limit)
-    seen = {run.id for run in runs}
-    runs += [run for run in await backend.list_runs(limit=limit) if run.id not in seen]
-    items = []
-    for run in runs:
-        for op in await backend.operations(run.id):
-            if op.status in REVIEW_STATUSES:
-                items.append(ReviewItem(run, op))
-    return items
+def review_item_json(item: ReviewItem) -> dict[str, Any]:
+    """An item of the review queue as the CLI prints it."""
+    return {"run": run_to_json(item.run), "operation": op_to_json(item.op)}
 
 
 def fmt_time(at: float | None, *, clock: bool = False) -> str:

@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 import stopline
-from stopline.cli.views import fmt_age, fmt_time, review_items, timeline
+from stopline.cli.views import fmt_age, fmt_time, timeline
 from stopline.domain.lifecycle import operator
 from stopline.domain.vocab import RunState
 from stopline.errors import NotFound, StoplineError
@@ -173,7 +173,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
 
     async def review_page(request: Request) -> Response:
         ledger = the_ledger(request)
-        items = await review_items(ledger.backend)
+        items = await ledger.review_items()
         return render(
             request,
             "review.html",
