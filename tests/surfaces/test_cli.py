@@ -15,9 +15,9 @@ import pytest
 
 import stopline
 from stopline.cli import EXIT_ERROR, EXIT_NEEDS_REVIEW, EXIT_OK, EXIT_PENDING, EXIT_USAGE
-from stopline.domain.model import OperationSpec
-from stopline.domain.vocab import Cancellable
-from stopline.ledger.backend import RunSpec
+from stopline.domain.model import Evidence, OperationSpec
+from stopline.domain.vocab import Cancellable, Cause, OpEvent
+from stopline.ledger.backend import OutcomeUpdate, RunSpec
 from tests.surfaces.seed import Seeded, seed
 
 
@@ -287,3 +287,58 @@ async def _until_cancelled(url: str, run_id: str) -> None:
         with anyio.fail_after(30):
             while (await ledger.backend.get_run(run_id)).cancelled_at is None:
                 await ledger.wait_for_change(run_id)
+
+
+async def _in_doubt(url: str) -> str:
+    """An operation whose answer was lost and that nothing can read back."""
+    async with stopline.open(url) as ledger:
+        run = await ledger.backend.create_run(
+            RunSpec(id="run_doubt", name="pay", owner="user:cyd", tenant="default")
+        )
+        op_id = "run_doubt/1:pay"
+        await ledger.backend.gate(
+            OperationSpec(
+                id=op_id,
+                run_id=run.id,
+                tool="pay",
+                args_digest="sha256:0",
+                description="pay the invoice",
+                cancellable=Cancellable.NEVER,
+                can_verify=False,
+                can_compensate=False,
+            )
+        )
+        await ledger.backend.record(
+            op_id, OutcomeUpdate(OpEvent.LOST, [Evidence.local("timeout")], cause=Cause.TIMEOUT)
+        )
+        return op_id
+
+
+def test_reconcile_then_review_resolve(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    op_id = anyio.run(_in_doubt, url)
+    reconciled = stopline_cli("reconcile", "--json", ledger=url)
+    assert reconciled.returncode in (EXIT_OK, EXIT_NEEDS_REVIEW), reconciled.stderr
+    queue = as_json(stopline_cli("review", "list", "--json", ledger=url))
+    assert [item["operation"]["id"] for item in queue] == [op_id]
+    resolved = stopline_cli(
+        "review",
+        "resolve",
+        op_id,
+        "--as",
+        "committed",
+        "--note",
+        "bank statement 0412",
+        "--by",
+        "ops:lee",
+        "--json",
+        ledger=url,
+    )
+    assert resolved.returncode == EXIT_OK, resolved.stderr
+    assert as_json(stopline_cli("review", "list", "--json", ledger=url)) == []
+    shown = as_json(stopline_cli("show", "run_doubt", "--json", ledger=url))
+    (line,) = shown["receipt"]["operations"]
+    assert line["status"] == "committed"
+    assert {"kind": "review", "ref": "ops:lee"} in [
+        {k: e[k] for k in ("kind", "ref")} for e in line["evidence"]
+    ]
