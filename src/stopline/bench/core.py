@@ -55,14 +55,23 @@ async def _bare_txn_samples(path: Path, n: int) -> list[float]:
         await backend.close()
 
 
-async def _gate_samples(url: str, n: int) -> list[float]:
-    samples = []
+async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
+    """Whole gated calls (intent + outcome), and the part before the provider is invoked."""
+    whole, before_dispatch = [], []
+    dispatched: list[float] = []
+
+    @stopline.tool
+    async def mark(ctx: stopline.CallContext, n: int) -> int:
+        dispatched.append(time.perf_counter())
+        return n
+
     async with stopline.open(url) as ledger, ledger.run("bench", owner="bench") as run:
         for i in range(n):
             start = time.perf_counter()
-            await run.call(_noop, i)
-            samples.append(time.perf_counter() - start)
-    return samples
+            await run.call(mark, i)
+            whole.append(time.perf_counter() - start)
+            before_dispatch.append(dispatched[-1] - start)
+    return whole, before_dispatch
 
 
 async def _concurrent(url: str, runs: int, per_run: int) -> float:
@@ -168,7 +177,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     n = 300 if quick else 3000
     url = f"sqlite:///{workdir / 'core.db'}"
     bare = await _bare_txn_samples(workdir / "bare.db", n)
-    gated = await _gate_samples(url, n)
+    gated, before_dispatch = await _gate_samples(url, n)
     runs, per_run = (100, 5) if quick else (100, 50)
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
@@ -182,6 +191,14 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             median(bare) * 1e6,
             "ratio <= 2.0",
             "p50 gated write (intent + outcome) vs one bare fence-check+insert txn",
+        ),
+        Figure(
+            "gate_dispatch_sqlite_us",
+            median(before_dispatch) * 1e6,
+            "us",
+            median(bare) * 1e6,
+            "ratio ~ 1.0",
+            "p50 from run.call() to the provider invoked: the gate's one durable write",
         ),
         Figure(
             "gate_sqlite_concurrent_ops_per_s",
