@@ -84,8 +84,15 @@ def test_errors_have_one_root_and_cancellation_unwinds() -> None:
 
 def test_testing_surface() -> None:
     assert set(stopline.testing.__all__) == {
+        "CORE_ACTIONS",
+        "DEFAULT_ACTIONS",
         "Barrier",
         "Barriers",
         "CancelBehaviour",
+        "Cell",
+        "CellStatus",
+        "ExplorationFailed",
         "FakeProvider",
+        "Matrix",
+        "explore",
     }

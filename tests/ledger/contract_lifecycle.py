@@ -174,3 +174,13 @@ class LifecycleContract:
         assert [o.id for o in mine] == ["root/1"]
         assert {o.id for o in tree} == {"root/1", "child/1"}
         assert {o.status for o in tree} == {OpStatus.REQUESTED}
+
+    async def test_resume_of_a_running_or_ended_run_changes_nothing(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        run, expired = await backend.resume("run_a", by="u")
+        assert run.state is RunState.RUNNING and expired == []
+        await backend.run_event("run_a", RunEvent.COMPLETE, by="u")
+        before = await backend.events("run_a")
+        run, _ = await backend.resume("run_a", by="u")
+        assert run.state is RunState.COMPLETED
+        assert await backend.events("run_a") == before

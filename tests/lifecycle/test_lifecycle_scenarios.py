@@ -347,3 +347,21 @@ async def test_r11_reads_hide_other_tenants_runs(ledger: stopline.Ledger) -> Non
     assert (await ledger.receipt(run.id, by=Principal("u", tenant="acme"))).run_id == run.id
     with pytest.raises(UnknownRun):
         await ledger.receipt(run.id, by=Principal("u", tenant="globex"))
+
+
+async def test_r09_a_workflow_that_ends_while_pausing_completes(ledger: stopline.Ledger) -> None:
+    """Found by the explorer: a pause during the last step must not strand the run."""
+    last = FakeProvider("last", cancellable=Cancellable.NEVER)
+    held = last.hold("accepted")
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        await run.call(last.tool, "final")
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, body)
+        await held.reached.wait()
+        await ledger.pause(started.run_id, by="user:1")
+        held.release()
+    receipt = await ledger.wait_settled(started.run_id, timeout=10)
+    assert receipt.run_state is RunState.COMPLETED
+    assert receipt.headline is Headline.COMPLETED

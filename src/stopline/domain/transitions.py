@@ -78,6 +78,11 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     (_R.NEEDS_REVIEW, _V.REVIEWED): _R.CANCELLED,
     (_R.RUNNING, _V.COMPLETE): _R.COMPLETED,
     (_R.RUNNING, _V.FAIL): _R.FAILED,
+    # a workflow that ends while its run is pausing or paused has nothing left to pause
+    (_R.PAUSING, _V.COMPLETE): _R.COMPLETED,
+    (_R.PAUSED, _V.COMPLETE): _R.COMPLETED,
+    (_R.PAUSING, _V.FAIL): _R.FAILED,
+    (_R.PAUSED, _V.FAIL): _R.FAILED,
     (_R.RUNNING, _V.ESCALATE): _R.NEEDS_REVIEW,
     # R10: a cancelled run resumes only from an evidenced checkpoint (checked in the ledger)
     (_R.CANCELLED, _V.RESUME): _R.RUNNING,

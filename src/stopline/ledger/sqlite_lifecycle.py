@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _CANCELLABLE = ("running", "pausing", "paused")
+_NOTHING_TO_RESUME = frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED})
 _CANCELLABLE_SQL = "'running', 'pausing', 'paused'"
 _IN_FLIGHT = ("requested", "accepted")
 _APPROVAL_COLUMNS = (
@@ -214,6 +215,8 @@ def settle_pause_txn(conn: sqlite3.Connection, run_id: str) -> RunRecord:
 def resume_txn(conn: sqlite3.Connection, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
     """paused/pausing/cancelled -> running; R10: only when every operation is resolved."""
     run = _run(conn, run_id)
+    if run.state in _NOTHING_TO_RESUME:
+        return run, []  # running already, or ended on its own: like a second cancel, a no-op
     target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
     now = time.time()
     if run.state is RunState.CANCELLED:

@@ -10,6 +10,8 @@ hold.release()                        # let it go on
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 
 __all__ = ["Barrier", "Barriers"]
@@ -39,6 +41,9 @@ class Barriers:
     def __init__(self) -> None:
         self._holds: dict[str, Barrier] = {}
         self.passed: list[tuple[str, str]] = []  # (point, key), in order
+        # called as each point is reached, before its hold is looked up: an observer
+        # (the explorer) may install a hold for this very call from here
+        self.on_reach: Callable[[str, str], None] | None = None
 
     def hold(self, point: str) -> Barrier:
         barrier = self._holds[point] = Barrier(point)
@@ -51,6 +56,8 @@ class Barriers:
     async def reach(self, point: str, key: str, *, unless: anyio.Event | None = None) -> None:
         """Stop here if a test holds ``point``, until released (or ``unless`` is set)."""
         self.passed.append((point, key))
+        if self.on_reach is not None:
+            self.on_reach(point, key)
         barrier = self._holds.pop(point, None)
         if barrier is None:
             return

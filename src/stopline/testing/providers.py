@@ -38,6 +38,7 @@ class FakeProvider:
         on_cancel: CancelBehaviour = CancelBehaviour.CONFIRM,
         verifiable: bool = True,
         drop_response: bool = False,
+        compensable: bool = False,
         description: str = "",
     ) -> None:
         self.name = name
@@ -51,6 +52,7 @@ class FakeProvider:
         self.in_progress: set[str] = set()
         self._cancelled: dict[str, anyio.Event] = {}
         self.late: list[tuple[str, Any]] = []  # responses nobody was waiting for
+        self.compensated: list[str] = []  # keys whose effect was corrected
         self.tool: Tool[Any] = Tool(
             self._call, name=name, description=description or name, cancellable=cancellable
         )
@@ -59,6 +61,8 @@ class FakeProvider:
             self.tool.cancel_fn = self._cancel
         if verifiable:
             self.tool.verify_fn = self._verify
+        if compensable:
+            self.tool.compensate_fn = self._compensate
 
     def hold(self, point: str) -> Any:
         """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``."""
@@ -105,6 +109,17 @@ class FakeProvider:
         if key in self.in_progress:
             return ReadBack(Verdict.UNKNOWN, detail="still in progress")
         return ReadBack(Verdict.NOT_COMMITTED, ref=f"{self.name}:{key}", detail="no such key")
+
+    async def _compensate(self, ctx: CallContext) -> dict[str, Any]:
+        """Correct a committed effect (once per key); the effect itself stays in ``effects``.
+
+        The correction runs as its own operation (``<key>~compensate``) for ``key``."""
+        key = ctx.key.partition("~")[0]
+        if key not in self.committed:
+            raise Rejected("nothing to correct", ref=f"{self.name}:{key}")
+        if key not in self.compensated:
+            self.compensated.append(key)
+        return {"id": key, "compensated": True}
 
     async def respond_late(
         self, key: str, deliver: Callable[[str, Any], Awaitable[object]]

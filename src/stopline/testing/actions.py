@@ -1,0 +1,313 @@
+"""What the explorer does at a held point: cancel, cancel twice, crash the worker ...
+
+An action is a small object with a name and up to two steps: ``at_point``
+runs while the workflow is held at the point, ``after_done`` once the
+workflow has ended (and before the run is awaited settled). ``unsupported``
+says when this runtime lacks what the action needs (the cell prints
+``n/a``); ``applies`` says when the action means nothing at a point (a
+dropped response after the response was delivered). Both are asked at run
+time, so lifecycle actions light up as soon as the ledger grows
+``pause``/``resume``/approvals/compensation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import anyio
+
+from stopline.domain.model import CancelState
+from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import Cancellable, OpStatus, RunState
+from stopline.runtime.tool import Verdict
+from stopline.testing.barriers import Barrier
+from stopline.testing.providers import CancelBehaviour, FakeProvider
+
+if TYPE_CHECKING:
+    from stopline.runtime.ledger import Ledger
+    from stopline.testing._hooks import Hooks
+
+__all__ = [
+    "CORE_ACTIONS",
+    "DEFAULT_ACTIONS",
+    "Action",
+    "ActionContext",
+    "Cancel",
+    "CancelTwice",
+    "Compensate",
+    "CrashWorker",
+    "DropConnection",
+    "ExpireApproval",
+    "LateResponse",
+    "PauseResume",
+    "Point",
+    "RefuseCancel",
+]
+
+BY = "explorer:user"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """A barrier point a workflow passed: ``accepted/upload``, ``after_gate/notify#2``."""
+
+    id: str
+    name: str  # the barrier's own name: "accepted", "after_gate", a user's point
+    source: str  # the provider or tool it belongs to ("" for a workflow's own point)
+    occurrence: int  # 1 for the first time the workflow passes it
+    kind: str = "provider"  # "provider", "runtime" or "workflow"
+    provider: FakeProvider | None = None
+
+    @property
+    def reach_name(self) -> str:
+        """The name its ``Barriers`` knows it by."""
+        return f"{self.name}/{self.source}" if self.kind == "runtime" else self.name
+
+
+class ActionContext:
+    """What an action may touch in one cell."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        run_id: str,
+        point: Point,
+        providers: dict[str, FakeProvider],
+        hooks: Hooks,
+        workflow_scope: anyio.CancelScope,
+        held: list[Barrier],
+        workflow_done: anyio.Event,
+    ) -> None:
+        self.ledger = ledger
+        self.run_id = run_id
+        self.point = point
+        self.providers = providers
+        self.hooks = hooks
+        self._workflow_scope = workflow_scope
+        self._held = held
+        self.workflow_done = workflow_done  # set once the workflow's run block has exited
+        # every receipt a cancel returned, with the effects the providers had committed then
+        self.cancels: list[tuple[Receipt, frozenset[str]]] = []
+        self.late: list[str] = []  # operation ids a late response was delivered for
+        self.crashed = False
+
+    def release(self) -> None:
+        """Let the workflow go on from the held point."""
+        for barrier in self._held:
+            barrier.release()
+
+    async def cancel(self, by: str = BY, reason: str = "explorer") -> Receipt:
+        """Cancel the run, then wait (on ledger changes, no sleeps) for the answers of
+        the providers the runtime asked to cancel, so the cell plays out the same way
+        every time."""
+        ledger = self.ledger
+        local = ledger._local.get(self.run_id)
+        inflight = list(local._inflight.values()) if local is not None else []
+        receipt = await ledger.cancel(self.run_id, by=by, reason=reason)
+        prefix = self.run_id + "/"
+        done = (k for p in self.providers.values() for k in p.effects if k.startswith(prefix))
+        self.cancels.append((receipt, frozenset(done)))
+        for ctx in inflight:
+            tool = ctx.tool
+            if tool.cancel_fn is None or tool.cancellable is Cancellable.NEVER:
+                continue
+            if ctx._accepted and tool.cancellable is not Cancellable.AFTER_ACCEPTED:
+                continue
+            while True:
+                op = await ledger.backend.get_operation(ctx.op_id)
+                answered = op.cancel_state in (CancelState.CONFIRMED, CancelState.REFUSED)
+                if answered or not op.status.in_flight:
+                    break
+                await ledger.wait_for_change(self.run_id)
+        return receipt
+
+    def crash(self) -> None:
+        """Kill the worker: nothing more reaches the ledger, the workflow task is abandoned."""
+        self.crashed = True
+        self.hooks.crash()
+        self._workflow_scope.cancel()
+        self.release()
+
+
+class Action:
+    name: ClassVar[str] = ""
+
+    def unsupported(self, ledger: Ledger) -> str | None:
+        """Why this runtime cannot do the action, or None."""
+        return None
+
+    def applies(self, point: Point) -> str | None:
+        """Why the action means nothing at ``point``, or None."""
+        return None
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        raise NotImplementedError
+
+    async def after_done(self, ctx: ActionContext) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Action {self.name}>"
+
+
+class Cancel(Action):
+    name = "cancel"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        await ctx.cancel()
+
+
+class CancelTwice(Action):
+    name = "cancel_twice"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        await ctx.cancel(reason="first")
+        await ctx.cancel(reason="second")
+
+
+class LateResponse(Action):
+    """Cancel, then deliver each provider's real answer again once nobody waits (R4)."""
+
+    name = "late_response"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        await ctx.cancel()
+
+    async def after_done(self, ctx: ActionContext) -> None:
+        prefix = ctx.run_id + "/"
+
+        async def deliver(key: str, response: Any) -> None:
+            await ctx.ledger.late_response(key, Verdict.COMMITTED, result=response, ref=key)
+
+        for provider in ctx.providers.values():
+            for key in list(provider.committed):
+                if key.startswith(prefix):
+                    await provider.respond_late(key, deliver)
+                    ctx.late.append(key)
+            refused = {k for k in provider.requests if k.startswith(prefix)}
+            for key in sorted(refused - set(provider.committed) - provider.in_progress):
+                await ctx.ledger.late_response(key, Verdict.NOT_COMMITTED, ref=key)
+                ctx.late.append(key)
+
+
+_BEFORE_RESPONSE = frozenset({"before_dispatch", "after_gate", "received", "accepted", "committed"})
+
+
+class DropConnection(Action):
+    """The provider commits, then the connection drops before its response."""
+
+    name = "drop_connection"
+
+    def applies(self, point: Point) -> str | None:
+        if point.provider is None:
+            return "no provider call at this point"
+        if point.name not in _BEFORE_RESPONSE:
+            return "the response has already left the provider"
+        return None
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        assert ctx.point.provider is not None
+        ctx.point.provider.drop_response = True
+
+
+class RefuseCancel(Action):
+    """The provider answers the cancel with a refusal and goes on (S10)."""
+
+    name = "refuse_cancel"
+
+    def applies(self, point: Point) -> str | None:
+        provider = point.provider
+        if provider is None or provider.tool.cancel_fn is None:
+            return "the provider cannot cancel: nothing to refuse"
+        if point.name == "received":
+            return None
+        if point.name == "accepted" and provider.tool.cancellable is Cancellable.AFTER_ACCEPTED:
+            return None
+        return "the provider is not asked to cancel at this point"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        assert ctx.point.provider is not None
+        ctx.point.provider.on_cancel = CancelBehaviour.REFUSE
+        await ctx.cancel()
+
+
+class CrashWorker(Action):
+    """Kill the worker at the point; a fresh process reopens the ledger (S17)."""
+
+    name = "crash"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        ctx.crash()
+
+
+class PauseResume(Action):
+    name = "pause_resume"
+
+    def unsupported(self, ledger: Ledger) -> str | None:
+        if hasattr(ledger, "pause") and hasattr(ledger, "resume"):
+            return None
+        return "this runtime has no ledger.pause/ledger.resume"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        ledger: Any = ctx.ledger
+        await ledger.pause(ctx.run_id, by=BY)
+        ctx.release()
+        # until the run stops at its next boundary, or the workflow ends first
+        while not ctx.workflow_done.is_set():
+            if (await ctx.ledger.backend.get_run(ctx.run_id)).state is not RunState.PAUSING:
+                break
+            await ctx.ledger.wait_for_change(ctx.run_id)
+        await ledger.resume(ctx.run_id, by=BY)
+
+
+class ExpireApproval(Action):
+    """Let the run's pending approvals expire, then cancel (S5)."""
+
+    name = "expire_approval"
+
+    def unsupported(self, ledger: Ledger) -> str | None:
+        if hasattr(ledger, "expire_approvals"):
+            return None
+        return "this runtime has no approvals (ledger.expire_approvals)"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        ledger: Any = ctx.ledger
+        await ledger.expire_approvals(ctx.run_id)
+        await ctx.cancel()
+
+
+class Compensate(Action):
+    """Cancel, then correct every committed operation that can be corrected."""
+
+    name = "compensate"
+
+    def unsupported(self, ledger: Ledger) -> str | None:
+        if hasattr(ledger, "compensate"):
+            return None
+        return "this runtime does not run compensations (ledger.compensate)"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        await ctx.cancel()
+
+    async def after_done(self, ctx: ActionContext) -> None:
+        ledger: Any = ctx.ledger
+        for op in await ctx.ledger.backend.operations(ctx.run_id):
+            if op.status is OpStatus.COMMITTED and op.can_compensate:
+                await ledger.compensate(op.id, by=BY)
+
+
+DEFAULT_ACTIONS: tuple[Action, ...] = (
+    Cancel(),
+    CancelTwice(),
+    LateResponse(),
+    DropConnection(),
+    RefuseCancel(),
+    CrashWorker(),
+    PauseResume(),
+    ExpireApproval(),
+    Compensate(),
+)
+
+# The actions of the core runtime: no lifecycle or truth API needed.
+CORE_ACTIONS: tuple[Action, ...] = DEFAULT_ACTIONS[:6]

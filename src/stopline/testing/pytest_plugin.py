@@ -1,0 +1,40 @@
+"""The pytest plugin: a ``stopline_explore`` fixture that fails a test with the matrix.
+
+Installed with stopline (entry point ``pytest11``)::
+
+    async def test_cancellation(stopline_explore):
+        await stopline_explore(my_workflow, make_providers)
+
+Each cell's ledger is kept under the test's ``tmp_path`` for inspection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stopline.testing.explorer import explore
+from stopline.testing.matrix import Matrix
+
+__all__ = ["stopline_explore"]
+
+Explore = Callable[..., Awaitable[Matrix]]
+
+
+@pytest.fixture
+def stopline_explore(tmp_path: Path) -> Explore:
+    """``await stopline_explore(workflow, providers, **explore_options)``: the matrix,
+    or a test failure whose message is its report (with each failing cell's id)."""
+
+    async def run(workflow: Any, providers: Any, **options: Any) -> Matrix:
+        options.setdefault("ledger_url", f"sqlite:///{tmp_path / 'explore.db'}")
+        options.setdefault("out", None)
+        matrix = await explore(workflow, providers, **options)
+        if not matrix.ok:
+            pytest.fail(matrix.report(), pytrace=False)
+        return matrix
+
+    return run
