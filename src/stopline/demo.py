@@ -2,21 +2,27 @@
 
 Each run generates a report (a read), uploads it (a provider that can cancel
 until it accepts) and notifies a channel (a provider that cannot cancel once
-it accepts). A user presses stop at four points; the demo prints what the
-user is told at that moment and once the evidence is in.
+it accepts). Both providers are tools on a real MCP server that the demo
+spawns over stdio (``stopline.integrations.mcp.testing``), with their own
+ground truth in the server's durable record; every call goes through the MCP
+protocol. A user presses stop at four points; the demo prints what the user
+is told at that moment and once the evidence is in.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 import stopline
-from stopline import Cancellable, PhaseKind
-from stopline.testing import Barriers, FakeProvider
+from stopline import PhaseKind
+from stopline.testing import Barriers
 
 __all__ = ["main", "run_demo"]
 
@@ -30,21 +36,19 @@ async def generate_report(topic: str) -> str:
     return f"Quarterly report on {topic}"
 
 
-class Workflow:
-    """generate -> upload -> notify, with a barrier the demo can hold."""
+class Hold:
+    """A point where the demo holds the workflow: here (local) or on the MCP server."""
 
-    def __init__(self, *, drop_notify_response: bool = False) -> None:
-        self.upload = FakeProvider(
-            "upload",
-            description="upload the report to storage",
-            cancellable=Cancellable.UNTIL_ACCEPTED,
-        )
-        self.notify = FakeProvider(
-            "notify",
-            description="notify #finance of the report",
-            cancellable=Cancellable.NEVER,
-            drop_response=drop_notify_response,
-        )
+    def __init__(self, reached: Callable[[], Awaitable[None]], release: Callable[[], Any]) -> None:
+        self.reached = reached
+        self.release = release
+
+
+class Workflow:
+    """generate -> upload -> notify over MCP, with a local barrier the demo can hold."""
+
+    def __init__(self, mcp: Any) -> None:
+        self.mcp = mcp
         self.points = Barriers()
 
     async def __call__(self, run: stopline.Run) -> None:
@@ -52,36 +56,62 @@ class Workflow:
             report = await run.call(generate_report, "sales")
             await self.points.reach("report_ready", run.id)
         async with run.phase(PhaseKind.CALLING_EXTERNAL):
-            await run.call(self.upload.tool, report)
-            await run.call(self.notify.tool, "New report uploaded")
+            await self.mcp.call(run, "upload", {"payload": report})
+            await self.mcp.call(run, "notify", {"payload": "New report uploaded"})
+
+    def hold_here(self, point: str) -> Hold:
+        barrier = self.points.hold(point)
+
+        async def reached() -> None:
+            await barrier.reached.wait()
+
+        async def release() -> None:
+            barrier.release()
+
+        return Hold(reached, release)
+
+    async def hold_on_server(self, point: str, fault: str = "") -> Hold:
+        """Hold the next call at ``point`` (e.g. ``"received:upload"``) on the server."""
+        client = self.mcp.client
+        await client.call_tool("ctl_hold", {"point": point})
+        if fault:
+            await client.call_tool("ctl_fault", {"tool": point.split(":")[1], "fault": fault})
+
+        async def reached() -> None:
+            await client.call_tool("ctl_reached", {"point": point})
+
+        async def release() -> None:
+            await client.call_tool("ctl_release", {"point": point})
+
+        return Hold(reached, release)
 
 
 async def _scenario(
     ledger: stopline.Ledger,
     title: str,
     workflow: Workflow,
-    hold: Callable[[Workflow], stopline.testing.Barrier] | None,
+    hold: Hold | None,
     say: Say,
     canceller: stopline.Ledger,
 ) -> stopline.Receipt:
     say(f"\n== {title}")
     run_ids: list[str] = []
-    barrier = hold(workflow) if hold is not None else None
 
     async def main() -> None:
         async with ledger.run("report-upload-notify", owner="user:42") as run:
             run_ids.append(run.id)
-            await workflow(run)
+            with contextlib.suppress(stopline.NoAnswer):  # the receipt says what happened
+                await workflow(run)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(main)
-        if barrier is not None:
-            await barrier.reached.wait()
+        if hold is not None:
+            await hold.reached()
             now = await canceller.cancel(run_ids[0], by="user:42", reason="pressed stop")
             say("At the moment of the cancel the user is told:")
             say(_indent(now.text()))
-            barrier.release()
-    if barrier is None:  # the run finished before the user pressed stop
+            await hold.release()
+    if hold is None:  # the run finished before the user pressed stop
         await ledger.cancel(run_ids[0], by="user:42", reason="pressed stop")
     final = await ledger.wait_settled(run_ids[0], timeout=15)
     say("Once the evidence is in:")
@@ -93,31 +123,61 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-async def run_demo(ledger_url: str, say: Say = print) -> list[stopline.Receipt]:
+async def run_demo(
+    ledger_url: str, say: Say = print, *, server_db: Path | None = None
+) -> list[stopline.Receipt]:
+    from mcp import StdioServerParameters
+    from stopline.integrations.mcp import StoplineMCP
+
     budget = stopline.VerifyBudget(attempts=5, first_delay=0.05)
-    steps: list[tuple[str, Workflow, Callable[[Workflow], stopline.testing.Barrier] | None]] = [
-        (
-            "1. Stop before the upload (from another process, like the CLI)",
-            Workflow(),
-            lambda w: w.points.hold("report_ready"),
-        ),
-        ("2. Stop during the upload", Workflow(), lambda w: w.upload.hold("received")),
-        (
-            "3. Stop after the notification was accepted, before its response (which is lost)",
-            Workflow(drop_notify_response=True),
-            lambda w: w.notify.hold("accepted"),
-        ),
-        ("4. Stop after everything finished", Workflow(), None),
-    ]
-    receipts = []
-    async with (
-        stopline.open(ledger_url, verify=budget) as ledger,
-        stopline.open(ledger_url) as elsewhere,  # the user's stop button, in another process
-    ):
-        for n, (title, workflow, hold) in enumerate(steps):
-            canceller = elsewhere if n == 0 else ledger
-            receipts.append(await _scenario(ledger, title, workflow, hold, say, canceller))
+    with tempfile.TemporaryDirectory(prefix="stopline-demo-server-") as tmp:
+        db = server_db or Path(tmp) / "providers.db"
+        args = ["-m", "stopline.integrations.mcp.testing", "--db", str(db)]
+        server = StdioServerParameters(command=sys.executable, args=args)
+        receipts = []
+        async with (
+            stopline.open(ledger_url, verify=budget) as ledger,
+            stopline.open(ledger_url) as elsewhere,  # the user's stop button, in another process
+            StoplineMCP(server, mode="legacy", name="providers") as mcp,
+        ):
+            say(f"providers: a real MCP server over stdio ({mcp.client.protocol_version})")
+            steps: list[tuple[str, Callable[[Workflow], Awaitable[Hold | None]]]] = [
+                (
+                    "1. Stop before the upload (from another process, like the CLI)",
+                    _local("report_ready"),
+                ),
+                ("2. Stop during the upload", _remote("received:upload")),
+                (
+                    "3. Stop after the notification was accepted, before its response "
+                    "(which is lost: the provider's server crashes after committing)",
+                    _remote("accepted:notify", fault="die"),
+                ),
+                ("4. Stop after everything finished", _nothing),
+            ]
+            for n, (title, hold) in enumerate(steps):
+                workflow = Workflow(mcp)
+                canceller = elsewhere if n == 0 else ledger
+                held = await hold(workflow)
+                receipts.append(await _scenario(ledger, title, workflow, held, say, canceller))
     return receipts
+
+
+def _local(point: str) -> Callable[[Workflow], Awaitable[Hold | None]]:
+    async def hold(workflow: Workflow) -> Hold | None:
+        return workflow.hold_here(point)
+
+    return hold
+
+
+def _remote(point: str, fault: str = "") -> Callable[[Workflow], Awaitable[Hold | None]]:
+    async def hold(workflow: Workflow) -> Hold | None:
+        return await workflow.hold_on_server(point, fault)
+
+    return hold
+
+
+async def _nothing(workflow: Workflow) -> Hold | None:
+    return None
 
 
 def main(ledger_url: str | None = None) -> int:

@@ -1,0 +1,51 @@
+"""Truthful cancellation for Model Context Protocol tool calls, both ends.
+
+Client side: ``StoplineMCP`` wraps an MCP connection so that every
+side-effecting ``tools/call`` is a stopline operation (gate first, the
+idempotency key in ``_meta["io.stopline/key"]``, late answers kept,
+progress recorded, causes told apart). Server side: ``Effects`` gives
+``MCPServer`` tool authors idempotency by key, durable commits, the
+``stopline_verify`` tool and a cancellation log. ``TasksServer`` and
+``TasksClient`` implement the ``io.modelcontextprotocol/tasks`` extension.
+See docs/mcp.md.
+"""
+
+from stopline.integrations.mcp._vocab import (
+    ACCEPTED_MESSAGE,
+    CANCELLABLE_META,
+    EFFECTS_META,
+    KEY_META,
+    OUTCOME_DATA,
+    REJECTED_CODE,
+    TASK_META,
+    TASKS_EXTENSION,
+    VERIFY_TOOL,
+    ToolPolicy,
+)
+from stopline.integrations.mcp.client import StoplineMCP, UnknownTool
+from stopline.integrations.mcp.server import Effects, Operation, effect_meta, key_of
+from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap
+from stopline.integrations.mcp.tasks import TasksClient, TasksServer
+
+__all__ = [
+    "ACCEPTED_MESSAGE",
+    "CANCELLABLE_META",
+    "EFFECTS_META",
+    "KEY_META",
+    "OUTCOME_DATA",
+    "REJECTED_CODE",
+    "TASKS_EXTENSION",
+    "TASK_META",
+    "VERIFY_TOOL",
+    "Effects",
+    "LateAnswer",
+    "LateResponseTap",
+    "Operation",
+    "StoplineMCP",
+    "TasksClient",
+    "TasksServer",
+    "ToolPolicy",
+    "UnknownTool",
+    "effect_meta",
+    "key_of",
+]

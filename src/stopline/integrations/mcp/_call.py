@@ -1,0 +1,181 @@
+"""One gated MCP tool call: what is sent, how long we wait, what each answer proves.
+
+The outcome rules (R3 throughout: no answer is never "not sent"):
+
+============================================  =================================
+what happens                                   recorded
+============================================  =================================
+a result, ``isError: false``                   committed (its evidence: digest)
+a result, ``isError: true``                    unknown / server_error
+error with ``data["io.stopline/outcome"]``     not_committed (refused before
+``== "not_committed"``                         any effect)
+error -32000 (connection closed), broken       unknown / transport
+transport, malformed stream
+error -32001, or our own deadline              unknown / timeout
+any other JSON-RPC error                       unknown / server_error
+the awaiting scope is cancelled                unknown / user_cancel (the SDK
+                                               sends the cancel)
+============================================  =================================
+
+A cancel asked under a ``verify`` or ``at_boundary`` policy (``cancel_fn``)
+stops waiting for the response and asks the server's ``stopline_verify``
+(a long poll) what it did instead: the server's own record confirms the
+cancel (not_committed), or shows that it refused it and what it committed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta
+from pydantic import ValidationError
+
+from mcp import MCPError
+from stopline.domain.vocab import Cause
+from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, OUTCOME_DATA
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import NoAnswer, Rejected
+
+if TYPE_CHECKING:
+    from stopline.integrations.mcp.client import StoplineMCP
+
+__all__ = ["Deadline", "McpCall", "plain_result"]
+
+
+class Deadline:
+    """A timeout that progress may extend, never past a hard cap.
+
+    ``timeout`` is the silence allowed between signs of life; ``cap`` bounds
+    the whole call, however much progress the server reports.
+    """
+
+    def __init__(self, start: float, timeout: float | None, cap: float | None) -> None:
+        self.start = start
+        self.timeout = timeout
+        self.cap = cap
+
+    def initial(self) -> float:
+        if self.timeout is None:
+            return self.start + self.cap if self.cap is not None else math.inf
+        return self._bounded(self.start + self.timeout)
+
+    def extended(self, now: float) -> float:
+        """The deadline after a progress notification at ``now``."""
+        if self.timeout is None:
+            return self.initial()
+        return self._bounded(now + self.timeout)
+
+    def _bounded(self, at: float) -> float:
+        return at if self.cap is None else min(at, self.start + self.cap)
+
+
+def plain_result(result: CallToolResult) -> Any:
+    """What a gated call returns: the structured content, else the text."""
+    if result.structured_content is not None:
+        return result.structured_content
+    texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]  # type: ignore[union-attr]
+    return "\n".join(texts)
+
+
+class McpCall:
+    """The state of one call in flight, shared with its ``cancel_fn``."""
+
+    def __init__(self, conn: StoplineMCP, ctx: CallContext, mcp_name: str) -> None:
+        self.conn = conn
+        self.ctx = ctx
+        self.mcp_name = mcp_name
+        self.scope = anyio.CancelScope()
+        self.cancel_asked = False
+        self.decided = anyio.Event()  # the server's answer to our cancel is known
+        self.confirmed = False
+
+    @property
+    def ref(self) -> str:
+        return f"mcp:{self.conn.name}:{self.ctx.key}"
+
+    async def run(
+        self,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+        timeout: float | None,
+        cap: float | None,
+    ) -> Any:
+        deadline = Deadline(anyio.current_time(), timeout, cap)
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            if message == ACCEPTED_MESSAGE:
+                await self.ctx.accepted(ref=self.ref, detail="the server accepted the request")
+            else:
+                await self.ctx.progress(progress, total, message or "")
+            if not self.cancel_asked:  # advisory: may extend the wait, up to the cap
+                self.scope.deadline = deadline.extended(anyio.current_time())
+
+        client = await self.conn._session()
+        self.scope.deadline = deadline.initial()
+        with self.scope:
+            try:
+                result = await client.call_tool(
+                    self.mcp_name,
+                    arguments,
+                    progress_callback=on_progress,
+                    meta=cast(RequestParamsMeta, meta),
+                )
+            except MCPError as exc:
+                raise self._no_answer(exc) from exc
+            except NoAnswer:
+                raise  # already says why (e.g. a task that vanished)
+            except ValidationError as exc:
+                raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
+            except Exception as exc:
+                self.conn._broken()
+                raise NoAnswer(Cause.TRANSPORT, f"{type(exc).__name__}: {exc}") from exc
+            if result.is_error:
+                raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
+            return plain_result(result)
+        if not self.cancel_asked:
+            raise NoAnswer(Cause.TIMEOUT, f"no answer within the deadline (timeout {timeout}s)")
+        return await self._after_cancel()
+
+    def _no_answer(self, exc: MCPError) -> Exception:
+        data = exc.data if isinstance(exc.data, dict) else {}
+        if data.get(OUTCOME_DATA) == "not_committed":
+            return Rejected(exc.message, ref=self.ref)
+        if exc.code == CONNECTION_CLOSED:
+            self.conn._broken()
+            return NoAnswer(Cause.TRANSPORT, f"MCP connection closed: {exc.message}")
+        if exc.code == REQUEST_TIMEOUT:
+            return NoAnswer(Cause.TIMEOUT, exc.message)
+        return NoAnswer(Cause.SERVER_ERROR, f"MCP error {exc.code}: {exc.message}")
+
+    # -- a cancel under a verify / at_boundary policy ----------------------------
+    def ask_cancel(self) -> None:
+        """Stop waiting: the SDK sends the cancel the transport expects."""
+        self.cancel_asked = True
+        self.scope.cancel()
+
+    async def _after_cancel(self) -> Any:
+        """Learn from the server's own record what it did with the cancelled request."""
+        conn = self.conn
+        with anyio.move_on_after(conn.settle_timeout):
+            while True:
+                try:
+                    status = await conn.status(self.ctx.key, wait_seconds=conn.poll_wait)
+                except NoAnswer:
+                    break  # the connection is gone: unknown, reconciled later
+                verdict = status.get("verdict")
+                if status.get("cancel") == "refused" and not self.decided.is_set():
+                    self.decided.set()  # the server goes on: its answer to the cancel is no
+                if verdict == "committed":
+                    self.decided.set()
+                    return status.get("result")
+                if verdict == "not_committed":
+                    self.confirmed = True
+                    self.decided.set()
+                    detail = status.get("detail") or "stopped before any effect"
+                    raise Rejected(f"cancelled at the server: {detail}", ref=self.ref)
+                if status.get("state") == "unknown":
+                    break  # the server itself cannot tell
+        self.decided.set()
+        raise NoAnswer(Cause.USER_CANCEL, "cancel sent; the server has not reported an outcome")

@@ -1,0 +1,195 @@
+"""The server's durable record of operations by idempotency key (SQLite, stdlib).
+
+Synchronous on purpose: each method is one transaction, called through
+``anyio.to_thread`` from async tools (one hop per transaction) and directly
+from sync tools, which already run in a worker thread. A connection per
+transaction keeps it safe across threads and across server processes that
+share the file (a restarted server reads what the previous one committed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EffectRecord", "EffectState", "EffectStore"]
+
+
+class EffectState(enum.StrEnum):
+    RECEIVED = "received"  # the tool began; nothing done yet
+    ACCEPTED = "accepted"  # acknowledged to the client; nothing committed yet
+    COMMITTING = "committing"  # inside the shielded commit: the effect may be happening
+    COMMITTED = "committed"  # done; the result is recorded
+    NOT_COMMITTED = "not_committed"  # stopped or refused before any effect
+    UNKNOWN = "unknown"  # the commit failed part-way, or its process died inside it
+
+    @property
+    def terminal(self) -> bool:
+        return self in (EffectState.COMMITTED, EffectState.NOT_COMMITTED, EffectState.UNKNOWN)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stopline_effects (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    state TEXT NOT NULL,
+    result TEXT,
+    detail TEXT NOT NULL DEFAULT '',
+    cancel TEXT NOT NULL DEFAULT 'none',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stopline_cancellations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    request_id TEXT NOT NULL,
+    key TEXT,
+    tool TEXT,
+    via TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EffectRecord:
+    key: str
+    tool: str
+    state: EffectState
+    result: Any
+    detail: str
+    cancel: str
+    updated_at: float
+
+
+class EffectStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        db = sqlite3.connect(self.path, timeout=10)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+        finally:
+            db.close()
+
+    @contextlib.contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    def get(self, key: str) -> EffectRecord | None:
+        with self._txn() as db:
+            return _get(db, key)
+
+    def begin(self, key: str, tool: str) -> tuple[EffectRecord, bool]:
+        """Claim ``key`` for a fresh attempt, or return what it already holds.
+
+        Returns ``(record, fresh)``; a key that provably did not commit is
+        claimed again (a retry with the same key is allowed to run).
+        """
+        now = time.time()
+        with self._txn() as db:
+            existing = _get(db, key)
+            if existing is not None and existing.state is not EffectState.NOT_COMMITTED:
+                return existing, False
+            db.execute(
+                "INSERT OR REPLACE INTO stopline_effects"
+                " (key, tool, state, result, detail, cancel, created_at, updated_at)"
+                " VALUES (?, ?, ?, NULL, '', 'none', ?, ?)",
+                (key, tool, EffectState.RECEIVED.value, now, now),
+            )
+            record = _get(db, key)
+            assert record is not None
+            return record, True
+
+    def set_state(
+        self, key: str, state: EffectState, *, result: Any = None, detail: str = ""
+    ) -> None:
+        with self._txn() as db:
+            db.execute(
+                "UPDATE stopline_effects SET state = ?, result = ?, detail = ?, updated_at = ?"
+                " WHERE key = ?",
+                (state.value, json.dumps(result), detail, time.time(), key),
+            )
+
+    def set_cancel(self, key: str, cancel: str) -> None:
+        with self._txn() as db:
+            db.execute("UPDATE stopline_effects SET cancel = ? WHERE key = ?", (cancel, key))
+
+    def log_cancel(
+        self, request_id: str, key: str | None, tool: str | None, via: str, state: str, reason: str
+    ) -> None:
+        with self._txn() as db:
+            db.execute(
+                "INSERT INTO stopline_cancellations (at, request_id, key, tool, via, state, reason)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (time.time(), request_id, key, tool, via, state, reason),
+            )
+
+    def cancellations(self) -> list[dict[str, Any]]:
+        with self._txn() as db:
+            rows = db.execute(
+                "SELECT at, request_id, key, tool, via, state, reason"
+                " FROM stopline_cancellations ORDER BY seq"
+            ).fetchall()
+        names = ("at", "request_id", "key", "tool", "via", "state", "reason")
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def recover(self) -> int:
+        """At start: work a previous process left unfinished is resolved truthfully.
+
+        Before its commit section it never will commit (``not_committed``);
+        inside it, nobody can tell (``unknown``). Returns how many were resolved.
+        """
+        now = time.time()
+        with self._txn() as db:
+            before = db.execute(
+                "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ?"
+                " WHERE state IN (?, ?)",
+                (
+                    EffectState.NOT_COMMITTED.value,
+                    "the server process ended before the commit",
+                    now,
+                    EffectState.RECEIVED.value,
+                    EffectState.ACCEPTED.value,
+                ),
+            ).rowcount
+            inside = db.execute(
+                "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ? WHERE state = ?",
+                (
+                    EffectState.UNKNOWN.value,
+                    "the server process ended inside the commit",
+                    now,
+                    EffectState.COMMITTING.value,
+                ),
+            ).rowcount
+        return int(before) + int(inside)
+
+
+def _get(db: sqlite3.Connection, key: str) -> EffectRecord | None:
+    row = db.execute(
+        "SELECT key, tool, state, result, detail, cancel, updated_at"
+        " FROM stopline_effects WHERE key = ?",
+        (key,),
+    ).fetchone()
+    if row is None:
+        return None
+    result = json.loads(row[3]) if row[3] is not None else None
+    return EffectRecord(row[0], row[1], EffectState(row[2]), result, row[4], row[5], row[6])

@@ -1,0 +1,100 @@
+"""The wire vocabulary stopline adds to MCP, written down once.
+
+Every name below travels in a ``_meta`` object (request, tool listing or
+result) or names a tool, so a server and a client built from different
+versions of stopline agree on what they read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from stopline.domain.vocab import Cancellable
+
+__all__ = [
+    "ACCEPTED_MESSAGE",
+    "CANCELLABLE_META",
+    "EFFECTS_META",
+    "KEY_META",
+    "OUTCOME_DATA",
+    "REJECTED_CODE",
+    "TASKS_EXTENSION",
+    "TASK_META",
+    "VERIFY_TOOL",
+    "ToolPolicy",
+    "policy_from_listing",
+]
+
+KEY_META = "io.stopline/key"
+"""Request ``_meta`` key carrying the operation id, which is the idempotency key."""
+
+EFFECTS_META = "io.stopline/effects"
+"""Tool ``_meta``: ``true`` when calling the tool changes the world, ``false`` for a read."""
+
+CANCELLABLE_META = "io.stopline/cancellable"
+"""Tool ``_meta``: ``until_accepted``, ``after_accepted`` or ``never`` (``Cancellable``)."""
+
+ACCEPTED_MESSAGE = "io.stopline/accepted"
+"""The ``message`` of the progress notification a server sends when it accepts a request."""
+
+VERIFY_TOOL = "stopline_verify"
+"""The standard read-only tool reporting an operation's status by key."""
+
+OUTCOME_DATA = "io.stopline/outcome"
+"""Key in a JSON-RPC error's ``data``: ``not_committed`` proves the request had no effect."""
+
+REJECTED_CODE = -32090
+"""JSON-RPC error code a stopline server uses for "refused before any effect"."""
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+"""The MCP tasks extension (2026-07-28) identifier."""
+
+TASK_META = "io.modelcontextprotocol/task"
+"""Request ``_meta`` key asking for task-augmented execution: ``{"ttl": milliseconds}``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """How the client treats one MCP tool: what it declares and what we override.
+
+    ``None`` fields fall back to what the server's listing says, then to the
+    safe default (effects: yes; cancellable: until accepted).
+    """
+
+    effects: bool | None = None
+    cancellable: Cancellable | None = None
+    verify: bool | None = None  # use the server's stopline_verify (default: when offered)
+    task: bool = False  # run as an io.modelcontextprotocol/tasks task
+    key_argument: str | None = None  # also pass the key as this argument
+
+    def merged(self, base: ToolPolicy) -> ToolPolicy:
+        """This override applied over ``base``."""
+        return ToolPolicy(
+            effects=self.effects if self.effects is not None else base.effects,
+            cancellable=self.cancellable if self.cancellable is not None else base.cancellable,
+            verify=self.verify if self.verify is not None else base.verify,
+            task=self.task or base.task,
+            key_argument=self.key_argument or base.key_argument,
+        )
+
+
+def policy_from_listing(meta: Mapping[str, Any] | None, read_only_hint: bool | None) -> ToolPolicy:
+    """What a tool listing declares: ``_meta`` first, then the standard annotations.
+
+    ``readOnlyHint: true`` means no effects. A ``_meta`` value that is not part of
+    the vocabulary is ignored (the safe default applies), never guessed at.
+    """
+    meta = meta or {}
+    effects: bool | None = None
+    raw = meta.get(EFFECTS_META)
+    if isinstance(raw, bool):
+        effects = raw
+    elif read_only_hint is True:
+        effects = False
+    cancellable: Cancellable | None = None
+    raw_cancel = meta.get(CANCELLABLE_META)
+    if isinstance(raw_cancel, str) and raw_cancel in Cancellable.__members__.values():
+        cancellable = Cancellable(raw_cancel)
+    return ToolPolicy(effects=effects, cancellable=cancellable)

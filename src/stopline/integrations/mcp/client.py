@@ -1,0 +1,395 @@
+"""The client wrapper: every side-effecting MCP tool call is a stopline operation.
+
+    async with StoplineMCP(StdioServerParameters(...), mode="legacy") as mcp:
+        async with ledger.run("refund", owner="user:42") as run:
+            receipt = await mcp.call(run, "refund", {"order": 7})
+
+``mcp.call`` (or ``run.call(await mcp.tool("refund"), {...})``) passes the
+dispatch gate before the request is written, sends the operation id as the
+idempotency key in ``_meta["io.stopline/key"]`` (and, when a tool's policy
+names a ``key_argument``, in the arguments too) and records what the answer
+proves (see ``_call``). Around it:
+
+- a ``LateResponseTap`` on the transport attaches answers that arrive after
+  a cancel or a timeout to their operation (``ledger.late_response``, R4);
+- progress notifications become progress events; the server's acceptance
+  notification records ``accepted``;
+- the server's tool listing says which tools have effects and how they
+  cancel (``_meta["io.stopline/effects"]``, ``["io.stopline/cancellable"]``,
+  ``readOnlyHint``), and ``policies={name: ToolPolicy(...)}`` overrides it;
+- when the server offers ``stopline_verify``, it is every tool's read-back
+  and makes a cancel confirmable; otherwise pass ``verifiers={name: fn}``;
+- a connection that broke is re-opened on next use (a stdio server is
+  started again), so verification can go on after a crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from mcp.client import ClientExtension
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, ErrorData
+from mcp_types import Tool as McpTool
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from mcp import Client, MCPError, StdioServerParameters
+from stopline.domain.vocab import Cancellable, Cause
+from stopline.integrations.mcp._call import McpCall, plain_result
+from stopline.integrations.mcp._vocab import (
+    KEY_META,
+    OUTCOME_DATA,
+    TASK_META,
+    VERIFY_TOOL,
+    ToolPolicy,
+    policy_from_listing,
+)
+from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap
+from stopline.integrations.mcp.tasks import CURRENT_CALL, TaskInfo, TasksClient
+from stopline.runtime.context import CallContext
+from stopline.runtime.ledger import Ledger
+from stopline.runtime.run import Run
+from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+
+__all__ = ["StoplineMCP", "UnknownTool"]
+
+logger = logging.getLogger(__name__)
+
+Target = StdioServerParameters | str
+Verifier = Callable[[CallContext], Awaitable[ReadBack | Verdict]]
+
+
+_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "stopline_mcp_timeout", default=None
+)
+
+
+class UnknownTool(LookupError):
+    def __init__(self, name: str, server: str) -> None:
+        super().__init__(f"MCP server {server!r} lists no tool named {name!r}")
+
+
+class StoplineMCP:
+    """One MCP connection whose side-effecting tool calls are stopline operations."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        mode: str = "legacy",
+        name: str | None = None,
+        policies: Mapping[str, ToolPolicy] | None = None,
+        verifiers: Mapping[str, Verifier] | None = None,
+        progress_cap: float | None = 300.0,
+        settle_timeout: float = 30.0,
+        poll_wait: float = 5.0,
+        extensions: Sequence[ClientExtension] = (),
+        tasks: bool = False,
+    ) -> None:
+        self.target = target
+        self.mode = mode
+        self.name = name or "mcp"
+        self.policies = dict(policies or {})
+        self.verifiers = dict(verifiers or {})
+        self.progress_cap = progress_cap  # no progress extends a call's wait past this
+        self.settle_timeout = settle_timeout  # how long a cancelled call asks for the truth
+        self.poll_wait = poll_wait  # the long poll of one stopline_verify
+        self.extensions = list(extensions)
+        if tasks:  # io.modelcontextprotocol/tasks, for tools whose policy says task=True
+            self.extensions.append(TasksClient(spawn=self._spawn, on_final=self._task_final))
+        self.listing: dict[str, McpTool] = {}
+        self.late: list[LateAnswer] = []  # every late answer seen, for inspection
+        self._tools: dict[str, Tool[Any]] = {}
+        self._calls: dict[str, McpCall] = {}
+        self._ledgers: collections.OrderedDict[str, Ledger] = collections.OrderedDict()
+        self._client: Client | None = None
+        self._ready = anyio.Event()
+        self._dead = anyio.Event()
+        self._wanted = anyio.Event()
+        self._closing = False
+        self._tg: TaskGroup | None = None
+        self.connections = 0  # how many times the transport was opened
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def __aenter__(self) -> StoplineMCP:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._keep)
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._closing = True
+        self._dead.set()
+        self._wanted.set()
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()  # followers and late-answer attachments stop with us
+            await tg.__aexit__(None, None, None)
+
+    async def _keep(self, *, task_status: TaskStatus[None]) -> None:
+        """Holds the SDK client open in one task; re-opens it on demand after a break."""
+        first = True
+        while not self._closing:
+            tap = LateResponseTap(self._transport(), self._on_late)
+            client = Client(tap, mode=self.mode, extensions=self.extensions)
+            try:
+                async with client:
+                    self.connections += 1
+                    listing = await client.list_tools()
+                    self.listing = {t.name: t for t in listing.tools}
+                    self._client, self._dead, self._wanted = client, anyio.Event(), anyio.Event()
+                    self._ready.set()
+                    if first:
+                        first = False
+                        task_status.started()
+                    await self._dead.wait()
+            except Exception as exc:
+                if first:
+                    raise
+                logger.warning("stopline: MCP connection %s ended: %r", self.name, exc)
+            if self._client is client:
+                self._client, self._ready = None, anyio.Event()
+            if self._closing:
+                return
+            await self._wanted.wait()
+
+    def _transport(self) -> Any:
+        if isinstance(self.target, StdioServerParameters):
+            return stdio_client(self.target)
+        return streamable_http_client(self.target)
+
+    def _broken(self) -> None:
+        """The transport failed: drop this client; the next use opens a new one."""
+        if self._client is not None:
+            self._client, self._ready = None, anyio.Event()
+        self._dead.set()
+
+    async def _session(self) -> Client:
+        while self._client is None:
+            if self._closing:
+                raise NoAnswer(Cause.TRANSPORT, f"MCP connection {self.name!r} is closed")
+            ready = self._ready
+            self._wanted.set()
+            await ready.wait()
+        return self._client
+
+    @property
+    def client(self) -> Client:
+        """The SDK client of the current connection (for reads and control calls)."""
+        if self._client is None:
+            raise RuntimeError(f"MCP connection {self.name!r} is not open")
+        return self._client
+
+    @property
+    def offers_verify(self) -> bool:
+        return VERIFY_TOOL in self.listing
+
+    # -- tools -----------------------------------------------------------------------
+    def policy(self, name: str) -> ToolPolicy:
+        """The server's declaration for ``name`` with the client's override applied."""
+        listed = self.listing.get(name)
+        if listed is None:
+            raise UnknownTool(name, self.name)
+        hint = listed.annotations.read_only_hint if listed.annotations else None
+        base = policy_from_listing(listed.meta, hint)
+        return self.policies.get(name, ToolPolicy()).merged(base)
+
+    def tool(self, name: str) -> Tool[Any]:
+        """A ``stopline.Tool`` for the MCP tool ``name``: ``run.call(tool, arguments)``."""
+        existing = self._tools.get(name)
+        if existing is not None:
+            return existing
+        policy = self.policy(name)
+        listed = self.listing[name]
+        effects = policy.effects if policy.effects is not None else True
+        cancellable = policy.cancellable or Cancellable.UNTIL_ACCEPTED
+        what = listed.title or (listed.description or "").strip().split("\n")[0] or name
+
+        async def invoke(ctx: CallContext, arguments: dict[str, Any] | None = None) -> Any:
+            return await self._invoke(name, policy, ctx, arguments, _TIMEOUT.get())
+
+        async def read(arguments: dict[str, Any] | None = None) -> Any:
+            with anyio.fail_after(_TIMEOUT.get()):
+                result = await (await self._session()).call_tool(name, arguments or {})
+            if result.is_error:
+                raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
+            return plain_result(result)
+
+        tool: Tool[Any] = Tool(
+            invoke if effects else read,
+            name=f"{self.name}/{name}",
+            description=what,
+            effects=effects,
+            cancellable=cancellable,
+        )
+        tool.wants_context = effects
+        user_verify = self.verifiers.get(name)
+        use_server = policy.verify if policy.verify is not None else self.offers_verify
+        if not effects:
+            pass  # a read: nothing to verify or cancel
+        elif user_verify is not None:
+            tool.verify_fn = user_verify
+        elif use_server and self.offers_verify:
+            tool.verify_fn = self._read_back
+            if cancellable is not Cancellable.NEVER:
+                tool.cancel_fn = self._cancel  # confirmable: the server reports what it did
+        self._tools[name] = tool
+        return tool
+
+    async def call(
+        self,
+        run: Run,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """``run.call`` for the MCP tool ``name``.
+
+        ``timeout`` is the silence allowed: each progress notification extends it,
+        never past ``progress_cap`` from the start. It is not part of the call's
+        identity (a retry with another timeout is the same operation).
+        """
+        token = _TIMEOUT.set(timeout)
+        try:
+            return await run.call(self.tool(name), arguments or {}, key=key)
+        finally:
+            _TIMEOUT.reset(token)
+
+    async def _invoke(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        ctx: CallContext,
+        arguments: dict[str, Any] | None,
+        timeout: float | None,
+    ) -> Any:
+        args = dict(arguments or {})
+        if policy.key_argument:
+            args[policy.key_argument] = ctx.key
+        meta: dict[str, Any] = {KEY_META: ctx.key}
+        client = await self._session()
+        if policy.task and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            meta[TASK_META] = {}  # the server's default TTL
+        self._ledgers[ctx.op_id] = ctx._ledger
+        while len(self._ledgers) > 4096:
+            self._ledgers.popitem(last=False)
+        call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
+        token = CURRENT_CALL.set(ctx)
+        try:
+            return await call.run(args, meta, timeout, self.progress_cap)
+        finally:
+            CURRENT_CALL.reset(token)
+            del self._calls[ctx.op_id]
+
+    # -- the provider's cancel and read-back ---------------------------------------------
+    async def _cancel(self, ctx: CallContext) -> bool:
+        call = self._calls.get(ctx.op_id)
+        if call is None:
+            return False  # it finished already; its outcome is recorded
+        call.ask_cancel()
+        await call.decided.wait()
+        return call.confirmed
+
+    async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
+        """The server's ``stopline_verify`` answer for ``key`` (a read)."""
+        try:
+            client = await self._session()
+            result = await client.call_tool(VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds})
+        except MCPError as exc:
+            raise NoAnswer(Cause.TRANSPORT, f"verify failed: {exc.message}") from exc
+        if result.is_error or not isinstance(result.structured_content, dict):
+            raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
+        return result.structured_content
+
+    async def _read_back(self, ctx: CallContext) -> ReadBack:
+        try:
+            status = await self.status(ctx.key)
+        except NoAnswer as exc:
+            if exc.cause is Cause.TRANSPORT:
+                self._broken()
+            return ReadBack(Verdict.UNKNOWN, detail=exc.detail)
+        verdict = Verdict(status.get("verdict", "unknown"))
+        ref = f"{VERIFY_TOOL}:{self.name}:{ctx.key}"
+        detail = str(status.get("detail") or status.get("state") or "")
+        return ReadBack(verdict, ref, detail, status.get("result"))
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(fn, *args)
+
+    async def _task_final(self, call: CallContext, info: TaskInfo | None, detail: str) -> None:
+        """What a followed task really did, attached to its operation (R4)."""
+        verdict, result = Verdict.UNKNOWN, None
+        if info is not None and info.status == "completed" and info.result is not None:
+            verdict, result = (
+                Verdict.COMMITTED,
+                plain_result(CallToolResult.model_validate(info.result)),
+            )
+        elif (info is not None and info.outcome == "not_committed") or (
+            info is not None
+            and info.error
+            and (info.error.get("data") or {}).get(OUTCOME_DATA) == ("not_committed")
+        ):
+            verdict = Verdict.NOT_COMMITTED
+        ref = f"task:{info.task_id}" if info is not None else ""
+        try:
+            await call._ledger.late_response(
+                call.op_id, verdict, result=result, ref=ref, detail=detail
+            )
+        except Exception:
+            logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+
+    # -- R4: late answers ------------------------------------------------------------------
+    def _on_late(self, late: LateAnswer) -> None:
+        self.late.append(late)
+        ledger = self._ledgers.get(late.key) if late.key else None
+        if ledger is None or self._tg is None:
+            return
+        self._tg.start_soon(self._attach_late, ledger, late)
+
+    async def _attach_late(self, ledger: Ledger, late: LateAnswer) -> None:
+        assert late.key is not None
+        verdict, result, detail = classify_late(late)
+        ref = f"mcp:{self.name}:request:{late.request_id}"
+        try:
+            await ledger.late_response(late.key, verdict, result=result, ref=ref, detail=detail)
+        except Exception:
+            logger.exception("stopline: could not attach a late MCP answer to %s", late.key)
+
+
+def classify_late(late: LateAnswer) -> tuple[Verdict, Any, str]:
+    """What a late answer proves: a success commits; a refusal by stopline's rule does not."""
+    why = f"late answer after {late.reason or 'abandon'}" + (" (raced)" if late.raced else "")
+    if late.result is not None:
+        if late.result.get("isError"):
+            return Verdict.UNKNOWN, late.result, f"{why}: tool error"
+        structured = late.result.get("structuredContent")
+        if structured is not None:
+            return Verdict.COMMITTED, structured, why
+        texts = [
+            c.get("text", "") for c in late.result.get("content", []) if c.get("type") == "text"
+        ]
+        return Verdict.COMMITTED, "\n".join(texts), why
+    error: ErrorData | None = late.error
+    assert error is not None
+    data = error.data if isinstance(error.data, dict) else {}
+    if data.get(OUTCOME_DATA) == "not_committed":
+        return Verdict.NOT_COMMITTED, None, f"{why}: {error.message}"
+    return Verdict.UNKNOWN, None, f"{why}: error {error.code} {error.message!r} proves nothing"

@@ -1,0 +1,395 @@
+"""Helpers for ``MCPServer`` tool authors: truthful effects behind an MCP tool.
+
+    effects = Effects("effects.db")
+    server = MCPServer("payments")
+    effects.install(server)        # the stopline_verify tool + the cancellation log
+
+    @server.tool(meta=effect_meta(Cancellable.UNTIL_ACCEPTED))
+    async def charge(amount: int, ctx: Context) -> dict[str, Any]:
+        async with effects.operation(ctx, "charge", Cancellable.UNTIL_ACCEPTED) as op:
+            if op.replayed:                # the same key again: the recorded result,
+                return op.result           # never a second effect
+            await op.accepted()            # tells the client; from here on the cancel is refused
+            return await op.commit(bank.charge, amount)   # shielded, recorded before returning
+
+What each piece promises:
+
+- **Idempotency by key.** The client sends the operation id in the request's
+  ``_meta["io.stopline/key"]``. A key that committed returns its recorded
+  result; a key whose attempt is still running is waited for; a key in doubt
+  (a commit interrupted by a crash) is refused with an error, never re-run.
+- **Durable commit before the answer.** ``commit`` records ``committing``,
+  runs the effect in a shielded scope, records ``committed`` with the result,
+  and only then returns: a result that is never sent (the client cancelled,
+  the stream broke) is still provable through ``stopline_verify``.
+- **Honest cancellation.** An async tool cancelled before its commit records
+  ``not_committed`` with the state it was in. Inside ``commit`` (and after
+  ``accepted`` for tools that cannot cancel once accepted) the cancel is
+  refused: the work finishes and its outcome is recorded. A plain ``def`` tool
+  runs in a worker thread and cannot be interrupted at all: wrap its effect in
+  ``effects.run_sync(ctx, "tool", fn, ...)`` so its commit is recorded the same
+  way, and declare it ``Cancellable.NEVER``.
+- **A cancellation log.** Every cancel the server sees (a
+  ``notifications/cancelled``, a handler interrupted by a stream close) is
+  written to the ``stopline_cancellations`` table with the request id, the
+  key, the tool, the time and the operation's state at that moment.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import INTERNAL_ERROR, ToolAnnotations
+
+from mcp import MCPError
+from stopline.domain.vocab import Cancellable
+from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectStore
+from stopline.integrations.mcp._vocab import (
+    ACCEPTED_MESSAGE,
+    CANCELLABLE_META,
+    EFFECTS_META,
+    KEY_META,
+    OUTCOME_DATA,
+    REJECTED_CODE,
+    VERIFY_TOOL,
+)
+from stopline.runtime.tool import Rejected
+
+__all__ = ["Effects", "Operation", "effect_meta", "key_of"]
+
+T = TypeVar("T")
+
+
+def effect_meta(cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED) -> dict[str, Any]:
+    """The tool ``_meta`` a stopline client reads: the tool has effects, and how it cancels."""
+    return {EFFECTS_META: True, CANCELLABLE_META: cancellable.value}
+
+
+def key_of(ctx: Context[Any]) -> str:
+    """The idempotency key of this request (``_meta["io.stopline/key"]``)."""
+    meta = ctx.request_context.meta or {}
+    key = cast(dict[str, Any], meta).get(KEY_META)
+    if not isinstance(key, str) or not key:
+        raise MCPError(
+            code=REJECTED_CODE,
+            message=f"this tool needs an idempotency key in _meta[{KEY_META!r}]",
+            data={OUTCOME_DATA: "not_committed"},
+        )
+    return key
+
+
+@dataclasses.dataclass
+class _Live:
+    """What this process knows of an attempt in progress (mirrors the durable state)."""
+
+    state: EffectState
+    settled: anyio.Event
+    shielded: bool = False
+
+
+class Effects:
+    """The server's durable record of effects by key, its verify tool and its cancel log."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.store = EffectStore(path)
+        self.recovered = self.store.recover()
+        self._live: dict[str, _Live] = {}
+        self._arriving: collections.Counter[str] = collections.Counter()
+        self._requests: dict[str, tuple[str | None, str | None]] = {}
+
+    def install(self, server: MCPServer[Any]) -> None:
+        """Add the ``stopline_verify`` tool and the cancellation-log middleware."""
+
+        async def stopline_verify(key: str, wait_seconds: float = 0.0) -> dict[str, Any]:
+            """Read-only: what happened to the operation with this idempotency key.
+
+            ``wait_seconds`` waits (at most 30 s) for an attempt in progress to end.
+            """
+            return await self.status(key, wait_seconds=wait_seconds)
+
+        server.add_tool(
+            stopline_verify,
+            name=VERIFY_TOOL,
+            annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True),
+            meta={EFFECTS_META: False},
+        )
+        server.middleware.append(self.middleware)
+
+    def operation(
+        self,
+        ctx: Context[Any],
+        tool: str,
+        cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED,
+    ) -> Operation:
+        """``async with effects.operation(ctx, "tool") as op``: one keyed effect."""
+        return Operation(self, ctx, key_of(ctx), tool, cancellable)
+
+    # -- reads ---------------------------------------------------------------------
+    async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
+        live = self._live.get(key)
+        if live is not None and wait_seconds > 0:
+            with anyio.move_on_after(min(wait_seconds, 30.0)):
+                await live.settled.wait()
+        record = await anyio.to_thread.run_sync(self.store.get, key)
+        in_flight = key in self._live or self._arriving[key] > 0
+        return _status(key, record, in_flight)
+
+    async def cancellations(self) -> list[dict[str, Any]]:
+        """The cancellation log, oldest first."""
+        return await anyio.to_thread.run_sync(self.store.cancellations)
+
+    # -- sync tools ------------------------------------------------------------------
+    def run_sync(self, ctx: Context[Any], tool: str, fn: Callable[..., T], *args: Any) -> T:
+        """Inside a ``def`` tool (a worker thread): run ``fn`` as a keyed, recorded commit.
+
+        The thread cannot be interrupted, so a cancel never stops it: the commit
+        happens and is recorded, and ``stopline_verify`` reports it.
+        """
+        key = key_of(ctx)
+        live = anyio.from_thread.run_sync(self._open_live, key)
+        try:
+            record, fresh = self.store.begin(key, tool)
+            if not fresh:
+                return cast(T, _replay_or_refuse(record))
+            self.store.set_state(key, EffectState.COMMITTING)
+            live.state = EffectState.COMMITTING
+            try:
+                result = fn(*args)
+            except Rejected as exc:
+                self.store.set_state(key, EffectState.NOT_COMMITTED, detail=exc.reason)
+                raise _rejected(exc.reason) from exc
+            except Exception as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+                self.store.set_state(key, EffectState.UNKNOWN, detail=detail)
+                raise _in_doubt(f"the commit failed part-way: {exc}") from exc
+            except BaseException as exc:
+                self.store.set_state(key, EffectState.UNKNOWN, detail=repr(exc))
+                raise
+            self.store.set_state(key, EffectState.COMMITTED, result=result)
+            return result
+        finally:
+            anyio.from_thread.run_sync(self._close_live, key, live)
+
+    def _open_live(self, key: str) -> _Live:
+        live = self._live[key] = _Live(EffectState.RECEIVED, anyio.Event(), shielded=True)
+        return live
+
+    def _close_live(self, key: str, live: _Live) -> None:
+        if self._live.get(key) is live:
+            del self._live[key]
+        live.settled.set()
+
+    # -- cancellation log --------------------------------------------------------------
+    async def middleware(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """Records every cancel this server sees, with the operation's state at that moment."""
+        params = cast(dict[str, Any], ctx.params or {})
+        if ctx.method == "notifications/cancelled":
+            rid = str(params.get("requestId"))
+            await self._note_cancel(rid, "notification", str(params.get("reason") or ""))
+            return await call_next(ctx)
+        if ctx.method != "tools/call" or ctx.request_id is None:
+            return await call_next(ctx)
+        meta = cast(dict[str, Any], ctx.meta or {})
+        key = meta.get(KEY_META) if isinstance(meta.get(KEY_META), str) else None
+        rid = str(ctx.request_id)
+        self._requests[rid] = (key, params.get("name"))
+        if key:  # registered before any await: a verify sent after this request sees it
+            self._arriving[key] += 1
+        try:
+            return await call_next(ctx)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._note_cancel(rid, "handler_cancelled", "")
+            raise
+        finally:
+            self._requests.pop(rid, None)
+            if key:
+                self._arriving[key] -= 1
+                if self._arriving[key] <= 0:
+                    del self._arriving[key]
+
+    async def cancel_ignored(self, request_id: str, reason: str = "") -> None:
+        """For servers that drop ``notifications/cancelled``: log it as a refused cancel."""
+        await self._note_cancel(request_id, "ignored", reason, refused=True)
+
+    async def _note_cancel(self, rid: str, via: str, reason: str, *, refused: bool = False) -> None:
+        key, tool = self._requests.get(rid, (None, None))
+        live = self._live.get(key) if key else None
+        if live is not None:
+            state = live.state.value
+        elif key:
+            record = await anyio.to_thread.run_sync(self.store.get, key)
+            state = record.state.value if record else "not_started"
+        else:
+            state = "finished_or_unknown"
+        await anyio.to_thread.run_sync(self.store.log_cancel, rid, key, tool, via, state, reason)
+        if key and live is not None and (refused or live.shielded):
+            await anyio.to_thread.run_sync(self.store.set_cancel, key, "refused")
+
+
+class Operation:
+    """One keyed effect inside an async tool; see ``Effects.operation``."""
+
+    def __init__(
+        self, effects: Effects, ctx: Context[Any], key: str, tool: str, cancellable: Cancellable
+    ) -> None:
+        self._effects = effects
+        self._ctx = ctx
+        self.key = key
+        self.tool = tool
+        self.cancellable = cancellable
+        self.replayed = False
+        self.result: Any = None
+        self._live: _Live | None = None
+        self._shield: anyio.CancelScope | None = None
+        self._done = False
+
+    async def __aenter__(self) -> Operation:
+        effects = self._effects
+        while (other := effects._live.get(self.key)) is not None:
+            await other.settled.wait()  # the same key already running here: wait for it
+        self._live = effects._live[self.key] = _Live(EffectState.RECEIVED, anyio.Event())
+        record, fresh = await anyio.to_thread.run_sync(effects.store.begin, self.key, self.tool)
+        if not fresh:
+            self._settle()
+            self.replayed, self.result = True, _replay_or_refuse(record)
+            self._done = True
+            return self
+        if self.cancellable is Cancellable.NEVER:
+            self._enter_shield()
+        return self
+
+    async def accepted(self) -> None:
+        """Acknowledge the request to the client (a progress notification) and record it."""
+        await self._set(EffectState.ACCEPTED)
+        await self._ctx.report_progress(0, None, ACCEPTED_MESSAGE)
+        if self.cancellable is not Cancellable.AFTER_ACCEPTED:
+            self._enter_shield()  # from here on a cancel is refused; the outcome is recorded
+
+    async def commit(self, fn: Callable[..., Awaitable[T] | T], *args: Any) -> T:
+        """Run the effect shielded from cancellation; record its outcome before returning."""
+        with anyio.CancelScope(shield=True):
+            await self._set(EffectState.COMMITTING)
+            try:
+                out = fn(*args)
+                result = cast(T, await out if inspect.isawaitable(out) else out)
+            except Rejected as exc:
+                await self._set(EffectState.NOT_COMMITTED, detail=exc.reason)
+                raise _rejected(exc.reason) from exc
+            except Exception as exc:
+                await self._set(EffectState.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
+                raise _in_doubt(f"the commit failed part-way: {exc}") from exc
+            await self._set(EffectState.COMMITTED, result=result)
+        self._done = True
+        return result
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if self._shield is not None:
+            self._shield.__exit__(None, None, None)
+        try:
+            if self._done or self._live is None or self._live.state.terminal:
+                return
+            with anyio.CancelScope(shield=True):
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    was = self._live.state.value
+                    detail = f"cancelled while {was}; nothing committed"
+                    await self._set(EffectState.NOT_COMMITTED, detail=detail)
+                    store = self._effects.store
+                    rid = str(self._ctx.request_id)
+                    await anyio.to_thread.run_sync(
+                        lambda: store.log_cancel(rid, self.key, self.tool, "tool_stopped", was, "")
+                    )
+                    await anyio.to_thread.run_sync(store.set_cancel, self.key, "stopped")
+                    return
+                reason = "the tool ended without committing"
+                if isinstance(exc, Rejected):
+                    reason = exc.reason
+                elif exc is not None:
+                    reason = f"{type(exc).__name__}: {exc}"
+                await self._set(EffectState.NOT_COMMITTED, detail=reason)
+            if isinstance(exc, MCPError) or exc is None:
+                return
+            raise _rejected(reason) from exc
+        finally:
+            self._settle()
+
+    def refuse_cancel(self) -> None:
+        """From here on a cancel is refused: the work goes on and its outcome is recorded.
+
+        Call it at the top level of the ``async with`` block (it opens a shielded
+        scope that closes when the block ends).
+        """
+        self._enter_shield()
+
+    def _enter_shield(self) -> None:
+        if self._shield is None:
+            self._shield = anyio.CancelScope(shield=True)
+            self._shield.__enter__()
+            assert self._live is not None
+            self._live.shielded = True
+
+    async def _set(self, state: EffectState, *, result: Any = None, detail: str = "") -> None:
+        assert self._live is not None
+        store = self._effects.store
+        await anyio.to_thread.run_sync(
+            lambda: store.set_state(self.key, state, result=result, detail=detail)
+        )
+        self._live.state = state
+
+    def _settle(self) -> None:
+        live = self._live
+        if live is not None and self._effects._live.get(self.key) is live:
+            del self._effects._live[self.key]
+            live.settled.set()
+
+
+def _replay_or_refuse(record: EffectRecord) -> Any:
+    if record.state is EffectState.COMMITTED:
+        return record.result
+    raise _in_doubt(
+        f"operation {record.key!r} is {record.state.value} ({record.detail or 'in progress'}); "
+        "it is not run again"
+    )
+
+
+def _rejected(reason: str) -> MCPError:
+    return MCPError(code=REJECTED_CODE, message=reason, data={OUTCOME_DATA: "not_committed"})
+
+
+def _in_doubt(message: str) -> MCPError:
+    return MCPError(code=INTERNAL_ERROR, message=message, data={OUTCOME_DATA: "unknown"})
+
+
+def _status(key: str, record: EffectRecord | None, in_flight: bool) -> dict[str, Any]:
+    if record is None:
+        state = "in_progress" if in_flight else "unknown_key"
+        verdict = "unknown" if in_flight else "not_committed"
+        detail = "received, not started yet" if in_flight else "this server never saw the key"
+        return {"key": key, "state": state, "verdict": verdict, "detail": detail, "cancel": "none"}
+    verdict = {
+        EffectState.COMMITTED: "committed",
+        EffectState.NOT_COMMITTED: "not_committed",
+    }.get(record.state, "unknown")
+    out: dict[str, Any] = {
+        "key": key,
+        "state": record.state.value,
+        "verdict": verdict,
+        "detail": record.detail,
+        "cancel": record.cancel,
+        "updated_at": record.updated_at,
+    }
+    if record.state is EffectState.COMMITTED:
+        out["result"] = record.result
+    return out

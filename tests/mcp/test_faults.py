@@ -1,0 +1,200 @@
+"""Faults over a real stdio MCP server, in both protocol eras: late answers (S9),
+-32800 and ``code: 0`` answers to a cancelled request, a sync tool that commits
+after the cancel, the process dying and the stream breaking mid-call (S16),
+malformed messages, and each cause told apart in the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import anyio
+import pytest
+from mcp_types import RequestParamsMeta
+
+import stopline
+from mcp import MCPError
+from stopline import Cause, Headline, OpStatus, PhaseKind, Policy
+from stopline.integrations.mcp import KEY_META
+from tests.mcp.conftest import Server, open_server, wait_status
+from tests.scenarios.workflows import Started, start
+
+pytestmark = pytest.mark.timeout(30)
+ERAS = ["stdio-legacy", "stdio-2026"]
+
+
+@pytest.fixture(scope="module", params=ERAS)
+async def plain(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Server]:
+    """A server that honours cancels (an SDK server never answers a cancelled request)."""
+    async for opened in open_server(str(request.param), tmp_path_factory.mktemp("plain")):
+        yield opened
+
+
+@pytest.fixture(scope="module", params=ERAS)
+async def ignoring(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Server]:
+    """A server that drops every ``notifications/cancelled`` and answers anyway."""
+    tmp = tmp_path_factory.mktemp("ignoring")
+    async for opened in open_server(str(request.param), tmp, None, "--ignore-cancel"):
+        yield opened
+
+
+def immediate(server: Server, tool: str, payload: str = "p") -> Any:
+    async def body(run: stopline.Run, started: Started) -> None:
+        async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE):
+            started.results.append(await server.conn.call(run, tool, {"payload": payload}))
+
+    return body
+
+
+async def test_s09_mcp_late_success_after_cancel(ledger: stopline.Ledger, ignoring: Server) -> None:
+    """The server ignores the cancel and answers: kept, committed, workflow not restarted."""
+    await ignoring.hold("received:upload")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(ignoring, "upload"))
+        key = await ignoring.reached("received:upload")
+        await ledger.cancel(started.run_id, by="user:1")
+    op = await ledger.backend.get_operation(key)
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)  # R3: not "not sent"
+    await ignoring.release("received:upload")
+    op = await wait_status(ledger, key, OpStatus.COMMITTED)
+    assert op.result == {"id": key, "tool": "upload", "value": "p"}
+    receipt = await ledger.wait_settled(started.run_id, timeout=20)
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    late = [e for e in await ledger.backend.events(started.run_id) if e.data.get("late")]
+    assert late  # kept as evidence, marked late
+    assert started.entries == 1
+    assert any(a.key == key for a in ignoring.conn.late)
+    log = await ignoring.cancellations_of(key)
+    assert [c["via"] for c in log] == ["ignored"]  # the server says it refused the cancel
+
+
+@pytest.mark.parametrize("answer", ["answer-32800", "answer0"])
+async def test_mcp_error_answer_to_a_cancelled_request_is_evidence_only(
+    ledger: stopline.Ledger, ignoring: Server, answer: str
+) -> None:
+    """-32800 or ``code: 0`` after a cancel proves nothing: kept; the read-back decides."""
+    await ignoring.fault("upload", answer)
+    await ignoring.hold("responding:upload")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(ignoring, "upload"))
+        key = await ignoring.reached("responding:upload")
+        await ledger.cancel(started.run_id, by="user:1")
+    await ignoring.release("responding:upload")
+    while not any(e.kind == "late_response" for e in await ledger.backend.events(started.run_id)):
+        await ledger.wait_for_change(started.run_id)
+    op = await ledger.verify(key)
+    assert op.status is OpStatus.COMMITTED  # the server's durable record
+    assert op.cause is Cause.USER_CANCEL
+
+
+async def test_mcp_sync_tool_commits_after_cancel(ledger: stopline.Ledger, plain: Server) -> None:
+    """A def tool cannot be interrupted: it commits after the cancel and the record shows it."""
+    await plain.hold("sync:sync_commit")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(plain, "sync_commit"))
+        key = await plain.reached("sync:sync_commit")
+        await ledger.cancel(started.run_id, by="user:1")
+    await plain.release("sync:sync_commit")
+    status = await plain.conn.status(key, wait_seconds=20)
+    assert status["verdict"] == "committed", status
+    op = await ledger.verify(key)
+    assert op.status is OpStatus.COMMITTED
+    assert op.cause is Cause.USER_CANCEL
+    receipt = await ledger.wait_settled(started.run_id, timeout=20)
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    assert len(await plain.effects_of(key)) == 1
+
+
+@pytest.mark.parametrize("fault", ["die", "break"])
+async def test_s16_mcp_connection_drops_before_the_response(
+    ledger: stopline.Ledger, plain: Server, fault: str
+) -> None:
+    """Process dies / stream breaks after the commit: unknown, read back, no second effect."""
+    await plain.fault("upload", fault)
+    before = plain.conn.connections
+    outcome: dict[str, Any] = {}
+    async with ledger.run("s16", owner="user:1") as run:
+        try:
+            await plain.conn.call(run, "upload", {"payload": "file it"}, key="ticket")
+        except stopline.NoAnswer as exc:
+            outcome["first"] = exc.cause
+        outcome["retry"] = await plain.conn.call(
+            run, "upload", {"payload": "file it"}, key="ticket"
+        )
+    op = (await ledger.backend.operations(run.id))[0]
+    assert outcome["first"] is Cause.TRANSPORT
+    assert outcome["retry"] == {"id": op.id, "tool": "upload", "value": "file it"}
+    assert op.status is OpStatus.COMMITTED
+    assert op.cause is Cause.TRANSPORT
+    assert plain.conn.connections == before + 1  # a new server process, the same durable record
+    assert len(await plain.effects_of(op.id)) == 1  # no second effect
+
+
+async def test_mcp_process_dies_before_commit_is_not_committed(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    """Died mid-call before its commit section: the restarted server proves nothing happened."""
+    await plain.hold("accepted:upload")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(plain, "upload"))
+        key = await plain.reached("accepted:upload")
+        with pytest.raises(MCPError):
+            await plain.ctl("ctl_die")
+    op = await ledger.backend.get_operation(key)
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert op.cause is Cause.TRANSPORT
+    op = await ledger.verify(key)  # a new server process reads the durable record
+    assert op.status is OpStatus.NOT_COMMITTED
+    assert await plain.effects_of(key) == []
+    receipt = await ledger.wait_settled(started.run_id, timeout=20)
+    assert receipt.headline is Headline.FAILED  # the workflow saw the transport error
+
+
+async def test_mcp_malformed_messages_do_not_lose_the_call(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    await plain.fault("upload", "garbage")
+    before = plain.conn.connections
+    async with ledger.run("garbage", owner="user:1") as run:
+        result = await plain.conn.call(run, "upload", {"payload": "ok"})
+        again = await plain.conn.call(run, "upload", {"payload": "still ok"})
+    assert result["value"] == "ok" and again["value"] == "still ok"
+    assert plain.conn.connections == before
+    statuses = [op.status for op in await ledger.backend.operations(run.id)]
+    assert statuses == [OpStatus.COMMITTED, OpStatus.COMMITTED]
+
+
+async def test_mcp_causes_are_told_apart(ledger: stopline.Ledger, plain: Server) -> None:
+    """Refused before any effect, server error and timeout each get their own record."""
+    await plain.fault("upload", "reject")
+    await plain.hold("received:notify")
+    async with ledger.run("causes", owner="user:1") as run:
+        with pytest.raises(stopline.Rejected):
+            await plain.conn.call(run, "upload", {"payload": "x"}, key="refused")
+        with pytest.raises(stopline.NoAnswer) as server_error:
+            await plain.conn.call(run, "upload", {"wrong": "arguments"}, key="bad")
+        with pytest.raises(stopline.NoAnswer) as timeout:
+            await plain.conn.call(run, "notify", {"payload": "x"}, key="slow", timeout=0.05)
+    await plain.release("received:notify")
+    ops = {op.id.split("/", 1)[1]: op for op in await ledger.backend.operations(run.id)}
+    assert ops["refused"].status is OpStatus.NOT_COMMITTED
+    assert server_error.value.cause is Cause.SERVER_ERROR
+    assert ops["bad"].cause is Cause.SERVER_ERROR
+    assert timeout.value.cause is Cause.TIMEOUT
+    assert ops["slow"].cause is Cause.TIMEOUT
+
+
+async def test_mcp_server_idempotency_by_key(plain: Server) -> None:
+    """A repeated key returns the recorded result, never a second effect."""
+    client = plain.conn.client
+    meta = cast(RequestParamsMeta, {KEY_META: "same-key"})
+    first = await client.call_tool("upload", {"payload": "once"}, meta=meta)
+    second = await client.call_tool("upload", {"payload": "once"}, meta=meta)
+    assert first.structured_content == second.structured_content
+    assert len(await plain.effects_of("same-key")) == 1
+    never = await plain.conn.status("never-sent")
+    assert never["verdict"] == "not_committed"
