@@ -1,0 +1,284 @@
+"""What the agent-framework adapters share.
+
+Each adapter (``langgraph``, ``pydantic_ai``, ``openai_agents``) does three
+things the same way, so they live here once:
+
+- **The current run.** ``bind(ledger, run)`` makes a stopline ``Run`` the one
+  that framework tools called in this context (and the tasks it starts) pass
+  through the gate of. A framework tool called with no bound run raises.
+- **Gated calls of framework tools.** ``gated_call`` runs one call of a
+  side-effecting tool as a stopline operation keyed by the framework's own id
+  (``tool_call_id``, ``call_id``, a LangGraph task id), so a retry or a resume
+  that reaches the same call returns the recorded result instead of repeating it.
+- **Sync tools finish in a thread the adapter owns (R4).** Frameworks run a
+  ``def`` tool in a worker thread and forget it when they cancel the awaiting
+  task: the thread goes on and commits, and nobody records it. Here the
+  thread is started from the ledger's own task group; when the awaiting
+  scope is cancelled the operation is recorded ``unknown`` (R3), and the
+  thread's eventual result is attached with ``ledger.late_response`` (R4).
+  Its verifier is the thread itself: it waits for the function to return.
+
+The cancel side is ``Bound.cancel``: the fence is committed first (R1: nothing
+passes the gate after it), then the framework's own cancel is applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+
+from stopline.domain.lifecycle import Principal
+from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import Cancellable
+from stopline.errors import StoplineError
+from stopline.runtime.context import CallContext
+from stopline.runtime.ledger import Ledger
+from stopline.runtime.run import Run
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
+
+__all__ = [
+    "Bound",
+    "NoRun",
+    "ToolSpec",
+    "bind",
+    "current",
+    "detached_tool",
+    "gated_call",
+    "stopline_tool",
+]
+
+VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
+
+
+class NoRun(StoplineError):
+    """A gated framework tool was called outside a bound stopline run."""
+
+
+@dataclasses.dataclass(eq=False)
+class Bound:
+    """A stopline run bound to one framework execution."""
+
+    ledger: Ledger
+    run: Run
+    # how to apply the framework's own cancel once the fence is committed
+    interrupt: Callable[[], None] = lambda: None
+
+    async def cancel(self, *, by: str | Principal, reason: str = "") -> Receipt:
+        """Fence the run (durably, first), then cancel the framework's work.
+
+        Returns the receipt as it stands at the cancel; ``ledger.wait_settled``
+        gives the final one.
+        """
+        receipt = await self.ledger.cancel(self.run.id, by=by, reason=reason)
+        self.interrupt()
+        return receipt
+
+
+_CURRENT: contextvars.ContextVar[Bound | None] = contextvars.ContextVar(
+    "stopline_framework_run", default=None
+)
+
+
+@contextlib.contextmanager
+def bind(bound: Bound) -> Iterator[Bound]:
+    """Framework tools called in this context pass the gate of ``bound.run``."""
+    token = _CURRENT.set(bound)
+    try:
+        yield bound
+    finally:
+        _CURRENT.reset(token)
+
+
+def current() -> Bound:
+    bound = _CURRENT.get()
+    if bound is None:
+        raise NoRun("a stopline-gated tool was called outside a stopline run")
+    return bound
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a wrapped framework tool declares to stopline."""
+
+    effects: bool = True
+    cancellable: Cancellable = Cancellable.NEVER
+    verify: VerifyByKey | None = None  # a read-back of the destination by idempotency key
+    description: str = ""
+
+
+async def gated_call(tool: Tool[Any], key: str | None, *args: Any, **kwargs: Any) -> Any:
+    """One call of ``tool`` through the gate of the current run, under ``key``."""
+    bound = current()
+    return await bound.run.call(tool, *args, key=key, **kwargs)
+
+
+def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec) -> Tool[Any]:
+    """A ``stopline.Tool`` for a framework tool's function, sync or async.
+
+    An async function is called directly (a cancel interrupts it; the outcome is
+    ``unknown`` until verified). A sync one runs in an owned thread (see above).
+    A ``stopline.Tool`` is used as it is.
+    """
+    if isinstance(fn, Tool):
+        return fn
+    takes_ctx = _wants_context(fn)
+    if inspect.iscoroutinefunction(fn):
+
+        async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
+            return await (fn(ctx, *args, **kwargs) if takes_ctx else fn(*args, **kwargs))
+
+        tool: Tool[Any] = Tool(
+            call,
+            name=name,
+            description=spec.description or name.replace("_", " "),
+            effects=spec.effects,
+            cancellable=spec.cancellable,
+        )
+        tool.wants_context = spec.effects
+        if spec.verify is not None:
+            tool.verify_fn = _by_key(spec.verify)
+        return tool
+    sync_fn = fn
+
+    def in_thread(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
+        call_args = (ctx, *args) if takes_ctx else args
+        run = functools.partial(contextvars.copy_context().run, sync_fn, *call_args, **kwargs)
+        return lambda: anyio.to_thread.run_sync(run)
+
+    return detached_tool(name, spec, in_thread)
+
+
+Work = Callable[[], Awaitable[Any]]
+
+
+def detached_tool(
+    name: str,
+    spec: ToolSpec,
+    start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
+) -> Tool[Any]:
+    """A tool whose work runs to its end in the ledger's task group, whoever stops waiting.
+
+    ``start(ctx, args, kwargs)`` returns the work (a thread, a framework's own
+    executor call). A cancelled caller records ``unknown``; the work's answer is
+    attached when it comes (R4). The verifier waits for that answer.
+    """
+    detached = _Detached(start, spec.verify)
+    tool: Tool[Any] = Tool(
+        detached.call,
+        name=name,
+        description=spec.description or name.replace("_", " "),
+        effects=spec.effects,
+        cancellable=Cancellable.NEVER,  # it cannot be interrupted: say so (R12)
+    )
+    tool.wants_context = spec.effects
+    tool.verify_fn = detached.verify
+    return tool
+
+
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
+
+
+def _by_key(verify: VerifyByKey) -> Callable[[CallContext], Awaitable[ReadBack | Verdict]]:
+    async def read_back(ctx: CallContext) -> ReadBack | Verdict:
+        return await verify(ctx.key)
+
+    return read_back
+
+
+class _Outcome:
+    """One call of a sync function in its worker thread."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()  # the function returned or raised
+        self.settled = anyio.Event()  # ... and what it proves is recorded
+        self.abandoned = False  # the awaiting scope was cancelled first
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+class _Detached:
+    """Calls that finish, and are recorded, whoever stops waiting for them."""
+
+    def __init__(
+        self,
+        start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
+        verify: VerifyByKey | None,
+    ) -> None:
+        self.start = start
+        self.user_verify = verify
+        self.calls: dict[str, _Outcome] = {}
+
+    async def call(self, ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
+        ledger = ctx._ledger
+        outcome = self.calls[ctx.key] = _Outcome()
+        work = self.start(ctx, args, kwargs)
+        ledger.spawn(self._work, ledger, ctx.key, outcome, work)
+        try:
+            await outcome.done.wait()
+        except anyio.get_cancelled_exc_class():
+            # the framework stopped waiting: the thread goes on; its answer is kept (R4)
+            outcome.abandoned = True
+            if outcome.done.is_set():
+                ledger.spawn(self._report, ledger, ctx.key, outcome)
+            raise
+        outcome.settled.set()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.result
+
+    async def _work(self, ledger: Ledger, key: str, outcome: _Outcome, work: Work) -> None:
+        with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
+            try:
+                outcome.result = await work()
+            except Exception as exc:
+                outcome.error = exc
+            outcome.done.set()
+            if outcome.abandoned:
+                await self._report(ledger, key, outcome)
+
+    async def _report(self, ledger: Ledger, key: str, outcome: _Outcome) -> None:
+        """Attach the late answer to its operation: committed, refused, or kept only."""
+        try:
+            if outcome.error is None:
+                await ledger.late_response(
+                    key, Verdict.COMMITTED, result=outcome.result, detail="late: worker thread"
+                )
+            elif isinstance(outcome.error, Rejected):
+                await ledger.late_response(
+                    key, Verdict.NOT_COMMITTED, ref=outcome.error.ref, detail=outcome.error.reason
+                )
+            else:
+                detail = f"late: {type(outcome.error).__name__}: {outcome.error}"
+                await ledger.late_response(key, Verdict.UNKNOWN, detail=detail)
+        finally:
+            outcome.settled.set()
+
+    async def verify(self, ctx: CallContext) -> ReadBack | Verdict:
+        """The thread is this process's ground truth: wait for it to answer."""
+        outcome = self.calls.get(ctx.key)
+        if outcome is None:  # not run here (another process, before a restart)
+            if self.user_verify is not None:
+                return await self.user_verify(ctx.key)
+            return ReadBack(Verdict.UNKNOWN, detail="not run in this process")
+        await outcome.settled.wait()
+        if outcome.error is None:
+            return ReadBack(
+                Verdict.COMMITTED, "worker-thread", "the function returned", outcome.result
+            )
+        if isinstance(outcome.error, Rejected):
+            return ReadBack(Verdict.NOT_COMMITTED, outcome.error.ref, outcome.error.reason)
+        if self.user_verify is not None:
+            return await self.user_verify(ctx.key)
+        return ReadBack(Verdict.UNKNOWN, detail=f"{type(outcome.error).__name__}")
