@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,46 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+# Suites whose storage-touching tests run on both backends (STOPLINE_TEST_BACKENDS
+# narrows it, e.g. "sqlite" on a machine without PostgreSQL).
+_BOTH_BACKENDS = ("scenarios", "rules", "lifecycle")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Storage-touching tests run on SQLite and PostgreSQL; modules marked ``trio_too``
+    also on trio, with SQLite (psycopg's async driver is asyncio-only, so that
+    combination is never generated rather than skipped)."""
+    if "ledger_backend" not in metafunc.fixturenames:
+        return
+    suite = metafunc.definition.path.parent.name
+    wanted = os.environ.get("STOPLINE_TEST_BACKENDS", "sqlite,postgres").split(",")
+    backends = [b for b in ("sqlite", "postgres") if b in wanted] if suite in _BOTH_BACKENDS else []
+    if not backends:
+        return
+    combos = [("asyncio", b) for b in backends]
+    if metafunc.definition.get_closest_marker("trio_too") and "sqlite" in backends:
+        combos.append(("trio", "sqlite"))
+    metafunc.parametrize(
+        ("anyio_backend", "ledger_backend"),
+        combos,
+        indirect=["ledger_backend"],
+        ids=[f"{a}-{b}" for a, b in combos],
+    )
+
+
 @pytest.fixture
-def ledger_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+def ledger_backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def ledger_url(tmp_path: Path, ledger_backend: str) -> Iterator[str]:
+    if ledger_backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+        return
+    from tests.postgres.server import fresh_schema
+
+    yield from fresh_schema()
 
 
 @pytest.fixture

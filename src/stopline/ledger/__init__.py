@@ -36,5 +36,11 @@ async def open_backend(url: str | None = None) -> Backend:
             synchronous=options.get("synchronous", "FULL").upper(),
         )
     if url.startswith(("postgresql://", "postgres://")):
-        raise LedgerUnavailable(url, "the PostgreSQL backend is not part of this release")
-    raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH")
+        try:
+            from stopline.ledger.postgres import PostgresBackend
+        except ImportError as exc:
+            raise LedgerUnavailable(
+                url, "the PostgreSQL ledger needs psycopg: pip install 'stopline[postgres]'"
+            ) from exc
+        return await PostgresBackend.open(url)
+    raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")

@@ -111,7 +111,9 @@ class LifecycleMixin:
     ) -> tuple[Principal, RunRecord]:
         """Check ``who`` may do ``action`` to the run; a denial is audited, then raised."""
         principal = Principal.of(who)
-        run = await self._host.backend.get_run(run_id)
+        local = self._host._local.get(run_id)
+        # a run of this process: owner and tenant never change, so no read before the fence
+        run = local.record if local is not None else await self._host.backend.get_run(run_id)
         if not self._host.access.visible(principal, run):
             await self._host.backend.audit(
                 run_id,

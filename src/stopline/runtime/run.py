@@ -46,6 +46,7 @@ class Run:
         self.name = record.name
         self.owner = record.owner
         self.tenant = record.tenant
+        self.record = record  # as created or attached: who owns it and in which tenant
         self.policy = record.policy
         self.phase_kind: PhaseKind | None = record.phase
         self._seq = 0

@@ -37,6 +37,7 @@ class Settler:
         self._ledger = ledger
         self._locks: dict[str, anyio.Lock] = {}
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
+        self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
         self.busy = 0  # background steps running now (tests wait for quiescence on it)
 
     @contextlib.asynccontextmanager
@@ -58,8 +59,18 @@ class Settler:
         self._ledger.spawn(self._ask, ctx)
 
     async def _ask(self, ctx: CallContext) -> None:
-        async with self.working():
-            await self._ask_provider(ctx)
+        """Ask, and hold the run's settlement until the provider has answered: its answer
+        (a confirmed or refused cancel) is part of the receipt, which must not change
+        after the run is called settled."""
+        self._asking[ctx.run_id] = self._asking.get(ctx.run_id, 0) + 1
+        try:
+            async with self.working():
+                await self._ask_provider(ctx)
+        finally:
+            self._asking[ctx.run_id] -= 1
+            if not self._asking[ctx.run_id]:
+                del self._asking[ctx.run_id]
+        await self.advance(ctx.run_id)
 
     async def _ask_provider(self, ctx: CallContext) -> None:
         ledger = self._ledger
@@ -190,6 +201,8 @@ class Settler:
                 return
             if run_id in ledger._local and ledger._local[run_id]._inflight:
                 return  # local calls still running; their outcomes call us again
+            if run_id in self._asking:
+                return  # a provider has yet to answer our cancel; its answer calls us again
             ops = await ledger.backend.operations(run_id)
             statuses = {op.status for op in ops}
             if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:

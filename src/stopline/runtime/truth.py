@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stopline.domain.lifecycle import Action, Principal
 from stopline.domain.model import OperationRecord
+from stopline.domain.vocab import RunState
 from stopline.runtime.compensate import CompensationContext, Compensator
 from stopline.runtime.context import CallContext
 from stopline.runtime.reconcile import Reconciler, ReconcileSummary
@@ -81,7 +82,16 @@ class TruthMixin:
         """
         report = await self._workers.recover()
         self._me.spawn(self._workers.keep_alive)
+        self._me.spawn(self._advance_stranded)
         return report
+
+    async def _advance_stranded(self) -> None:
+        """Cancelled runs a closed or dead worker left before settling them: move them on
+        (their operations are resolved or being reconciled; the settler decides)."""
+        for state in (RunState.CANCELLING, RunState.SETTLING):
+            for run in await self._me.backend.list_runs(state=state, limit=10_000):
+                if run.id not in self._me._local:
+                    await self._me._settler.advance(run.id)
 
     async def _retire(self) -> None:
         await self._workers.retire()

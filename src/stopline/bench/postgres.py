@@ -1,0 +1,277 @@
+"""PostgreSQL figures: the gate's cost, cross-process cancel latency, many-worker throughput.
+
+``stopline bench --postgres URL`` runs them in a schema of their own on that
+server (dropped afterwards); without a URL this suite measures nothing.
+Baselines are measured on the same server in the same run: a bare
+conditional insert (the fence check and the insert as one statement, on one
+connection), the floor for any gate that records its intent durably first.
+Worker processes are real processes (``python -m stopline.bench.postgres``);
+times across them are read from the system-wide monotonic clock
+(``time.perf_counter`` on Linux).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+import stopline
+from stopline.bench.figures import Figure, median, percentile
+from stopline.domain.model import OperationSpec
+from stopline.ledger.backend import RunSpec
+
+__all__ = ["measure"]
+
+
+@stopline.tool
+async def _noop(ctx: stopline.CallContext, n: int) -> int:
+    return n
+
+
+def _with_schema(url: str, schema: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}schema={schema}"
+
+
+# -- the gate vs a bare conditional insert --------------------------------------------
+async def _bare_samples(url: str, schema: str, n: int) -> list[float]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(f'SET search_path = "{schema}"')
+        await conn.execute("CREATE TABLE bare_fence (id TEXT PRIMARY KEY, fence INT)")
+        await conn.execute("CREATE TABLE bare_ops (id TEXT PRIMARY KEY, run TEXT)")
+        await conn.execute("INSERT INTO bare_fence VALUES ('r', 0)")
+        samples = []
+        for _ in range(n):
+            op_id = uuid.uuid4().hex
+            start = time.perf_counter()
+            await conn.execute(
+                "INSERT INTO bare_ops SELECT %s, id FROM bare_fence WHERE id = 'r' AND fence = 0",
+                (op_id,),
+            )
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
+    """(whole gated operations: intent + outcome, the gate alone)."""
+    calls, gates = [], []
+    async with stopline.open(url) as ledger, ledger.run("bench", owner="bench") as run:
+        for i in range(n):
+            start = time.perf_counter()
+            await run.call(_noop, i)
+            calls.append(time.perf_counter() - start)
+        spec = RunSpec("bench_gate", "bench", "bench", "bench")
+        await ledger.backend.create_run(spec)
+        for i in range(n):
+            op = OperationSpec(
+                f"bench_gate/{i}", "bench_gate", "noop", "d", "", stopline.Cancellable.NEVER,
+                False, False,
+            )  # fmt: skip
+            start = time.perf_counter()
+            await ledger.backend.gate(op)
+            gates.append(time.perf_counter() - start)
+    return calls, gates
+
+
+# -- cancel across processes ----------------------------------------------------------
+# Worker processes are ``python -m stopline.bench.postgres ROLE ...``: lines on stdout
+# report to the bench, a line on stdin lets a worker go.
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _victim_main(url: str, n: int) -> None:
+    marks: dict[str, float] = {}
+
+    @stopline.tool
+    async def wait(ctx: stopline.CallContext) -> None:
+        _say("in")
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            marks["interrupted"] = time.perf_counter()
+            raise
+
+    async with stopline.open(url) as ledger:
+        for i in range(n):
+            async with (
+                ledger.run("victim", owner="bench", run_id=f"victim_{i}") as run,
+                run.phase(stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE),
+            ):
+                await run.call(wait)
+            _say(repr(marks["interrupted"]))
+
+
+class _Child:
+    """A worker process and its stdout, line by line."""
+
+    def __init__(self, proc: Process) -> None:
+        self.proc = proc
+        assert proc.stdout is not None
+        self._lines = BufferedByteReceiveStream(proc.stdout)
+
+    @classmethod
+    async def start(cls, *args: str) -> _Child:
+        cmd = [sys.executable, "-m", "stopline.bench.postgres", *args]
+        return cls(await anyio.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+
+    async def line(self) -> str:
+        return (await self._lines.receive_until(b"\n", 4096)).decode()
+
+    async def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send(line.encode() + b"\n")
+
+    async def close(self) -> None:
+        with anyio.move_on_after(60, shield=True):
+            await self.proc.wait()
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.aclose()
+
+
+async def _cross_process_cancels(url: str, n: int) -> list[float]:
+    child = await _Child.start("victim", url, str(n))
+    samples = []
+    try:
+        async with stopline.open(url) as ledger:
+            for i in range(n):
+                assert await child.line() == "in"
+                start = time.perf_counter()  # before the cancel's transaction starts
+                await ledger.backend.cancel(f"victim_{i}", by="bench")
+                samples.append(float(await child.line()) - start)
+    finally:
+        await child.close()
+    return samples
+
+
+# -- many workers ---------------------------------------------------------------------
+async def _worker_main(url: str, runs: int, per_run: int) -> None:
+    async with stopline.open(url + "&pool_max=20") as ledger:
+        _say("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+
+        async def one() -> None:
+            async with ledger.run("bench", owner="bench") as run:
+                for i in range(per_run):
+                    await run.call(_noop, i)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(runs):
+                tg.start_soon(one)
+        _say("done")
+
+
+def _postgres_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this host's postgres processes (None without /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    found = False
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found = True
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / ticks if found else None
+
+
+async def _concurrent(url: str, procs: int, runs: int, per_run: int) -> tuple[float, float | None]:
+    children = [await _Child.start("worker", url, str(runs), str(per_run)) for _ in range(procs)]
+    try:
+        for child in children:
+            assert await child.line() == "ready"
+        cpu_before = _postgres_cpu_seconds()
+        start = time.perf_counter()
+        for child in children:
+            await child.send("go")
+        for child in children:
+            assert await child.line() == "done"
+        elapsed = time.perf_counter() - start
+        cpu_after = _postgres_cpu_seconds()
+    finally:
+        for child in children:
+            await child.close()
+    share = None
+    if cpu_before is not None and cpu_after is not None:
+        share = (cpu_after - cpu_before) / elapsed / (os.cpu_count() or 1)
+    return procs * runs * per_run / elapsed, share
+
+
+async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) -> list[Figure]:
+    del workdir
+    if postgres is None:
+        return []
+    import psycopg
+
+    schema = f"stopline_bench_{uuid.uuid4().hex[:12]}"
+    url = _with_schema(postgres, schema)
+    n = 300 if quick else 3000
+    try:
+        bare = await _bare_samples(postgres, f"{schema}_bare", n)
+        calls, gates = await _gate_samples(url, n)
+        cancels = await _cross_process_cancels(url, 30 if quick else 200)
+        per_run = 10 if quick else 50
+        throughput, share = await _concurrent(url, 4, 50, per_run)
+    finally:
+        async with await psycopg.AsyncConnection.connect(postgres, autocommit=True) as conn:
+            for name in (schema, f"{schema}_bare"):
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    cpu = "n/a" if share is None else f"{share:.0%} of {os.cpu_count()} cores"
+    return [
+        Figure(
+            "gate_postgres_us",
+            median(gates) * 1e6,
+            "us",
+            median(bare) * 1e6,
+            "ratio <= 2.0",
+            "p50 gate (fence check + intent + event, one statement) vs one bare conditional "
+            f"insert; a whole gated call (intent + outcome) p50 {median(calls) * 1e6:.0f} us",
+        ),
+        Figure(
+            "cancel_cross_process_p99_ms",
+            percentile(cancels, 99) * 1e3,
+            "ms",
+            None,
+            "<= 5 ms",
+            "cancel() started in one process to the in-flight call's scope cancelled in "
+            f"another (LISTEN/NOTIFY); p50 {median(cancels) * 1e3:.2f} ms",
+        ),
+        Figure(
+            "gate_postgres_concurrent_ops_per_s",
+            throughput,
+            "ops/s",
+            None,
+            "",
+            f"4 worker processes x 50 concurrent runs, intent + outcome per op; server CPU {cpu}",
+        ),
+    ]
+
+
+def _child_main(argv: list[str]) -> None:
+    role, url, *rest = argv
+    if role == "victim":
+        anyio.run(_victim_main, url, int(rest[0]))
+    else:
+        anyio.run(_worker_main, url, int(rest[0]), int(rest[1]))
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

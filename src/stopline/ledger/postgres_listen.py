@@ -1,0 +1,126 @@
+"""Cancels committed by other processes, delivered through LISTEN/NOTIFY.
+
+A cancel's transaction notifies the fenced run ids (``postgres_lifecycle``);
+the server sends them at commit. One dedicated connection per backend
+listens and hands each batch to the runtime, which interrupts the in-flight
+calls of those runs in this process.
+
+The notification only speeds up interruption: the gate reads the fence, so a
+notification lost while this connection is down never lets a dispatch
+through (R1). When the connection drops, it is re-established with backoff
+and the cancels committed meanwhile are caught up from ``runs.cancelled_at``
+(with ``CATCH_UP_SLACK`` seconds of slack for clock skew between hosts and
+for a drop noticed late; TCP keepalives bound "late"). Delivering a run twice
+is harmless: the runtime skips runs it already knows are cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import psycopg
+
+if TYPE_CHECKING:
+    from stopline.ledger.postgres import PostgresBackend
+
+__all__ = ["CATCH_UP_SLACK", "Listener"]
+
+CATCH_UP_SLACK = 60.0
+# a dead peer is noticed within about 11 s even when no packet is due
+_KEEPALIVE: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+_FENCED = "('cancelling', 'settling', 'cancelled', 'needs_review')"
+log = logging.getLogger("stopline.ledger.postgres")
+
+
+class Listener:
+    """The LISTEN connection of one backend, kept alive."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self.connections = 0  # how many times LISTEN was established
+        self.connected = anyio.Event()  # set while listening (replaced after a drop)
+        self.pid: int | None = None  # the server process of the LISTEN connection
+        # testing hook: awaited after a drop, before reconnecting
+        self.before_reconnect: Callable[[], Awaitable[None]] | None = None
+
+    async def run(
+        self,
+        on_cancel: Callable[[list[str]], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        backend = self._backend
+        since: float | None = None
+        delay = 0.01
+        started = False
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    backend._conninfo,
+                    application_name="stopline-listen",
+                    **backend._kwargs,
+                    **_KEEPALIVE,
+                )
+            except (psycopg.Error, OSError) as exc:
+                if not started:
+                    raise backend._map(exc) from exc
+                log.warning("cancel listener: reconnect failed (%s); retrying", exc)
+                await anyio.sleep(delay)  # back off before the next attempt
+                delay = min(delay * 2, 1.0)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f'LISTEN "{backend.channel}"')
+                    self.pid = conn.info.backend_pid
+                    self.connections += 1
+                    if since is not None:
+                        await self._catch_up(conn, since, on_cancel)
+                    self.connected.set()
+                    if not started:
+                        task_status.started()
+                        started = True
+                    delay = 0.01
+                    async for note in conn.notifies():
+                        _deliver(note.payload, on_cancel)
+            except (psycopg.Error, OSError) as exc:
+                if not started:
+                    raise backend._map(exc) from exc
+                log.warning("cancel listener: connection lost (%s); re-listening", exc)
+            self.connected = anyio.Event()
+            since = time.time() - CATCH_UP_SLACK
+            if self.before_reconnect is not None:
+                await self.before_reconnect()
+
+    async def _catch_up(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        since: float,
+        on_cancel: Callable[[list[str]], None],
+    ) -> None:
+        cur = await conn.execute(
+            f"SELECT id FROM runs WHERE state IN {_FENCED} AND cancelled_at >= %s", (since,)
+        )
+        missed = [str(row[0]) for row in await cur.fetchall()]
+        if missed:
+            on_cancel(missed)
+
+
+def _deliver(payload: str, on_cancel: Callable[[list[str]], None]) -> None:
+    """One notification to the runtime; a malformed one is logged, never fatal."""
+    try:
+        run_ids = [str(r) for r in json.loads(payload)]
+    except (ValueError, TypeError):
+        log.warning("cancel listener: ignoring a malformed notification %r", payload[:200])
+        return
+    on_cancel(run_ids)

@@ -1,0 +1,282 @@
+"""What only the PostgreSQL backend does: fencing leases, commits in doubt, its schema.
+
+The contract suites (tests/ledger) cover the semantics shared with SQLite;
+these cover what a shared server adds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+import stopline
+from stopline.domain.vocab import OpStatus
+from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
+from stopline.ledger.backend import GateVerdict
+from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
+from stopline.ledger.postgres_txn import Tx
+from stopline.ledger.schema import SCHEMA_VERSION
+from tests.ledger.contract import op_spec, run_spec
+from tests.postgres.server import fresh_schema
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from fresh_schema()
+
+
+@pytest.fixture
+async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
+    opened = await PostgresBackend.open(pg_url + "&retry_for=0.5")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run one statement in the test's schema, outside the backend."""
+    base, _, schema = url.partition("?schema=")
+    with psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}") as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+# -- leases as fencing tokens -------------------------------------------------------
+async def test_expired_lease_cannot_record_an_intent(backend: PostgresBackend) -> None:
+    await backend.create_run(run_spec())
+    await backend.heartbeat("w1", host="h", pid=1, lease_until=time.time() - 1)
+    late = dataclasses.replace(op_spec(), worker="w1")
+    with pytest.raises(LeaseExpired):
+        await backend.gate(late)
+    with pytest.raises(stopline.UnknownOperation):
+        await backend.get_operation(late.id)  # nothing recorded
+    await backend.heartbeat("w1", host="h", pid=1, lease_until=time.time() + 60)
+    assert (await backend.gate(late)).verdict is GateVerdict.PASSED
+
+
+async def test_recovered_worker_is_fenced_until_it_renews(backend: PostgresBackend) -> None:
+    """A worker declared dead (its pid gone, its lease not yet expired) stays fenced."""
+    await backend.create_run(run_spec())
+    await backend.heartbeat("w1", host="h", pid=1, lease_until=time.time() + 60)
+    first = dataclasses.replace(op_spec("run_a/1"), worker="w1")
+    assert (await backend.gate(first)).verdict is GateVerdict.PASSED
+    (orphan,) = await backend.recover_orphans(["w1"], [stopline.Evidence.local("crash")])
+    assert orphan.status is OpStatus.UNKNOWN
+    second = dataclasses.replace(op_spec("run_a/2"), worker="w1")
+    with pytest.raises(LeaseExpired):
+        await backend.gate(second)  # the zombie wakes up: refused at the gate
+    await backend.heartbeat("w1", host="h", pid=1, lease_until=time.time() + 60)
+    assert (await backend.gate(second)).verdict is GateVerdict.PASSED
+
+
+async def test_paused_worker_whose_lease_expired_cannot_dispatch(pg_url: str) -> None:
+    """Two runtimes: A stalls mid-call past its lease, B recovers A; A's late intent fails."""
+    entered, release = anyio.Event(), anyio.Event()
+
+    @stopline.tool(name="pay")
+    async def pay(ctx: stopline.CallContext, n: int) -> int:
+        if n == 0:
+            entered.set()
+            await release.wait()
+        return n
+
+    async with stopline.open(pg_url, tools=[pay]) as a:
+        a.lease = 3600.0  # renewal far away: the test expires the lease itself
+        await a._workers.register()
+        outcome: dict[str, Any] = {}
+
+        async def workflow() -> None:
+            async with a.run("job", owner="user:1", run_id="run_p") as run:
+                outcome["first"] = await run.call(pay, 0, key="k0")
+                try:
+                    await run.call(pay, 1, key="k1")
+                except LeaseExpired as exc:
+                    outcome["second"] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow)
+            await entered.wait()
+            sql(pg_url, "UPDATE workers SET lease_until = %s WHERE id = %s", 1.0, a.worker_id)
+            async with stopline.open(pg_url, tools=[pay]) as b:  # its recovery sees A dead
+                assert (await b.backend.get_operation("run_p/k0")).status is OpStatus.UNKNOWN
+            release.set()
+        assert outcome["first"] == 0
+        assert isinstance(outcome["second"], LeaseExpired)
+        k0 = await a.backend.get_operation("run_p/k0")
+        assert k0.status is OpStatus.COMMITTED  # the late response is kept (R4)
+        with pytest.raises(stopline.UnknownOperation):
+            await a.backend.get_operation("run_p/k1")  # never recorded, never sent
+
+
+# -- commits in doubt --------------------------------------------------------------
+@contextlib.contextmanager
+def lose_reply_once(after_commit: bool) -> Iterator[None]:
+    """The next one-statement write loses its connection, after or before it commits."""
+    original = Tx.write1
+    state = {"armed": True}
+
+    async def write1(self: Tx, statement: str, params: Any = ()) -> Any:
+        if not state["armed"]:
+            return await original(self, statement, params)
+        state["armed"] = False
+        self.in_doubt = True
+        if after_commit:
+            await original(self, statement, params)
+            self.in_doubt = True
+        raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Tx, "write1", write1)
+        yield
+
+
+@pytest.mark.parametrize("after_commit", [True, False])
+async def test_gate_in_doubt_is_settled_by_its_token(
+    backend: PostgresBackend, after_commit: bool
+) -> None:
+    await backend.create_run(run_spec())
+    with lose_reply_once(after_commit):
+        result = await backend.gate(op_spec())
+    assert result.verdict is GateVerdict.PASSED
+    op = await backend.get_operation("run_a/1:send")
+    assert op.status is OpStatus.REQUESTED and op.attempts == 1
+    kinds = [e.kind for e in await backend.events("run_a")]
+    assert kinds.count("gate_passed") == 1  # landed once, whichever way it went
+
+
+async def test_gate_in_doubt_while_unreachable_becomes_unknown(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await backend.create_run(run_spec())
+    pool = backend._pool
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("simulated: connection refused")
+
+    with lose_reply_once(after_commit=True):
+        original = pool.connection
+        calls = {"n": 0}
+
+        def connection(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            return original(*args, **kwargs) if calls["n"] == 1 else unreachable()
+
+        monkeypatch.setattr(pool, "connection", connection)
+        with pytest.raises(GateInDoubt) as info:
+            await backend.gate(op_spec())
+        monkeypatch.setattr(pool, "connection", original)
+    assert info.value.op_id == "run_a/1:send"
+    # the next transaction that reaches the server settles it: never "not sent" (R3)
+    op = await backend.get_operation("run_a/1:send")
+    assert op.status is OpStatus.UNKNOWN and op.cause is stopline.Cause.TRANSPORT
+
+
+async def test_record_in_doubt_is_not_applied_twice(backend: PostgresBackend) -> None:
+    from tests.ledger.contract import COMMIT
+
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec())
+    with lose_reply_once(after_commit=True):
+        op = await backend.record("run_a/1:send", COMMIT)
+    assert op.status is OpStatus.COMMITTED
+    kinds = [e.kind for e in await backend.events("run_a")]
+    assert kinds.count("committed") == 1
+
+
+# -- the schema ---------------------------------------------------------------------
+async def test_newer_schema_is_refused(pg_url: str) -> None:
+    opened = await PostgresBackend.open(pg_url)
+    await opened.close()
+    sql(pg_url, "UPDATE stopline_schema SET version = 99")
+    with pytest.raises(SchemaTooNew):
+        await PostgresBackend.open(pg_url)
+
+
+async def test_foreign_tables_are_not_a_ledger(pg_url: str) -> None:
+    base, _, schema = pg_url.partition("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".other (x int)')
+    with pytest.raises(LedgerCorrupt, match="not a stopline ledger"):
+        await PostgresBackend.open(pg_url)
+
+
+async def test_workers_starting_together_migrate_once(pg_url: str) -> None:
+    opened: list[PostgresBackend] = []
+
+    async def start() -> None:
+        opened.append(await PostgresBackend.open(pg_url))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(start)
+    for backend in opened:
+        await backend.close()
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)]
+
+
+async def test_bad_urls(pg_url: str) -> None:
+    with pytest.raises(LedgerUnavailable, match="plain identifier"):
+        await PostgresBackend.open(pg_url.partition("?")[0] + "?schema=x;drop")
+    with pytest.raises(LedgerUnavailable):
+        await PostgresBackend.open("postgresql://127.0.0.1:1/none?retry_for=0.2")
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_is_refused_with_a_reason(pg_url: str) -> None:
+    with pytest.raises(LedgerUnavailable, match="asyncio"):
+        await PostgresBackend.open(pg_url)
+
+
+async def test_connection_killed_by_the_server_is_retried(backend: PostgresBackend) -> None:
+    """An administrator (or a failover) ends the pooled connection: the next calls reconnect."""
+    await backend.create_run(run_spec())
+
+    async def pid(tx: Tx) -> int:
+        return int((await tx.one("SELECT pg_backend_pid()"))[0])
+
+    victim = await backend._tx(pid, safe=True)
+    with psycopg.connect(backend._conninfo, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
+    assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED  # settled, then passed
+    assert (await backend.get_run("run_a")).state is stopline.RunState.RUNNING
+    assert await backend._tx(pid, safe=True) != victim
+    kinds = [e.kind for e in await backend.events("run_a")]
+    assert kinds.count("gate_passed") == 1
+
+
+async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
+    """The LISTEN side in one process: a cancel from another backend arrives as run ids."""
+    seen: list[list[str]] = []
+    arrived = anyio.Event()
+
+    def on_cancel(run_ids: list[str]) -> None:
+        seen.append(run_ids)
+        arrived.set()
+
+    listener = await PostgresBackend.open(pg_url)
+    canceller = await PostgresBackend.open(pg_url)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(listener.watch_cancels, on_cancel)
+            sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.channel)
+            await canceller.create_run(run_spec("root"))
+            await canceller.create_run(run_spec("child", parent_id="root"))
+            await canceller.cancel("root", by="u")
+            with anyio.fail_after(10):
+                await arrived.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        await listener.close()
+        await canceller.close()
+    assert seen == [["root", "child"]]
