@@ -195,3 +195,21 @@ async def test_phase_policy_at_boundary_lets_the_step_finish(ledger: stopline.Le
     receipt = await ledger.wait_settled(started.run_id, timeout=10)
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
     assert second.requests == []  # stopped at the boundary after the first step
+
+
+async def test_deferred_outcomes_are_read_in_order(ledger_url: str) -> None:
+    """durable_outcomes=False: a call returns before its outcome commits, yet every later
+    read of this process sees it (one writer, first in first out), and closing the ledger
+    leaves it durable."""
+    send = FakeProvider("send")
+    async with stopline.open(ledger_url, durable_outcomes=False) as ledger:
+        async with ledger.run("job", owner="user:1") as run:
+            for n in range(20):
+                await run.call(send.tool, n)
+                receipt = await ledger.receipt(run.id)
+                assert receipt.lines[-1].status is OpStatus.COMMITTED
+        assert (await ledger.receipt(run.id)).headline is Headline.COMPLETED
+    async with stopline.open(ledger_url) as reopened:
+        ops = await reopened.backend.operations(run.id)
+    assert [op.status for op in ops] == [OpStatus.COMMITTED] * 20
+    assert len(send.effects) == 20

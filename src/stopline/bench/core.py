@@ -55,7 +55,9 @@ async def _bare_txn_samples(path: Path, n: int) -> list[float]:
         await backend.close()
 
 
-async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
+async def _gate_samples(
+    url: str, n: int, *, durable_outcomes: bool = True
+) -> tuple[list[float], list[float]]:
     """Whole gated calls (intent + outcome), and the part before the provider is invoked."""
     whole, before_dispatch = [], []
     dispatched: list[float] = []
@@ -65,7 +67,10 @@ async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
         dispatched.append(time.perf_counter())
         return n
 
-    async with stopline.open(url) as ledger, ledger.run("bench", owner="bench") as run:
+    async with (
+        stopline.open(url, durable_outcomes=durable_outcomes) as ledger,
+        ledger.run("bench", owner="bench") as run,
+    ):
         for i in range(n):
             start = time.perf_counter()
             await run.call(mark, i)
@@ -178,6 +183,9 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     url = f"sqlite:///{workdir / 'core.db'}"
     bare = await _bare_txn_samples(workdir / "bare.db", n)
     gated, before_dispatch = await _gate_samples(url, n)
+    deferred, _ = await _gate_samples(
+        f"sqlite:///{workdir / 'deferred.db'}", n, durable_outcomes=False
+    )
     runs, per_run = (100, 5) if quick else (100, 50)
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
@@ -191,6 +199,14 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             median(bare) * 1e6,
             "ratio <= 2.0",
             "p50 gated write (intent + outcome) vs one bare fence-check+insert txn",
+        ),
+        Figure(
+            "gate_sqlite_deferred_us",
+            median(deferred) * 1e6,
+            "us",
+            median(bare) * 1e6,
+            "ratio <= 2.0",
+            "the same with durable_outcomes=False: the outcome commits with the next batch",
         ),
         Figure(
             "gate_dispatch_sqlite_us",

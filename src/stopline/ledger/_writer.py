@@ -17,7 +17,7 @@ import functools
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -59,6 +59,15 @@ class _Job(Generic[T]):
         else:
             await self._event
 
+    async def result_when_done(self) -> T:
+        with anyio.CancelScope(shield=True):
+            await self.done()
+        return self.outcome()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        """A queued job is awaitable for its result (nothing runs until it is awaited)."""
+        return self.result_when_done().__await__()
+
     def outcome(self) -> T:
         if self.error is not None:
             raise self.error
@@ -99,13 +108,19 @@ class Writer:
         The wait is shielded: a job once queued always runs, and its caller
         learns the outcome even if it is being cancelled meanwhile.
         """
+        job = self.enqueue(fn)
+        with anyio.CancelScope(shield=True):
+            await job.done()
+        return job.outcome()
+
+    def enqueue(self, fn: Callable[[sqlite3.Connection], T]) -> _Job[T]:
+        """Queue ``fn`` now, in order, without waiting: a job queued later by this process
+        (a read, the next gate) runs after it and sees what it wrote."""
         if self._closed:
             raise RuntimeError("the ledger is closed")
         job: _Job[T] = _Job(fn)
         self._queue.put(job)
-        with anyio.CancelScope(shield=True):
-            await job.done()
-        return job.outcome()
+        return job
 
     async def close(self) -> None:
         if self._closed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import anyio
@@ -92,6 +92,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def gate(self, spec: OperationSpec) -> GateResult:
         """Check fence, state and ``initiate``, and record the intent, atomically."""
+
+    # A backend whose writes from one process apply in order (one writer, FIFO) can take
+    # an outcome without the caller waiting for its commit: see ``record_deferred``.
+    defers_outcomes: bool = False
+
+    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
+        """Queue ``record`` now and return its result to await later.
+
+        Only for backends with ``defers_outcomes``: every later call from this
+        process is ordered after it, so reads see it; until its commit, a crash
+        leaves the operation ``requested``, which recovery marks ``unknown`` and
+        reads back (R2). The intent, which dispatch waits for, is never deferred.
+        """
+        return self.record(op_id, update)
 
     @abc.abstractmethod
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:

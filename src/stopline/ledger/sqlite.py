@@ -14,7 +14,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -324,6 +324,11 @@ class SQLiteBackend(Backend):
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         return await self._tx(lambda conn: _record_txn(conn, op_id, update))
+
+    defers_outcomes = True  # one writer thread, first in first out
+
+    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
+        return self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update))
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None

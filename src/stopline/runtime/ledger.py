@@ -94,11 +94,15 @@ class Ledger(LifecycleMixin, TruthMixin):
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
         tools: Sequence[Tool[Any]] = (),
+        durable_outcomes: bool = True,
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
         # owner, a tenant admin and an operator act
         self.access: AccessPolicy = access or OwnerOrTenantAdmin()
+        # True: a call returns once its outcome is durable. False: the outcome commits
+        # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
+        self.durable_outcomes = durable_outcomes
         # each observer wraps the backend to see every durable write (stopline.telemetry)
         self._observers = tuple(observers)
         self.verify_budget = verify or VerifyBudget()
@@ -324,6 +328,18 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
+    async def _settle_deferred(
+        self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
+    ) -> None:
+        """The end of a deferred outcome (``Backend.record_deferred``): what ``_resolve``
+        does after its write, once the write has committed."""
+        try:
+            op = await pending
+        except IllegalTransition:
+            await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
+            return
+        self._after_change(op)
+
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
         """R3: no answer is ``unknown``, never ``not_committed``."""
         return await self._resolve(
@@ -417,10 +433,20 @@ def open(
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
     tools: Sequence[Tool[Any]] = (),
+    durable_outcomes: bool = True,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
     from the start, so operations a crashed worker left in doubt can be verified.
+    ``durable_outcomes=False`` lets a call return before its outcome is durable
+    (one fsync per call instead of two on SQLite; see docs/decisions/0006).
     """
-    return Ledger(url, verify=verify, observers=observers, access=access, tools=tools)
+    return Ledger(
+        url,
+        verify=verify,
+        observers=observers,
+        access=access,
+        tools=tools,
+        durable_outcomes=durable_outcomes,
+    )

@@ -207,9 +207,17 @@ class Run:
         evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
         if ctx.provider_ref and not ctx._accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
-        await ledger._resolve(
-            ctx.op_id, OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
-        )
+        update = OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
+        if not ledger.durable_outcomes and ledger.backend.defers_outcomes:
+            # opted in: queued in order now, committed with the next batch (ADR 0006)
+            ledger.spawn(
+                ledger._settle_deferred,
+                update,
+                ctx.op_id,
+                ledger.backend.record_deferred(ctx.op_id, update),
+            )
+        else:
+            await ledger._resolve(ctx.op_id, update)
         return result
 
     # -- phases and boundaries -------------------------------------------------
