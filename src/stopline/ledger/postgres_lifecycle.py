@@ -21,6 +21,7 @@ from stopline.domain.vocab import Grant, RunEvent, RunState
 from stopline.errors import IllegalTransition, NotFound, NotPermitted
 from stopline.ledger import rows
 from stopline.ledger.postgres_txn import Tx, event, load_run
+from stopline.ledger.schema import CANCELLABLE_STATES, NOTHING_TO_RESUME, RESOLVED_SQL
 
 __all__ = [
     "NOTIFY_CHUNK",
@@ -38,13 +39,6 @@ __all__ = [
     "settle_pause_txn",
 ]
 
-_CANCELLABLE = ("running", "pausing", "paused")
-_NOTHING_TO_RESUME = frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED})
-_RESOLVED_SQL = "'prevented', 'committed', 'not_committed', 'compensated'"
-_APPROVAL_COLUMNS = (
-    "id, run_id, scope, approver, status, expires_at, requested_by, decided_by, created_at,"
-    " decided_at"
-)
 NOTIFY_CHUNK = 100  # run ids per notification: well under the 8000-byte payload limit
 
 
@@ -147,7 +141,7 @@ async def cancel_txn(
     tx: Tx, run_id: str, by: str, reason: str, channel: str | None
 ) -> CancelResult:
     root = await load_run(tx, run_id, lock="FOR UPDATE")
-    if root.state.value not in _CANCELLABLE:
+    if root.state.value not in CANCELLABLE_STATES:
         return CancelResult(root, False, (), ())  # R7: the first cancel wins
     now = time.time()
     fenced, released = await _fence_closure(tx, run_id, now)
@@ -156,7 +150,7 @@ async def cancel_txn(
         _FENCE_SQL,
         {
             "ids": fenced,
-            "cancellable": list(_CANCELLABLE),
+            "cancellable": list(CANCELLABLE_STATES),
             "grants": int(~Grant.INITIATE & Grant.all()),
             "by": by,
             "root": run_id,
@@ -229,13 +223,13 @@ async def settle_pause_txn(tx: Tx, run_id: str) -> RunRecord:
 async def resume_txn(tx: Tx, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
     """paused/pausing/cancelled -> running; R10: only when every operation is resolved."""
     run = await load_run(tx, run_id, lock="FOR UPDATE")
-    if run.state in _NOTHING_TO_RESUME:
+    if run.state in NOTHING_TO_RESUME:
         return run, []  # running already, or ended on its own: like a second cancel, a no-op
     target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
     now = time.time()
     if run.state is RunState.CANCELLED:
         open_op = await tx.one(
-            f"SELECT id FROM operations WHERE run_id = %s AND status NOT IN ({_RESOLVED_SQL})"
+            f"SELECT id FROM operations WHERE run_id = %s AND status NOT IN ({RESOLVED_SQL})"
             " ORDER BY created_at LIMIT 1",
             (run_id,),
         )
@@ -262,28 +256,13 @@ async def resume_txn(tx: Tx, run_id: str, by: str) -> tuple[RunRecord, list[str]
 
 
 # -- approvals ------------------------------------------------------------------------
-def _approval(row: Any) -> ApprovalRecord:
-    return ApprovalRecord(
-        id=row[0],
-        run_id=row[1],
-        scope=row[2],
-        approver=row[3],
-        status=ApprovalStatus(row[4]),
-        expires_at=row[5],
-        requested_by=row[6],
-        decided_by=row[7],
-        created_at=row[8],
-        decided_at=row[9],
-    )
-
-
 async def load_approval(tx: Tx, approval_id: str, *, lock: str = "") -> ApprovalRecord:
     row = await tx.one(
-        f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE id = %s {lock}", (approval_id,)
+        f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE id = %s {lock}", (approval_id,)
     )
     if row is None:
         raise NotFound(f"unknown approval id {approval_id!r}")
-    return _approval(row)
+    return rows.approval_from_row(row)
 
 
 async def request_approval_txn(
@@ -294,7 +273,7 @@ async def request_approval_txn(
         raise NotPermitted(f"run {run_id!r} is {run.state.value}: no approval can be asked for")
     now = time.time()
     await tx.run(
-        f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES"
+        f"INSERT INTO approvals ({rows.APPROVAL_COLUMNS}) VALUES"
         " (%s, %s, %s, %s, 'pending', NULL, %s, NULL, %s, NULL)",
         (approval_id, run_id, scope, approver, requested_by, now),
     )
@@ -324,9 +303,10 @@ async def decide_approval_txn(
 async def approvals_txn(tx: Tx, run_id: str) -> list[ApprovalRecord]:
     await load_run(tx, run_id)
     return [
-        _approval(r)
+        rows.approval_from_row(r)
         for r in await tx.all(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE run_id = %s ORDER BY created_at, id",
+            f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE run_id = %s"
+            " ORDER BY created_at, id",
             (run_id,),
         )
     ]
@@ -337,7 +317,7 @@ async def checkpoint_txn(tx: Tx, run_id: str, name: str, state: Any) -> Checkpoi
     """R10: a checkpoint is evidenced only when every operation before it is resolved."""
     await load_run(tx, run_id, lock="FOR UPDATE")  # one checkpoint sequence per run
     unresolved = await tx.one(
-        f"SELECT id, status FROM operations WHERE run_id = %s AND status NOT IN ({_RESOLVED_SQL})"
+        f"SELECT id, status FROM operations WHERE run_id = %s AND status NOT IN ({RESOLVED_SQL})"
         " ORDER BY created_at LIMIT 1",
         (run_id,),
     )

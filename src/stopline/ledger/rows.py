@@ -6,13 +6,16 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
+from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
 
 __all__ = [
+    "APPROVAL_COLUMNS",
     "OP_COLUMNS",
     "RUN_COLUMNS",
     "LazyEvidence",
+    "approval_from_row",
     "dump_evidence",
     "dump_result",
     "event_from_row",
@@ -20,6 +23,10 @@ __all__ = [
     "run_from_row",
 ]
 
+APPROVAL_COLUMNS = (
+    "id, run_id, scope, approver, status, expires_at, requested_by, decided_by, created_at,"
+    " decided_at"
+)
 RUN_COLUMNS = (
     "id, name, owner, tenant, parent_id, state, fence, grants, phase, policy, "
     "created_at, updated_at, cancelled_by, cancel_reason, cancelled_at"
@@ -114,6 +121,21 @@ class LazyEvidence(Sequence[Evidence]):
 
     def __repr__(self) -> str:
         return repr(self._decoded())
+
+
+def approval_from_row(row: Sequence[Any]) -> ApprovalRecord:
+    return ApprovalRecord(
+        id=row[0],
+        run_id=row[1],
+        scope=row[2],
+        approver=row[3],
+        status=ApprovalStatus(row[4]),
+        expires_at=row[5],
+        requested_by=row[6],
+        decided_by=row[7],
+        created_at=row[8],
+        decided_at=row[9],
+    )
 
 
 def event_from_row(row: Sequence[Any]) -> EventRecord:

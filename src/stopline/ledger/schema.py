@@ -13,13 +13,16 @@ recovery never scans resolved history.
 
 from __future__ import annotations
 
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, RunState
 
 __all__ = [
+    "CANCELLABLE_STATES",
     "DEFAULT_UNRESOLVED",
     "MIGRATIONS",
+    "NOTHING_TO_RESUME",
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
+    "RESOLVED_SQL",
     "SCHEMA_VERSION",
 ]
 
@@ -37,6 +40,11 @@ OPEN_STATUSES = frozenset(
 OPEN_STATUSES_SQL = (
     "'requested', 'accepted', 'unknown', 'compensating', 'needs_review', 'compensation_failed'"
 )
+# Operations settled for good, as SQL (a checkpoint or a resume needs every one so).
+RESOLVED_SQL = "'prevented', 'committed', 'not_committed', 'compensated'"
+# Runs a cancel fences; runs a resume leaves as they are (running already, or ended).
+CANCELLABLE_STATES = ("running", "pausing", "paused")
+NOTHING_TO_RESUME = frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED})
 # What crash recovery and reconciliation look at by default.
 DEFAULT_UNRESOLVED = frozenset(
     {OpStatus.REQUESTED, OpStatus.ACCEPTED, OpStatus.UNKNOWN, OpStatus.COMPENSATING}

@@ -20,6 +20,7 @@ from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, RunEvent, RunState
 from stopline.errors import IllegalTransition, NotFound, NotPermitted
 from stopline.ledger import rows
+from stopline.ledger.schema import CANCELLABLE_STATES, NOTHING_TO_RESUME, RESOLVED_SQL
 
 __all__ = [
     "add_owner_txn",
@@ -36,14 +37,7 @@ __all__ = [
     "settle_pause_txn",
 ]
 
-_CANCELLABLE = ("running", "pausing", "paused")
-_NOTHING_TO_RESUME = frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED})
-_CANCELLABLE_SQL = "'running', 'pausing', 'paused'"
-_IN_FLIGHT = ("requested", "accepted")
-_APPROVAL_COLUMNS = (
-    "id, run_id, scope, approver, status, expires_at, requested_by, decided_by, created_at,"
-    " decided_at"
-)
+_CANCELLABLE_SQL = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
 
 
 def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
@@ -121,7 +115,7 @@ def _fence_closure(conn: sqlite3.Connection, root: str, now: float) -> tuple[lis
 
 def cancel_txn(conn: sqlite3.Connection, run_id: str, by: str, reason: str) -> CancelResult:
     root = _run(conn, run_id)
-    if root.state.value not in _CANCELLABLE:
+    if root.state.value not in CANCELLABLE_STATES:
         return CancelResult(root, False, (), ())  # R7: the first cancel wins
     now = time.time()
     fenced, released = _fence_closure(conn, run_id, now)
@@ -215,7 +209,7 @@ def settle_pause_txn(conn: sqlite3.Connection, run_id: str) -> RunRecord:
 def resume_txn(conn: sqlite3.Connection, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
     """paused/pausing/cancelled -> running; R10: only when every operation is resolved."""
     run = _run(conn, run_id)
-    if run.state in _NOTHING_TO_RESUME:
+    if run.state in NOTHING_TO_RESUME:
         return run, []  # running already, or ended on its own: like a second cancel, a no-op
     target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
     now = time.time()
@@ -223,8 +217,7 @@ def resume_txn(conn: sqlite3.Connection, run_id: str, by: str) -> tuple[RunRecor
         open_ops = [
             r[0]
             for r in conn.execute(
-                "SELECT id FROM operations WHERE run_id = ? AND status NOT IN"
-                " ('prevented', 'committed', 'not_committed', 'compensated')",
+                f"SELECT id FROM operations WHERE run_id = ? AND status NOT IN ({RESOLVED_SQL})",
                 (run_id,),
             )
         ]
@@ -261,28 +254,13 @@ def resume_txn(conn: sqlite3.Connection, run_id: str, by: str) -> tuple[RunRecor
 
 
 # -- approvals ------------------------------------------------------------------------
-def _approval(row: Any) -> ApprovalRecord:
-    return ApprovalRecord(
-        id=row[0],
-        run_id=row[1],
-        scope=row[2],
-        approver=row[3],
-        status=ApprovalStatus(row[4]),
-        expires_at=row[5],
-        requested_by=row[6],
-        decided_by=row[7],
-        created_at=row[8],
-        decided_at=row[9],
-    )
-
-
 def load_approval(conn: sqlite3.Connection, approval_id: str) -> ApprovalRecord:
     row = conn.execute(
-        f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)
+        f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)
     ).fetchone()
     if row is None:
         raise NotFound(f"unknown approval id {approval_id!r}")
-    return _approval(row)
+    return rows.approval_from_row(row)
 
 
 def request_approval_txn(
@@ -298,7 +276,7 @@ def request_approval_txn(
         raise NotPermitted(f"run {run_id!r} is {run.state.value}: no approval can be asked for")
     now = time.time()
     conn.execute(
-        f"INSERT INTO approvals ({_APPROVAL_COLUMNS}) VALUES"
+        f"INSERT INTO approvals ({rows.APPROVAL_COLUMNS}) VALUES"
         " (?, ?, ?, ?, 'pending', NULL, ?, NULL, ?, NULL)",
         (approval_id, run_id, scope, approver, requested_by, now),
     )
@@ -344,9 +322,9 @@ def decide_approval_txn(
 def approvals_txn(conn: sqlite3.Connection, run_id: str) -> list[ApprovalRecord]:
     _run(conn, run_id)
     return [
-        _approval(r)
+        rows.approval_from_row(r)
         for r in conn.execute(
-            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE run_id = ? ORDER BY created_at",
+            f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE run_id = ? ORDER BY created_at",
             (run_id,),
         )
     ]
@@ -357,8 +335,8 @@ def checkpoint_txn(conn: sqlite3.Connection, run_id: str, name: str, state: Any)
     """R10: a checkpoint is evidenced only when every operation before it is resolved."""
     _run(conn, run_id)
     unresolved = conn.execute(
-        "SELECT id, status FROM operations WHERE run_id = ? AND status NOT IN"
-        " ('prevented', 'committed', 'not_committed', 'compensated') LIMIT 1",
+        f"SELECT id, status FROM operations WHERE run_id = ? AND status NOT IN ({RESOLVED_SQL})"
+        " LIMIT 1",
         (run_id,),
     ).fetchone()
     if unresolved is not None:
