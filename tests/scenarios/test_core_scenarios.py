@@ -235,3 +235,39 @@ async def test_s16_connection_drops_before_the_response(ledger: stopline.Ledger)
     assert len(ticket.requests) == 1 and ticket.effects == [op.id]  # no second effect
     assert receipt.headline is Headline.COMPLETED
     assert FAST_VERIFY.attempts >= 1
+
+
+async def test_s10_a_cancel_the_provider_never_answers_does_not_hold_the_run(
+    ledger: stopline.Ledger,
+) -> None:
+    """The provider's cancel endpoint hangs; the run still settles on the call's outcome."""
+    hang, done, entered = anyio.Event(), anyio.Event(), anyio.Event()
+
+    @stopline.tool(cancellable=Cancellable.UNTIL_ACCEPTED)
+    async def upload(ctx: stopline.CallContext) -> str:
+        entered.set()
+        await done.wait()
+        return "uploaded"
+
+    @upload.canceller
+    async def _(ctx: stopline.CallContext) -> bool:
+        await hang.wait()  # never answers
+        return True
+
+    ledger.cancel_answer_timeout = 0.05
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        await run.call(upload)
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, body)
+        await entered.wait()
+        await ledger.cancel(started.run_id, by="user:1")
+        kinds: list[str] = []
+        while "cancel_unanswered" not in kinds:
+            await ledger.wait_for_change(started.run_id)
+            kinds = [e.kind for e in await ledger.backend.events(started.run_id)]
+        done.set()  # the call itself completes
+    receipt = await ledger.wait_settled(started.run_id, timeout=10)
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    assert receipt.lines[0].status is OpStatus.COMMITTED

@@ -103,6 +103,9 @@ class Ledger(LifecycleMixin, TruthMixin):
         # True: a call returns once its outcome is durable. False: the outcome commits
         # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
         self.durable_outcomes = durable_outcomes
+        # how long the settler waits for a provider's answer to a cancel request before
+        # it records "cancel_unanswered" and lets the operation's own outcome decide
+        self.cancel_answer_timeout = 30.0
         # each observer wraps the backend to see every durable write (stopline.telemetry)
         self._observers = tuple(observers)
         self.verify_budget = verify or VerifyBudget()

@@ -77,11 +77,21 @@ class Settler:
         assert ctx.tool.cancel_fn is not None
         await ledger.backend.note(ctx.op_id, "cancel_asked", {}, cancel_state=CancelState.ASKED)
         ledger._changed(ctx.run_id)
+        answered = False
         try:
-            confirmed = await ctx.tool.cancel_fn(ctx)
+            # a provider that never answers must not hold the run open forever
+            with anyio.move_on_after(ledger.cancel_answer_timeout):
+                confirmed = await ctx.tool.cancel_fn(ctx)
+                answered = True
             detail = ""
         except Exception as exc:
-            confirmed, detail = False, f"{type(exc).__name__}: {exc}"
+            answered, confirmed, detail = True, False, f"{type(exc).__name__}: {exc}"
+        if not answered:
+            await ledger.backend.note(
+                ctx.op_id, "cancel_unanswered", {"after_s": ledger.cancel_answer_timeout}
+            )
+            ledger._changed(ctx.run_id)
+            return  # the operation's own outcome (or its read-back) decides
         if confirmed:
             await ledger._resolve(
                 ctx.op_id,
