@@ -18,6 +18,14 @@ things the same way, so they live here once:
   thread's eventual result is attached with ``ledger.late_response`` (R4).
   Its verifier is the thread itself: it waits for the function to return.
 
+- **MCP tools run beside the framework (``mcp_call``).** A call of an MCP
+  tool through ``StoplineMCP`` runs in the ledger's task group, so the
+  framework's own cancel (which only stops *waiting*) never cuts it halfway
+  through stopline's cancel protocol: the run's policy decides. Under
+  ``verify`` the server is asked to cancel and its own record confirms or
+  refuses; under ``immediate`` the call is cut, recorded ``unknown`` and
+  verified through ``stopline_verify``.
+
 The cancel side is ``Bound.cancel``: the fence is committed first (R1: nothing
 passes the gate after it), then the framework's own cancel is applied.
 """
@@ -30,18 +38,21 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from stopline.domain.lifecycle import Principal
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import Cancellable
-from stopline.errors import StoplineError
+from stopline.domain.vocab import Cancellable, Policy
+from stopline.errors import RunCancelled, StoplineError
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
+
+if TYPE_CHECKING:
+    from stopline.integrations.mcp import StoplineMCP
 
 __all__ = [
     "Bound",
@@ -51,6 +62,7 @@ __all__ = [
     "current",
     "detached_tool",
     "gated_call",
+    "mcp_call",
     "stopline_tool",
 ]
 
@@ -117,6 +129,56 @@ async def gated_call(tool: Tool[Any], key: str | None, *args: Any, **kwargs: Any
     """One call of ``tool`` through the gate of the current run, under ``key``."""
     bound = current()
     return await bound.run.call(tool, *args, key=key, **kwargs)
+
+
+async def mcp_call(
+    conn: StoplineMCP,
+    name: str,
+    arguments: dict[str, Any],
+    key: str | None,
+    *,
+    timeout: float | None = None,
+) -> Any:
+    """``conn.call(run, name, arguments, key=key)`` in the current run, beside the framework.
+
+    The call runs in the ledger's task group; the framework's task only waits for
+    it. When the framework stops waiting (its own cancel), the call goes on under
+    stopline's cancel: the provider is asked and answers (``verify``), or, under an
+    ``immediate`` policy, the call is cut and verified. Either way the operation
+    records what the server did.
+    """
+    bound = current()
+    run, ledger = bound.run, bound.ledger
+    done = anyio.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    async def follow_cancel(scope: anyio.CancelScope) -> None:
+        while not (run.cancel_requested and run.policy is Policy.IMMEDIATE):
+            await ledger.wait_for_change(run.id)
+        scope.cancel()  # an immediate cancel cuts the call (R3: unknown, then verified)
+
+    async def work() -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow_cancel, tg.cancel_scope)
+                try:
+                    outcome.append(
+                        (True, await conn.call(run, name, arguments, key=key, timeout=timeout))
+                    )
+                except (Exception, RunCancelled) as exc:  # handed to the framework's task
+                    outcome.append((False, exc))
+                tg.cancel_scope.cancel()
+        finally:
+            done.set()
+
+    ledger.spawn(work)
+    await done.wait()
+    if not outcome:  # the ledger closed under it: what the server did is in the record
+        raise RunCancelled(run.id)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec) -> Tool[Any]:

@@ -23,7 +23,11 @@ calls in flight, while a sync tool goes on in its thread and commits. Here:
   (R4); an interrupted async tool is ``unknown`` until verified
   (``gated(tool, verify=fn)`` reads the destination back by key);
 - resume: ``result.to_state()`` then ``s.run_streamed(agent, state)`` in a new
-  ``sl.run`` with the same run id (after ``ledger.resume``).
+  ``sl.run`` with the same run id (after ``ledger.resume``);
+- MCP tools: ``mcp_tools(conn)`` turns the tools a ``StoplineMCP`` connection
+  lists into ``FunctionTool`` objects whose calls are ``conn.call`` under
+  ``tool:<call_id>`` (the idempotency key in ``_meta``, late answers kept,
+  verified through the server's ``stopline_verify``).
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
+import json
+from collections.abc import AsyncIterator, Collection
+from typing import TYPE_CHECKING, Any
 
 from agents import FunctionTool, Runner
+from agents import Tool as AgentsTool
 from agents import tool as agents_tool
 from agents.result import RunResultStreaming
 from agents.tool_context import ToolContext
 
+from stopline.domain.vocab import Policy
 from stopline.errors import RunCancelled
 from stopline.integrations._frameworks import (
     Bound,
@@ -49,12 +56,16 @@ from stopline.integrations._frameworks import (
     bind,
     detached_tool,
     gated_call,
+    mcp_call,
 )
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Tool
 
-__all__ = ["AgentSession", "NoRun", "gated", "run"]
+if TYPE_CHECKING:
+    from stopline.integrations.mcp import StoplineMCP
+
+__all__ = ["AgentSession", "NoRun", "gated", "mcp_tools", "run"]
 
 # the SDK's tool context, handed to the gated tool beside the arguments (the JSON
 # input is the operation's digest; the context is not)
@@ -98,6 +109,49 @@ def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionT
             _CALL.reset(token)
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+
+
+def mcp_tools(
+    conn: StoplineMCP,
+    *,
+    include: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    timeout: float | None = None,
+) -> list[AgentsTool]:
+    """Function tools for the tools ``conn`` lists (``include``/``exclude`` by name).
+
+    Each call is ``conn.call`` in the current stopline run under ``tool:<call_id>``;
+    it runs beside the SDK's task, so ``cancel(mode="immediate")`` does not cut it
+    halfway through stopline's cancel (the run's policy decides). A JSON-object
+    result is handed to the model as JSON.
+    """
+    from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
+
+    skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
+    return [
+        _mcp_tool(
+            conn, name, listed.description or listed.title or name, listed.input_schema, timeout
+        )
+        for name, listed in conn.listing.items()
+        if name not in skip and (include is None or name in include)
+    ]
+
+
+def _mcp_tool(
+    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], timeout: float | None
+) -> FunctionTool:
+    async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
+        args = json.loads(arguments) if arguments else {}
+        result = await mcp_call(conn, name, args, f"tool:{ctx.tool_call_id}", timeout=timeout)
+        return result if isinstance(result, str) else json.dumps(result)
+
+    return FunctionTool(
+        name=name,
+        description=description,
+        params_json_schema=dict(schema),
+        on_invoke_tool=on_invoke_tool,
+        strict_json_schema=False,  # MCP input schemas are not strict JSON schemas
+    )
 
 
 def _runs_in_thread(tool: FunctionTool) -> bool:
@@ -148,9 +202,10 @@ async def run(
     name: str = "openai-agents",
     run_id: str | None = None,
     tenant: str = "default",
+    policy: Policy = Policy.VERIFY,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run bound to gated tools called in this context."""
-    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id) as r:
+    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
         session = AgentSession(Bound(ledger, r))
         with bind(session.bound):
             yield session

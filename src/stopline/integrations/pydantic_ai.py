@@ -25,7 +25,11 @@ return. Here:
   verified (``verify={name: fn}`` reads the destination back by key);
 - resume: ``s.cancelled.all_messages()`` is what Pydantic AI kept; pass it
   through ``s.history(...)``, which adds the recorded result of every call that
-  committed but has no return, so the model does not ask for it again.
+  committed but has no return, so the model does not ask for it again;
+- MCP tools: ``mcp_toolset(conn)`` is a toolset of the tools a ``StoplineMCP``
+  connection lists; each call is ``conn.call(run, name, args, key=tool:<tool_call_id>)``
+  (the idempotency key in ``_meta``, late answers kept, verified through the
+  server's ``stopline_verify``).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import CancellationToken
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
@@ -46,10 +50,11 @@ from pydantic_ai.messages import (
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.tools import RunContext
+from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
+from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import NotFound, RunCancelled
 from stopline.integrations._frameworks import (
     Bound,
@@ -60,12 +65,25 @@ from stopline.integrations._frameworks import (
     bind,
     detached_tool,
     gated_call,
+    mcp_call,
 )
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Tool
 
-__all__ = ["AgentSession", "NoRun", "StoplineToolset", "gated", "history_key", "run"]
+if TYPE_CHECKING:
+    from stopline.integrations.mcp import StoplineMCP
+
+__all__ = [
+    "AgentSession",
+    "MCPToolset",
+    "NoRun",
+    "StoplineToolset",
+    "gated",
+    "history_key",
+    "mcp_toolset",
+    "run",
+]
 
 # the framework's own call, handed from ``call_tool`` to the gated tool beside the
 # arguments (they are the operation's digest; the run context is not)
@@ -146,6 +164,70 @@ def gated(
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate."""
     return StoplineToolset(toolset, reads=frozenset(reads), verify=dict(verify or {}))
+
+
+class MCPToolset(AbstractToolset[Any]):
+    """The tools of an MCP server, called through ``StoplineMCP`` in the current run."""
+
+    def __init__(
+        self,
+        conn: StoplineMCP,
+        *,
+        include: Collection[str] | None = None,
+        exclude: Collection[str] = (),
+        timeout: float | None = None,
+        id: str | None = None,
+    ) -> None:
+        from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
+
+        self.conn = conn
+        self.include = None if include is None else frozenset(include)
+        self.exclude = frozenset({VERIFY_TOOL, *exclude})  # stopline's read-back, not the model's
+        self.timeout = timeout
+        self._id = id
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    @property
+    def label(self) -> str:
+        return f"MCP server {self.conn.name!r} (stopline)"
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The server's ``tools/list`` (as of the current connection)."""
+        tools: dict[str, ToolsetTool[Any]] = {}
+        for name, listed in self.conn.listing.items():
+            if name in self.exclude or (self.include is not None and name not in self.include):
+                continue
+            tool_def = ToolDefinition(
+                name=name,
+                description=listed.description or listed.title,
+                parameters_json_schema=dict(listed.input_schema),
+                metadata={"meta": listed.meta, "mcp_server": self.conn.name},
+            )
+            tools[name] = ToolsetTool(
+                toolset=self, tool_def=tool_def, max_retries=0, args_validator=TOOL_SCHEMA_VALIDATOR
+            )
+        return tools
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        """``conn.call`` in the bound run, keyed by the model's ``tool_call_id``."""
+        key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
+        return await mcp_call(self.conn, name, tool_args, key, timeout=self.timeout)
+
+
+def mcp_toolset(
+    conn: StoplineMCP,
+    *,
+    include: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    timeout: float | None = None,
+) -> MCPToolset:
+    """A toolset of ``conn``'s tools (``include``/``exclude`` by name); calls pass the gate."""
+    return MCPToolset(conn, include=include, exclude=exclude, timeout=timeout)
 
 
 class AgentSession:
@@ -229,9 +311,10 @@ async def run(
     name: str = "pydantic-ai",
     run_id: str | None = None,
     tenant: str = "default",
+    policy: Policy = Policy.VERIFY,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run bound to gated tools called in this context."""
-    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id) as r:
+    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
         session = AgentSession(Bound(ledger, r))
         with bind(session.bound):
             yield session
