@@ -8,13 +8,18 @@ controls; the models are the frameworks' own local test models. No sleeps.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import anyio
 import pytest
 from agents import Agent as OaAgent
 from agents import set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message, function_call
+from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -28,6 +33,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import stopline
 from stopline import Cause, Headline, OpStatus, Policy
+from stopline.integrations import langgraph as lg
 from stopline.integrations import openai_agents as oa
 from stopline.integrations import pydantic_ai as pai
 from tests.mcp.conftest import Server, open_server
@@ -300,3 +306,68 @@ async def test_openai_agents_mcp_cancel_after_commit_then_replay_repeats_nothing
         result = await s.stream(oa_agent(server, "notify", "#finance"), "go")
     assert result.final_output == "done"
     assert len(await server.effects_of(key)) == 1  # not repeated
+
+
+# -- LangGraph ---------------------------------------------------------------------------
+
+
+class LgChat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def lg_graph(server: Server, tool: str, payload: str) -> Any:
+    """A scripted "model" asks for ``tool`` once (id ``call_<tool>``); a ToolNode runs it."""
+    call = {"name": tool, "args": {"payload": payload}, "id": f"call_{tool}", "type": "tool_call"}
+
+    def model(state: LgChat) -> dict[str, list[AnyMessage]]:
+        return {"messages": [AIMessage(content="", tool_calls=[call])]}
+
+    builder = StateGraph(LgChat)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode(lg.mcp_tools(server.conn)))
+    builder.add_edge(START, "model")
+    builder.add_edge("model", "tools")
+    builder.add_edge("tools", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+async def test_langgraph_mcp_call_commits_and_shows_in_the_receipt(
+    ledger: stopline.Ledger, server: Server
+) -> None:
+    graph = lg_graph(server, "upload", "Q3 report")
+    async with lg.run(ledger, owner="user:1", thread_id="lg-mcp-ok") as g:
+        await g.ainvoke(graph, {"messages": []})
+    op_id = "lg-mcp-ok/tool:call_upload"
+    op = await ledger.backend.get_operation(op_id)
+    assert op.status is OpStatus.COMMITTED and op.tool == "testing/upload"
+    receipt = await ledger.receipt("lg-mcp-ok")
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+    assert len(await server.effects_of(op_id)) == 1
+
+
+async def test_langgraph_mcp_cancel_while_the_server_holds_the_call(
+    ledger: stopline.Ledger, server: Server
+) -> None:
+    """Verify policy: the server is asked to cancel; its own record confirms nothing was done."""
+    await server.hold("received:upload")
+    handles: list[lg.GraphRun] = []
+    graph = lg_graph(server, "upload", "draft")
+
+    async def workflow() -> None:
+        async with lg.run(ledger, owner="user:1", thread_id="lg-mcp-cancel") as g:
+            handles.append(g)
+            await g.ainvoke(graph, {"messages": []})
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow)
+            key = await server.reached("received:upload")
+            await handles[0].cancel(by="user:1")
+        receipt = await ledger.wait_settled("lg-mcp-cancel", timeout=20)
+    finally:
+        await server.release("received:upload")
+    assert key == "lg-mcp-cancel/tool:call_upload"
+    op = await ledger.backend.get_operation(key)
+    assert op.status is OpStatus.NOT_COMMITTED and op.cancel_state == "confirmed"
+    assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+    assert await server.effects_of(key) == []

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar, overload
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 from langchain_core.messages import ToolCall
@@ -55,12 +55,16 @@ from stopline.integrations._frameworks import (
     VerifyByKey,
     bind,
     gated_call,
+    mcp_call,
     stopline_tool,
 )
 from stopline.runtime.ledger import Ledger
+
+if TYPE_CHECKING:
+    from stopline.integrations.mcp import StoplineMCP
 from stopline.runtime.tool import Tool
 
-__all__ = ["GraphRun", "NoRun", "node", "run", "tool"]
+__all__ = ["GraphRun", "NoRun", "mcp_tools", "node", "run", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any] | Tool[Any])
 
@@ -228,3 +232,39 @@ def tool(
         coroutine=call,
         response_format=base.response_format,
     )
+
+
+def mcp_tools(
+    conn: StoplineMCP,
+    *,
+    include: Collection[str] | None = None,
+    exclude: Collection[str] = (),
+    timeout: float | None = None,
+) -> list[BaseTool]:
+    """LangChain tools (for ``ToolNode``) for the tools ``conn`` lists.
+
+    Each call is ``conn.call`` in the current stopline run under
+    ``tool:<tool_call_id>``, beside the graph's task: a cancel of the graph stops
+    the waiting, and the run's policy decides what happens to the call.
+    """
+    from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
+
+    skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
+    return [
+        _mcp_tool(
+            conn, name, listed.description or listed.title or name, listed.input_schema, timeout
+        )
+        for name, listed in conn.listing.items()
+        if name not in skip and (include is None or name in include)
+    ]
+
+
+def _mcp_tool(
+    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], timeout: float | None
+) -> BaseTool:
+    async def call(**kwargs: Any) -> Any:
+        call_id = _TOOL_CALL.get()
+        key = f"tool:{call_id}" if call_id else None
+        return await mcp_call(conn, name, kwargs, key, timeout=timeout)
+
+    return _GatedTool(name=name, description=description, args_schema=dict(schema), coroutine=call)
