@@ -95,16 +95,8 @@ async def set_phase_txn(tx: Tx, run_id: str, kind: PhaseKind, policy: Policy) ->
 async def list_runs_txn(
     tx: Tx, state: RunState | None, owner: str | None, limit: int
 ) -> list[RunRecord]:
-    clauses, params = [], []
-    if state is not None:
-        clauses.append("state = %s")
-        params.append(state.value)
-    if owner is not None:
-        clauses.append("owner = %s")
-        params.append(owner)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    sql = f"SELECT {rows.RUN_COLUMNS} FROM runs {where} ORDER BY created_at DESC LIMIT %s"
-    return [rows.run_from_row(r) for r in await tx.all(sql, (*params, limit))]
+    sql, params = rows.list_runs_query(state, owner, limit, "%s")
+    return [rows.run_from_row(r) for r in await tx.all(sql, params)]
 
 
 # -- operations -----------------------------------------------------------------------

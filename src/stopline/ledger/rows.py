@@ -19,6 +19,7 @@ __all__ = [
     "dump_evidence",
     "dump_result",
     "event_from_row",
+    "list_runs_query",
     "op_from_row",
     "run_from_row",
 ]
@@ -36,6 +37,22 @@ OP_COLUMNS = (
     "can_compensate, cancel_state, attempts, result, has_result, error, cause, evidence, "
     "created_at, updated_at, compensates, worker"
 )
+
+
+def list_runs_query(
+    state: RunState | None, owner: str | None, limit: int, mark: str
+) -> tuple[str, tuple[Any, ...]]:
+    """The runs listing for both backends; ``mark`` is the driver's placeholder."""
+    clauses, params = [], []
+    if state is not None:
+        clauses.append(f"state = {mark}")
+        params.append(state.value)
+    if owner is not None:
+        clauses.append(f"owner = {mark}")
+        params.append(owner)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    sql = f"SELECT {RUN_COLUMNS} FROM runs {where} ORDER BY created_at DESC LIMIT {mark}"
+    return sql, (*params, limit)
 
 
 def run_from_row(row: Sequence[Any]) -> RunRecord:

@@ -303,18 +303,10 @@ class SQLiteBackend(Backend):
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]:
-        clauses, params = [], []
-        if state is not None:
-            clauses.append("state = ?")
-            params.append(state.value)
-        if owner is not None:
-            clauses.append("owner = ?")
-            params.append(owner)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT {rows.RUN_COLUMNS} FROM runs {where} ORDER BY created_at DESC LIMIT ?"
+        sql, params = rows.list_runs_query(state, owner, limit, "?")
 
         def txn(conn: sqlite3.Connection) -> list[RunRecord]:
-            return [rows.run_from_row(r) for r in conn.execute(sql, (*params, limit))]
+            return [rows.run_from_row(r) for r in conn.execute(sql, params)]
 
         return await self._tx(txn)
 
