@@ -6,6 +6,10 @@ import stopline
 import stopline.testing
 
 EXPECTED = {
+    "CancelState",
+    "InvalidInput",
+    "NotReplayable",
+    "RunEnded",
     "AccessPolicy",
     "Action",
     "ApprovalRecord",

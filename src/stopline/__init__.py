@@ -16,7 +16,7 @@ from stopline.domain.lifecycle import (
     Principal,
     operator,
 )
-from stopline.domain.model import Evidence, OperationRecord, RunRecord
+from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
 from stopline.domain.receipt import OperationLine, Receipt
 from stopline.domain.vocab import (
     Cancellable,
@@ -32,14 +32,17 @@ from stopline.domain.vocab import (
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
+    InvalidInput,
     LedgerCorrupt,
     LedgerError,
     LedgerLocked,
     LedgerUnavailable,
     NotFound,
     NotPermitted,
+    NotReplayable,
     OperationInDoubt,
     RunCancelled,
+    RunEnded,
     SchemaTooNew,
     StoplineError,
     UnknownOperation,
@@ -72,6 +75,7 @@ __all__ = [
     "ApprovalRequired",
     "ApprovalStatus",
     "CallContext",
+    "CancelState",
     "Cancellable",
     "Cause",
     "Checkpoint",
@@ -83,6 +87,7 @@ __all__ = [
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",
@@ -91,6 +96,7 @@ __all__ = [
     "NoAnswer",
     "NotFound",
     "NotPermitted",
+    "NotReplayable",
     "OpStatus",
     "OperationInDoubt",
     "OperationLine",
@@ -111,6 +117,7 @@ __all__ = [
     "ReviewVerdict",
     "Run",
     "RunCancelled",
+    "RunEnded",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

@@ -7,6 +7,9 @@
     │   └── UnknownOperation
     ├── IdempotencyConflict            an operation id reused with other arguments
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
+    ├── NotReplayable                  a committed operation whose result was not kept
+    ├── InvalidInput                   an id, a reason or an argument that cannot be stored
+    ├── RunEnded                       re-entering a run that has ended, with what to do
     ├── NotPermitted                   the run lacks the authority for this
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
@@ -29,14 +32,17 @@ from typing import Any
 __all__ = [
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerLocked",
     "LedgerUnavailable",
     "NotFound",
     "NotPermitted",
+    "NotReplayable",
     "OperationInDoubt",
     "RunCancelled",
+    "RunEnded",
     "SchemaTooNew",
     "StoplineError",
     "UnknownOperation",
@@ -91,6 +97,34 @@ class OperationInDoubt(StoplineError):
             f"operation {op_id!r} was dispatched before and its outcome is {status.value!r}; "
             "verify or review it before running it again"
         )
+
+
+class NotReplayable(StoplineError):
+    def __init__(self, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(
+            f"operation {op_id!r} committed, but its result was not JSON and was not kept; "
+            "it is not sent again: read the result from its destination, or return JSON"
+        )
+
+
+class InvalidInput(StoplineError):
+    """An input stopline cannot store as given; nothing was written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class RunEnded(StoplineError):
+    """The run has ended; ``what_to_do`` says how to go on."""
+
+    def __init__(self, run_id: str, state: enum.Enum, what_to_do: str) -> None:
+        self.run_id = run_id
+        self.state = state
+        self.what_to_do = what_to_do
+        super().__init__(f"run {run_id!r} is {state.value}: {what_to_do}")
 
 
 class NotPermitted(StoplineError):

@@ -34,7 +34,7 @@ def op(
     status: OpStatus,
     *,
     cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED,
-    cancel_state: str = CancelState.NONE,
+    cancel_state: CancelState = CancelState.NOT_ASKED,
     n: int = 0,
 ) -> OperationRecord:
     return OperationRecord(

@@ -86,7 +86,7 @@ def test_show_gives_the_timeline_and_the_receipt(seeded: tuple[str, Seeded]) -> 
     assert data["receipt"]["headline"] == "stopped_with_completed_actions"
     assert data["receipt"]["cancelled_by"] == "user:ada"
     text = stopline_cli("show", ids.verified, ledger=url).stdout
-    assert "Stopped. 1 actions had already completed and were kept." in text
+    assert "Stopped. 1 action had already completed and was kept." in text
     assert "read-back found it committed" in text
 
 

@@ -53,7 +53,7 @@ async def test_cancel_a_running_run_from_the_console(
                 assert settled.headline is stopline.Headline.STOPPED_WITH_COMPLETED_ACTIONS
                 await page.get_by_role("link", name="Follow the run").click()
                 await expect(page.get_by_test_id("receipt")).to_contain_text(
-                    "Stopped. 1 actions had already completed and were kept."
+                    "Stopped. 1 action had already completed and was kept."
                 )
                 await expect(page.get_by_test_id("timeline")).to_contain_text(
                     "cancel committed: the fence is raised"

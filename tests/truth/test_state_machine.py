@@ -108,7 +108,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _open(self) -> stopline.Ledger:
         """Open a ledger held by one task of the portal (a task group lives in one task)."""
-        budget = VerifyBudget(attempts=1)
+        budget = VerifyBudget(attempts=1, first_delay=0.0)
         ledger = stopline.open(self.url, verify=budget, tools=[self.provider.tool])
         self.stop = anyio.Event()
         ready = anyio.Event()

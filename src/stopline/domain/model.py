@@ -8,8 +8,13 @@ stores them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
+import enum
 import hashlib
 import json
+import math
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,14 +36,82 @@ __all__ = [
     "OperationRecord",
     "OperationSpec",
     "RunRecord",
+    "UnstableValue",
+    "args_digest",
     "digest",
 ]
 
 
 def digest(value: Any) -> str:
-    """A stable digest of JSON-able data (``repr`` for the rest), for evidence and keys."""
+    """A stable digest of JSON-able data (``repr`` for the rest), for evidence.
+
+    Raises ``ValueError`` for a value that cannot be written at all (a
+    self-referencing structure): the caller records that as its cause.
+    """
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class UnstableValue(ValueError):
+    """A value whose digest would differ from one process to the next."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"{path}: {why}")
+
+
+def args_digest(value: Any) -> str:
+    """The digest of a call's arguments, equal in every process for equal arguments.
+
+    Sets are sorted, tuples are lists, enums their values, dataclasses their
+    fields; an object that has only the default ``repr`` (its memory address)
+    or a structure that refers to itself raises ``UnstableValue`` naming where.
+    """
+    text = json.dumps(_canonical(value, "args", set()), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _canonical(value: Any, path: str, seen: set[int]) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value, path, seen)
+    if isinstance(value, bytes | bytearray):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return {"time": value.isoformat()}
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return {type(value).__name__: str(value)}
+    if id(value) in seen:
+        raise UnstableValue(path, "the structure refers to itself")
+    seen = seen | {id(value)}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            name = k if isinstance(k, str) else json.dumps(_canonical(k, path, seen))
+            out[name] = _canonical(v, f"{path}[{k!r}]", seen)
+        return out
+    if isinstance(value, list | tuple):
+        return [_canonical(v, f"{path}[{i}]", seen) for i, v in enumerate(value)]
+    if isinstance(value, set | frozenset):
+        items = [_canonical(v, f"{path}{{...}}", seen) for v in value]
+        return {"set": sorted(items, key=lambda i: json.dumps(i, sort_keys=True))}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {type(value).__qualname__: _canonical(fields, path, seen)}
+    dump = getattr(value, "model_dump", None)  # pydantic models
+    if callable(dump):
+        return {type(value).__qualname__: _canonical(dump(mode="json"), path, seen)}
+    if type(value).__repr__ is object.__repr__:  # type: ignore[comparison-overlap]
+        raise UnstableValue(
+            path,
+            f"a {type(value).__qualname__} has no stable form (its repr is its memory "
+            "address); pass JSON-able arguments or name the operation with key=...",
+        )
+    return {type(value).__qualname__: repr(value)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,13 +137,23 @@ class Evidence:
         return cls(EvidenceKind.LOCAL, ref, detail)
 
 
-class CancelState:
-    """What was asked of the provider about cancelling one operation."""
+class CancelState(enum.StrEnum):
+    """What was asked of the provider about cancelling one operation, and what it said
+    (R14: worded as observed)."""
 
-    NONE = "none"
-    ASKED = "asked"
-    REFUSED = "refused"
-    CONFIRMED = "confirmed"
+    NOT_ASKED = "not_asked"  # no cancel request was sent
+    ASKED = "asked"  # sent; no answer yet
+    CONFIRMED = "confirmed"  # the provider confirmed the request ended without effect
+    REFUSED = "refused"  # the provider answered that it will not cancel
+    UNANSWERED = "unanswered"  # sent; no answer came within the wait
+    NOT_SUPPORTED = "not_supported"  # the call's interface offers no way to ask
+
+    NONE = "none"  # stored by earlier versions for NOT_ASKED; read back as NOT_ASKED
+
+    @classmethod
+    def parse(cls, stored: str) -> CancelState:
+        state = cls(stored)
+        return cls.NOT_ASKED if state is cls.NONE else state
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,7 +203,7 @@ class OperationRecord:
     cancellable: Cancellable
     can_verify: bool
     can_compensate: bool
-    cancel_state: str
+    cancel_state: CancelState
     attempts: int
     result: Any
     has_result: bool
@@ -131,6 +214,18 @@ class OperationRecord:
     updated_at: float
     compensates: str | None = None
     worker: str = ""
+
+    @property
+    def horizon(self) -> float | None:
+        """R13: the latest moment this operation's effect could still land, when one
+        was recorded (``horizon`` evidence, written with the lost answer)."""
+        for e in reversed(self.evidence):
+            if e.kind is EvidenceKind.LOCAL and e.ref == "horizon":
+                try:
+                    return float(e.detail)
+                except ValueError:
+                    return None
+        return None
 
     @property
     def provider_can_cancel(self) -> bool:

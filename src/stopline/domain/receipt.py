@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,15 +93,27 @@ _STATE_HEADLINES = {
 }
 
 
+_ANSWER_WORDS: dict[CancelState, str] = {
+    CancelState.CONFIRMED: "the provider confirmed the cancel",
+    CancelState.REFUSED: "the provider refused to cancel it",
+    CancelState.ASKED: "cancel asked; no answer from the provider yet",
+    CancelState.UNANSWERED: "cancel asked; the provider did not answer",
+    CancelState.NOT_SUPPORTED: "not asked to cancel: the call offers no way to ask",
+}
+
+
+def _answer(op: OperationRecord) -> CancelState:
+    return CancelState.parse(str(op.cancel_state))
+
+
 def _cancel_words(op: OperationRecord) -> str:
-    if op.cancel_state == CancelState.CONFIRMED:
-        return "the provider confirmed the cancel"
-    if op.cancel_state == CancelState.REFUSED:
-        return "the provider refused to cancel it"
+    """R14: the provider's answer to a cancel, as observed; R12 while in flight."""
+    words = _ANSWER_WORDS.get(_answer(op))
+    if words is not None:
+        return words
     if op.status.in_flight or op.status is OpStatus.UNKNOWN:
         if op.provider_can_cancel:
-            asked = " (cancel asked)" if op.cancel_state == CancelState.ASKED else ""
-            return "the provider can still cancel it" + asked
+            return "the provider can still cancel it"
         # R12: said exactly when it matters, while it is in flight
         if op.status is OpStatus.REQUESTED and op.cancellable is Cancellable.NEVER:
             return "the provider cannot cancel it"
@@ -108,12 +121,22 @@ def _cancel_words(op: OperationRecord) -> str:
     return ""
 
 
+def _status_words(op: OperationRecord) -> str:
+    words = _PLAIN_STATUS[op.status]
+    if op.status is OpStatus.UNKNOWN and op.horizon is not None:
+        # R13: until then "not found" is "not yet"
+        words += " until " + time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
+    return words
+
+
 def _recovery(op: OperationRecord) -> str:
     if op.status is OpStatus.UNKNOWN:
         return "verify by reading the destination" if op.can_verify else "human review"
     if op.status.in_flight:
-        if op.provider_can_cancel:
+        if _answer(op) is CancelState.ASKED:
             return "waiting for the provider's answer to the cancel"
+        if op.provider_can_cancel:
+            return "waiting for the provider's answer"
         # R12: it will run to its end at the provider; say what happens then
         then = "verify by reading the destination" if op.can_verify else "human review if no answer"
         if op.can_compensate and op.compensates is None:
@@ -224,12 +247,14 @@ def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     message = HEADLINE_MESSAGES[headline].format(n=committed)
+    if committed == 1:  # plural-correct (ADR 0007)
+        message = message.replace("1 actions had", "1 action had").replace("were kept", "was kept")
     lines = tuple(
         OperationLine(
             op_id=op.id,
             what=op.description or op.tool,
             status=op.status,
-            status_words=_PLAIN_STATUS[op.status],
+            status_words=_status_words(op),
             provider_cancel=_cancel_words(op),
             recovery=_recovery(op),
             evidence=tuple(op.evidence),

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
-from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.model import CancelState, EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
 
 __all__ = [
@@ -86,7 +86,7 @@ def op_from_row(row: Sequence[Any]) -> OperationRecord:
         cancellable=Cancellable(row[6]),
         can_verify=bool(row[7]),
         can_compensate=bool(row[8]),
-        cancel_state=row[9],
+        cancel_state=CancelState.parse(row[9]),
         attempts=row[10],
         result=json.loads(row[11]) if row[12] else None,
         has_result=bool(row[12]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from stopline.domain.model import Evidence
@@ -18,7 +20,18 @@ __all__ = ["CallContext"]
 class CallContext:
     """Handed to an effectful tool as ``ctx``; also to its cancel and verify."""
 
-    __slots__ = ("_accepted", "_ledger", "attempt", "op_id", "provider_ref", "run_id", "tool")
+    __slots__ = (
+        "_accepted",
+        "_ledger",
+        "attempt",
+        "canceller",
+        "op_id",
+        "provider_ref",
+        "run_id",
+        "started_at",
+        "stated_horizon",
+        "tool",
+    )
 
     def __init__(
         self, ledger: Ledger, run_id: str, op_id: str, tool: Tool[object], attempt: int = 1
@@ -30,11 +43,40 @@ class CallContext:
         self.attempt = attempt
         self.provider_ref = ""
         self._accepted = False
+        self.started_at = time.time()  # when the call was dispatched (after the gate)
+        self.stated_horizon: float | None = None
+        # this call's own way to ask its provider to cancel, and the channel's name
+        # (an integration's or a framework's native cancel); the tool's canceller else
+        self.canceller: tuple[str, Callable[[], Awaitable[object]]] | None = None
 
     @property
     def key(self) -> str:
         """The idempotency key to hand to the provider: the operation's id."""
         return self.op_id
+
+    def settles_by(self, at: float) -> None:
+        """The provider states the latest moment (epoch seconds) by which this call's
+        effect lands or never will (R13); the earliest stated bound wins."""
+        if self.stated_horizon is None or at < self.stated_horizon:
+            self.stated_horizon = at
+
+    def cancel_via(self, channel: str, ask: Callable[[], Awaitable[object]]) -> None:
+        """How to ask this call's provider to cancel it (the runtime hook an integration
+        uses for its interface's native cancel). ``ask`` returns what the provider
+        answered, as a tool's canceller does; ``channel`` names the way, for the ledger."""
+        self.canceller = (channel, ask)
+
+    def horizon(self, ended_at: float) -> float:
+        """R13: the latest moment this call's effect could still land, for a call whose
+        local side ended at ``ended_at``: the earliest bound stated by the provider or
+        declared by the tool (``settles_within`` after dispatch); with neither, the end
+        of the local call (an in-process effect cannot land after its code stopped)."""
+        bounds = [b for b in (self.stated_horizon, self._declared()) if b is not None]
+        return min(bounds) if bounds else ended_at
+
+    def _declared(self) -> float | None:
+        within = self.tool.settles_within
+        return None if within is None else self.started_at + within
 
     async def accepted(self, ref: str = "", detail: str = "") -> None:
         """The provider acknowledged the request (recorded before this returns)."""

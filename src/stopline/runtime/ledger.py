@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
@@ -31,7 +33,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
+from stopline.errors import IllegalTransition, NotFound, RunCancelled, StoplineError, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
@@ -43,10 +45,19 @@ from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "VerifyBudget", "open"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review."""
+    """How hard to try a read-back before handing an operation to review.
+
+    ``attempts`` read-backs, the first ``first_delay`` seconds after the answer was
+    lost (a provider that is still finishing gets that long), each next one after a
+    delay growing by ``factor`` up to ``max_delay``. An operation whose horizon
+    (R13) is still ahead when the budget is spent gets one more read-back once it
+    has passed.
+    """
 
     attempts: int = 6
     first_delay: float = 0.2
@@ -54,8 +65,9 @@ class VerifyBudget:
     max_delay: float = 10.0
 
     def delays(self) -> list[float]:
+        """The wait before each read-back, the first included."""
         out, delay = [], self.first_delay
-        for _ in range(self.attempts - 1):
+        for _ in range(max(self.attempts, 1)):
             out.append(min(delay, self.max_delay))
             delay *= self.factor
         return out
@@ -331,6 +343,26 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
+    async def _resolve_durably(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """``_resolve``, retried until the ledger takes it (R2: an outcome is never dropped
+        because a write failed once); given up only when the ledger closes, which leaves
+        the operation to crash recovery."""
+        delay = 0.05
+        while True:
+            try:
+                return await self._resolve(op_id, update)
+            except (StoplineError, OSError, RuntimeError) as exc:
+                if isinstance(exc, IllegalTransition | NotFound) or self._tg is None:
+                    raise
+                logger.warning(
+                    "stopline: recording %s of %s failed (%r); retrying",
+                    update.event.value,
+                    op_id,
+                    exc,
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
     async def _settle_deferred(
         self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
     ) -> None:
@@ -344,10 +376,15 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
-        """R3: no answer is ``unknown``, never ``not_committed``."""
-        return await self._resolve(
-            ctx.op_id,
-            OutcomeUpdate(OpEvent.LOST, [Evidence.local(cause.value, detail)], cause=cause),
+        """R3: no answer is ``unknown``, never ``not_committed``. R13: when the effect can
+        still land after now, the horizon is recorded with it."""
+        evidence = [Evidence.local(cause.value, detail)]
+        now = time.time()
+        horizon = ctx.horizon(now)
+        if horizon > now:
+            evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
+        return await self._resolve_durably(
+            ctx.op_id, OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
         )
 
     def _after_change(self, op: OperationRecord) -> None:

@@ -13,6 +13,7 @@ can).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,7 +21,7 @@ import anyio
 
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
-from stopline.errors import OperationInDoubt, RunCancelled
+from stopline.errors import NotReplayable, OperationInDoubt, RunCancelled
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import ApprovalRequired, Retry
@@ -35,6 +36,41 @@ __all__ = ["Run"]
 
 R = TypeVar("R")
 _REPLAYABLE = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
+
+
+NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
+
+
+def _json_able(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+async def _record_exit(
+    ledger: Ledger, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
+) -> None:
+    """What a tool's exception proves, recorded (shielded: the caller may be cancelled)."""
+    with anyio.CancelScope(shield=True):
+        if isinstance(exc, Rejected):
+            evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
+            update = OutcomeUpdate(
+                OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
+            )
+            await ledger._resolve_durably(ctx.op_id, update)
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
+            await ledger._lost(ctx, cause, "local abort: the call was interrupted")
+        elif isinstance(exc, NoAnswer):
+            await ledger._lost(ctx, exc.cause, exc.detail)
+        elif isinstance(exc, TimeoutError):
+            await ledger._lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
+        elif isinstance(exc, ConnectionError | OSError):
+            await ledger._lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
+        else:  # any other exception, or a BaseException (KeyboardInterrupt, SystemExit, ...)
+            await ledger._lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 class Run:
@@ -156,6 +192,8 @@ class Run:
     def _replay(self, op: OperationRecord) -> Any:
         """R10: a committed operation is never repeated; its recorded result is returned."""
         if op.status in _REPLAYABLE:
+            if any(e.ref == NOT_REPLAYABLE for e in op.evidence):
+                raise NotReplayable(op.id)
             return op.result
         if op.status is OpStatus.PREVENTED:
             self.cancel_requested = True
@@ -170,6 +208,7 @@ class Run:
         kwargs: dict[str, Any],
         timeout: float | None,
     ) -> R:
+        """Run the tool; every way out of it records an outcome (R2) before it leaves."""
         ledger = self._ledger
         call_args = (ctx, *args) if t.wants_context else args
         try:
@@ -178,36 +217,28 @@ class Run:
             else:
                 with anyio.fail_after(timeout):
                     result = await t.fn(*call_args, **kwargs)
-        except anyio.get_cancelled_exc_class():
-            cause = Cause.USER_CANCEL if self.cancel_requested else Cause.LOCAL_ERROR
+        except BaseException as exc:
+            await _record_exit(ledger, ctx, exc, timeout, cancelled=self.cancel_requested)
+            raise
+        try:
+            evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
+        except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
-                await ledger._lost(ctx, cause, "local abort: the call was interrupted")
-            raise
-        except Rejected as exc:
-            evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
-            await ledger._resolve(
-                ctx.op_id,
-                OutcomeUpdate(
-                    OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
-                ),
-            )
-            raise
-        except NoAnswer as exc:
-            await ledger._lost(ctx, exc.cause, exc.detail)
-            raise
-        except TimeoutError:
-            await ledger._lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
-            raise
-        except (ConnectionError, OSError) as exc:
-            await ledger._lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
-            raise
-        except Exception as exc:
-            await ledger._lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
-            raise
-        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
+                detail = f"the result could not be digested: {type(exc).__name__}: {exc}"
+                await ledger._lost(ctx, Cause.LOCAL_ERROR, detail)
+            return result
         if ctx.provider_ref and not ctx._accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
-        update = OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
+        replayable = _json_able(result)
+        if not replayable:  # refused now, at record time, rather than a None on replay
+            why = f"a {type(result).__name__} is not JSON: a replay cannot return it"
+            evidence.append(Evidence.local(NOT_REPLAYABLE, why))
+        update = OutcomeUpdate(
+            OpEvent.COMMITTED,
+            evidence,
+            result=result if replayable else None,
+            has_result=replayable,
+        )
         if not ledger.durable_outcomes and ledger.backend.defers_outcomes:
             # opted in: queued in order now, committed with the next batch (ADR 0006)
             ledger.spawn(
@@ -217,7 +248,8 @@ class Run:
                 ledger.backend.record_deferred(ctx.op_id, update),
             )
         else:
-            await ledger._resolve(ctx.op_id, update)
+            with anyio.CancelScope(shield=True):
+                await ledger._resolve_durably(ctx.op_id, update)
         return result
 
     # -- phases and boundaries -------------------------------------------------

@@ -12,6 +12,7 @@ corrected before the run settles (S8).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,18 @@ if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger, VerifyBudget
 
 __all__ = ["Settler"]
+
+
+def _answer_state(answer: object) -> CancelState:
+    """A canceller's return value as the answer it reports."""
+    if isinstance(answer, CancelState):
+        return CancelState.parse(answer.value)
+    if answer is True:
+        return CancelState.CONFIRMED
+    if answer is False:
+        return CancelState.REFUSED
+    return CancelState.ASKED  # asked; the provider gave no answer to tell
+
 
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
 
@@ -51,12 +64,33 @@ class Settler:
 
     # -- providers ---------------------------------------------------------------
     def ask_provider_cancel(self, ctx: CallContext) -> None:
+        """Deliver a cancel request to a call in flight, through whatever its interface
+        offers (its own ``cancel_via`` channel, else its tool's canceller); record what
+        was asked, how, and (in the background) what came back (R14)."""
         tool = ctx.tool
-        if tool.cancel_fn is None or tool.cancellable is Cancellable.NEVER:
+        if tool.cancellable is Cancellable.NEVER:
+            why = "its policy says the provider cannot cancel it: never asked (R12)"
+            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
             return
-        if ctx._accepted and tool.cancellable is not Cancellable.AFTER_ACCEPTED:
+        if ctx._accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
+            why = "the provider accepted it and cancels only until then: not asked"
+            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
+            return
+        if ctx.canceller is None and tool.cancel_fn is None:
+            why = "the call's interface offers no way to ask its provider to cancel"
+            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_SUPPORTED, why, "")
             return
         self._ledger.spawn(self._ask, ctx)
+
+    async def _note_answer(
+        self, ctx: CallContext, state: CancelState, detail: str, channel: str
+    ) -> None:
+        ledger = self._ledger
+        data: dict[str, object] = {"answer": state.value, "detail": detail}
+        if channel:
+            data["channel"] = channel
+        await ledger.backend.note(ctx.op_id, f"cancel_{state.value}", data, cancel_state=state)
+        ledger._changed(ctx.run_id)
 
     async def _ask(self, ctx: CallContext) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer
@@ -74,38 +108,45 @@ class Settler:
 
     async def _ask_provider(self, ctx: CallContext) -> None:
         ledger = self._ledger
-        assert ctx.tool.cancel_fn is not None
-        await ledger.backend.note(ctx.op_id, "cancel_asked", {}, cancel_state=CancelState.ASKED)
+        if ctx.canceller is not None:
+            channel, ask = ctx.canceller
+        else:
+            assert ctx.tool.cancel_fn is not None
+            channel, fn = "canceller", ctx.tool.cancel_fn
+
+            async def ask() -> object:
+                return await fn(ctx)
+
+        at = time.time()
+        data = {"channel": channel, "at": at}
+        await ledger.backend.note(ctx.op_id, "cancel_asked", data, cancel_state=CancelState.ASKED)
         ledger._changed(ctx.run_id)
-        answered = False
+        answered, answer, detail = False, None, ""
         try:
             # a provider that never answers must not hold the run open forever
             with anyio.move_on_after(ledger.cancel_answer_timeout):
-                confirmed = await ctx.tool.cancel_fn(ctx)
+                answer = await ask()
                 answered = True
-            detail = ""
         except Exception as exc:
-            answered, confirmed, detail = True, False, f"{type(exc).__name__}: {exc}"
-        if not answered:
-            await ledger.backend.note(
-                ctx.op_id, "cancel_unanswered", {"after_s": ledger.cancel_answer_timeout}
-            )
-            ledger._changed(ctx.run_id)
-            return  # the operation's own outcome (or its read-back) decides
-        if confirmed:
+            answered, answer, detail = True, False, f"{type(exc).__name__}: {exc}"
+        state = _answer_state(answer) if answered else CancelState.UNANSWERED
+        if state is CancelState.CONFIRMED:
             await ledger._resolve(
                 ctx.op_id,
                 OutcomeUpdate(
                     OpEvent.CANCEL_CONFIRMED,
-                    [Evidence(EvidenceKind.PROVIDER_RECEIPT, "cancel_confirmed")],
+                    [Evidence(EvidenceKind.PROVIDER_RECEIPT, "cancel_confirmed", channel)],
                     cancel_state=CancelState.CONFIRMED,
                 ),
             )
-        else:
+        elif state is CancelState.UNANSWERED:
+            data = {"channel": channel, "after_s": ledger.cancel_answer_timeout}
             await ledger.backend.note(
-                ctx.op_id, "cancel_refused", {"detail": detail}, cancel_state=CancelState.REFUSED
+                ctx.op_id, "cancel_unanswered", data, cancel_state=CancelState.UNANSWERED
             )
-            ledger._changed(ctx.run_id)
+            ledger._changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
+        elif state is not CancelState.ASKED:
+            await self._note_answer(ctx, state, detail, channel)
 
     # -- verification (R5: reads only) -----------------------------------------------
     def can_verify_here(self, op: OperationRecord) -> bool:
@@ -136,25 +177,47 @@ class Settler:
         current = op
         try:
             async with self.working():
-                delays = [*(budget or ledger.verify_budget).delays(), None]
+                delays = (budget or ledger.verify_budget).delays()
                 current = await ledger.backend.get_operation(op.id)  # read after a stale list
+                reads = 0
                 for delay in delays:
-                    if current.status is not OpStatus.UNKNOWN:
+                    await anyio.sleep(delay)  # a provider still finishing gets this long
+                    current, done = await self._one_read(current)
+                    reads += 1
+                    if done:
                         return current
-                    current = await self.read_back(current)
-                    if current.status is not OpStatus.UNKNOWN:
-                        return current  # proven, escalated, or settled by a late response
-                    if delay is not None:
-                        await anyio.sleep(delay)  # backoff between read-backs
-                spent = Evidence.local(
-                    "verify_budget_spent", f"{len(delays)} read-backs found no answer"
-                )
+                # R13: budget spent before the horizon: one more look once it has passed
+                horizon = self.horizon_of(current)
+                if horizon is not None and horizon > time.time():
+                    await anyio.sleep(horizon - time.time() + 0.001)
+                    current, done = await self._one_read(current)
+                    reads += 1
+                    if done:
+                        return current
+                spent = Evidence.local("verify_budget_spent", f"{reads} read-backs found no answer")
                 current = await ledger._resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
                 return current
         finally:
-            done = self._verifying.pop(op.id, None)
-            if done is not None:
-                done.set()
+            done_event = self._verifying.pop(op.id, None)
+            if done_event is not None:
+                done_event.set()
+
+    async def _one_read(self, op: OperationRecord) -> tuple[OperationRecord, bool]:
+        """One read-back unless something else settled it; whether it is settled now."""
+        current = await self._ledger.backend.get_operation(op.id)
+        if current.status is not OpStatus.UNKNOWN:
+            return current, True
+        current = await self.read_back(current)
+        return current, current.status is not OpStatus.UNKNOWN
+
+    def horizon_of(self, op: OperationRecord) -> float | None:
+        """R13: the recorded horizon, else the one its tool declares from the dispatch."""
+        if op.horizon is not None:
+            return op.horizon
+        tool = self._ledger._tools.get(op.tool)
+        if tool is None or tool.settles_within is None:
+            return None
+        return op.created_at + tool.settles_within
 
     async def read_back(self, op: OperationRecord) -> OperationRecord:
         """One read-only look at the destination; records what it proves (R5)."""
@@ -182,6 +245,11 @@ class Settler:
         except Exception as exc:
             read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
         if read.verdict is Verdict.UNKNOWN:
+            return await ledger.backend.get_operation(op.id)
+        horizon = self.horizon_of(op)
+        early = horizon is not None and horizon > time.time()
+        if read.verdict is Verdict.NOT_COMMITTED and early and not read.ended:
+            # R13: not found is "not yet" while the effect can still land
             return await ledger.backend.get_operation(op.id)
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED

@@ -2,7 +2,8 @@
 
 A tool is an async callable plus what its provider can do: cancel (until
 accepted, after accepted, never), verify (a read-only read-back by
-idempotency key) and compensate. Effectful tools receive a ``CallContext``
+idempotency key) and compensate, and how long after its dispatch an effect
+can still land (``settles_within``, its horizon: R13). Effectful tools receive a ``CallContext``
 as their first argument when that parameter is named ``ctx`` or annotated
 ``CallContext``; through it they learn their idempotency key and report
 acceptance and progress.
@@ -20,6 +21,7 @@ from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import StoplineError
 
 if TYPE_CHECKING:
+    from stopline.domain.model import CancelState
     from stopline.runtime.context import CallContext
 
 __all__ = ["Compensation", "NoAnswer", "ReadBack", "Rejected", "Tool", "Verdict", "tool"]
@@ -51,14 +53,19 @@ class Verdict(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReadBack:
-    """A verifier's answer. ``NOT_COMMITTED`` means "never will": a request the
-    provider may still be working on is ``UNKNOWN``. A verifier may return the
-    provider's recorded ``result``, which a replay then hands to the workflow."""
+    """A verifier's answer. A verifier reports what it found: ``COMMITTED`` (the
+    effect is there), ``NOT_COMMITTED`` (it is not there), ``UNKNOWN`` (it could
+    not tell). "Not there" proves the operation did not happen only once its
+    horizon has passed (R13), or when the provider itself states the request has
+    ended (``ended=True``: its own record, not a search): before that the runtime
+    keeps verifying. A verifier may return the provider's recorded ``result``,
+    which a replay then hands to the workflow."""
 
     verdict: Verdict
     ref: str = ""
     detail: str = ""
     result: Any = None
+    ended: bool = False
 
 
 class Rejected(StoplineError):
@@ -87,7 +94,7 @@ class NoAnswer(StoplineError):
         super().__init__(f"{cause.value}: {detail}")
 
 
-CancelFn = Callable[["CallContext"], Awaitable[bool]]
+CancelFn = Callable[["CallContext"], Awaitable["bool | CancelState | None"]]
 VerifyFn = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
 CompensateFn = Callable[["CallContext"], Awaitable[Any]]
 
@@ -104,6 +111,7 @@ class Tool(Generic[R]):
         effects: bool = True,
         cancellable: Cancellable = Cancellable.NEVER,
         compensation: Compensation = Compensation.NEVER,
+        settles_within: float | None = None,
     ) -> None:
         self.fn = fn
         self.name: str = name or str(getattr(fn, "__name__", "tool"))
@@ -115,10 +123,19 @@ class Tool(Generic[R]):
         self.compensate_fn: CompensateFn | None = None
         self.compensation = compensation
         self.compensation_verify_fn: VerifyFn | None = None
+        # R13: seconds after its dispatch by which any effect of a call has landed (or
+        # never will); None: the effect ends with the local call, unless the call states
+        # a horizon itself (``CallContext.settles_by``)
+        self.settles_within = settles_within
         self.wants_context = effects and _first_param_is_context(fn)
 
     def canceller(self, fn: CancelFn) -> CancelFn:
-        """Register how to ask the provider to cancel; return True when it confirms."""
+        """Register how to ask the provider to cancel.
+
+        Return what the provider answered: True (it confirms the request ended
+        without effect), False (it refuses), None (asked; no answer to tell), or
+        a ``CancelState``.
+        """
         self.cancel_fn = fn
         if self.cancellable is Cancellable.NEVER:
             self.cancellable = Cancellable.UNTIL_ACCEPTED
@@ -168,6 +185,7 @@ def tool(
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
     compensation: Compensation = Compensation.NEVER,
+    settles_within: float | None = None,
 ) -> Callable[[Callable[P, Awaitable[R]]], Tool[R]]: ...
 
 
@@ -180,6 +198,7 @@ def tool(
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
     compensation: Compensation = Compensation.NEVER,
+    settles_within: float | None = None,
 ) -> Tool[R] | Callable[[Callable[P, Awaitable[R]]], Tool[R]]:
     """Declare a tool; ``effects=False`` marks a read that needs no gate record."""
 
@@ -191,6 +210,7 @@ def tool(
             effects=effects,
             cancellable=cancellable,
             compensation=compensation,
+            settles_within=settles_within,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -17,10 +17,13 @@ the awaiting scope is cancelled                unknown / user_cancel (the SDK
                                                sends the cancel)
 ============================================  =================================
 
-A cancel asked under a ``verify`` or ``at_boundary`` policy (``cancel_fn``)
-stops waiting for the response and asks the server's ``stopline_verify``
-(a long poll) what it did instead: the server's own record confirms the
-cancel (not_committed), or shows that it refused it and what it committed.
+A cancel of the run (any policy) stops waiting for the response, which makes
+the SDK send the cancel the transport expects. A server with stopline's
+helpers is then asked (``stopline_verify``, a long poll) what it did: its own
+record confirms the cancel (not_committed), or shows that it refused it and
+what it committed. Any other server cannot tell: the call is ``unknown``
+(user_cancel) with its horizon, read back once that has passed (R13), and a
+late answer still attaches (R4).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class McpCall:
         self.cancel_asked = False
         self.decided = anyio.Event()  # the server's answer to our cancel is known
         self.confirmed = False
+        self.refused = False
 
     @property
     def ref(self) -> str:
@@ -114,6 +118,8 @@ class McpCall:
 
         client = await self.conn._session()
         self.scope.deadline = deadline.initial()
+        if cap is not None:  # R13: no answer is awaited past this; the stated horizon
+            self.ctx.settles_by(self.ctx.started_at + cap)
         with self.scope:
             try:
                 result = await client.call_tool(
@@ -158,6 +164,9 @@ class McpCall:
     async def _after_cancel(self) -> Any:
         """Learn from the server's own record what it did with the cancelled request."""
         conn = self.conn
+        if not conn.offers_verify:  # a server without stopline's helpers cannot tell us
+            self.decided.set()
+            raise NoAnswer(Cause.USER_CANCEL, "cancel sent; the server reports no outcome")
         with anyio.move_on_after(conn.settle_timeout):
             while True:
                 try:
@@ -166,6 +175,7 @@ class McpCall:
                     break  # the connection is gone: unknown, reconciled later
                 verdict = status.get("verdict")
                 if status.get("cancel") == "refused" and not self.decided.is_set():
+                    self.refused = True
                     self.decided.set()  # the server goes on: its answer to the cancel is no
                 if verdict == "committed":
                     self.decided.set()

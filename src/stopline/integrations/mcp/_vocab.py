@@ -68,6 +68,8 @@ class ToolPolicy:
     verify: bool | None = None  # use the server's stopline_verify (default: when offered)
     task: bool = False  # run as an io.modelcontextprotocol/tasks task
     key_argument: str | None = None  # also pass the key as this argument
+    # R13: seconds after dispatch by which the server's effect has landed or never will
+    settles_within: float | None = None
 
     def merged(self, base: ToolPolicy) -> ToolPolicy:
         """This override applied over ``base``."""
@@ -77,6 +79,9 @@ class ToolPolicy:
             verify=self.verify if self.verify is not None else base.verify,
             task=self.task or base.task,
             key_argument=self.key_argument or base.key_argument,
+            settles_within=(
+                self.settles_within if self.settles_within is not None else base.settles_within
+            ),
         )
 
 

@@ -17,6 +17,12 @@ proves (see ``_call``). Around it:
 - the server's tool listing says which tools have effects and how they
   cancel (``_meta["io.stopline/effects"]``, ``["io.stopline/cancellable"]``,
   ``readOnlyHint``), and ``policies={name: ToolPolicy(...)}`` overrides it;
+- a cancel of the run reaches every call in flight (issue 20): the SDK sends
+  ``notifications/cancelled`` (stdio, 2025-era HTTP) or closes the request's
+  stream (2026 HTTP); the call stays tracked (late answers are kept, R4) and
+  its outcome comes from a read-back after its horizon (R13: the tool's
+  ``settles_within``, else the call's progress cap), unless its policy says
+  the server cannot cancel (``cancellable=never``: never asked);
 - when the server offers ``stopline_verify``, it is every tool's read-back
   and makes a cancel confirmable; otherwise pass ``verifiers={name: fn}``;
 - a connection that broke is re-opened on next use (a stdio server is
@@ -42,6 +48,7 @@ from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp import Client, MCPError, StdioServerParameters
+from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
@@ -236,6 +243,7 @@ class StoplineMCP:
             description=what,
             effects=effects,
             cancellable=cancellable,
+            settles_within=policy.settles_within,
         )
         tool.wants_context = effects
         user_verify = self.verifiers.get(name)
@@ -246,8 +254,6 @@ class StoplineMCP:
             tool.verify_fn = user_verify
         elif use_server and self.offers_verify:
             tool.verify_fn = self._read_back
-            if cancellable is not Cancellable.NEVER:
-                tool.cancel_fn = self._cancel  # confirmable: the server reports what it did
         self._tools[name] = tool
         return tool
 
@@ -291,6 +297,7 @@ class StoplineMCP:
         while len(self._ledgers) > 4096:
             self._ledgers.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
+        ctx.cancel_via(self._cancel_channel(client), lambda: self._cancel(ctx))
         token = CURRENT_CALL.set(ctx)
         try:
             return await call.run(args, meta, timeout, self.progress_cap)
@@ -299,13 +306,29 @@ class StoplineMCP:
             del self._calls[ctx.op_id]
 
     # -- the provider's cancel and read-back ---------------------------------------------
-    async def _cancel(self, ctx: CallContext) -> bool:
+    def _cancel_channel(self, client: Client) -> str:
+        """How the SDK delivers a cancel on this connection."""
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if modern and not isinstance(self.target, StdioServerParameters):
+            return "stream_close"  # 2026-07-28 Streamable HTTP: closing the stream is the cancel
+        return "notifications/cancelled"
+
+    async def _cancel(self, ctx: CallContext) -> CancelState | None:
+        """Ask the server to cancel the call: what it answered, as far as it can tell us.
+
+        A server with stopline's helpers reports what it did (confirmed, refused); any
+        other server gives no answer to a cancel (the protocol has none): ``None``.
+        """
         call = self._calls.get(ctx.op_id)
         if call is None:
-            return False  # it finished already; its outcome is recorded
+            return CancelState.NOT_ASKED  # it finished already; its outcome is recorded
         call.ask_cancel()
+        if not self.offers_verify:
+            return None
         await call.decided.wait()
-        return call.confirmed
+        if call.confirmed:
+            return CancelState.CONFIRMED
+        return CancelState.REFUSED if call.refused else None
 
     async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
         """The server's ``stopline_verify`` answer for ``key`` (a read)."""
@@ -328,7 +351,8 @@ class StoplineMCP:
         verdict = Verdict(status.get("verdict", "unknown"))
         ref = f"{VERIFY_TOOL}:{self.name}:{ctx.key}"
         detail = str(status.get("detail") or status.get("state") or "")
-        return ReadBack(verdict, ref, detail, status.get("result"))
+        # the server's own record of the request: its "not committed" means it ended
+        return ReadBack(verdict, ref, detail, status.get("result"), ended=True)
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         if self._tg is not None:

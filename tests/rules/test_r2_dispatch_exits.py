@@ -1,0 +1,121 @@
+"""R2 at every exit of a dispatch: whatever leaves a tool (any exception, any
+BaseException, a result that cannot be digested or stored, a write the ledger
+refused once), the operation gets an outcome and the run settles."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+import anyio
+import pytest
+
+import stopline
+from stopline import Cause, NotReplayable, OpStatus
+from stopline.ledger.backend import Backend, OutcomeUpdate
+from tests.conftest import FAST_VERIFY
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FrameworkStop(BaseException):
+    """A framework's control-flow exception (not a cancellation)."""
+
+
+def raising(exc: BaseException) -> stopline.Tool[Any]:
+    async def act(ctx: stopline.CallContext) -> None:
+        raise exc
+
+    return stopline.Tool(act, name="act")
+
+
+@pytest.mark.parametrize(
+    "exc", [FrameworkStop("stop"), SystemExit(3), GeneratorExit()], ids=lambda e: type(e).__name__
+)
+async def test_r2_a_base_exception_leaves_an_outcome_and_the_run_settles(
+    ledger: stopline.Ledger, exc: BaseException
+) -> None:
+    with pytest.raises(type(exc)):
+        async with ledger.run("job", owner="user:1", run_id="run-base") as run:
+            await run.call(raising(exc), key="k")
+    op = await ledger.backend.get_operation("run-base/k")
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert op.cause is Cause.LOCAL_ERROR and type(exc).__name__ in op.evidence[1].detail
+    receipt = await ledger.wait_settled("run-base", timeout=10)
+    assert receipt.settled
+
+
+async def test_r2_a_result_that_cannot_be_digested_is_unknown(ledger: stopline.Ledger) -> None:
+    loop: list[Any] = []
+    loop.append(loop)  # refers to itself: no digest, no JSON
+
+    async def send(ctx: stopline.CallContext) -> list[Any]:
+        return loop
+
+    async with ledger.run("job", owner="user:1", run_id="run-loop") as run:
+        assert await run.call(stopline.Tool(send), key="k") is loop
+    op = await ledger.backend.get_operation("run-loop/k")
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert "could not be digested" in op.evidence[1].detail
+    assert (await ledger.wait_settled("run-loop", timeout=10)).settled
+
+
+async def test_r2_a_result_that_is_not_json_is_refused_at_record_time(
+    ledger: stopline.Ledger,
+) -> None:
+    sent: list[str] = []
+
+    @dataclasses.dataclass
+    class Payment:
+        amount: int
+
+    async def pay(ctx: stopline.CallContext) -> Payment:
+        sent.append(ctx.key)
+        return Payment(3)
+
+    tool = stopline.Tool(pay)
+    async with ledger.run("job", owner="user:1", run_id="run-obj") as run:
+        assert await run.call(tool, key="k") == Payment(3)
+    op = await ledger.backend.get_operation("run-obj/k")
+    assert op.status is OpStatus.COMMITTED and not op.has_result
+    assert op.evidence[-1].ref == "result_not_replayable"
+    with pytest.raises(NotReplayable):  # a replay says so; it never hands back None
+        await ledger.dispatch("run-obj", tool, key="k")
+    assert sent == ["run-obj/k"]
+
+
+class RefusesWrites:
+    """An observer: the ledger refuses the next ``failures`` outcome writes."""
+
+    def __init__(self, inner: Backend, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    async def record(self, op_id: str, update: OutcomeUpdate) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("disk full")
+        return await self.inner.record(op_id, update)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_r2_a_failed_write_is_retried_until_the_ledger_takes_it(ledger_url: str) -> None:
+    observer: list[RefusesWrites] = []
+
+    def observe(backend: Backend) -> Backend:
+        observer.append(RefusesWrites(backend, failures=2))
+        return cast(Backend, observer[0])
+
+    async def send(ctx: stopline.CallContext) -> str:
+        return "sent"
+
+    async with stopline.open(ledger_url, verify=FAST_VERIFY, observers=[observe]) as ledger:
+        async with ledger.run("job", owner="user:1", run_id="run-disk") as run:
+            with anyio.fail_after(10):
+                assert await run.call(stopline.Tool(send), key="k") == "sent"
+        op = await ledger.backend.get_operation("run-disk/k")
+        assert op.status is OpStatus.COMMITTED
+        assert observer[0].failures == 0  # both refusals happened, then it was taken
+        assert (await ledger.wait_settled("run-disk", timeout=10)).settled
