@@ -17,7 +17,8 @@ import functools
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Generator
+import time
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -30,43 +31,47 @@ _MAX_BATCH = 256
 
 
 class _Job(Generic[T]):
-    __slots__ = ("_event", "_wake", "error", "fn", "result")
+    __slots__ = ("_event", "_wake", "deferred", "error", "fn", "result")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> None:
         self.fn = fn
+        # nobody waits on it: it may wait a little for company before committing
+        self.deferred = then is not None
         self.result: Any = None
         self.error: BaseException | None = None
+        self._event: Any = None
         library = sniffio.current_async_library()
         if library == "asyncio":
             import asyncio
 
             loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._event: Any = future
-            # wakes are grouped per loop: one call_soon_threadsafe per batch
-            self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: _set_future(future))
+            if then is not None:
+                # wakes are grouped per loop: one call_soon_threadsafe per batch
+                self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: then(self.outcome))
+            else:
+                future: asyncio.Future[None] = loop.create_future()
+                self._event = future
+                self._wake = (loop, lambda: _set_future(future))
         else:
             import trio
 
-            event = trio.Event()
             token = trio.lowlevel.current_trio_token()
-            self._event = event
-            self._wake = (token, event.set)
+            if then is not None:
+                self._wake = (token, lambda: then(self.outcome))
+            else:
+                event = trio.Event()
+                self._event = event
+                self._wake = (token, event.set)
 
     async def done(self) -> None:
         if hasattr(self._event, "wait"):
             await self._event.wait()
         else:
             await self._event
-
-    async def result_when_done(self) -> T:
-        with anyio.CancelScope(shield=True):
-            await self.done()
-        return self.outcome()
-
-    def __await__(self) -> Generator[Any, None, T]:
-        """A queued job is awaitable for its result (nothing runs until it is awaited)."""
-        return self.result_when_done().__await__()
 
     def outcome(self) -> T:
         if self.error is not None:
@@ -86,7 +91,11 @@ class Writer:
         self,
         connect: Callable[[], sqlite3.Connection],
         map_error: Callable[[BaseException], BaseException],
+        *,
+        linger: float = 0.002,
     ) -> None:
+        # how long a batch of deferred jobs alone waits for the next job to share its commit
+        self._linger = linger
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
         self._ready = threading.Event()
@@ -113,12 +122,22 @@ class Writer:
             await job.done()
         return job.outcome()
 
-    def enqueue(self, fn: Callable[[sqlite3.Connection], T]) -> _Job[T]:
-        """Queue ``fn`` now, in order, without waiting: a job queued later by this process
-        (a read, the next gate) runs after it and sees what it wrote."""
+    def enqueue(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> _Job[T]:
+        """Queue ``fn`` now, in order: a job queued later by this process (a read, the
+        next gate) runs after it and sees what it wrote.
+
+        With ``then``, nobody waits: after the commit, ``then(outcome)`` runs on the
+        caller's event loop (``outcome()`` returns the result or raises). A batch of
+        only such jobs waits up to ``linger`` seconds for another job and commits with
+        it (group commit: a sequential workflow's outcome rides its next intent's fsync).
+        """
         if self._closed:
             raise RuntimeError("the ledger is closed")
-        job: _Job[T] = _Job(fn)
+        job: _Job[T] = _Job(fn, then)
         self._queue.put(job)
         return job
 
@@ -145,21 +164,50 @@ class Writer:
                 if first is None:
                     return
                 batch = [first]
-                stop = False
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        job = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        stop = True
-                        break
-                    batch.append(job)
+                stop = self._drain(batch)
+                if not stop and all(job.deferred for job in batch):
+                    stop = self._linger_for_company(batch)
                 self._run_batch(conn, batch)
                 if stop:
                     return
         finally:
             conn.close()
+
+    def _drain(self, batch: list[_Job[Any]]) -> bool:
+        """Add every job already waiting (up to the batch limit); True if told to stop."""
+        while len(batch) < _MAX_BATCH:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            batch.append(job)
+        return False
+
+    def _linger_for_company(self, batch: list[_Job[Any]]) -> bool:
+        """Only deferred jobs: wait up to ``linger`` for a job someone waits on.
+
+        The wait is bounded from the first deferred job, so an outcome is durable
+        within a few milliseconds even when no other write comes.
+        """
+        deadline = time.monotonic() + self._linger
+        while len(batch) < _MAX_BATCH:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                job = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            batch.append(job)
+            if self._drain(batch):
+                return True
+            if not all(j.deferred for j in batch):
+                return False
+        return False
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
         """One transaction for the batch; if any job fails, replay each job on its own.

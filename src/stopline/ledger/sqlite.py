@@ -14,7 +14,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,6 +90,7 @@ class SQLiteBackend(Backend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        group_commit: float = 0.002,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
@@ -97,7 +98,8 @@ class SQLiteBackend(Backend):
         self.location = f"sqlite:///{self.path}"
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
-        self._writer = Writer(self._connect, self._map_error)
+        # an outcome nobody waits for waits up to ``group_commit`` s for the next write
+        self._writer = Writer(self._connect, self._map_error, linger=group_commit)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -319,8 +321,13 @@ class SQLiteBackend(Backend):
 
     defers_outcomes = True  # one writer thread, first in first out
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update))
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update), then)
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
