@@ -10,6 +10,8 @@ each naming the file and the cause.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import sqlite3
@@ -25,7 +27,10 @@ from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, R
 from stopline.errors import (
     LedgerCorrupt,
     LedgerError,
+    LedgerFull,
+    LedgerIOError,
     LedgerLocked,
+    LedgerReadOnly,
     LedgerUnavailable,
     SchemaTooNew,
     StoplineError,
@@ -97,7 +102,7 @@ class SQLiteBackend(Backend):
         self.location = f"sqlite:///{self.path}"
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
-        self._writer = Writer(self._connect, self._map_error)
+        self._writer = Writer(self._connect, self._map_error, self.location, busy_timeout)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -170,21 +175,23 @@ class SQLiteBackend(Backend):
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a full disk rolls back by itself: keep its error
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
 
     def _map_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
+        if isinstance(exc, OSError) and exc.errno in _OS_ERRORS:
+            err: LedgerError = _OS_ERRORS[exc.errno](self.location, str(exc))
+        elif isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
             return exc
-        message = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
-            err: LedgerError = LedgerLocked(self.location, f"{message} (another process holds it)")
-        elif "not a database" in message or "malformed" in message:
-            err = LedgerCorrupt(self.location, message)
-        elif "unable to open" in message or "readonly" in message or "disk I/O" in message:
-            err = LedgerUnavailable(self.location, message)
         else:
-            err = LedgerError(self.location, message)
+            err = _sqlite_error(self.location, exc)
+            if type(err) is LedgerUnavailable and not os.access(self.path.parent, os.W_OK):
+                # SQLite cannot create its journal beside the file: say why
+                err = LedgerReadOnly(
+                    self.location, f"{exc}: directory {self.path.parent} is read-only"
+                )
         err.__cause__ = exc
         return err
 
@@ -315,7 +322,10 @@ class SQLiteBackend(Backend):
         return await self._tx(lambda conn: _gate_txn(conn, spec))
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        return await self._tx(lambda conn: _record_txn(conn, op_id, update))
+        # an outcome, once asked for, is written even if its caller is cancelled meanwhile
+        return await self._writer.submit(
+            lambda conn: _record_txn(conn, op_id, update), must_run=True
+        )
 
     defers_outcomes = True  # one writer thread, first in first out
 
@@ -449,6 +459,52 @@ class SQLiteBackend(Backend):
 
     async def compensations(self, op_id: str) -> list[OperationRecord]:
         return await self._tx(lambda conn: tt.compensations_txn(conn, op_id))
+
+
+# SQLite's primary result codes (the low byte of an extended one) and what they mean here
+_BY_CODE: dict[int, type[LedgerError]] = {
+    5: LedgerLocked,  # SQLITE_BUSY
+    6: LedgerLocked,  # SQLITE_LOCKED
+    8: LedgerReadOnly,  # SQLITE_READONLY
+    10: LedgerIOError,  # SQLITE_IOERR
+    11: LedgerCorrupt,  # SQLITE_CORRUPT
+    13: LedgerFull,  # SQLITE_FULL
+    14: LedgerUnavailable,  # SQLITE_CANTOPEN
+    26: LedgerCorrupt,  # SQLITE_NOTADB
+}
+_OS_ERRORS: dict[int, type[LedgerError]] = {
+    errno.ENOSPC: LedgerFull,
+    errno.EFBIG: LedgerFull,
+    errno.EDQUOT: LedgerFull,
+    errno.EROFS: LedgerReadOnly,
+    errno.EACCES: LedgerReadOnly,
+    errno.EIO: LedgerIOError,
+}
+
+
+def _sqlite_error(location: str, exc: sqlite3.Error) -> LedgerError:
+    """The typed error for an SQLite error, by its result code (its message as a fallback)."""
+    message = str(exc)
+    code = getattr(exc, "sqlite_errorcode", None)
+    kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
+    if kind is None:
+        if "locked" in message:
+            kind = LedgerLocked
+        elif "not a database" in message or "malformed" in message:
+            kind = LedgerCorrupt
+        elif "readonly" in message:
+            kind = LedgerReadOnly
+        elif "disk is full" in message:
+            kind = LedgerFull
+        elif "disk I/O" in message:
+            kind = LedgerIOError
+        elif "unable to open" in message:
+            kind = LedgerUnavailable
+        else:
+            kind = LedgerError
+    if kind is LedgerLocked:
+        message = f"{message} (another process holds it)"
+    return kind(location, message)
 
 
 def _wanted_open_statuses(statuses: Collection[OpStatus] | None) -> list[str]:
