@@ -124,7 +124,10 @@ class Writer:
         map_error: Callable[[BaseException], BaseException],
         location: str = "sqlite",
         grace: float = 10.0,
+        *,
+        begin: str = "BEGIN IMMEDIATE",
     ) -> None:
+        self._begin = begin  # "BEGIN" (deferred) on a read-only connection
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
         self._location = location
@@ -281,7 +284,7 @@ class Writer:
 
     def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self._begin)
         except BaseException as exc:
             self._fail(batch, exc)
             return True
