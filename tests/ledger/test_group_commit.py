@@ -33,7 +33,12 @@ async def test_a_deferred_write_rides_the_next_commit(tmp_path: Path) -> None:
             return conn.execute("SELECT 1").fetchone()[0]  # type: ignore[no-any-return]
 
         got: list[int] = []
-        backend._writer.enqueue(deferred, lambda outcome: (got.append(outcome()), done.set()))
+
+        def then(outcome: Callable[[], int]) -> None:
+            got.append(outcome())
+            done.set()
+
+        backend._writer.enqueue(deferred, then)
         await backend._tx(lambda conn: None)  # someone waits on this one
         await done.wait()
         assert got == [1]
