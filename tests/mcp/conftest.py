@@ -9,6 +9,7 @@ so its own idempotency keys); every test gets its own ledger.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client.stdio import get_default_environment
 
 import stopline
 from mcp import StdioServerParameters
@@ -32,9 +34,16 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def server_env() -> dict[str, str]:
+    """The SDK's default child environment, importing stopline from this checkout's ``src``
+    (the SDK passes no ``PYTHONPATH``, so a child would otherwise import whichever
+    stopline the interpreter has installed)."""
+    return {**get_default_environment(), "PYTHONPATH": str(ROOT / "src")}
+
+
 def stdio_params(db: Path, *extra: str) -> StdioServerParameters:
     args = ["-m", "stopline.integrations.mcp.testing", "--db", str(db), *extra]
-    return StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
+    return StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT), env=server_env())
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,7 @@ def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         [*cmd, "--fd", str(sock.fileno())],
         pass_fds=[sock.fileno()],
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         stderr=subprocess.DEVNULL,
     )
     sock.close()
