@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
@@ -162,6 +162,8 @@ class OperationLine:
     provider_cancel: str
     recovery: str
     evidence: tuple[Evidence, ...]
+    # the response is in hand and its record queued, not yet durable (ADR 0022)
+    recording: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +174,7 @@ class OperationLine:
             "provider_cancel": self.provider_cancel,
             "recovery": self.recovery,
             "evidence": [e.to_json() for e in self.evidence],
+            "recording": self.recording,
         }
 
     def text(self) -> str:
@@ -235,6 +238,19 @@ class Receipt:
         return self.text()
 
 
+def _line(op: OperationRecord, recording: bool) -> OperationLine:
+    return OperationLine(
+        op_id=op.id,
+        what=op.description or op.tool,
+        status=op.status,
+        status_words=_RECORDING_WORDS if recording else _status_words(op),
+        provider_cancel=_cancel_words(op),
+        recovery=_recovery(op),
+        evidence=tuple(op.evidence),
+        recording=recording,
+    )
+
+
 def _resume_rule(run: RunRecord) -> str:
     if run.state in (RunState.PAUSED, RunState.PAUSING):
         return "can be resumed by a principal allowed to resume"
@@ -243,24 +259,20 @@ def _resume_rule(run: RunRecord) -> str:
     return ""
 
 
-def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
+_RECORDING_WORDS = "answered; recording the outcome (not yet durable)"
+
+
+def build_receipt(
+    run: RunRecord, ops: Sequence[OperationRecord], *, recording: Collection[str] = ()
+) -> Receipt:
+    """``recording``: operations whose outcome the caller holds but has not committed yet;
+    a line still in flight in the records says so instead of "no answer yet"."""
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     message = HEADLINE_MESSAGES[headline].format(n=committed)
     if committed == 1:  # plural-correct (ADR 0007)
         message = message.replace("1 actions had", "1 action had").replace("were kept", "was kept")
-    lines = tuple(
-        OperationLine(
-            op_id=op.id,
-            what=op.description or op.tool,
-            status=op.status,
-            status_words=_status_words(op),
-            provider_cancel=_cancel_words(op),
-            recovery=_recovery(op),
-            evidence=tuple(op.evidence),
-        )
-        for op in ops
-    )
+    lines = tuple(_line(op, op.status.in_flight and op.id in recording) for op in ops)
     return Receipt(
         run_id=run.id,
         run_state=run.state,

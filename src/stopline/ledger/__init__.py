@@ -20,20 +20,25 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-async def open_backend(url: str | None = None) -> Backend:
+async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:
+    """The backend for ``url``. ``read_only``: open an existing ledger without changing
+    anything (no file created, no journal switched, no schema migrated, no write
+    transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
         from stopline.ledger.sqlite import SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
-        unknown = set(options) - {"busy_timeout", "synchronous"}
+        unknown = set(options) - {"busy_timeout", "synchronous", "group_commit_ms"}
         if unknown:
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
         return await SQLiteBackend.open(
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
+            group_commit=_milliseconds(url, options.get("group_commit_ms", "2")),
+            read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -42,5 +47,15 @@ async def open_backend(url: str | None = None) -> Backend:
             raise LedgerUnavailable(
                 url, "the PostgreSQL ledger needs psycopg: pip install 'stopline[postgres]'"
             ) from exc
-        return await PostgresBackend.open(url)
+        return await PostgresBackend.open(url, read_only=read_only)
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
+
+
+def _milliseconds(url: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60_000:
+        raise LedgerUnavailable(url, f"group_commit_ms={text!r} is not 0-60000 milliseconds")
+    return value / 1000

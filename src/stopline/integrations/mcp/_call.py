@@ -29,10 +29,10 @@ late answer still attaches (R4).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 from pydantic import ValidationError
 
 from mcp import MCPError
@@ -122,11 +122,8 @@ class McpCall:
             self.ctx.settles_by(self.ctx.started_at + cap)
         with self.scope:
             try:
-                result = await client.call_tool(
-                    self.mcp_name,
-                    arguments,
-                    progress_callback=on_progress,
-                    meta=cast(RequestParamsMeta, meta),
+                result = await self.conn.call_tool(
+                    client, self.mcp_name, arguments, meta, on_progress
                 )
             except MCPError as exc:
                 raise self._no_answer(exc) from exc
