@@ -97,11 +97,25 @@ class RefusesWrites:
             raise OSError("disk full")
         return await self.inner.record(op_id, update)
 
+    def record_deferred(self, op_id: str, update: OutcomeUpdate, then: Any) -> None:
+        if not self.failures:
+            self.inner.record_deferred(op_id, update, then)
+            return
+        self.failures -= 1
+
+        def failed() -> Any:
+            raise OSError("disk full")
+
+        then(failed)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
-async def test_r2_a_failed_write_is_retried_until_the_ledger_takes_it(ledger_url: str) -> None:
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "group-commit"])
+async def test_r2_a_failed_write_is_retried_until_the_ledger_takes_it(
+    ledger_url: str, durable: bool
+) -> None:
     observer: list[RefusesWrites] = []
 
     def observe(backend: Backend) -> Backend:
@@ -111,11 +125,12 @@ async def test_r2_a_failed_write_is_retried_until_the_ledger_takes_it(ledger_url
     async def send(ctx: stopline.CallContext) -> str:
         return "sent"
 
-    async with stopline.open(ledger_url, verify=FAST_VERIFY, observers=[observe]) as ledger:
+    async with stopline.open(
+        ledger_url, verify=FAST_VERIFY, observers=[observe], durable_outcomes=durable
+    ) as ledger:
         async with ledger.run("job", owner="user:1", run_id="run-disk") as run:
             with anyio.fail_after(10):
                 assert await run.call(stopline.Tool(send), key="k") == "sent"
-        op = await ledger.backend.get_operation("run-disk/k")
-        assert op.status is OpStatus.COMMITTED
+        receipt = await ledger.wait_settled("run-disk", timeout=10)
+        assert receipt.lines[0].status is OpStatus.COMMITTED
         assert observer[0].failures == 0  # both refusals happened, then it was taken
-        assert (await ledger.wait_settled("run-disk", timeout=10)).settled

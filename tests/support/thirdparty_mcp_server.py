@@ -48,9 +48,11 @@ of the call), reporting a progress notification at each, then commits, then
 passes ``done`` before answering. A test holds a point with the control
 tools (``readOnlyHint``; names start with ``ctl_``):
 
-- ``ctl_hold(tool, at)``: the next call of ``tool`` reaching ``at`` stops there;
-- ``ctl_reached(tool, at)``: waits until one is held there, returns its key;
-- ``ctl_release(tool, at)``: lets it go on;
+- ``ctl_hold(tool, at, idempotency_key="")``: the next call of ``tool`` (with
+  that key, when one is given) reaching ``at`` stops there;
+- ``ctl_reached(tool, at, idempotency_key="")``: waits until one is held
+  there, returns its key;
+- ``ctl_release(tool, at, idempotency_key="")``: lets it go on;
 - ``ctl_ended(key)``: waits until the call with that key ended here
   (``commit``, ``stopped``) and says how.
 
@@ -151,22 +153,24 @@ class _Hold:
 
 
 class _Holds:
-    """One-shot holds by (tool, point): the first call to reach it stops there."""
+    """One-shot holds by (tool, point, key): the first call to reach it stops there.
+    An empty key holds whichever call of the tool comes first."""
 
     def __init__(self) -> None:
-        self.holds: dict[tuple[str, str], _Hold] = {}
+        self.holds: dict[tuple[str, str, str], _Hold] = {}
 
-    def hold(self, tool: str, at: str) -> _Hold:
-        hold = self.holds[(tool, at)] = _Hold()
+    def hold(self, tool: str, at: str, key: str) -> _Hold:
+        hold = self.holds[(tool, at, key)] = _Hold()
         return hold
 
     def take(self, tool: str, at: str, key: str) -> _Hold | None:
-        hold = self.holds.get((tool, at))
-        if hold is None or hold.reached.is_set():
-            return None
-        hold.key = key
-        hold.reached.set()
-        return hold
+        for wanted in (key, ""):
+            hold = self.holds.get((tool, at, wanted))
+            if hold is not None and not hold.reached.is_set():
+                hold.key = key
+                hold.reached.set()
+                return hold
+        return None
 
 
 # -- the server -----------------------------------------------------------------------
@@ -181,7 +185,9 @@ def build_server(log_path: str) -> tuple[MCPServer[Any], set[str]]:
 
     async def point(ctx: Context[Any] | None, tool: str, key: str, at: str) -> None:
         if ctx is not None and at in POINTS:
-            await ctx.report_progress(float(at), 100.0, f"{tool} {at}%")
+            # a closed stream stops no payment (a send to it may fail or block: bounded)
+            with contextlib.suppress(Exception), anyio.move_on_after(1.0):
+                await ctx.report_progress(float(at), 100.0, f"{tool} {at}%")
         hold = holds.take(tool, at, key)
         if hold is not None:
             await hold.released.wait()
@@ -265,23 +271,23 @@ def build_server(log_path: str) -> tuple[MCPServer[Any], set[str]]:
 
     # -- control tools, for tests --------------------------------------------------------
     @server.tool(annotations=_READ)
-    async def ctl_hold(tool: str, at: str) -> str:
-        """Hold the next call of ``tool`` that reaches point ``at``."""
-        holds.hold(tool, at)
+    async def ctl_hold(tool: str, at: str, idempotency_key: str = "") -> str:
+        """Hold the next call of ``tool`` (with that key, if given) that reaches ``at``."""
+        holds.hold(tool, at, idempotency_key)
         return at
 
     @server.tool(annotations=_READ)
-    async def ctl_reached(tool: str, at: str) -> dict[str, str]:
+    async def ctl_reached(tool: str, at: str, idempotency_key: str = "") -> dict[str, str]:
         """Wait until a call of ``tool`` is held at ``at``; its idempotency key."""
-        hold = holds.holds.get((tool, at))
+        hold = holds.holds.get((tool, at, idempotency_key))
         if hold is None:
             raise MCPError(code=-32602, message=f"no hold on {tool} at {at}")
         await hold.reached.wait()
         return {"key": hold.key}
 
     @server.tool(annotations=_READ)
-    async def ctl_release(tool: str, at: str) -> str:
-        hold = holds.holds.pop((tool, at), None)
+    async def ctl_release(tool: str, at: str, idempotency_key: str = "") -> str:
+        hold = holds.holds.pop((tool, at, idempotency_key), None)
         if hold is not None:
             hold.release()
         return at
@@ -389,8 +395,12 @@ def http_server(log: str | Path) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        proc.terminate()  # uvicorn waits for open streams: a held call may keep one open
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def main(argv: list[str] | None = None) -> None:

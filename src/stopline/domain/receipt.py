@@ -108,7 +108,10 @@ def _answer(op: OperationRecord) -> CancelState:
 
 def _cancel_words(op: OperationRecord) -> str:
     """R14: the provider's answer to a cancel, as observed; R12 while in flight."""
-    words = _ANSWER_WORDS.get(_answer(op))
+    answer = _answer(op)
+    if answer is CancelState.ASKED and not op.status.in_flight:
+        return "cancel asked; no answer from the provider"
+    words = _ANSWER_WORDS.get(answer)
     if words is not None:
         return words
     if op.status.in_flight or op.status is OpStatus.UNKNOWN:

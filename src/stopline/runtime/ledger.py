@@ -420,6 +420,9 @@ class Ledger(LifecycleMixin, TruthMixin):
                 except IllegalTransition:
                     self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
                     continue
+                except Exception:  # the group commit failed: R2, write it until it is taken
+                    self.spawn(self._resolve_durably, op_id, update)
+                    continue
                 self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
