@@ -2,6 +2,7 @@
 
     StoplineError                      root of every error stopline raises
     ├── IllegalTransition              (state, event) not in the table
+    │   └── RunEnded                   entering or resuming a run that has ended: what to do
     ├── NotFound
     │   ├── UnknownRun
     │   └── UnknownOperation
@@ -9,7 +10,6 @@
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotReplayable                  a committed operation whose result was not kept
     ├── InvalidInput                   an id, a reason or an argument that cannot be stored
-    ├── RunEnded                       re-entering a run that has ended, with what to do
     ├── NotPermitted                   the run lacks the authority for this
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
@@ -125,14 +125,18 @@ class InvalidInput(StoplineError):
         super().__init__(f"invalid {field}: {problem}")
 
 
-class RunEnded(StoplineError):
-    """The run has ended; ``what_to_do`` says how to go on."""
+class RunEnded(IllegalTransition):
+    """Entering or resuming a run its state does not allow; ``what_to_do`` says how to
+    go on (R14)."""
 
-    def __init__(self, run_id: str, state: enum.Enum, what_to_do: str) -> None:
+    def __init__(self, run_id: str, state: enum.Enum, event: enum.Enum, what_to_do: str) -> None:
+        super().__init__(state, event)
         self.run_id = run_id
-        self.state = state
         self.what_to_do = what_to_do
-        super().__init__(f"run {run_id!r} is {state.value}: {what_to_do}")
+        self.args = (f"run {run_id!r} is {state.value}: {what_to_do}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class NotPermitted(StoplineError):

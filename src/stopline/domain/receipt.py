@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from stopline.domain.guidance import resume_rule
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
 
@@ -254,14 +255,6 @@ def _line(op: OperationRecord, recording: bool) -> OperationLine:
     )
 
 
-def _resume_rule(run: RunRecord) -> str:
-    if run.state in (RunState.PAUSED, RunState.PAUSING):
-        return "can be resumed by a principal allowed to resume"
-    if run.state in _CANCELLED_STATES:
-        return "cancelled: a new run is needed; committed operations are not repeated"
-    return ""
-
-
 _RECORDING_WORDS = "answered; recording the outcome (not yet durable)"
 
 
@@ -284,5 +277,5 @@ def build_receipt(
         lines=lines,
         cancelled_by=run.cancelled_by,
         cancel_reason=run.cancel_reason,
-        resume_rule=_resume_rule(run),
+        resume_rule=resume_rule(run, ops),
     )

@@ -22,6 +22,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from stopline.domain.guidance import what_to_do
+from stopline.domain.inputs import check_id, sanitise
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
@@ -34,7 +36,14 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, NotFound, RunCancelled, StoplineError, UnknownRun
+from stopline.errors import (
+    IllegalTransition,
+    NotFound,
+    RunCancelled,
+    RunEnded,
+    StoplineError,
+    UnknownRun,
+)
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
@@ -213,7 +222,17 @@ class Ledger(LifecycleMixin, TruthMixin):
         shared: bool = False,
         policy: Policy = Policy.VERIFY,
     ) -> RunContext:
-        """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
+        """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``.
+
+        Entering it with the ``run_id`` of a run that has ended raises ``RunEnded``
+        saying what to do (resume it first, resolve its review, or start a new run).
+        """
+        for field, value in (("name", name), ("owner", owner), ("tenant", tenant)):
+            check_id(field, value)
+        if run_id is not None:
+            check_id("run_id", run_id)
+        if parent_id is not None:
+            check_id("parent_id", parent_id)
         spec = RunSpec(
             id=run_id or f"run_{uuid.uuid4().hex[:16]}",
             name=name,
@@ -233,6 +252,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         the final one. Checked against ``access`` (R11).
         """
         principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        # a reason that cannot be stored never stands between a cancel and its fence
+        reason = sanitise(reason)
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
         self._interrupt_local(result.fenced)
         for released in result.released:
@@ -449,6 +470,18 @@ class Ledger(LifecycleMixin, TruthMixin):
             self.spawn(self._settle_pause, op.run_id)
 
 
+_ENDED = frozenset(
+    {
+        RunState.COMPLETED,
+        RunState.FAILED,
+        RunState.CANCELLED,
+        RunState.NEEDS_REVIEW,
+        RunState.CANCELLING,
+        RunState.SETTLING,
+    }
+)
+
+
 class RunContext:
     """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly."""
 
@@ -469,6 +502,8 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
+        elif record.state in _ENDED:
+            raise RunEnded(record.id, record.state, RunEvent.RESUME, what_to_do(record))
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()

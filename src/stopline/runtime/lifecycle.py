@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from stopline.domain.guidance import what_to_do
+from stopline.domain.inputs import check_id, sanitise
 from stopline.domain.lifecycle import (
     Action,
     ApprovalRecord,
@@ -24,7 +26,8 @@ from stopline.domain.lifecycle import (
 )
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
-from stopline.errors import NotPermitted, StoplineError, UnknownRun
+from stopline.domain.vocab import RunState
+from stopline.errors import IllegalTransition, NotPermitted, RunEnded, StoplineError, UnknownRun
 
 if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger
@@ -111,6 +114,8 @@ class LifecycleMixin:
     ) -> tuple[Principal, RunRecord]:
         """Check ``who`` may do ``action`` to the run; a denial is audited, then raised."""
         principal = Principal.of(who)
+        check_id("by", principal.id)
+        check_id("run_id", run_id)
         local = self._host._local.get(run_id)
         # a run of this process: owner and tenant never change, so no read before the fence
         run = local.record if local is not None else await self._host.backend.get_run(run_id)
@@ -138,6 +143,7 @@ class LifecycleMixin:
     async def pause(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
         """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
         principal, _ = await self._host.authorize(by, Action.PAUSE, run_id)
+        reason = sanitise(reason)
         for paused in await self._host.backend.pause(run_id, by=principal.id, reason=reason):
             local = self._host._local.get(paused)
             if local is not None:
@@ -151,8 +157,15 @@ class LifecycleMixin:
         A cancelled run resumes only when every operation is resolved; approvals that
         expired meanwhile are marked so and must be asked for again (R10).
         """
-        principal, _ = await self._host.authorize(by, Action.RESUME, run_id)
-        run, expired = await self._host.backend.resume(run_id, by=principal.id)
+        principal, current = await self._host.authorize(by, Action.RESUME, run_id)
+        try:
+            run, expired = await self._host.backend.resume(run_id, by=principal.id)
+        except IllegalTransition as exc:
+            state = (await self._host.backend.get_run(run_id)).state
+            if state is RunState.RUNNING:
+                raise
+            latest = dataclasses.replace(current, state=state)
+            raise RunEnded(run_id, state, exc.event, what_to_do(latest)) from exc
         local = self._host._local.get(run_id)
         if local is not None:
             local.pause_requested = False

@@ -14,15 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
+from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.inputs import check_id
+from stopline.domain.model import (
+    Evidence,
+    OperationRecord,
+    OperationSpec,
+    RunRecord,
+    UnstableValue,
+    args_digest,
+    digest,
+)
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
-from stopline.errors import NotReplayable, OperationInDoubt, RunCancelled
+from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunCancelled
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import ApprovalRequired, Retry
@@ -36,10 +47,18 @@ if TYPE_CHECKING:
 __all__ = ["Run"]
 
 R = TypeVar("R")
-_REPLAYABLE = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
 
 
 NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
+
+
+def _parameters(t: Tool[Any]) -> list[str]:
+    """The names of a tool's own arguments (after its context)."""
+    try:
+        params = list(inspect.signature(t.fn).parameters)
+    except (TypeError, ValueError):
+        return []
+    return params[1:] if t.wants_context else params
 
 
 def _json_able(value: Any) -> bool:
@@ -112,10 +131,53 @@ class Run:
         position in the run, so a replay recognises it). ``needs_approval``: the
         gate lets it pass only with a granted, unexpired approval for ``key``.
         ``retry``: further attempts after a refusal, each through the gate.
+
+        These four names are stopline's: a tool with an argument of the same name
+        is refused here (``InvalidInput``) when the name is passed; call it with
+        ``call_with(tool, args, kwargs, key=...)``, which takes the tool's
+        arguments apart from stopline's options.
         """
         t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
+        given = {
+            "key": key is not None,
+            "timeout": timeout is not None,
+            "needs_approval": needs_approval,
+            "retry": retry is not None,
+        }
+        clash = [n for n in _parameters(t) if given.get(n)]
+        if clash:
+            raise InvalidInput(
+                clash[0],
+                f"tool {t.name!r} has its own {clash[0]!r} argument and {clash[0]!r} is "
+                "stopline's option of run.call: pass the tool's arguments apart with "
+                "run.call_with(tool, args, kwargs, key=...)",
+            )
+        return await self.call_with(
+            t, args, kwargs, key=key, timeout=timeout, needs_approval=needs_approval, retry=retry
+        )
+
+    async def call_with(
+        self,
+        tool: Tool[R] | Callable[..., Awaitable[R]],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        timeout: float | None = None,
+        needs_approval: bool = False,
+        retry: Retry | None = None,
+    ) -> R:
+        """``call`` with the tool's arguments passed apart from stopline's options."""
+        t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
+        args, kwargs = tuple(args), dict(kwargs or {})
         if not t.effects:
             return await t.fn(*args, **kwargs)
+        if key is not None:
+            check_id("key", key)
+        try:  # equal arguments, equal digest, in every process; or refused now
+            arguments = args_digest([list(args), kwargs])
+        except UnstableValue as exc:
+            raise InvalidInput("arguments", str(exc)) from exc
         self._seq += 1
         op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
         self._ledger.register_tool(t)
@@ -123,7 +185,7 @@ class Run:
             id=op_id,
             run_id=self.id,
             tool=t.name,
-            args_digest=digest([args, kwargs]),
+            args_digest=arguments,
             description=t.description,
             cancellable=t.cancellable,
             can_verify=t.verify_fn is not None,
@@ -191,8 +253,9 @@ class Run:
         return result
 
     def _replay(self, op: OperationRecord) -> Any:
-        """R10: a committed operation is never repeated; its recorded result is returned."""
-        if op.status in _REPLAYABLE:
+        """R10: a committed operation is never repeated; its recorded result is returned
+        (``on_resume``: the same rule a receipt's recovery line is derived from, R14)."""
+        if on_resume(op.status) is OnResume.REPLAYED:
             if any(e.ref == NOT_REPLAYABLE for e in op.evidence):
                 raise NotReplayable(op.id)
             return op.result

@@ -1,0 +1,153 @@
+"""Inputs that cannot be stored never weaken the fence (R1), and are refused at the
+API with a typed error naming the field, the ledger unchanged; stopline's own options
+on ``run.call`` cannot be taken for a tool's arguments; entering or resuming a run
+that has ended says what to do (R14)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import pytest
+
+import stopline
+from stopline import InvalidInput, OpStatus, RunEnded, RunState
+from stopline.testing import FakeProvider
+
+pytestmark = pytest.mark.timeout(30)
+
+BAD_TEXT = {"surrogate": "stop \udc80 now", "nul": "stop \x00 now"}
+
+
+@pytest.mark.parametrize("bad", list(BAD_TEXT), ids=list(BAD_TEXT))
+async def test_r1_a_cancel_whose_reason_cannot_be_stored_still_fences(
+    ledger: stopline.Ledger, bad: str
+) -> None:
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-reason") as run:
+        await ledger.cancel(run.id, by="user:1", reason=BAD_TEXT[bad])
+        with pytest.raises(stopline.RunCancelled):
+            await run.call(provider.tool, 1, key="after")  # refused at the gate
+    receipt = await ledger.wait_settled("run-reason", timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert receipt.cancel_reason == "stop \ufffd now"
+    assert provider.requests == []
+
+
+@pytest.mark.parametrize(
+    "run_id",
+    ["", "a\udc80b", "a\x00b", "x" * 600],
+    ids=["empty", "surrogate", "nul", "too-long"],
+)
+async def test_ids_that_cannot_be_stored_are_refused_naming_the_field(
+    ledger: stopline.Ledger, run_id: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        async with ledger.run("job", owner="user:1", run_id=run_id):
+            pass
+    assert refused.value.field == "run_id"
+    with pytest.raises(InvalidInput, match="by"):
+        await ledger.cancel("run-x", by="user\x00:1")
+    assert await ledger.backend.list_runs(limit=10) == []  # nothing was written
+
+
+async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
+    ledger: stopline.Ledger,
+) -> None:
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-key") as run:
+        with pytest.raises(InvalidInput) as refused:
+            await run.call(provider.tool, 1, key="k\udc80")
+    assert refused.value.field == "key"
+    assert await ledger.backend.operations("run-key") == []
+
+
+DIGEST = (
+    "import enum, sys; from stopline.domain.model import args_digest\n"
+    "class Colour(enum.Enum):\n    RED = 'red'\n"
+    "print(args_digest([[{'b', 'a', 'c'}, frozenset({3, 1}), (1, 2), Colour.RED], {'k': {'x'}}]))"
+)
+
+
+def test_argument_digests_are_equal_across_processes() -> None:
+    """Sets hash differently in every process (PYTHONHASHSEED): their digest does not."""
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", DIGEST], env=env, capture_output=True, text=True, check=True
+        )
+        outs.add(done.stdout.strip())
+    assert len(outs) == 1
+
+
+async def test_an_argument_without_a_stable_form_is_refused_at_call_time(
+    ledger: stopline.Ledger,
+) -> None:
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-obj") as run:
+        with pytest.raises(InvalidInput, match="memory") as refused:
+            await run.call(provider.tool, object(), key="k")
+    assert refused.value.field == "arguments"
+    assert provider.requests == [] and await ledger.backend.operations("run-obj") == []
+
+
+async def test_stopline_options_cannot_collide_with_a_tool_argument(
+    ledger: stopline.Ledger,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    @stopline.tool
+    async def set_flag(ctx: stopline.CallContext, key: str, value: int) -> str:
+        seen.append({"op": ctx.key, "key": key, "value": value})
+        return "ok"
+
+    async with ledger.run("job", owner="user:1", run_id="run-opt") as run:
+        with pytest.raises(InvalidInput) as refused:
+            await run.call(set_flag, key="user:7", value=1)
+        assert refused.value.field == "key"
+        assert await ledger.backend.operations("run-opt") == []  # nothing passed the gate
+        # the tool's arguments apart from stopline's options
+        await run.call_with(set_flag, kwargs={"key": "user:7", "value": 1}, key="flag")
+    assert seen == [{"op": "run-opt/flag", "key": "user:7", "value": 1}]
+    op = await ledger.backend.get_operation("run-opt/flag")
+    assert op.status is OpStatus.COMMITTED
+
+
+async def test_r14_entering_a_run_that_has_ended_says_what_to_do(
+    ledger: stopline.Ledger,
+) -> None:
+    async with ledger.run("job", owner="user:1", run_id="run-done"):
+        pass
+    with pytest.raises(RunEnded, match="start a new run"):
+        async with ledger.run("job", owner="user:1", run_id="run-done"):
+            pass
+    async with ledger.run("job", owner="user:1", run_id="run-stopped") as run:
+        await ledger.cancel(run.id, by="user:1")
+    await ledger.wait_settled("run-stopped", timeout=10)
+    with pytest.raises(RunEnded, match=r"ledger\.resume"):
+        async with ledger.run("job", owner="user:1", run_id="run-stopped"):
+            pass
+
+
+async def test_r14_resuming_a_run_in_review_says_what_to_do(ledger: stopline.Ledger) -> None:
+    blind = FakeProvider("notify", cancellable=stopline.Cancellable.NEVER, verifiable=False)
+    held = blind.hold("committed")
+
+    async def body() -> None:
+        async with (
+            ledger.run("job", owner="user:1", run_id="run-review") as run,
+            run.phase(stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE),
+        ):
+            await run.call(blind.tool, 1, key="n")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(body)
+        await held.reached.wait()
+        await ledger.cancel("run-review", by="user:1")
+    await ledger.wait_settled("run-review", timeout=10)
+    with pytest.raises(RunEnded, match="resolve its review items"):
+        await ledger.resume("run-review", by="user:1")
