@@ -173,6 +173,8 @@ class Receipt:
     cancelled_by: str | None
     cancel_reason: str | None
     resume_rule: str
+    # operations whose outcome this process holds until the ledger can take it
+    recording: tuple[str, ...] = ()
 
     @property
     def settled(self) -> bool:
@@ -180,7 +182,7 @@ class Receipt:
 
         A run in review whose items were all settled is about to close, so not yet.
         """
-        if self.run_state not in _SETTLED_STATES:
+        if self.run_state not in _SETTLED_STATES or self.recording:
             return False
         if not all(line.status.resolved for line in self.lines):
             return False
@@ -197,6 +199,7 @@ class Receipt:
             "cancel_reason": self.cancel_reason,
             "resume_rule": self.resume_rule,
             "settled": self.settled,
+            "recording": list(self.recording),
             "operations": [line.to_json() for line in self.lines],
         }
 
@@ -206,6 +209,10 @@ class Receipt:
     def text(self) -> str:
         out = [self.message]
         out.extend(line.text() for line in self.lines)
+        out.extend(
+            f"recording: the outcome of {op_id} is held until the ledger takes it"
+            for op_id in self.recording
+        )
         return "\n".join(out)
 
     def __str__(self) -> str:

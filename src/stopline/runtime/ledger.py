@@ -31,11 +31,13 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
+from stopline.errors import IllegalTransition, RunCancelled, StoplineError, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.runtime.boundary import Boundary, Health, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
+from stopline.runtime.outbox import Outbox
 from stopline.runtime.run import Run
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
@@ -117,6 +119,10 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # background work runs behind an error boundary; what it saw is `health`
+        self.health = Health()
+        self._boundary = Boundary(self.health)
+        self._outbox = Outbox(self)
         # called with the fenced run ids of every cancel this process learns of
         self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
@@ -153,9 +159,13 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
+                try:
+                    await tg.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:  # only typed errors leave stopline.open
+                    raise typed(group) from group
         finally:
             with anyio.CancelScope(shield=True):
+                await self._outbox.flush()
                 await self._retire()
                 await self.backend.close()
 
@@ -165,7 +175,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             if self._closing:
                 return  # closing: background work stops with the ledger (see the module doc)
             raise RuntimeError("the ledger is not open")
-        self._tg.start_soon(fn, *args)
+        self._tg.start_soon(self._boundary.run, fn, *args)
 
     # -- tools -------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
@@ -243,7 +253,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._cancel_listeners.append(listener)
         return lambda: self._cancel_listeners.remove(listener)
 
-    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+    async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
@@ -269,7 +279,9 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = await self.backend.get_run(run_id)
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
-        return build_receipt(run, await self.backend.operations(run_id, descendants=True))
+        receipt = build_receipt(run, await self.backend.operations(run_id, descendants=True))
+        held = tuple(line.op_id for line in receipt.lines if line.op_id in self._outbox.held)
+        return dataclasses.replace(receipt, recording=held) if held else receipt
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -364,11 +376,14 @@ class Ledger(LifecycleMixin, TruthMixin):
         except IllegalTransition:
             await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
             return
+        except StoplineError:
+            await self._outbox.record(op_id, update)  # held until the ledger takes it
+            return
         self._after_change(op)
 
-    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
+    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``."""
-        return await self._resolve(
+        await self._outbox.record(
             ctx.op_id,
             OutcomeUpdate(OpEvent.LOST, [Evidence.local(cause.value, detail)], cause=cause),
         )
@@ -429,11 +444,7 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if run.cancel_requested:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
-            else:
-                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
+            await ledger._outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
 
 

@@ -185,7 +185,7 @@ class Run:
             raise
         except Rejected as exc:
             evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
-            await ledger._resolve(
+            await ledger._outbox.record(
                 ctx.op_id,
                 OutcomeUpdate(
                     OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
@@ -217,7 +217,7 @@ class Run:
                 ledger.backend.record_deferred(ctx.op_id, update),
             )
         else:
-            await ledger._resolve(ctx.op_id, update)
+            await ledger._outbox.record(ctx.op_id, update)  # held if the ledger cannot take it
         return result
 
     # -- phases and boundaries -------------------------------------------------
