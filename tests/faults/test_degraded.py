@@ -17,23 +17,22 @@ from tests.surfaces.test_cli import as_json, stopline_cli
 
 async def lapsed_worker(url: str) -> None:
     """A worker holding an operation in flight whose lease renewals stopped landing."""
-    async with stopline.open(url) as ledger:
-        async with ledger.run("job", owner="u", run_id="run_1"):
-            spec = OperationSpec(
-                id="run_1/op",
-                run_id="run_1",
-                tool="send",
-                args_digest="d",
-                description="send",
-                cancellable=stopline.Cancellable.NEVER,
-                can_verify=False,
-                can_compensate=False,
-                worker="w_lapsed",
-            )
-            await ledger.backend.gate(spec)
-            await ledger.backend.heartbeat(
-                "w_lapsed", host="elsewhere", pid=4242, lease_until=time.time() - 60
-            )
+    async with stopline.open(url) as ledger, ledger.run("job", owner="u", run_id="run_1"):
+        spec = OperationSpec(
+            id="run_1/op",
+            run_id="run_1",
+            tool="send",
+            args_digest="d",
+            description="send",
+            cancellable=stopline.Cancellable.NEVER,
+            can_verify=False,
+            can_compensate=False,
+            worker="w_lapsed",
+        )
+        await ledger.backend.gate(spec)
+        await ledger.backend.heartbeat(
+            "w_lapsed", host="elsewhere", pid=4242, lease_until=time.time() - 60
+        )
 
 
 def test_stats_shows_a_worker_whose_lease_lapsed_as_degraded(tmp_path: Path) -> None:
