@@ -24,6 +24,7 @@ EXPECTED = {
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",

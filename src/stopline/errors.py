@@ -5,6 +5,7 @@
     ├── NotFound
     │   ├── UnknownRun
     │   └── UnknownOperation
+    ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotPermitted                   the run lacks the authority for this
@@ -34,6 +35,7 @@ __all__ = [
     "CancelInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -80,6 +82,15 @@ class UnknownOperation(NotFound):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(f"unknown operation id {op_id!r}")
+
+
+class InvalidInput(StoplineError, ValueError):
+    """Refused before anything was written or sent: names the input and the problem."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"invalid {what}: {problem}")
 
 
 class IdempotencyConflict(StoplineError):

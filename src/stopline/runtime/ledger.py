@@ -20,6 +20,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import (
@@ -203,11 +204,11 @@ class Ledger(LifecycleMixin, TruthMixin):
     ) -> RunContext:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
         spec = RunSpec(
-            id=run_id or f"run_{uuid.uuid4().hex[:16]}",
-            name=name,
-            owner=owner,
-            tenant=tenant,
-            parent_id=parent_id,
+            id=check_id("run_id", run_id or f"run_{uuid.uuid4().hex[:16]}"),
+            name=check_id("name", name),
+            owner=check_id("owner", owner),
+            tenant=check_id("tenant", tenant),
+            parent_id=parent_id if parent_id is None else check_id("parent_id", parent_id),
             shared=shared,
             policy=policy,
         )
@@ -220,7 +221,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
         the final one. Checked against ``access`` (R11).
         """
-        principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
         self._interrupt_local(result.fenced)
         for released in result.released:
@@ -276,7 +277,7 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.backend.get_run(run_id)
+        run = await self.backend.get_run(check_id("run_id", run_id))
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
         receipt = build_receipt(run, await self.backend.operations(run_id, descendants=True))

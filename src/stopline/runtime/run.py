@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import OperationInDoubt, RunCancelled
@@ -80,7 +81,7 @@ class Run:
         if not t.effects:
             return await t.fn(*args, **kwargs)
         self._seq += 1
-        op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
+        op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._ledger.register_tool(t)
         spec = OperationSpec(
             id=op_id,
