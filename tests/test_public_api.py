@@ -7,6 +7,7 @@ import stopline.testing
 
 EXPECTED = {
     "AccessPolicy",
+    "AlreadyAttached",
     "Action",
     "ApprovalRecord",
     "ApprovalRequired",

@@ -30,6 +30,7 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    AlreadyAttached,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
@@ -73,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessPolicy",
     "Action",
+    "AlreadyAttached",
     "ApprovalRecord",
     "ApprovalRequired",
     "ApprovalStatus",

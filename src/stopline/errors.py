@@ -7,6 +7,7 @@
     │   └── UnknownOperation
     ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotPermitted                   the run lacks the authority for this
     └── LedgerError                    storage problems, always naming the ledger
@@ -32,6 +33,7 @@ import enum
 from typing import Any
 
 __all__ = [
+    "AlreadyAttached",
     "CancelInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
@@ -99,6 +101,15 @@ class IdempotencyConflict(StoplineError):
         super().__init__(
             f"operation id {op_id!r} was already used with different arguments; "
             "an id is an idempotency key and names one logical call"
+        )
+
+
+class AlreadyAttached(StoplineError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} is already attached in this process; "
+            "a run has one block at a time (use the Run object it gave)"
         )
 
 

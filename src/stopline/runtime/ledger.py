@@ -32,7 +32,13 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, StoplineError, UnknownRun
+from stopline.errors import (
+    AlreadyAttached,
+    IllegalTransition,
+    RunCancelled,
+    StoplineError,
+    UnknownRun,
+)
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.boundary import Boundary, Health, typed
@@ -300,6 +306,8 @@ class Ledger(LifecycleMixin, TruthMixin):
             event = self._changes[run_id] = anyio.Event()
         with anyio.move_on_after(poll):
             await event.wait()
+        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
+            del self._changes[run_id]  # per-run state ends when nobody waits on it
 
     def _changed(self, run_id: str) -> None:
         event = self._changes.pop(run_id, None)
@@ -413,6 +421,8 @@ class RunContext:
 
     async def __aenter__(self) -> Run:
         backend = self._ledger.backend
+        if self._spec.id in self._ledger._local:
+            raise AlreadyAttached(self._spec.id)
         record = None
         if self._attach:
             try:

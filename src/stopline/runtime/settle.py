@@ -180,7 +180,11 @@ class Settler:
             answer = await verify_fn(ctx)
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
         except Exception as exc:
-            read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
+            # kept as evidence: a verifier's error is part of why the outcome is in doubt
+            failed = Evidence.local("verify_error", f"{type(exc).__name__}: {exc}")
+            return await ledger.backend.note(
+                op.id, "verify_failed", {"evidence": [failed.to_json()]}
+            )
         if read.verdict is Verdict.UNKNOWN:
             return await ledger.backend.get_operation(op.id)
         committed = read.verdict is Verdict.COMMITTED
@@ -202,10 +206,20 @@ class Settler:
         async with self.working():
             await self._advance(run_id)
 
+    @contextlib.asynccontextmanager
+    async def _run_lock(self, run_id: str) -> AsyncIterator[None]:
+        """The run's lock, dropped from the map once nobody waits for it (bounded)."""
+        lock = self._locks.setdefault(run_id, anyio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.statistics().tasks_waiting and self._locks.get(run_id) is lock:
+                del self._locks[run_id]
+
     async def _advance(self, run_id: str) -> None:
         ledger = self._ledger
-        lock = self._locks.setdefault(run_id, anyio.Lock())
-        async with lock:
+        async with self._run_lock(run_id):
             run = await ledger.backend.get_run(run_id)
             if run.state not in _CANCELLED:
                 return
