@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
 
 import anyio
@@ -61,7 +62,7 @@ async def test_per_run_state_is_dropped_when_runs_settle(tmp_path: Path) -> None
         while ledger._settler.busy:  # background steps still finishing their bookkeeping
             await ledger.wait_for_change("run_0", poll=0.05)
         settler = ledger._settler
-        maps = {
+        maps: dict[str, Sized] = {
             "local runs": ledger._local,
             "change events": ledger._changes,
             "held outcomes": ledger._outbox.held,
