@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import stopline
-from stopline import RunState
+from stopline import Principal, RunState
 from stopline.errors import CancelInDoubt, InvalidInput
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
@@ -110,7 +110,7 @@ async def test_a_typed_error_survives_the_run_block_while_the_database_is_down(
         async def job() -> None:
             async with ledger.run("job", owner="u", run_id="run_job"):
                 with unreachable_after_lost_commit(backend):
-                    await ledger.cancel("run_other", by="user:1")
+                    await ledger.cancel("run_other", by=Principal("user:1", tenant="acme"))
 
         with pytest.raises(CancelInDoubt):  # not hidden behind the block's own exit error
             await job()

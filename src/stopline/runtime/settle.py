@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord
 from stopline.domain.vocab import Cancellable, EvidenceKind, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
@@ -237,21 +238,21 @@ class Settler:
             try:
                 if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                     if run.state is RunState.CANCELLING:  # a correction is on its way
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                 elif statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
                     if run.state is RunState.CANCELLING:
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                     for op in ops:
                         if op.status is OpStatus.UNKNOWN:
                             self.verify_soon(op)
                 elif statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
                     if run.state is not RunState.NEEDS_REVIEW:
-                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by=SYSTEM.id)
                 elif run.state is RunState.NEEDS_REVIEW:
                     # every review item was settled by later evidence or a reviewer
-                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by="stopline")
+                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by=SYSTEM.id)
                 else:
-                    await ledger.backend.run_event(run_id, RunEvent.SETTLED, by="stopline")
+                    await ledger.backend.run_event(run_id, RunEvent.SETTLED, by=SYSTEM.id)
             except IllegalTransition:
                 pass  # another process moved it first
             ledger._changed(run_id)
