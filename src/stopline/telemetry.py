@@ -27,8 +27,9 @@ Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -145,15 +146,18 @@ class TracedBackend(Backend):
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        pending = self.inner.record_deferred(op_id, update)  # queued now, in order
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        def observed(outcome: Callable[[], OperationRecord]) -> None:
+            with contextlib.suppress(Exception):  # a failed record is the ledger's to handle
+                self._op_changed(outcome(), update.event, late=update.late)
+            then(outcome)
 
-        async def observed() -> OperationRecord:
-            op = await pending
-            self._op_changed(op, update.event, late=update.late)
-            return op
-
-        return observed()
+        self.inner.record_deferred(op_id, update, observed)  # queued now, in order
 
     # -- helpers -------------------------------------------------------------------
     def _under_run(self, run_id: str) -> Context | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
@@ -139,6 +139,8 @@ class OperationLine:
     provider_cancel: str
     recovery: str
     evidence: tuple[Evidence, ...]
+    # the response is in hand and its record queued, not yet durable (ADR 0022)
+    recording: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +151,7 @@ class OperationLine:
             "provider_cancel": self.provider_cancel,
             "recovery": self.recovery,
             "evidence": [e.to_json() for e in self.evidence],
+            "recording": self.recording,
         }
 
     def text(self) -> str:
@@ -173,8 +176,6 @@ class Receipt:
     cancelled_by: str | None
     cancel_reason: str | None
     resume_rule: str
-    # operations whose outcome this process holds until the ledger can take it
-    recording: tuple[str, ...] = ()
 
     @property
     def settled(self) -> bool:
@@ -182,7 +183,7 @@ class Receipt:
 
         A run in review whose items were all settled is about to close, so not yet.
         """
-        if self.run_state not in _SETTLED_STATES or self.recording:
+        if self.run_state not in _SETTLED_STATES:
             return False
         if not all(line.status.resolved for line in self.lines):
             return False
@@ -199,7 +200,6 @@ class Receipt:
             "cancel_reason": self.cancel_reason,
             "resume_rule": self.resume_rule,
             "settled": self.settled,
-            "recording": list(self.recording),
             "operations": [line.to_json() for line in self.lines],
         }
 
@@ -209,14 +209,24 @@ class Receipt:
     def text(self) -> str:
         out = [self.message]
         out.extend(line.text() for line in self.lines)
-        out.extend(
-            f"recording: the outcome of {op_id} is held until the ledger takes it"
-            for op_id in self.recording
-        )
+
         return "\n".join(out)
 
     def __str__(self) -> str:
         return self.text()
+
+
+def _line(op: OperationRecord, recording: bool) -> OperationLine:
+    return OperationLine(
+        op_id=op.id,
+        what=op.description or op.tool,
+        status=op.status,
+        status_words=_RECORDING_WORDS if recording else _PLAIN_STATUS[op.status],
+        provider_cancel=_cancel_words(op),
+        recovery=_recovery(op),
+        evidence=tuple(op.evidence),
+        recording=recording,
+    )
 
 
 def _resume_rule(run: RunRecord) -> str:
@@ -227,22 +237,18 @@ def _resume_rule(run: RunRecord) -> str:
     return ""
 
 
-def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
+_RECORDING_WORDS = "answered; recording the outcome (not yet durable)"
+
+
+def build_receipt(
+    run: RunRecord, ops: Sequence[OperationRecord], *, recording: Collection[str] = ()
+) -> Receipt:
+    """``recording``: operations whose outcome the caller holds but has not committed yet;
+    a line still in flight in the records says so instead of "no answer yet"."""
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     message = HEADLINE_MESSAGES[headline].format(n=committed)
-    lines = tuple(
-        OperationLine(
-            op_id=op.id,
-            what=op.description or op.tool,
-            status=op.status,
-            status_words=_PLAIN_STATUS[op.status],
-            provider_cancel=_cancel_words(op),
-            recovery=_recovery(op),
-            evidence=tuple(op.evidence),
-        )
-        for op in ops
-    )
+    lines = tuple(_line(op, op.status.in_flight and op.id in recording) for op in ops)
     return Receipt(
         run_id=run.id,
         run_state=run.state,

@@ -27,9 +27,9 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from stopline.errors import LedgerCorrupt, LedgerError, SchemaTooNew, StoplineError
+from stopline.errors import LedgerCorrupt, LedgerError, RunCancelled, SchemaTooNew, StoplineError
 
-__all__ = ["Backoff", "Boundary", "Health", "StepHealth", "retryable", "typed"]
+__all__ = ["Backoff", "Boundary", "Health", "StepHealth", "only_cancels_of", "retryable", "typed"]
 
 log = logging.getLogger("stopline.background")
 _tracer = trace.get_tracer("stopline")
@@ -174,3 +174,16 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
+    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
+    if isinstance(exc, RunCancelled):
+        return exc.run_id == run_id
+    if isinstance(exc, BaseExceptionGroup):
+        cancel_class = anyio.get_cancelled_exc_class()
+        leaves = exc.exceptions
+        return all(only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
+            any(only_cancels_of(e, run_id) for e in leaves)
+        )
+    return False

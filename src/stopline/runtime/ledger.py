@@ -9,6 +9,7 @@ in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import uuid
@@ -17,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.limits import check_id
@@ -35,39 +36,21 @@ from stopline.domain.vocab import (
 from stopline.errors import (
     AlreadyAttached,
     IllegalTransition,
-    RunCancelled,
     StoplineError,
     UnknownRun,
 )
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
-from stopline.runtime.boundary import Boundary, Health, typed
+from stopline.runtime.boundary import Boundary, Health, only_cancels_of, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.outbox import Outbox
 from stopline.runtime.run import Run
-from stopline.runtime.settle import Settler
+from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "VerifyBudget", "open"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review."""
-
-    attempts: int = 6
-    first_delay: float = 0.2
-    factor: float = 2.0
-    max_delay: float = 10.0
-
-    def delays(self) -> list[float]:
-        out, delay = [], self.first_delay
-        for _ in range(self.attempts - 1):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
 
 
 # Events that agree with an outcome already recorded: kept as evidence, no change.
@@ -103,15 +86,23 @@ class Ledger(LifecycleMixin, TruthMixin):
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
         tools: Sequence[Tool[Any]] = (),
-        durable_outcomes: bool = True,
+        durable_outcomes: bool = False,
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
         # owner, a tenant admin and an operator act
         self.access: AccessPolicy = access or OwnerOrTenantAdmin()
-        # True: a call returns once its outcome is durable. False: the outcome commits
-        # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
+        # False (default): the outcome commits with the next group commit, within a few
+        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
+        # returns once its outcome is durable (ADR 0022, revisiting 0006)
         self.durable_outcomes = durable_outcomes
+        # outcomes this process holds whose record has not committed yet: "recording"
+        self._recording: set[str] = set()
+        # ... and those whose record has committed, waiting for ``_finish_outcomes``
+        self._committed: collections.deque[
+            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
+        ] = collections.deque()
+        self._committed_ready = anyio.Event()
         # how long the settler waits for a provider's answer to a cancel request before
         # it records "cancel_unanswered" and lets the operation's own outcome decide
         self.cancel_answer_timeout = 30.0
@@ -153,6 +144,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             # cancels committed by other processes reach this one's in-flight calls
             await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
+            await self._tg.start(self._finish_outcomes)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -286,9 +278,10 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = await self.backend.get_run(check_id("run_id", run_id))
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
-        receipt = build_receipt(run, await self.backend.operations(run_id, descendants=True))
-        held = tuple(line.op_id for line in receipt.lines if line.op_id in self._outbox.held)
-        return dataclasses.replace(receipt, recording=held) if held else receipt
+        ops = await self.backend.operations(run_id, descendants=True)
+        # in hand, not durable yet: queued for the next group commit, or held by the
+        # outbox until the ledger can take it
+        return build_receipt(run, ops, recording=self._recording | self._outbox.held.keys())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -375,20 +368,33 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
-    async def _settle_deferred(
-        self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
+    def _recorded(
+        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
     ) -> None:
-        """The end of a deferred outcome (``Backend.record_deferred``): what ``_resolve``
-        does after its write, once the write has committed."""
-        try:
-            op = await pending
-        except IllegalTransition:
-            await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
-            return
-        except StoplineError:
-            await self._outbox.record(op_id, update)  # held until the ledger takes it
-            return
-        self._after_change(op)
+        """A deferred outcome has committed (``Backend.record_deferred``), called on the
+        loop outside any task: hand it to the one task that finishes outcomes."""
+        self._recording.discard(op_id)
+        self._committed.append((op_id, update, outcome))
+        self._committed_ready.set()
+
+    async def _finish_outcomes(self, *, task_status: TaskStatus[None]) -> None:
+        """What ``_resolve`` does after its write, for deferred outcomes: one task for
+        all of them, woken once per group commit, instead of a task per call."""
+        task_status.started()
+        while True:
+            await self._committed_ready.wait()
+            self._committed_ready = anyio.Event()
+            while self._committed:
+                op_id, update, outcome = self._committed.popleft()
+                try:
+                    op = outcome()
+                except IllegalTransition:
+                    self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
+                    continue
+                except StoplineError:  # not taken: held, retried behind the boundary
+                    self.spawn(self._outbox.record, op_id, update)
+                    continue
+                self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``."""
@@ -447,7 +453,7 @@ class RunContext:
     ) -> bool:
         run = self._run
         assert run is not None
-        ours = _only_cancels_of(exc, run.id)
+        ours = only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
@@ -459,19 +465,6 @@ class RunContext:
         return ours or swallowed
 
 
-def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunCancelled):
-        return exc.run_id == run_id
-    if isinstance(exc, BaseExceptionGroup):
-        cancel_class = anyio.get_cancelled_exc_class()
-        leaves = exc.exceptions
-        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
-            any(_only_cancels_of(e, run_id) for e in leaves)
-        )
-    return False
-
-
 def open(
     url: str | None = None,
     *,
@@ -479,14 +472,16 @@ def open(
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
     tools: Sequence[Tool[Any]] = (),
-    durable_outcomes: bool = True,
+    durable_outcomes: bool = False,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
     from the start, so operations a crashed worker left in doubt can be verified.
-    ``durable_outcomes=False`` lets a call return before its outcome is durable
-    (one fsync per call instead of two on SQLite; see docs/decisions/0006).
+    By default a call returns once its intent is durable and its outcome is queued:
+    the outcome commits with the next write, within a few milliseconds (one fsync
+    per call on SQLite). ``durable_outcomes=True`` is the strict mode: a call
+    returns only once its outcome is durable too (docs/decisions/0022).
     """
     return Ledger(
         url,

@@ -12,6 +12,7 @@ corrected before the run settles (S8).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -26,11 +27,28 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger, VerifyBudget
+    from stopline.runtime.ledger import Ledger
 
-__all__ = ["Settler"]
+__all__ = ["Settler", "VerifyBudget"]
 
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifyBudget:
+    """How hard to try a read-back before handing an operation to review."""
+
+    attempts: int = 6
+    first_delay: float = 0.2
+    factor: float = 2.0
+    max_delay: float = 10.0
+
+    def delays(self) -> list[float]:
+        out, delay = [], self.first_delay
+        for _ in range(self.attempts - 1):
+            out.append(min(delay, self.max_delay))
+            delay *= self.factor
+        return out
 
 
 class Settler:
