@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import pytest
 
 import stopline
 from stopline import Cancellable, Policy, RunState
@@ -27,13 +28,17 @@ def write_locked(path: Path) -> Iterator[None]:
         conn.close()
 
 
-async def test_a_fault_in_background_work_cancels_no_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durable_outcomes", [True, False])
+async def test_a_fault_in_background_work_cancels_no_run(
+    tmp_path: Path, durable_outcomes: bool
+) -> None:
     path = tmp_path / "ledger.db"
     slow = FakeProvider("slow", cancellable=Cancellable.NEVER)
     other = FakeProvider("other")
     responding = slow.hold("responding")
     fault_cleared = anyio.Event()
-    async with stopline.open(f"sqlite:///{path}?busy_timeout=0.05") as ledger:
+    url = f"sqlite:///{path}?busy_timeout=0.05"
+    async with stopline.open(url, durable_outcomes=durable_outcomes) as ledger:
 
         async def run_a() -> None:
             async with ledger.run("a", owner="u", run_id="run_a", policy=Policy.AT_BOUNDARY) as a:
@@ -53,11 +58,16 @@ async def test_a_fault_in_background_work_cancels_no_run(tmp_path: Path) -> None
             await ledger.cancel("run_a", by="u")
             with write_locked(path):
                 responding.release()  # the outcome cannot be written: it is held
-                while "run_a/x" not in ledger._outbox.held or not ledger.health.degraded:
+                while not ledger.health.degraded:
                     await ledger.health.changed()
+                recording = ledger._recording | ledger._outbox.held.keys()
+                assert "run_a/x" in recording  # in hand, not durable: the receipt says so
             fault_cleared.set()
         a = await ledger.wait_settled("run_a", timeout=30)
         b = await ledger.wait_settled("run_b", timeout=30)
+        with anyio.fail_after(30):
+            while ledger.health.degraded:  # the retried steps finish once the fault clears
+                await ledger.health.changed()
         health = ledger.health.to_json()
     assert a.run_state is RunState.CANCELLED  # the held outcome landed; the run settled
     assert [line.status.value for line in a.lines] == ["committed"]
