@@ -205,7 +205,13 @@ class Settler:
                 op.id, "verify_failed", {"evidence": [failed.to_json()]}
             )
         if read.verdict is Verdict.UNKNOWN:
-            return await ledger.backend.get_operation(op.id)
+            if not read.detail:
+                return await ledger.backend.get_operation(op.id)
+            # kept as evidence: why this look found no answer (a verifier's transport error)
+            looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
+            return await ledger.backend.note(
+                op.id, "verify_unknown", {"evidence": [looked.to_json()]}
+            )
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
         evidence = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
