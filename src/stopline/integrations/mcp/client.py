@@ -124,6 +124,7 @@ class StoplineMCP:
         self._closing = False
         self._tg: TaskGroup | None = None
         self.connections = 0  # how many times the transport was opened
+        self.on_request: Callable[[str, Any], None] | None = None  # (key, JSON-RPC id) as sent
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> StoplineMCP:
@@ -152,7 +153,7 @@ class StoplineMCP:
         """Holds the SDK client open in one task; re-opens it on demand after a break."""
         first = True
         while not self._closing:
-            tap = LateResponseTap(self._transport(), self._on_late)
+            tap = LateResponseTap(self._transport(), self._on_late, on_request=self._sent)
             client = Client(tap, mode=self.mode, extensions=self.extensions)
             try:
                 async with client:
@@ -371,6 +372,10 @@ class StoplineMCP:
             )
         except Exception:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+
+    def _sent(self, key: str, request_id: Any) -> None:
+        if self.on_request is not None:
+            self.on_request(key, request_id)
 
     # -- R4: late answers ------------------------------------------------------------------
     def _on_late(self, late: LateAnswer) -> None:
