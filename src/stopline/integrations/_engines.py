@@ -204,6 +204,8 @@ class EngineGate:
             with contextlib.suppress(BaseException):
                 await task
             raise
+        except Exception as exc:  # it did not complete: the engine hears its cancel took
+            raise asyncio.CancelledError from exc
 
 
 async def _never_called() -> None:  # pragma: no cover - the body is always bound

