@@ -24,7 +24,7 @@ from stopline.bench.figures import Figure
 __all__ = ["SUITES", "Figure", "main", "run_suites"]
 
 # module name under stopline.bench -> the options it takes
-SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres")
+SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres", "engines")
 
 
 async def run_suites(
