@@ -112,7 +112,7 @@ async def _temporal_per_activity(n: int) -> float:
     from temporalio.client import Client
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-    from stopline.bench._temporal_noops import Noops, noop
+    from stopline.bench._engine_apps import Activities, noop
     from stopline.bench._temporal_server import temporal_dev_server
 
     async with temporal_dev_server() as server:
@@ -121,7 +121,7 @@ async def _temporal_per_activity(n: int) -> float:
         async with Worker(
             client,
             task_queue=queue,
-            workflows=[Noops],
+            workflows=[Activities],
             activities=[noop],
             workflow_runner=UnsandboxedWorkflowRunner(),
         ):
@@ -129,7 +129,7 @@ async def _temporal_per_activity(n: int) -> float:
             async def once(count: int) -> float:
                 start = time.perf_counter()
                 await client.execute_workflow(
-                    Noops.run, count, id=f"bench-{uuid.uuid4().hex}", task_queue=queue
+                    "BenchActivities", count, id=f"bench-{uuid.uuid4().hex}", task_queue=queue
                 )
                 return time.perf_counter() - start
 
