@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from stopline.domain.model import EventRecord, Evidence, OperationRecord, Operat
 from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
 from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import (
+    IllegalTransition,
     LedgerError,
     LedgerReadOnly,
     LedgerUnavailable,
@@ -94,6 +95,7 @@ class SQLiteBackend(Backend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        group_commit: float = 0.002,
         read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
@@ -106,8 +108,14 @@ class SQLiteBackend(Backend):
         # transactions; a file that is not a ledger is refused untouched
         self.read_only = read_only
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        # an outcome nobody waits for waits up to ``group_commit`` s for the next write
         self._writer = Writer(
-            self._connect, self._map_error, self.location, busy_timeout, begin=begin
+            self._connect,
+            self._map_error,
+            self.location,
+            busy_timeout,
+            begin=begin,
+            linger=group_commit,
         )
 
     @classmethod
@@ -341,10 +349,30 @@ class SQLiteBackend(Backend):
             lambda conn: _record_txn(conn, op_id, update), must_run=True
         )
 
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        def txn(conn: sqlite3.Connection) -> list[OperationRecord | IllegalTransition]:
+            out: list[OperationRecord | IllegalTransition] = []
+            now = time.time()  # one instant: the records of one transaction
+            for op_id, update in items:
+                try:  # an illegal transition is refused before anything is written
+                    out.append(_record_txn(conn, op_id, update, now))
+                except IllegalTransition as exc:
+                    out.append(exc)
+            return out
+
+        return await self._tx(txn)
+
     defers_outcomes = True  # one writer thread, first in first out
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update))
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update), then)
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
@@ -634,13 +662,15 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
     return GateResult(GateVerdict.PREVENTED, _op(conn, spec.id), run.fence)
 
 
-def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+def _record_txn(
+    conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate, now: float | None = None
+) -> OperationRecord:
     row = conn.execute("SELECT status, run_id FROM operations WHERE id = ?", (op_id,)).fetchone()
     if row is None:
         raise UnknownOperation(op_id)
     source = OpStatus(row[0])
     target = apply(OPERATION_TABLE, source, update.event)
-    now = time.time()
+    now = time.time() if now is None else now
     result_text, has_result = rows.dump_result(update.result, update.has_result)
     items = [rows.dump_data(e.to_json()) for e in update.evidence]
     appended = _append_evidence_sql(len(items))

@@ -9,6 +9,7 @@ in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import uuid
@@ -17,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
@@ -36,7 +37,7 @@ from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
-from stopline.runtime.run import Run
+from stopline.runtime.run import INTERRUPTED, Run
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
@@ -94,15 +95,23 @@ class Ledger(LifecycleMixin, TruthMixin):
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
         tools: Sequence[Tool[Any]] = (),
-        durable_outcomes: bool = True,
+        durable_outcomes: bool = False,
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
         # owner, a tenant admin and an operator act
         self.access: AccessPolicy = access or OwnerOrTenantAdmin()
-        # True: a call returns once its outcome is durable. False: the outcome commits
-        # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
+        # False (default): the outcome commits with the next group commit, within a few
+        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
+        # returns once its outcome is durable (ADR 0022, revisiting 0006)
         self.durable_outcomes = durable_outcomes
+        # outcomes this process holds whose record has not committed yet: "recording"
+        self._recording: set[str] = set()
+        # ... and those whose record has committed, waiting for ``_finish_outcomes``
+        self._committed: collections.deque[
+            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
+        ] = collections.deque()
+        self._committed_ready = anyio.Event()
         # how long the settler waits for a provider's answer to a cancel request before
         # it records "cancel_unanswered" and lets the operation's own outcome decide
         self.cancel_answer_timeout = 30.0
@@ -140,6 +149,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             # cancels committed by other processes reach this one's in-flight calls
             await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
+            await self._tg.start(self._finish_outcomes)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -212,27 +222,35 @@ class Ledger(LifecycleMixin, TruthMixin):
         """
         principal, _ = await self.authorize(by, Action.CANCEL, run_id)
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
-        self._interrupt_local(result.fenced)
+        interrupted = self._interrupt_local(result.fenced)
         for released in result.released:
             self._changed(released)
-        if result.fenced:
-            self.spawn(self._advance_all, result.fenced)
+        rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
+        if rest:
+            self.spawn(self._advance_all, rest)
         return await self.receipt(run_id)
 
-    def _interrupt_local(self, run_ids: Sequence[str]) -> None:
+    def _interrupt_local(self, run_ids: Sequence[str]) -> set[str]:
         """Deliver a committed cancel to this process's runs: interrupt by phase policy
         and ask providers that can to cancel what is in flight. Once per run: the
         cancel's own return and its notification may both bring it."""
+        interrupted: list[CallContext] = []
         for fenced in run_ids:
             run = self._local.get(fenced)
             if run is not None and not run.cancel_requested:
                 inflight = list(run._inflight.values())
-                run._deliver_cancel()
+                if run._deliver_cancel():
+                    interrupted.extend(inflight)
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
+        if interrupted:
+            for ctx in interrupted:
+                ctx.lost_recorded = True  # their own unwinding records nothing more
+            self.spawn(self._record_interrupted, interrupted)
         for listener in self._cancel_listeners:
             listener(run_ids)
+        return {ctx.run_id for ctx in interrupted}
 
     def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
         """Call ``listener(run_ids)`` for every cancel this process commits or is notified
@@ -257,6 +275,27 @@ class Ledger(LifecycleMixin, TruthMixin):
         """A cancel committed by any process (the backend's notification; our own too)."""
         self._interrupt_local(run_ids)
 
+    async def _record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
+        """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
+        for the whole tree instead of one per call."""
+        update = OutcomeUpdate(
+            OpEvent.LOST, [Evidence.local(Cause.USER_CANCEL.value, INTERRUPTED)],
+            cause=Cause.USER_CANCEL,
+        )  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            results = await self.backend.record_many([(ctx.op_id, update) for ctx in ctxs])
+        runs: dict[str, None] = {}
+        for ctx, result in zip(ctxs, results, strict=True):
+            if isinstance(result, IllegalTransition):
+                self.spawn(self._resolve, ctx.op_id, update)  # it ended meanwhile: evidence
+                continue
+            runs[result.run_id] = None
+            self._changed(result.run_id)
+            self._after_truth_change(result)
+            if result.status is OpStatus.UNKNOWN:
+                self._settler.verify_soon(result)
+        await self._advance_all(list(runs))  # what _resolve would have done, run by run
+
     async def _advance_all(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             await self._settler.advance(run_id)
@@ -269,7 +308,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = await self.backend.get_run(run_id)
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
-        return build_receipt(run, await self.backend.operations(run_id, descendants=True))
+        ops = await self.backend.operations(run_id, descendants=True)
+        return build_receipt(run, ops, recording=self._recording)
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -354,17 +394,30 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
-    async def _settle_deferred(
-        self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
+    def _recorded(
+        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
     ) -> None:
-        """The end of a deferred outcome (``Backend.record_deferred``): what ``_resolve``
-        does after its write, once the write has committed."""
-        try:
-            op = await pending
-        except IllegalTransition:
-            await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
-            return
-        self._after_change(op)
+        """A deferred outcome has committed (``Backend.record_deferred``), called on the
+        loop outside any task: hand it to the one task that finishes outcomes."""
+        self._recording.discard(op_id)
+        self._committed.append((op_id, update, outcome))
+        self._committed_ready.set()
+
+    async def _finish_outcomes(self, *, task_status: TaskStatus[None]) -> None:
+        """What ``_resolve`` does after its write, for deferred outcomes: one task for
+        all of them, woken once per group commit, instead of a task per call."""
+        task_status.started()
+        while True:
+            await self._committed_ready.wait()
+            self._committed_ready = anyio.Event()
+            while self._committed:
+                op_id, update, outcome = self._committed.popleft()
+                try:
+                    op = outcome()
+                except IllegalTransition:
+                    self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
+                    continue
+                self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
         """R3: no answer is ``unknown``, never ``not_committed``."""
@@ -457,14 +510,16 @@ def open(
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
     tools: Sequence[Tool[Any]] = (),
-    durable_outcomes: bool = True,
+    durable_outcomes: bool = False,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
     from the start, so operations a crashed worker left in doubt can be verified.
-    ``durable_outcomes=False`` lets a call return before its outcome is durable
-    (one fsync per call instead of two on SQLite; see docs/decisions/0006).
+    By default a call returns once its intent is durable and its outcome is queued:
+    the outcome commits with the next write, within a few milliseconds (one fsync
+    per call on SQLite). ``durable_outcomes=True`` is the strict mode: a call
+    returns only once its outcome is durable too (docs/decisions/0022).
     """
     return Ledger(
         url,
