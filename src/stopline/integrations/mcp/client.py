@@ -137,6 +137,7 @@ class StoplineMCP:
         self.backoff = backoff or Backoff(first=0.1, cap=5.0)
         self.attempts = 0  # connection attempts, successful or not
         self.last_error = ""  # why the last connection ended or failed to open
+        self.on_request: Callable[[str, Any], None] | None = None  # (key, JSON-RPC id) as sent
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> StoplineMCP:
@@ -170,7 +171,7 @@ class StoplineMCP:
         first = True
         delays = self.backoff.delays()
         while not self._closing:
-            tap = LateResponseTap(self._transport(), self._on_late)
+            tap = LateResponseTap(self._transport(), self._on_late, on_request=self._sent)
             client = Client(tap, mode=self.mode, extensions=self.extensions)
             self.attempts += 1
             opened_at = anyio.current_time()
@@ -427,6 +428,10 @@ class StoplineMCP:
             )
         except Exception:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+
+    def _sent(self, key: str, request_id: Any) -> None:
+        if self.on_request is not None:
+            self.on_request(key, request_id)
 
     # -- R4: late answers ------------------------------------------------------------------
     def _on_late(self, late: LateAnswer) -> None:
