@@ -46,6 +46,8 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, CallToolResult, ErrorData, RequestParamsMeta
 from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cancellable, Cause
@@ -69,6 +71,7 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -104,6 +107,7 @@ class StoplineMCP:
         poll_wait: float = 5.0,
         extensions: Sequence[ClientExtension] = (),
         tasks: bool = False,
+        tracer_provider: trace.TracerProvider | None = None,
         connect_timeout: float = 30.0,
         backoff: Backoff | None = None,
     ) -> None:
@@ -138,6 +142,8 @@ class StoplineMCP:
         self.attempts = 0  # connection attempts, successful or not
         self.last_error = ""  # why the last connection ended or failed to open
         self.on_request: Callable[[str, Any], None] | None = None  # (key, JSON-RPC id) as sent
+        self._tracer = trace.get_tracer("stopline.mcp", tracer_provider=tracer_provider)
+        self._spans: dict[str, trace.Span] = {}  # op id -> its execute_tool span
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> StoplineMCP:
@@ -354,11 +360,29 @@ class StoplineMCP:
             self._ledgers.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
         token = CURRENT_CALL.set(ctx)
-        try:
-            return await call.run(args, meta, timeout, self.progress_cap)
-        finally:
-            CURRENT_CALL.reset(token)
-            del self._calls[ctx.op_id]
+        # The span is current while the SDK sends: its own "MCP send" span nests under it
+        # and every request of this call (tools/call, tasks/*) carries its traceparent.
+        with self._tracer.start_as_current_span(
+            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=self._attributes(name, ctx)
+        ) as span:
+            self._spans[ctx.op_id] = span
+            try:
+                return await call.run(args, meta, timeout, self.progress_cap)
+            finally:
+                CURRENT_CALL.reset(token)
+                del self._calls[ctx.op_id]
+                del self._spans[ctx.op_id]
+
+    def _attributes(self, name: str, ctx: CallContext) -> dict[str, Any]:
+        """The MCP SDK's own span attributes, plus stopline's operation and run."""
+        return {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "mcp.server.name": self.name,
+            ATTR_OP_ID: ctx.op_id,
+            ATTR_RUN_ID: ctx.run_id,
+        }
 
     # -- the provider's cancel and read-back ---------------------------------------------
     async def _cancel(self, ctx: CallContext) -> bool:
@@ -430,6 +454,10 @@ class StoplineMCP:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
 
     def _sent(self, key: str, request_id: Any) -> None:
+        span = self._spans.get(key)
+        if span is not None:  # a re-issued request is a second id on the same operation
+            span.set_attribute("jsonrpc.request.id", str(request_id))
+            span.add_event("mcp.request.sent", {"jsonrpc.request.id": str(request_id)})
         if self.on_request is not None:
             self.on_request(key, request_id)
 
