@@ -22,10 +22,9 @@ proves (see ``_call``). Around it:
 - a connection that broke is re-opened on next use (a stdio server is
   started again), so verification and reads go on after a crash. The
   supervisor (``_keep``) re-opens with capped exponential backoff and
-  jitter, so a server that crashes on start is not relaunched in a hot loop;
-  a wait for the connection is bounded by the call's deadline (at most
-  ``connect_timeout``): an effectful call that never got a connection was
-  provably not sent (``not_committed``), a read raises ``NoAnswer``.
+  jitter (no hot relaunch loop); waiting for a connection is bounded by the
+  call's deadline (at most ``connect_timeout``): an effectful call that
+  never got one was not sent (``not_committed``), a read raises ``NoAnswer``.
 """
 
 from __future__ import annotations
