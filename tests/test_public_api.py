@@ -51,6 +51,8 @@ EXPECTED = {
     "ReviewVerdict",
     "Run",
     "RunCancelled",
+    "RunEnded",
+    "RunPaused",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

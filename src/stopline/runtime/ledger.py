@@ -31,7 +31,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
+from stopline.errors import IllegalTransition, RunCancelled, RunEnded, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
@@ -382,6 +382,8 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
+        elif record.state in _ENDED:
+            raise RunEnded(record.id, record.state)  # nothing would run in it: say so
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()
@@ -406,7 +408,7 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if not run.cancel_requested:
+            if not run.cancel_requested and not (run.suspended and exc is None):
                 event = RunEvent.COMPLETE if exc is None or swallowed else RunEvent.FAIL
                 reason = "" if event is RunEvent.COMPLETE else f"{type(exc).__name__}: {exc}"
                 with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
@@ -414,6 +416,9 @@ class RunContext:
             ledger._changed(run.id)
             await ledger._settler.advance(run.id)
         return ours or swallowed
+
+
+_ENDED = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED, RunState.NEEDS_REVIEW})
 
 
 def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
