@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from stopline.cli import _common as c
+from stopline.ledger import redact
 
 __all__ = ["register"]
 
@@ -25,25 +26,52 @@ def console(
         str | None,
         typer.Option(help="Record actions as this principal (default console:<login name>)."),
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Also answer to this host name in Host and Origin (repeatable); "
+            "by default only localhost, 127.0.0.1 and ::1.",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the web console: runs, timelines, receipts, the review queue, cancel."""
-    try:
-        from stopline.console import serve
-    except ImportError as exc:
-        c.fail(f"the console needs its extra: pip install 'stopline[console]' ({exc})")
+    """Serve the web console: runs, timelines, receipts, the review queue, stats, cancel.
+
+    Exit code 1 when the ledger cannot be read or the port cannot be used; 2 when
+    the console extra is missing; 0 after Ctrl-C.
+    """
+    c.require_extra("console", "jinja2", "starlette", "uvicorn", "python_multipart")
+    from stopline.console import ConsoleConfig, listen, serve
+
     token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
     url = c.options(ctx).url
-    c._check_exists(url)
-    c.err.print(f"stopline console for {url}", markup=False)
-    c.err.print(f"open http://{host}:{port}/?token={token}", markup=False)
-    serve(url, host=host, port=port, token=token, principal=principal)
+
+    async def check() -> None:
+        async with c.reading(url):  # a typed error for what is not a ledger, file untouched
+            pass
+
+    c.run_sync(check)
+    sock = listen(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    c.err.print(f"stopline console for {redact(url)}", markup=False)
+    c.err.print(f"open http://{shown}:{sock.getsockname()[1]}/?token={token}", markup=False)
+    config = ConsoleConfig(
+        url=url, token=token, principal=principal, allowed_hosts=tuple(allow_host or ())
+    )
+    try:
+        serve(config, sock)
+    except KeyboardInterrupt:
+        c.err.print("stopline console stopped", markup=False)
 
 
-def demo() -> None:
-    """Run the report-upload-notify demo, cancelled at four points."""
+def demo(ctx: typer.Context) -> None:
+    """Run the report-upload-notify demo: six stops, each receipt under its headline.
+
+    With --ledger (or $STOPLINE_LEDGER) its runs stay there, for runs, show and the console.
+    """
     from stopline import demo as demo_module
 
-    raise typer.Exit(demo_module.main())
+    raise typer.Exit(demo_module.main(c.options(ctx).ledger))
 
 
 def bench(

@@ -9,7 +9,7 @@ from pathlib import Path
 from stopline.errors import LedgerUnavailable
 from stopline.ledger.backend import Backend
 
-__all__ = ["DEFAULT_URL", "Backend", "open_backend", "resolve_url"]
+__all__ = ["DEFAULT_URL", "Backend", "open_backend", "redact", "resolve_url"]
 
 DEFAULT_URL = "sqlite:///stopline.db"
 ENV_VAR = "STOPLINE_LEDGER"
@@ -20,20 +20,41 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-async def open_backend(url: str | None = None) -> Backend:
+def redact(url: str) -> str:
+    """The URL without its secrets (a password in the address or as ``?password=``),
+    for messages, ``location`` and every page or line that shows a ledger."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@")
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "password" for key, _ in query):
+        masked = [(k, "***" if k == "password" else v) for k, v in query]
+        parts = parts._replace(query=urllib.parse.urlencode(masked, safe="*"))
+    elif netloc == parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:
+    """The backend for ``url``. ``read_only``: open an existing ledger without changing
+    anything (no file created, no journal switched, no schema migrated, no write
+    transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
         from stopline.ledger.sqlite import SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
-        unknown = set(options) - {"busy_timeout", "synchronous"}
+        unknown = set(options) - {"busy_timeout", "synchronous", "group_commit_ms"}
         if unknown:
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
         return await SQLiteBackend.open(
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
+            group_commit=_milliseconds(url, options.get("group_commit_ms", "2")),
+            read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -42,5 +63,15 @@ async def open_backend(url: str | None = None) -> Backend:
             raise LedgerUnavailable(
                 url, "the PostgreSQL ledger needs psycopg: pip install 'stopline[postgres]'"
             ) from exc
-        return await PostgresBackend.open(url)
+        return await PostgresBackend.open(url, read_only=read_only)
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
+
+
+def _milliseconds(url: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60_000:
+        raise LedgerUnavailable(url, f"group_commit_ms={text!r} is not 0-60000 milliseconds")
+    return value / 1000

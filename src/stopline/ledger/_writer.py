@@ -9,55 +9,95 @@ durable. One thread hop per transaction, as STYLE.md asks, and under
 concurrency one fsync for many intents.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
+
+The thread cannot die of a storage error (ADR 0010): every error ends the
+transaction it hit with a typed error for those callers, a rollback SQLite
+already did itself is not done twice, a connection left inside a failed
+transaction is replaced, and the thread keeps serving. Should it stop anyway,
+every waiting and later caller gets a typed error instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
 import anyio
 import sniffio
 
+from stopline.errors import LedgerIOError
+
 __all__ = ["Writer"]
 
 T = TypeVar("T")
 _MAX_BATCH = 256
+_QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 
 
 class _Job(Generic[T]):
-    __slots__ = ("_event", "_wake", "error", "fn", "result")
+    __slots__ = (
+        "_event", "_lock", "_state", "_wake", "deferred", "error", "fn", "held", "result"
+    )  # fmt: skip
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> None:
         self.fn = fn
+        # nobody waits on it: it may wait a little for company before committing
+        self.deferred = then is not None
+        # a deferred job whose batch failed to commit: kept for the next batch, not lost
+        self.held = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self._state = _QUEUED
+        self._lock = threading.Lock()
+        self._event: Any = None
         library = sniffio.current_async_library()
         if library == "asyncio":
             import asyncio
 
             loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._event: Any = future
-            # wakes are grouped per loop: one call_soon_threadsafe per batch
-            self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: _set_future(future))
+            if then is not None:
+                # wakes are grouped per loop: one call_soon_threadsafe per batch
+                self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: then(self.outcome))
+            else:
+                future: asyncio.Future[None] = loop.create_future()
+                self._event = future
+                self._wake = (loop, lambda: _set_future(future))
         else:
             import trio
 
-            event = trio.Event()
             token = trio.lowlevel.current_trio_token()
-            self._event = event
-            self._wake = (token, event.set)
+            if then is not None:
+                self._wake = (token, lambda: then(self.outcome))
+            else:
+                event = trio.Event()
+                self._event = event
+                self._wake = (token, event.set)
+
+    @property
+    def finished(self) -> bool:
+        """The thread is done with it and its caller has been woken."""
+        event = self._event
+        return bool(event.is_set() if hasattr(event, "is_set") else event.done())
 
     async def done(self) -> None:
         if hasattr(self._event, "wait"):
             await self._event.wait()
         else:
-            await self._event
+            import asyncio
+
+            # a cancelled task cancels the future it awaits: shield it, so a given-up
+            # wait never marks an unfinished job finished
+            await asyncio.shield(self._event)
 
     async def result_when_done(self) -> T:
         with anyio.CancelScope(shield=True):
@@ -73,6 +113,20 @@ class _Job(Generic[T]):
             raise self.error
         return self.result  # type: ignore[no-any-return]
 
+    def withdraw(self) -> bool:
+        """The caller gave up: a job the thread has not taken yet never runs."""
+        with self._lock:
+            if self._state == _QUEUED:
+                self._state = _WITHDRAWN
+            return self._state == _WITHDRAWN
+
+    def claim(self) -> bool:
+        """The thread takes the job, unless its caller withdrew it first."""
+        with self._lock:
+            if self._state == _QUEUED:
+                self._state = _RUNNING
+            return self._state == _RUNNING
+
 
 def _set_future(future: Any) -> None:
     if not future.done():
@@ -86,15 +140,30 @@ class Writer:
         self,
         connect: Callable[[], sqlite3.Connection],
         map_error: Callable[[BaseException], BaseException],
+        location: str = "sqlite",
+        grace: float = 10.0,
+        *,
+        begin: str = "BEGIN IMMEDIATE",
+        linger: float = 0.002,
     ) -> None:
+        self._begin = begin  # "BEGIN" (deferred) on a read-only connection
+        # how long a batch of deferred jobs alone waits for the next job to share its commit
+        self._linger = linger
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
+        self._location = location
+        self.grace = grace  # how long a cancelled caller still waits for its job
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._conn: sqlite3.Connection | None = None
         self._connect = connect
         self._thread = threading.Thread(target=self._main, name="stopline-ledger", daemon=True)
         self._closed = False
+        self._stopped: BaseException | None = None  # why the thread ended, if it did
+        self._broken = False  # a rollback failed: the next batch starts on a new connection
+        # deferred jobs (outcomes) whose batch could not commit (a full disk, an I/O
+        # error): they ride the next batch, first, so an outcome is never dropped
+        self._held: list[_Job[Any]] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -102,24 +171,51 @@ class Writer:
         if self._startup_error is not None:
             raise self._startup_error
 
-    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def submit(self, fn: Callable[[sqlite3.Connection], T], *, must_run: bool = False) -> T:
         """Run ``fn`` in a transaction; the result is durable when this returns.
 
-        The wait is shielded: a job once queued always runs, and its caller
-        learns the outcome even if it is being cancelled meanwhile.
+        A cancel or a deadline reaches the wait, with a grace: a caller whose
+        scope is cancelled still learns the outcome of a job that finishes
+        within ``grace`` seconds (one transaction normally takes milliseconds,
+        so work recorded in a cancelled scope is not lost or left unreported).
+        Past the grace it gives up: a job the thread has not taken yet is
+        withdrawn and never runs. ``must_run`` (an outcome that must not be
+        lost) is waited for to the end; the thread cannot die, so that ends.
         """
         job = self.enqueue(fn)
-        with anyio.CancelScope(shield=True):
+        if must_run:
+            return await job.result_when_done()
+        try:
             await job.done()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace):
+                await job.done()
+            if not job.finished:
+                job.withdraw()  # never runs if the thread has not taken it yet
+                raise
         return job.outcome()
 
-    def enqueue(self, fn: Callable[[sqlite3.Connection], T]) -> _Job[T]:
-        """Queue ``fn`` now, in order, without waiting: a job queued later by this process
-        (a read, the next gate) runs after it and sees what it wrote."""
+    def enqueue(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> _Job[T]:
+        """Queue ``fn`` now, in order: a job queued later by this process (a read, the
+        next gate) runs after it and sees what it wrote.
+
+        With ``then``, nobody waits: after the commit, ``then(outcome)`` runs on the
+        caller's event loop (``outcome()`` returns the result or raises). A batch of
+        only such jobs waits up to ``linger`` seconds for another job and commits with
+        it (group commit: a sequential workflow's outcome rides its next intent's fsync).
+        """
         if self._closed:
             raise RuntimeError("the ledger is closed")
-        job: _Job[T] = _Job(fn)
+        if self._stopped is not None:
+            raise self._stopped
+        job: _Job[T] = _Job(fn, then)
         self._queue.put(job)
+        if self._stopped is not None:  # stopped meanwhile: nobody will take it
+            self._drain(self._stopped)
         return job
 
     async def close(self) -> None:
@@ -138,44 +234,136 @@ class Writer:
             self._ready.set()
             return
         self._ready.set()
-        conn = self._conn
+        stopped: BaseException = RuntimeError("the ledger is closed")
         try:
             while True:
                 first = self._queue.get()
                 if first is None:
                     return
-                batch = [first]
-                stop = False
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        job = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        stop = True
-                        break
-                    batch.append(job)
-                self._run_batch(conn, batch)
+                batch, self._held = self._held, []
+                for job in batch:
+                    job.held = False
+                if first.claim():
+                    batch.append(first)
+                stop = self._take_waiting(batch)
+                if not stop and batch and all(job.deferred for job in batch):
+                    stop = self._linger_for_company(batch)
+                if batch:
+                    self._serve(batch)
                 if stop:
                     return
+        except BaseException as exc:  # not a storage error (those end one batch): a bug
+            stopped = exc
+            raise
         finally:
-            conn.close()
+            self._stop(stopped)
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
-        """One transaction for the batch; if any job fails, replay each job on its own.
+    def _take_waiting(self, batch: list[_Job[Any]]) -> bool:
+        """Add every job already waiting (up to the batch limit); True if told to stop."""
+        while len(batch) < _MAX_BATCH:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            if job.claim():
+                batch.append(job)
+        return False
 
-        Jobs are functions of the database state, so after a rollback nothing
-        they did remains and each can run again alone: the common case pays
-        no savepoints, and one job's error never undoes another's work.
+    def _linger_for_company(self, batch: list[_Job[Any]]) -> bool:
+        """Only deferred jobs: wait up to ``linger`` for a job someone waits on.
+
+        The wait is bounded from the first deferred job, so an outcome is durable
+        within a few milliseconds even when no other write comes.
         """
+        deadline = time.monotonic() + self._linger
+        while len(batch) < _MAX_BATCH:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                job = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            if job.claim():
+                batch.append(job)
+            if self._take_waiting(batch):
+                return True
+            if not all(j.deferred for j in batch):
+                return False
+        return False
+
+    def _serve(self, batch: list[_Job[Any]]) -> None:
+        """Run one batch and wake its callers, whatever happens: the thread goes on."""
+        try:
+            conn = self._connection()
+            self._run(conn, batch)
+            rest = [job for job in batch if not job.held]
+            if len(rest) < len(batch) and rest:
+                # held outcomes could not commit (a full disk): the rest, a read for one,
+                # may still without them
+                self._run(self._connection(), rest)
+        except Exception as exc:  # no connection, or an error no mapping foresaw
+            self._fail(batch, exc)
+        _wake_all([job for job in batch if not job.held])
+
+    def _run(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
         if not self._run_together(conn, batch):
             for job in batch:
                 self._run_together(conn, [job])
-        _wake_all(batch)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection, replaced if a failed rollback left it inside a transaction."""
+        assert self._conn is not None
+        if self._broken:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = self._connect()
+            self._broken = False
+        return self._conn
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back what SQLite has not rolled back itself (a full disk or an I/O error
+        ends the transaction inside SQLite; rolling back again is an error)."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._broken = conn.in_transaction
+
+    def _stop(self, why: BaseException) -> None:
+        """The thread ends: no caller, present or future, waits for it."""
+        if not isinstance(why, RuntimeError):
+            cause = f"the writer thread stopped ({type(why).__name__}: {why}); reopen the ledger"
+            why = LedgerIOError(self._location, cause)
+        self._stopped = why
+        for job in self._held:
+            job.error, job.held = why, False
+        _wake_all(self._held)
+        self._drain(why)
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+
+    def _drain(self, why: BaseException) -> None:
+        left: list[_Job[Any]] = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.claim():
+                job.error = why
+                left.append(job)
+        _wake_all(left)
 
     def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self._begin)
         except BaseException as exc:
             self._fail(batch, exc)
             return True
@@ -184,7 +372,7 @@ class Writer:
                 job.result = job.fn(conn)
                 job.error = None
             except BaseException as exc:
-                conn.execute("ROLLBACK")
+                self._rollback(conn)
                 if len(batch) > 1:
                     return False
                 job.error = self._map_error(exc)
@@ -192,16 +380,22 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback(conn)
             self._fail(batch, exc)
         return True
 
     def _fail(self, batch: list[_Job[Any]], exc: BaseException) -> None:
+        """The batch as a whole did not commit: its callers learn why; deferred jobs,
+        whose callers are not waiting, are held for the next batch instead."""
         mapped = self._map_error(exc)
         for job in batch:
-            job.error = mapped
             job.result = None
+            if job.deferred and self._stopped is None:
+                if not job.held:
+                    job.held = True
+                    self._held.append(job)
+            else:
+                job.error = mapped
 
 
 def _wake_all(batch: list[_Job[Any]]) -> None:
@@ -212,10 +406,12 @@ def _wake_all(batch: list[_Job[Any]]) -> None:
         by_loop.setdefault(id(owner), (owner, []))[1].append(setter)
     for owner, setters in by_loop.values():
         run_all = functools.partial(_call_all, setters)
-        if hasattr(owner, "call_soon_threadsafe"):
-            owner.call_soon_threadsafe(run_all)
-        else:
-            owner.run_sync_soon(run_all)
+        # a loop that closed meanwhile has nobody left to wake
+        with contextlib.suppress(RuntimeError):
+            if hasattr(owner, "call_soon_threadsafe"):
+                owner.call_soon_threadsafe(run_all)
+            else:
+                owner.run_sync_soon(run_all)
 
 
 def _call_all(setters: list[Callable[[], None]]) -> None:

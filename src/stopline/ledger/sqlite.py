@@ -10,11 +10,13 @@ each naming the file and the cause.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+import urllib.parse
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,9 +25,8 @@ from stopline.domain.model import EventRecord, Evidence, OperationRecord, Operat
 from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
 from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import (
-    LedgerCorrupt,
     LedgerError,
-    LedgerLocked,
+    LedgerReadOnly,
     LedgerUnavailable,
     SchemaTooNew,
     StoplineError,
@@ -44,7 +45,10 @@ from stopline.ledger.schema import (
     OPEN_STATUSES,
     OPEN_STATUSES_SQL,
     SCHEMA_VERSION,
+    check_readable,
+    refuse_foreign,
 )
+from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
 
 __all__ = ["SQLiteBackend"]
 
@@ -90,6 +94,8 @@ class SQLiteBackend(Backend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        group_commit: float = 0.002,
+        read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
@@ -97,7 +103,19 @@ class SQLiteBackend(Backend):
         self.location = f"sqlite:///{self.path}"
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
-        self._writer = Writer(self._connect, self._map_error)
+        # read-only: opened with mode=ro, nothing switched or migrated, deferred
+        # transactions; a file that is not a ledger is refused untouched
+        self.read_only = read_only
+        begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        # an outcome nobody waits for waits up to ``group_commit`` s for the next write
+        self._writer = Writer(
+            self._connect,
+            self._map_error,
+            self.location,
+            busy_timeout,
+            begin=begin,
+            linger=group_commit,
+        )
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -111,17 +129,26 @@ class SQLiteBackend(Backend):
     def _connect(self) -> sqlite3.Connection:
         if not self.path.parent.exists():
             raise LedgerUnavailable(self.location, f"directory {self.path.parent} does not exist")
+        if self.read_only and not self.path.is_file():
+            raise LedgerUnavailable(self.location, "no ledger file there")
+        target = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=ro"
         try:
             conn = sqlite3.connect(
-                self.path,
+                target if self.read_only else self.path,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_timeout,
+                uri=self.read_only,
             )
         except sqlite3.Error as exc:
             raise self._map_error(exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            version, tables = _identity(conn)  # a read: refuse a foreign file before any write
+            if self.read_only:
+                check_readable(self.location, version, tables)
+                return conn
+            refuse_foreign(self.location, version, tables)
             self._when_unlocked(lambda: self._set_wal(conn))
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -161,8 +188,7 @@ class SQLiteBackend(Backend):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(self.location, version, SCHEMA_VERSION)
-            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise LedgerCorrupt(self.location, "not a stopline ledger (foreign tables found)")
+            refuse_foreign(self.location, *_identity(conn))
             for step in MIGRATIONS[version:]:
                 for statement in step.split(";"):
                     if statement.strip():
@@ -170,21 +196,23 @@ class SQLiteBackend(Backend):
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a full disk rolls back by itself: keep its error
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
 
     def _map_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
+        if isinstance(exc, OSError) and exc.errno in OS_ERRORS:
+            err: LedgerError = OS_ERRORS[exc.errno](self.location, str(exc))
+        elif isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
             return exc
-        message = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
-            err: LedgerError = LedgerLocked(self.location, f"{message} (another process holds it)")
-        elif "not a database" in message or "malformed" in message:
-            err = LedgerCorrupt(self.location, message)
-        elif "unable to open" in message or "readonly" in message or "disk I/O" in message:
-            err = LedgerUnavailable(self.location, message)
         else:
-            err = LedgerError(self.location, message)
+            err = sqlite_error(self.location, exc)
+            if type(err) is LedgerUnavailable and not os.access(self.path.parent, os.W_OK):
+                # SQLite cannot create its journal beside the file: say why
+                err = LedgerReadOnly(
+                    self.location, f"{exc}: directory {self.path.parent} is read-only"
+                )
         err.__cause__ = exc
         return err
 
@@ -315,12 +343,20 @@ class SQLiteBackend(Backend):
         return await self._tx(lambda conn: _gate_txn(conn, spec))
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        return await self._tx(lambda conn: _record_txn(conn, op_id, update))
+        # an outcome, once asked for, is written even if its caller is cancelled meanwhile
+        return await self._writer.submit(
+            lambda conn: _record_txn(conn, op_id, update), must_run=True
+        )
 
     defers_outcomes = True  # one writer thread, first in first out
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update))
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self._writer.enqueue(lambda conn: _record_txn(conn, op_id, update), then)
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
@@ -459,6 +495,13 @@ def _wanted_open_statuses(statuses: Collection[OpStatus] | None) -> list[str]:
 
 
 # -- transaction bodies (run on the writer thread) ----------------------------
+def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The schema version recorded in the file and how many tables it has (a read)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    return int(version), int(tables)
+
+
 def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
     row = conn.execute(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:

@@ -9,6 +9,7 @@ in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import uuid
@@ -17,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
@@ -94,15 +95,23 @@ class Ledger(LifecycleMixin, TruthMixin):
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
         tools: Sequence[Tool[Any]] = (),
-        durable_outcomes: bool = True,
+        durable_outcomes: bool = False,
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
         # owner, a tenant admin and an operator act
         self.access: AccessPolicy = access or OwnerOrTenantAdmin()
-        # True: a call returns once its outcome is durable. False: the outcome commits
-        # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
+        # False (default): the outcome commits with the next group commit, within a few
+        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
+        # returns once its outcome is durable (ADR 0022, revisiting 0006)
         self.durable_outcomes = durable_outcomes
+        # outcomes this process holds whose record has not committed yet: "recording"
+        self._recording: set[str] = set()
+        # ... and those whose record has committed, waiting for ``_finish_outcomes``
+        self._committed: collections.deque[
+            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
+        ] = collections.deque()
+        self._committed_ready = anyio.Event()
         # how long the settler waits for a provider's answer to a cancel request before
         # it records "cancel_unanswered" and lets the operation's own outcome decide
         self.cancel_answer_timeout = 30.0
@@ -117,6 +126,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # called with the fenced run ids of every cancel this process learns of
+        self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
         # passed the gate, so crash recovery can tell a dead worker's from a live one's
         self.worker_id = f"worker_{uuid.uuid4().hex[:16]}"
@@ -138,6 +149,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             # cancels committed by other processes reach this one's in-flight calls
             await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
+            await self._tg.start(self._finish_outcomes)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -229,6 +241,27 @@ class Ledger(LifecycleMixin, TruthMixin):
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
+        for listener in self._cancel_listeners:
+            listener(run_ids)
+
+    def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
+        """Call ``listener(run_ids)`` for every cancel this process commits or is notified
+        of (the backend's notification), after the fence is durable: how an engine
+        integration carries a stopline cancel into its own cancel. May be called twice
+        for one cancel (its own return and its notification): make it idempotent.
+        Returns a function that removes the listener."""
+        self._cancel_listeners.append(listener)
+        return lambda: self._cancel_listeners.remove(listener)
+
+    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+        """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
+        it was cancelled meanwhile, in which case it settles."""
+        event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
+        reason = "" if error is None else f"{type(error).__name__}: {error}"
+        with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
+            await self.backend.run_event(run_id, event, by=by, reason=reason)
+        self._changed(run_id)
+        await self._settler.advance(run_id)
 
     def _on_remote_cancel(self, run_ids: list[str]) -> None:
         """A cancel committed by any process (the backend's notification; our own too)."""
@@ -246,7 +279,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = await self.backend.get_run(run_id)
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
-        return build_receipt(run, await self.backend.operations(run_id, descendants=True))
+        ops = await self.backend.operations(run_id, descendants=True)
+        return build_receipt(run, ops, recording=self._recording)
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -331,17 +365,30 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
-    async def _settle_deferred(
-        self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
+    def _recorded(
+        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
     ) -> None:
-        """The end of a deferred outcome (``Backend.record_deferred``): what ``_resolve``
-        does after its write, once the write has committed."""
-        try:
-            op = await pending
-        except IllegalTransition:
-            await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
-            return
-        self._after_change(op)
+        """A deferred outcome has committed (``Backend.record_deferred``), called on the
+        loop outside any task: hand it to the one task that finishes outcomes."""
+        self._recording.discard(op_id)
+        self._committed.append((op_id, update, outcome))
+        self._committed_ready.set()
+
+    async def _finish_outcomes(self, *, task_status: TaskStatus[None]) -> None:
+        """What ``_resolve`` does after its write, for deferred outcomes: one task for
+        all of them, woken once per group commit, instead of a task per call."""
+        task_status.started()
+        while True:
+            await self._committed_ready.wait()
+            self._committed_ready = anyio.Event()
+            while self._committed:
+                op_id, update, outcome = self._committed.popleft()
+                try:
+                    op = outcome()
+                except IllegalTransition:
+                    self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
+                    continue
+                self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
         """R3: no answer is ``unknown``, never ``not_committed``."""
@@ -382,7 +429,7 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
-        elif record.state in _ENDED:
+        elif record.state.ended:
             raise RunEnded(record.id, record.state)  # nothing would run in it: say so
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
@@ -408,17 +455,12 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if not run.cancel_requested and not (run.suspended and exc is None):
-                event = RunEvent.COMPLETE if exc is None or swallowed else RunEvent.FAIL
-                reason = "" if event is RunEvent.COMPLETE else f"{type(exc).__name__}: {exc}"
-                with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
-                    await ledger.backend.run_event(run.id, event, by=run.owner, reason=reason)
-            ledger._changed(run.id)
-            await ledger._settler.advance(run.id)
+            if run.cancel_requested or (run.suspended and exc is None):
+                ledger._changed(run.id)  # cancelled: it settles; suspended: it stays paused
+                await ledger._settler.advance(run.id)
+            else:
+                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
         return ours or swallowed
-
-
-_ENDED = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED, RunState.NEEDS_REVIEW})
 
 
 def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
@@ -441,14 +483,16 @@ def open(
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
     tools: Sequence[Tool[Any]] = (),
-    durable_outcomes: bool = True,
+    durable_outcomes: bool = False,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
     from the start, so operations a crashed worker left in doubt can be verified.
-    ``durable_outcomes=False`` lets a call return before its outcome is durable
-    (one fsync per call instead of two on SQLite; see docs/decisions/0006).
+    By default a call returns once its intent is durable and its outcome is queued:
+    the outcome commits with the next write, within a few milliseconds (one fsync
+    per call on SQLite). ``durable_outcomes=True`` is the strict mode: a call
+    returns only once its outcome is durable too (docs/decisions/0022).
     """
     return Ledger(
         url,
