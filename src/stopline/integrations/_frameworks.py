@@ -101,6 +101,7 @@ class Bound:
     # how to apply the framework's own cancel once the fence is committed
     interrupt: Callable[[], None] = lambda: None
     approver: str = ""  # who is asked when the framework waits for an approval
+    session: Any = None  # the adapter's session object (``GraphRun``, ``AgentSession``)
     # (tool, args digest) -> keys recorded by earlier entries, not yet matched
     _prior: dict[tuple[str, str], list[str]] | None = None
     _recorded: set[str] = dataclasses.field(default_factory=set)
@@ -252,7 +253,7 @@ async def open_run(
     async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
         bound = Bound(ledger, r, approver=approver or owner)
         await bound.load()
-        session = make(bound)
+        session = bound.session = make(bound)
         with bind(bound):
             yield session
 
