@@ -80,11 +80,17 @@ def bench(
     postgres: Annotated[
         str | None, typer.Option(help="Also benchmark this PostgreSQL URL.")
     ] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(help="Also DBOS, Temporal and bare sqlite3 (stopline[bench-peers])."),
+    ] = False,
 ) -> None:
     """Benchmarks beside a baseline in the same run, as ratios."""
     from stopline import bench as bench_module
 
-    raise typer.Exit(bench_module.main(quick=quick, json_path=json_path, postgres=postgres))
+    raise typer.Exit(
+        bench_module.main(quick=quick, json_path=json_path, postgres=postgres, peers=peers)
+    )
 
 
 def register(app: typer.Typer) -> None:
