@@ -30,6 +30,7 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    AlreadyAttached,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
@@ -47,6 +48,7 @@ from stopline.errors import (
     OperationInDoubt,
     RunCancelled,
     RunEnded,
+    RunPaused,
     SchemaTooNew,
     StoplineError,
     UnknownOperation,
@@ -75,6 +77,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessPolicy",
     "Action",
+    "AlreadyAttached",
     "ApprovalRecord",
     "ApprovalRequired",
     "ApprovalStatus",
@@ -126,6 +129,7 @@ __all__ = [
     "Run",
     "RunCancelled",
     "RunEnded",
+    "RunPaused",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

@@ -2,15 +2,17 @@
 
     StoplineError                      root of every error stopline raises
     ├── IllegalTransition              (state, event) not in the table
-    │   └── RunEnded                   entering or resuming a run that has ended: what to do
     ├── NotFound
     │   ├── UnknownRun
     │   └── UnknownOperation
+    ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotReplayable                  a committed operation whose result was not kept
-    ├── InvalidInput                   an id, a reason or an argument that cannot be stored
     ├── NotPermitted                   the run lacks the authority for this
+    ├── RunEnded                       entering or resuming a run that has ended: what to do
+    ├── RunPaused                      re-entering a paused run before it is resumed
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerLocked
@@ -34,6 +36,7 @@ import enum
 from typing import Any
 
 __all__ = [
+    "AlreadyAttached",
     "CancelInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
@@ -51,6 +54,7 @@ __all__ = [
     "OperationInDoubt",
     "RunCancelled",
     "RunEnded",
+    "RunPaused",
     "SchemaTooNew",
     "StoplineError",
     "UnknownOperation",
@@ -88,12 +92,30 @@ class UnknownOperation(NotFound):
         super().__init__(f"unknown operation id {op_id!r}")
 
 
+class InvalidInput(StoplineError, ValueError):
+    """Refused before anything was written or sent: names the input and the problem."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"invalid {what}: {problem}")
+
+
 class IdempotencyConflict(StoplineError):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(
             f"operation id {op_id!r} was already used with different arguments; "
             "an id is an idempotency key and names one logical call"
+        )
+
+
+class AlreadyAttached(StoplineError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} is already attached in this process; "
+            "a run has one block at a time (use the Run object it gave)"
         )
 
 
@@ -116,32 +138,36 @@ class NotReplayable(StoplineError):
         )
 
 
-class InvalidInput(StoplineError):
-    """An input stopline cannot store as given; nothing was written."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"invalid {field}: {problem}")
-
-
-class RunEnded(IllegalTransition):
-    """Entering or resuming a run its state does not allow; ``what_to_do`` says how to
-    go on (R14)."""
-
-    def __init__(self, run_id: str, state: enum.Enum, event: enum.Enum, what_to_do: str) -> None:
-        super().__init__(state, event)
-        self.run_id = run_id
-        self.what_to_do = what_to_do
-        self.args = (f"run {run_id!r} is {state.value}: {what_to_do}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
 class NotPermitted(StoplineError):
     def __init__(self, what: str) -> None:
         super().__init__(what)
+
+
+class RunEnded(StoplineError):
+    """``ledger.run(..., run_id=...)`` of a run that has ended (nothing would run in it),
+    or ``ledger.resume`` of one that cannot resume yet; ``what_to_do`` says how to go on
+    (R14)."""
+
+    def __init__(self, run_id: str, state: enum.Enum, what_to_do: str | None = None) -> None:
+        self.run_id = run_id
+        self.state = state
+        if what_to_do is None:
+            what_to_do = (
+                "resume it first (ledger.resume) to continue it"
+                if state.value == "cancelled"
+                else "start a new run to do more"
+            )
+        self.what_to_do = what_to_do
+        super().__init__(f"run {run_id!r} has ended ({state.value}): {what_to_do}")
+
+
+class RunPaused(StoplineError):
+    """A workflow re-entering a paused run (one waiting for an approval, say): its first
+    call would wait at the gate until someone resumes the run."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} is paused: resume it (ledger.resume) before re-entering")
 
 
 class LedgerError(StoplineError):

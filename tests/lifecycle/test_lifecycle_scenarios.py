@@ -125,7 +125,7 @@ async def test_s06_resume_refused_while_an_operation_is_unresolved(
         await ledger.cancel(started.run_id, by="user:1")
     receipt = await ledger.wait_settled(started.run_id, timeout=10)
     assert receipt.headline is Headline.NEEDS_REVIEW
-    with pytest.raises(stopline.IllegalTransition):
+    with pytest.raises(stopline.RunEnded, match="review"):  # R14: says what to do
         await ledger.resume(started.run_id, by="user:1")
 
 

@@ -48,7 +48,7 @@ async def test_ids_that_cannot_be_stored_are_refused_naming_the_field(
     with pytest.raises(InvalidInput) as refused:
         async with ledger.run("job", owner="user:1", run_id=run_id):
             pass
-    assert refused.value.field == "run_id"
+    assert refused.value.what == "run_id"
     with pytest.raises(InvalidInput, match="by"):
         await ledger.cancel("run-x", by="user\x00:1")
     assert await ledger.backend.list_runs(limit=10) == []  # nothing was written
@@ -61,7 +61,7 @@ async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
     async with ledger.run("job", owner="user:1", run_id="run-key") as run:
         with pytest.raises(InvalidInput) as refused:
             await run.call(provider.tool, 1, key="k\udc80")
-    assert refused.value.field == "key"
+    assert refused.value.what == "key"
     assert await ledger.backend.operations("run-key") == []
 
 
@@ -91,7 +91,7 @@ async def test_an_argument_without_a_stable_form_is_refused_at_call_time(
     async with ledger.run("job", owner="user:1", run_id="run-obj") as run:
         with pytest.raises(InvalidInput, match="memory") as refused:
             await run.call(provider.tool, object(), key="k")
-    assert refused.value.field == "arguments"
+    assert refused.value.what == "arguments"
     assert provider.requests == [] and await ledger.backend.operations("run-obj") == []
 
 
@@ -108,7 +108,7 @@ async def test_stopline_options_cannot_collide_with_a_tool_argument(
     async with ledger.run("job", owner="user:1", run_id="run-opt") as run:
         with pytest.raises(InvalidInput) as refused:
             await run.call(set_flag, key="user:7", value=1)
-        assert refused.value.field == "key"
+        assert refused.value.what == "key"
         assert await ledger.backend.operations("run-opt") == []  # nothing passed the gate
         # the tool's arguments apart from stopline's options
         await run.call_with(set_flag, kwargs={"key": "user:7", "value": 1}, key="flag")

@@ -35,6 +35,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
+from stopline.errors import IllegalTransition
 from stopline.ledger.leases import WorkerLease
 
 __all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
@@ -116,6 +117,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """Apply one transition (compare-and-set on the status read in the same txn)."""
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        """``record`` for many operations (a cancelled tree's interrupted calls); one
+        transaction where the backend can. An illegal transition is returned in its
+        place, not raised, and leaves that operation as it was."""
+        out: list[OperationRecord | IllegalTransition] = []
+        for op_id, update in items:
+            try:
+                out.append(await self.record(op_id, update))
+            except IllegalTransition as exc:
+                out.append(exc)
+        return out
 
     @abc.abstractmethod
     async def note(

@@ -9,12 +9,11 @@ not be settled) and ``LeaseExpired`` (fencing at the gate). All are
 
 from __future__ import annotations
 
-import urllib.parse
-
 import psycopg
 import psycopg.errors
 
 from stopline.errors import LedgerCorrupt, LedgerError, LedgerLocked, LedgerUnavailable
+from stopline.ledger import redact
 
 __all__ = [
     "CommitInDoubt",
@@ -103,12 +102,3 @@ def connection_lost(exc: BaseException) -> bool:
     """
     state = getattr(exc, "sqlstate", None)
     return state is None or state[:2] == "08" or (state[:2] == "57" and state != "57014")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and ``location``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

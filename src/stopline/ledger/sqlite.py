@@ -25,6 +25,7 @@ from stopline.domain.model import EventRecord, Evidence, OperationRecord, Operat
 from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
 from stopline.domain.vocab import Grant, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import (
+    IllegalTransition,
     LedgerError,
     LedgerReadOnly,
     LedgerUnavailable,
@@ -348,6 +349,21 @@ class SQLiteBackend(Backend):
             lambda conn: _record_txn(conn, op_id, update), must_run=True
         )
 
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        def txn(conn: sqlite3.Connection) -> list[OperationRecord | IllegalTransition]:
+            out: list[OperationRecord | IllegalTransition] = []
+            now = time.time()  # one instant: the records of one transaction
+            for op_id, update in items:
+                try:  # an illegal transition is refused before anything is written
+                    out.append(_record_txn(conn, op_id, update, now))
+                except IllegalTransition as exc:
+                    out.append(exc)
+            return out
+
+        return await self._tx(txn)
+
     defers_outcomes = True  # one writer thread, first in first out
 
     def record_deferred(
@@ -646,13 +662,15 @@ def _gate_slow_path(conn: sqlite3.Connection, spec: OperationSpec, now: float) -
     return GateResult(GateVerdict.PREVENTED, _op(conn, spec.id), run.fence)
 
 
-def _record_txn(conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+def _record_txn(
+    conn: sqlite3.Connection, op_id: str, update: OutcomeUpdate, now: float | None = None
+) -> OperationRecord:
     row = conn.execute("SELECT status, run_id FROM operations WHERE id = ?", (op_id,)).fetchone()
     if row is None:
         raise UnknownOperation(op_id)
     source = OpStatus(row[0])
     target = apply(OPERATION_TABLE, source, update.event)
-    now = time.time()
+    now = time.time() if now is None else now
     result_text, has_result = rows.dump_result(update.result, update.has_result)
     items = [rows.dump_data(e.to_json()) for e in update.evidence]
     appended = _append_evidence_sql(len(items))

@@ -25,6 +25,7 @@ class CallContext:
         "_ledger",
         "attempt",
         "canceller",
+        "lost_recorded",
         "op_id",
         "provider_ref",
         "run_id",
@@ -48,6 +49,8 @@ class CallContext:
         # this call's own way to ask its provider to cancel, and the channel's name
         # (an integration's or a framework's native cancel); the tool's canceller else
         self.canceller: tuple[str, Callable[[], Awaitable[object]]] | None = None
+        # interrupted by a cancel that recorded it already, with the rest of its tree
+        self.lost_recorded = False
 
     @property
     def key(self) -> str:
@@ -86,7 +89,7 @@ class CallContext:
         if ref:
             self.provider_ref = ref
         evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, ref or "accepted", detail)]
-        await self._ledger._resolve(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
+        await self._ledger._outbox.record(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
 
     async def progress(
         self, progress: float, total: float | None = None, message: str = ""

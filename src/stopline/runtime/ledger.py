@@ -23,8 +23,8 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.guidance import what_to_do
-from stopline.domain.inputs import check_id, sanitise
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
+from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import (
@@ -37,50 +37,26 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    AlreadyAttached,
     IllegalTransition,
-    NotFound,
-    RunCancelled,
     RunEnded,
     StoplineError,
     UnknownRun,
 )
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.runtime.boundary import Boundary, Health, only_cancels_of, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
-from stopline.runtime.run import Run
-from stopline.runtime.settle import Settler
+from stopline.runtime.outbox import Outbox
+from stopline.runtime.run import INTERRUPTED, Run
+from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "VerifyBudget", "open"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review.
-
-    ``attempts`` read-backs, the first ``first_delay`` seconds after the answer was
-    lost (a provider that is still finishing gets that long), each next one after a
-    delay growing by ``factor`` up to ``max_delay``. An operation whose horizon
-    (R13) is still ahead when the budget is spent gets one more read-back once it
-    has passed.
-    """
-
-    attempts: int = 6
-    first_delay: float = 0.2
-    factor: float = 2.0
-    max_delay: float = 10.0
-
-    def delays(self) -> list[float]:
-        """The wait before each read-back, the first included."""
-        out, delay = [], self.first_delay
-        for _ in range(max(self.attempts, 1)):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
 
 
 # Events that agree with an outcome already recorded: kept as evidence, no change.
@@ -147,6 +123,10 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # background work runs behind an error boundary; what it saw is `health`
+        self.health = Health()
+        self._boundary = Boundary(self.health)
+        self._outbox = Outbox(self)
         # called with the fenced run ids of every cancel this process learns of
         self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
@@ -184,9 +164,13 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
+                try:
+                    await tg.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:  # only typed errors leave stopline.open
+                    raise typed(group) from group
         finally:
             with anyio.CancelScope(shield=True):
+                await self._outbox.flush()
                 await self._retire()
                 await self.backend.close()
 
@@ -196,7 +180,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             if self._closing:
                 return  # closing: background work stops with the ledger (see the module doc)
             raise RuntimeError("the ledger is not open")
-        self._tg.start_soon(fn, *args)
+        self._tg.start_soon(self._boundary.run, fn, *args)
 
     # -- tools -------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
@@ -227,18 +211,14 @@ class Ledger(LifecycleMixin, TruthMixin):
         Entering it with the ``run_id`` of a run that has ended raises ``RunEnded``
         saying what to do (resume it first, resolve its review, or start a new run).
         """
-        for field, value in (("name", name), ("owner", owner), ("tenant", tenant)):
-            check_id(field, value)
-        if run_id is not None:
+        if run_id is not None:  # "" is refused, never replaced by a new id
             check_id("run_id", run_id)
-        if parent_id is not None:
-            check_id("parent_id", parent_id)
         spec = RunSpec(
-            id=run_id or f"run_{uuid.uuid4().hex[:16]}",
-            name=name,
-            owner=owner,
-            tenant=tenant,
-            parent_id=parent_id,
+            id=check_id("run_id", run_id or f"run_{uuid.uuid4().hex[:16]}"),
+            name=check_id("name", name),
+            owner=check_id("owner", owner),
+            tenant=check_id("tenant", tenant),
+            parent_id=parent_id if parent_id is None else check_id("parent_id", parent_id),
             shared=shared,
             policy=policy,
         )
@@ -251,31 +231,39 @@ class Ledger(LifecycleMixin, TruthMixin):
         Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
         the final one. Checked against ``access`` (R11).
         """
-        principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
-        self._interrupt_local(result.fenced)
+        interrupted = self._interrupt_local(result.fenced)
         for released in result.released:
             self._changed(released)
-        if result.fenced:
-            self.spawn(self._advance_all, result.fenced)
+        rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
+        if rest:
+            self.spawn(self._advance_all, rest)
         return await self.receipt(run_id)
 
-    def _interrupt_local(self, run_ids: Sequence[str]) -> None:
+    def _interrupt_local(self, run_ids: Sequence[str]) -> set[str]:
         """Deliver a committed cancel to this process's runs: interrupt by phase policy
         and ask providers that can to cancel what is in flight. Once per run: the
         cancel's own return and its notification may both bring it."""
+        interrupted: list[CallContext] = []
         for fenced in run_ids:
             run = self._local.get(fenced)
             if run is not None and not run.cancel_requested:
                 inflight = list(run._inflight.values())
-                run._deliver_cancel()
+                if run._deliver_cancel():
+                    interrupted.extend(inflight)
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
+        if interrupted:
+            for ctx in interrupted:
+                ctx.lost_recorded = True  # their own unwinding records nothing more
+            self.spawn(self._record_interrupted, interrupted)
         for listener in self._cancel_listeners:
             listener(run_ids)
+        return {ctx.run_id for ctx in interrupted}
 
     def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
         """Call ``listener(run_ids)`` for every cancel this process commits or is notified
@@ -286,7 +274,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._cancel_listeners.append(listener)
         return lambda: self._cancel_listeners.remove(listener)
 
-    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+    async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
@@ -300,6 +288,27 @@ class Ledger(LifecycleMixin, TruthMixin):
         """A cancel committed by any process (the backend's notification; our own too)."""
         self._interrupt_local(run_ids)
 
+    async def _record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
+        """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
+        for the whole tree instead of one per call."""
+        update = OutcomeUpdate(
+            OpEvent.LOST, [Evidence.local(Cause.USER_CANCEL.value, INTERRUPTED)],
+            cause=Cause.USER_CANCEL,
+        )  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            results = await self.backend.record_many([(ctx.op_id, update) for ctx in ctxs])
+        runs: dict[str, None] = {}
+        for ctx, result in zip(ctxs, results, strict=True):
+            if isinstance(result, IllegalTransition):
+                self.spawn(self._resolve, ctx.op_id, update)  # it ended meanwhile: evidence
+                continue
+            runs[result.run_id] = None
+            self._changed(result.run_id)
+            self._after_truth_change(result)
+            if result.status is OpStatus.UNKNOWN:
+                self._settler.verify_soon(result)
+        await self._advance_all(list(runs))  # what _resolve would have done, run by run
+
     async def _advance_all(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             await self._settler.advance(run_id)
@@ -309,11 +318,13 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.backend.get_run(run_id)
+        run = await self.backend.get_run(check_id("run_id", run_id))
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
         ops = await self.backend.operations(run_id, descendants=True)
-        return build_receipt(run, ops, recording=self._recording)
+        # in hand, not durable yet: queued for the next group commit, or held by the
+        # outbox until the ledger can take it
+        return build_receipt(run, ops, recording=self._recording | self._outbox.held.keys())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -331,6 +342,8 @@ class Ledger(LifecycleMixin, TruthMixin):
             event = self._changes[run_id] = anyio.Event()
         with anyio.move_on_after(poll):
             await event.wait()
+        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
+            del self._changes[run_id]  # per-run state ends when nobody waits on it
 
     def _changed(self, run_id: str) -> None:
         event = self._changes.pop(run_id, None)
@@ -398,26 +411,6 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
-    async def _resolve_durably(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        """``_resolve``, retried until the ledger takes it (R2: an outcome is never dropped
-        because a write failed once); given up only when the ledger closes, which leaves
-        the operation to crash recovery."""
-        delay = 0.05
-        while True:
-            try:
-                return await self._resolve(op_id, update)
-            except (StoplineError, OSError, RuntimeError) as exc:
-                if isinstance(exc, IllegalTransition | NotFound) or self._tg is None:
-                    raise
-                logger.warning(
-                    "stopline: recording %s of %s failed (%r); retrying",
-                    update.event.value,
-                    op_id,
-                    exc,
-                )
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
     def _recorded(
         self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
     ) -> None:
@@ -441,12 +434,12 @@ class Ledger(LifecycleMixin, TruthMixin):
                 except IllegalTransition:
                     self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
                     continue
-                except Exception:  # the group commit failed: R2, write it until it is taken
-                    self.spawn(self._resolve_durably, op_id, update)
+                except StoplineError:  # not taken: held, retried behind the boundary
+                    self.spawn(self._outbox.record, op_id, update)
                     continue
                 self._after_change(op)
 
-    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
+    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``. R13: when the effect can
         still land after now, the horizon is recorded with it."""
         evidence = [Evidence.local(cause.value, detail)]
@@ -454,9 +447,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         horizon = ctx.horizon(now)
         if horizon > now:
             evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
-        return await self._resolve_durably(
-            ctx.op_id, OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
-        )
+        await self._outbox.record(ctx.op_id, OutcomeUpdate(OpEvent.LOST, evidence, cause=cause))
 
     def _after_change(self, op: OperationRecord) -> None:
         self._changed(op.run_id)
@@ -494,6 +485,8 @@ class RunContext:
 
     async def __aenter__(self) -> Run:
         backend = self._ledger.backend
+        if self._spec.id in self._ledger._local:
+            raise AlreadyAttached(self._spec.id)
         record = None
         if self._attach:
             try:
@@ -502,8 +495,8 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
-        elif record.state in _ENDED:
-            raise RunEnded(record.id, record.state, RunEvent.RESUME, what_to_do(record))
+        elif record.state.ended or record.state in _ENDED:  # nothing would run in it: say so
+            raise RunEnded(record.id, record.state, what_to_do(record))
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()
@@ -520,7 +513,7 @@ class RunContext:
     ) -> bool:
         run = self._run
         assert run is not None
-        ours = _only_cancels_of(exc, run.id)
+        ours = only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
@@ -528,25 +521,8 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if run.cancel_requested:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
-            else:
-                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
+            await ledger._outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
-
-
-def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunCancelled):
-        return exc.run_id == run_id
-    if isinstance(exc, BaseExceptionGroup):
-        cancel_class = anyio.get_cancelled_exc_class()
-        leaves = exc.exceptions
-        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
-            any(_only_cancels_of(e, run_id) for e in leaves)
-        )
-    return False
 
 
 def open(

@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stopline.domain.guidance import what_to_do
-from stopline.domain.inputs import check_id, sanitise
 from stopline.domain.lifecycle import (
     Action,
     ApprovalRecord,
@@ -24,6 +23,7 @@ from stopline.domain.lifecycle import (
     Checkpoint,
     Principal,
 )
+from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
@@ -165,7 +165,7 @@ class LifecycleMixin:
             if state is RunState.RUNNING:
                 raise
             latest = dataclasses.replace(current, state=state)
-            raise RunEnded(run_id, state, exc.event, what_to_do(latest)) from exc
+            raise RunEnded(run_id, state, what_to_do(latest)) from exc
         local = self._host._local.get(run_id)
         if local is not None:
             local.pause_requested = False

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from stopline.domain.guidance import OnResume, on_resume
-from stopline.domain.inputs import check_id
+from stopline.domain.limits import check_id
 from stopline.domain.model import (
     Evidence,
     OperationRecord,
@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     from stopline.domain.receipt import Receipt
     from stopline.runtime.ledger import Ledger, RunContext
 
-__all__ = ["Run"]
+__all__ = ["INTERRUPTED", "Run"]
+
+INTERRUPTED = "local abort: the call was interrupted"
 
 R = TypeVar("R")
 
@@ -79,10 +81,11 @@ async def _record_exit(
             update = OutcomeUpdate(
                 OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
             )
-            await ledger._resolve_durably(ctx.op_id, update)
+            await ledger._outbox.record(ctx.op_id, update)
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
-            cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
-            await ledger._lost(ctx, cause, "local abort: the call was interrupted")
+            if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
+                cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
+                await ledger._lost(ctx, cause, INTERRUPTED)
         elif isinstance(exc, NoAnswer):
             await ledger._lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
@@ -113,6 +116,8 @@ class Run:
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
         self.pause_requested = False
+        # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
+        self.suspended = False
 
     # -- the gate's caller ---------------------------------------------------
     async def call(
@@ -179,7 +184,7 @@ class Run:
         except UnstableValue as exc:
             raise InvalidInput("arguments", str(exc)) from exc
         self._seq += 1
-        op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
+        op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._ledger.register_tool(t)
         spec = OperationSpec(
             id=op_id,
@@ -310,8 +315,8 @@ class Run:
                 ctx.op_id, update, functools.partial(ledger._recorded, ctx.op_id, update)
             )
         else:
-            with anyio.CancelScope(shield=True):
-                await ledger._resolve_durably(ctx.op_id, update)
+            with anyio.CancelScope(shield=True):  # held if the ledger cannot take it
+                await ledger._outbox.record(ctx.op_id, update)
         return result
 
     # -- phases and boundaries -------------------------------------------------
@@ -347,6 +352,13 @@ class Run:
         """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
         return await self._ledger.request_approval(self.id, key, approver=approver, by=self.owner)
 
+    async def suspend(self, reason: str) -> Receipt:
+        """Stop here without ending: the run is paused (R9) and leaving its block does not
+        complete it. For a workflow that waits for a person (an approval, an answer); it
+        continues after ``ledger.resume`` in a new block on the same run id."""
+        self.suspended = True
+        return await self._ledger.pause(self.id, by=self.owner, reason=reason)
+
     def boundary(self) -> None:
         """A safe point: raise ``RunCancelled`` if a cancel was committed."""
         if self.cancel_requested:
@@ -356,7 +368,7 @@ class Run:
         return await self._ledger.receipt(self.id)
 
     # -- delivery of a committed cancel (called by the ledger) -----------------
-    def _deliver_cancel(self) -> None:
+    def _deliver_cancel(self) -> bool:
         """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
         (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
         """
@@ -366,3 +378,5 @@ class Run:
         )
         if self._scope is not None and interrupt:
             self._scope.cancel()
+            return True
+        return False

@@ -1,0 +1,45 @@
+"""What an id may be, checked before anything is written or sent.
+
+Ids (runs, operation keys, owners, tenants, principals) are stored as text
+by every backend and travel to PostgreSQL over the network: a 1 MB id, an
+empty one or one with a NUL byte (which PostgreSQL's text cannot hold) is
+refused here, at once, with ``InvalidInput`` naming it, never after retries
+as a storage error.
+"""
+
+from __future__ import annotations
+
+from stopline.errors import InvalidInput
+
+__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "check_id", "sanitise"]
+
+MAX_ID_CHARS = 1024
+MAX_REASON_CHARS = 4096
+
+
+def check_id(what: str, value: object) -> str:
+    """``value`` if it is a usable id, else ``InvalidInput`` naming ``what``."""
+    if not isinstance(value, str):
+        raise InvalidInput(what, f"must be a string, not {type(value).__name__}")
+    if not value:
+        raise InvalidInput(what, "must not be empty")
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidInput(what, f"{len(value)} characters; at most {MAX_ID_CHARS}")
+    if "\x00" in value:
+        raise InvalidInput(what, "contains a NUL character")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise InvalidInput(what, "contains a lone surrogate (not valid UTF-8)")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise InvalidInput(what, "contains a control character")
+    return value
+
+
+def _unstorable(c: str) -> bool:
+    return 0xD800 <= ord(c) <= 0xDFFF or (ord(c) < 0x20 and c not in "\n\t") or ord(c) == 0x7F
+
+
+def sanitise(text: str) -> str:
+    """A reason as every backend can store it: lone surrogates and control characters
+    (but newlines and tabs) replaced by U+FFFD, at most ``MAX_REASON_CHARS`` characters.
+    A cancel's reason is never a reason to refuse the cancel: its fence always commits."""
+    return "".join("\ufffd" if _unstorable(c) else c for c in str(text)[:MAX_REASON_CHARS])
