@@ -218,7 +218,7 @@ async def test_s03_pydantic_ai_cancel_after_the_agent_tool_then_resume(
     receipt = await ledger.wait_settled("pai-g-s03", timeout=10)
     assert effect.lines() == ["refund 9"]
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
-    assert receipt.message == "Stopped. 1 actions had already completed and were kept."
+    assert receipt.message == "Stopped. 1 action had already completed and was kept."
 
     script.after_return = None
     assert await resume_without_history(ledger, agent, "pai-g-s03", effect) == (

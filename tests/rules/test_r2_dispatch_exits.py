@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import stopline
-from stopline import Cause, NotReplayable, OpStatus
+from stopline import Cause, LedgerFull, NotReplayable, OpStatus
 from stopline.ledger.backend import Backend, OutcomeUpdate
 from tests.conftest import FAST_VERIFY
 
@@ -94,7 +94,7 @@ class RefusesWrites:
     async def record(self, op_id: str, update: OutcomeUpdate) -> Any:
         if self.failures:
             self.failures -= 1
-            raise OSError("disk full")
+            raise LedgerFull("test", "disk full")
         return await self.inner.record(op_id, update)
 
     def record_deferred(self, op_id: str, update: OutcomeUpdate, then: Any) -> None:
@@ -104,7 +104,7 @@ class RefusesWrites:
         self.failures -= 1
 
         def failed() -> Any:
-            raise OSError("disk full")
+            raise LedgerFull("test", "disk full")
 
         then(failed)
 

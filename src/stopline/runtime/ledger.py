@@ -291,16 +291,13 @@ class Ledger(LifecycleMixin, TruthMixin):
     async def _record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
         """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
         for the whole tree instead of one per call."""
-        update = OutcomeUpdate(
-            OpEvent.LOST, [Evidence.local(Cause.USER_CANCEL.value, INTERRUPTED)],
-            cause=Cause.USER_CANCEL,
-        )  # fmt: skip
+        updates = [(ctx.op_id, _lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED)) for ctx in ctxs]
         with anyio.CancelScope(shield=True):
-            results = await self.backend.record_many([(ctx.op_id, update) for ctx in ctxs])
+            results = await self.backend.record_many(updates)
         runs: dict[str, None] = {}
-        for ctx, result in zip(ctxs, results, strict=True):
+        for (op_id, update), result in zip(updates, results, strict=True):
             if isinstance(result, IllegalTransition):
-                self.spawn(self._resolve, ctx.op_id, update)  # it ended meanwhile: evidence
+                self.spawn(self._resolve, op_id, update)  # it ended meanwhile: evidence
                 continue
             runs[result.run_id] = None
             self._changed(result.run_id)
@@ -442,12 +439,7 @@ class Ledger(LifecycleMixin, TruthMixin):
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``. R13: when the effect can
         still land after now, the horizon is recorded with it."""
-        evidence = [Evidence.local(cause.value, detail)]
-        now = time.time()
-        horizon = ctx.horizon(now)
-        if horizon > now:
-            evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
-        await self._outbox.record(ctx.op_id, OutcomeUpdate(OpEvent.LOST, evidence, cause=cause))
+        await self._outbox.record(ctx.op_id, _lost_update(ctx, cause, detail))
 
     def _after_change(self, op: OperationRecord) -> None:
         self._changed(op.run_id)
@@ -459,6 +451,16 @@ class Ledger(LifecycleMixin, TruthMixin):
             self.spawn(self._settler.advance, op.run_id)
         elif run.pause_requested and not run._inflight:
             self.spawn(self._settle_pause, op.run_id)
+
+
+def _lost_update(ctx: CallContext, cause: Cause, detail: str) -> OutcomeUpdate:
+    """R3: a lost answer, with its horizon when the effect can still land after now (R13)."""
+    evidence = [Evidence.local(cause.value, detail)]
+    now = time.time()
+    horizon = ctx.horizon(now)
+    if horizon > now:
+        evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
+    return OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
 
 
 _ENDED = frozenset(
