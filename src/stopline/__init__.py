@@ -30,9 +30,11 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    AlreadyAttached,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidInput,
     LedgerCorrupt,
     LedgerError,
     LedgerFull,
@@ -72,6 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessPolicy",
     "Action",
+    "AlreadyAttached",
     "ApprovalRecord",
     "ApprovalRequired",
     "ApprovalStatus",
@@ -88,6 +91,7 @@ __all__ = [
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",

@@ -5,7 +5,9 @@
     ├── NotFound
     │   ├── UnknownRun
     │   └── UnknownOperation
+    ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotPermitted                   the run lacks the authority for this
     └── LedgerError                    storage problems, always naming the ledger
@@ -31,9 +33,11 @@ import enum
 from typing import Any
 
 __all__ = [
+    "AlreadyAttached",
     "CancelInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -82,12 +86,30 @@ class UnknownOperation(NotFound):
         super().__init__(f"unknown operation id {op_id!r}")
 
 
+class InvalidInput(StoplineError, ValueError):
+    """Refused before anything was written or sent: names the input and the problem."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"invalid {what}: {problem}")
+
+
 class IdempotencyConflict(StoplineError):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(
             f"operation id {op_id!r} was already used with different arguments; "
             "an id is an idempotency key and names one logical call"
+        )
+
+
+class AlreadyAttached(StoplineError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} is already attached in this process; "
+            "a run has one block at a time (use the Run object it gave)"
         )
 
 
