@@ -48,6 +48,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
+    EFFECTS_META,
     KEY_META,
     OUTCOME_DATA,
     VERIFY_TOOL,
@@ -380,6 +381,20 @@ class StoplineMCP:
         return await client.call_tool(
             name, arguments, progress_callback=on_progress, meta=cast(RequestParamsMeta, meta)
         )
+
+    def may_reissue(self, name: str, client: Client, attempt: int) -> bool:
+        """Re-send a ``tools/call`` whose stream broke? Once, on 2026-07-28, and only when the
+        idempotency key survives the re-issue: in the arguments (``key_argument``), in
+        ``_meta`` for a server that reads it (it declares ``io.stopline/effects``), or a
+        tool that says a repeat has no further effect (``idempotentHint``)."""
+        if attempt >= 2 or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return False
+        listed = self.listing.get(name)
+        if listed is None:
+            return False
+        reads_key = EFFECTS_META in (listed.meta or {})
+        hinted = bool(listed.annotations and listed.annotations.idempotent_hint)
+        return bool(self.policy(name).key_argument) or reads_key or hinted
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         if self._tg is not None:
