@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from mcp.client import advertise
+from mcp.client import ClientExtension, NotificationBinding, advertise
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel, ConfigDict
 
 from mcp import Client, MCPError
 from stopline.integrations.mcp import KEY_META, OUTCOME_DATA, TASKS_EXTENSION
@@ -261,3 +262,58 @@ async def test_task_wire_2025_ttl_passed_is_not_found(legacy: Client) -> None:
     with pytest.raises(MCPError) as expired:
         await call(legacy, "tasks/get", taskId=task_id)
     assert code(expired) == -32602
+
+
+class _Pushed(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _TaskNotes(ClientExtension):
+    """The tasks extension, plus a binding that keeps every ``notifications/tasks``."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.arrived = anyio.Event()
+
+    def notifications(self) -> list[NotificationBinding[Any]]:
+        return [
+            NotificationBinding(method="notifications/tasks", params_type=_Pushed, handler=self._on)
+        ]
+
+    async def _on(self, params: _Pushed) -> None:
+        self.seen.append(params.model_dump())
+        arrived, self.arrived = self.arrived, anyio.Event()
+        arrived.set()
+
+    async def until(self, status: str) -> dict[str, Any]:
+        while not (found := [n for n in self.seen if n["status"] == status]):
+            await self.arrived.wait()
+        return found[-1]
+
+
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+async def test_task_wire_2026_notifications_over_listen(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``subscriptions/listen`` with ``taskIds``: the ack names the tasks the server will
+    report on (only the caller's own), then each change arrives as ``notifications/tasks``
+    carrying the whole DetailedTask."""
+    notes = _TaskNotes()
+    async with Client(target(kind, tmp_path, request), mode="2026-07-28", extensions=[notes]) as c:
+        await ctl(c, "ctl_hold", point="accepted:upload")
+        created = await upload(c)
+        await ctl(c, "ctl_reached", point="accepted:upload")
+        listen = {"notifications": {"taskIds": [created["taskId"], "someone-elses"]}}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(raw_request, c.session, "subscriptions/listen", listen)
+            working = await notes.until("working")
+            await ctl(c, "ctl_release", point="accepted:upload")
+            completed = await notes.until("completed")
+            tg.cancel_scope.cancel()  # closing the listen stream ends the subscription
+    assert working["taskId"] == created["taskId"] and "result" not in working
+    assert completed["result"]["structuredContent"]["value"] == "w"
+    assert completed["_meta"][OUTCOME_DATA] == "committed"
+    assert "io.modelcontextprotocol/subscriptionId" in completed["_meta"]
+    assert {n["taskId"] for n in notes.seen} == {created["taskId"]}
