@@ -57,6 +57,8 @@ EXPECTED = {
     "ReviewVerdict",
     "Run",
     "RunCancelled",
+    "RunEnded",
+    "RunPaused",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

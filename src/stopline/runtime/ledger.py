@@ -36,6 +36,7 @@ from stopline.domain.vocab import (
 from stopline.errors import (
     AlreadyAttached,
     IllegalTransition,
+    RunEnded,
     StoplineError,
     UnknownRun,
 )
@@ -466,6 +467,8 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
+        elif record.state.ended:
+            raise RunEnded(record.id, record.state)  # nothing would run in it: say so
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()
