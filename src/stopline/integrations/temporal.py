@@ -151,7 +151,10 @@ class StoplinePlugin(SimplePlugin):
             await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
 
         @activity.defn(name=FENCE_RUN)
-        async def fence_run(run_id: str, reason: str) -> None:
+        async def fence_run(
+            run_id: str, workflow: str, parent_id: str, shared: bool, reason: str
+        ) -> None:
+            await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
             await gate.fence(run_id, f"temporal workflow cancel: {reason}")
 
         @activity.defn(name=END_RUN)

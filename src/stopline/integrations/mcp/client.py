@@ -41,6 +41,8 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CallToolResult, ErrorData, RequestParamsMeta
 from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cancellable, Cause
@@ -63,6 +65,7 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -98,6 +101,7 @@ class StoplineMCP:
         poll_wait: float = 5.0,
         extensions: Sequence[ClientExtension] = (),
         tasks: bool = False,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self.target = target
         self.mode = mode
@@ -124,6 +128,9 @@ class StoplineMCP:
         self._closing = False
         self._tg: TaskGroup | None = None
         self.connections = 0  # how many times the transport was opened
+        self.on_request: Callable[[str, Any], None] | None = None  # (key, JSON-RPC id) as sent
+        self._tracer = trace.get_tracer("stopline.mcp", tracer_provider=tracer_provider)
+        self._spans: dict[str, trace.Span] = {}  # op id -> its execute_tool span
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> StoplineMCP:
@@ -152,7 +159,7 @@ class StoplineMCP:
         """Holds the SDK client open in one task; re-opens it on demand after a break."""
         first = True
         while not self._closing:
-            tap = LateResponseTap(self._transport(), self._on_late)
+            tap = LateResponseTap(self._transport(), self._on_late, on_request=self._sent)
             client = Client(tap, mode=self.mode, extensions=self.extensions)
             try:
                 async with client:
@@ -296,11 +303,29 @@ class StoplineMCP:
             self._ledgers.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
         token = CURRENT_CALL.set(ctx)
-        try:
-            return await call.run(args, meta, timeout, self.progress_cap)
-        finally:
-            CURRENT_CALL.reset(token)
-            del self._calls[ctx.op_id]
+        # The span is current while the SDK sends: its own "MCP send" span nests under it
+        # and every request of this call (tools/call, tasks/*) carries its traceparent.
+        with self._tracer.start_as_current_span(
+            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=self._attributes(name, ctx)
+        ) as span:
+            self._spans[ctx.op_id] = span
+            try:
+                return await call.run(args, meta, timeout, self.progress_cap)
+            finally:
+                CURRENT_CALL.reset(token)
+                del self._calls[ctx.op_id]
+                del self._spans[ctx.op_id]
+
+    def _attributes(self, name: str, ctx: CallContext) -> dict[str, Any]:
+        """The MCP SDK's own span attributes, plus stopline's operation and run."""
+        return {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "mcp.server.name": self.name,
+            ATTR_OP_ID: ctx.op_id,
+            ATTR_RUN_ID: ctx.run_id,
+        }
 
     # -- the provider's cancel and read-back ---------------------------------------------
     async def _cancel(self, ctx: CallContext) -> bool:
@@ -371,6 +396,14 @@ class StoplineMCP:
             )
         except Exception:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+
+    def _sent(self, key: str, request_id: Any) -> None:
+        span = self._spans.get(key)
+        if span is not None:  # a re-issued request is a second id on the same operation
+            span.set_attribute("jsonrpc.request.id", str(request_id))
+            span.add_event("mcp.request.sent", {"jsonrpc.request.id": str(request_id)})
+        if self.on_request is not None:
+            self.on_request(key, request_id)
 
     # -- R4: late answers ------------------------------------------------------------------
     def _on_late(self, late: LateAnswer) -> None:
