@@ -7,6 +7,7 @@ import stopline.testing
 
 EXPECTED = {
     "AccessPolicy",
+    "AlreadyAttached",
     "Action",
     "ApprovalRecord",
     "ApprovalRequired",
@@ -24,6 +25,7 @@ EXPECTED = {
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",
@@ -55,6 +57,8 @@ EXPECTED = {
     "ReviewVerdict",
     "Run",
     "RunCancelled",
+    "RunEnded",
+    "RunPaused",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

@@ -5,9 +5,13 @@
     ├── NotFound
     │   ├── UnknownRun
     │   └── UnknownOperation
+    ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotPermitted                   the run lacks the authority for this
+    ├── RunEnded                       re-entering a run that has ended
+    ├── RunPaused                      re-entering a paused run before it is resumed
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerLocked
@@ -31,9 +35,11 @@ import enum
 from typing import Any
 
 __all__ = [
+    "AlreadyAttached",
     "CancelInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -45,6 +51,8 @@ __all__ = [
     "NotPermitted",
     "OperationInDoubt",
     "RunCancelled",
+    "RunEnded",
+    "RunPaused",
     "SchemaTooNew",
     "StoplineError",
     "UnknownOperation",
@@ -82,12 +90,30 @@ class UnknownOperation(NotFound):
         super().__init__(f"unknown operation id {op_id!r}")
 
 
+class InvalidInput(StoplineError, ValueError):
+    """Refused before anything was written or sent: names the input and the problem."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"invalid {what}: {problem}")
+
+
 class IdempotencyConflict(StoplineError):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(
             f"operation id {op_id!r} was already used with different arguments; "
             "an id is an idempotency key and names one logical call"
+        )
+
+
+class AlreadyAttached(StoplineError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} is already attached in this process; "
+            "a run has one block at a time (use the Run object it gave)"
         )
 
 
@@ -104,6 +130,29 @@ class OperationInDoubt(StoplineError):
 class NotPermitted(StoplineError):
     def __init__(self, what: str) -> None:
         super().__init__(what)
+
+
+class RunEnded(StoplineError):
+    """``ledger.run(..., run_id=...)`` of a run that has ended: nothing would run in it."""
+
+    def __init__(self, run_id: str, state: enum.Enum) -> None:
+        self.run_id = run_id
+        self.state = state
+        then = (
+            "resume it first (ledger.resume) to continue it"
+            if state.value == "cancelled"
+            else "start a new run to do more"
+        )
+        super().__init__(f"run {run_id!r} has ended ({state.value}): {then}")
+
+
+class RunPaused(StoplineError):
+    """A workflow re-entering a paused run (one waiting for an approval, say): its first
+    call would wait at the gate until someone resumes the run."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} is paused: resume it (ledger.resume) before re-entering")
 
 
 class LedgerError(StoplineError):

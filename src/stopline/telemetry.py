@@ -27,8 +27,9 @@ Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -138,6 +139,25 @@ class TracedBackend(Backend):
         self._cancels = telemetry.cancels
         self._doubted = telemetry.doubted
         self._linked = telemetry.linked
+        # an observer keeps every option of the backend it wraps (durable_outcomes=False
+        # needs defers_outcomes; the rest reaches the inner backend through __getattr__)
+        self.defers_outcomes = inner.defers_outcomes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        def observed(outcome: Callable[[], OperationRecord]) -> None:
+            with contextlib.suppress(Exception):  # a failed record is the ledger's to handle
+                self._op_changed(outcome(), update.event, late=update.late)
+            then(outcome)
+
+        self.inner.record_deferred(op_id, update, observed)  # queued now, in order
 
     # -- helpers -------------------------------------------------------------------
     def _under_run(self, run_id: str) -> Context | None:
@@ -322,6 +342,7 @@ class TracedBackend(Backend):
         if op.status.resolved and op.status is not OpStatus.NEEDS_REVIEW:
             self._t.op_outcomes.add(1, {ATTR_STATUS: op.status.value})
             self._end(self._ops.pop(op.id, None), op.status.value, late=late)
+            self._linked.discard(op.id)  # per-operation state ends with the operation
         elif op.status is OpStatus.NEEDS_REVIEW:
             self._doubted.add(op.id)  # a reviewer (or late evidence) resolves it
 

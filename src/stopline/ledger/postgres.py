@@ -47,7 +47,13 @@ from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE, apply
 from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import IllegalTransition, LedgerError, LedgerUnavailable, StoplineError
+from stopline.errors import (
+    CancelInDoubt,
+    IllegalTransition,
+    LedgerError,
+    LedgerUnavailable,
+    StoplineError,
+)
 from stopline.ledger import postgres_lifecycle as lc
 from stopline.ledger import postgres_runs as pr
 from stopline.ledger import postgres_truth as tt
@@ -207,7 +213,7 @@ class PostgresBackend(Backend):
                         raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
                     doubt = doubt or now_in_doubt
                     if not transient(exc) or time.monotonic() >= deadline:
-                        if doubt and not safe:
+                        if doubt and (not safe or in_doubt is not None):
                             raise (in_doubt() if in_doubt else CommitInDoubt(
                                 self.location, f"commit in doubt: {exc}"
                             )) from exc  # fmt: skip
@@ -217,17 +223,29 @@ class PostgresBackend(Backend):
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def _settle_gate_doubts(self, tx: Tx) -> None:
-        """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``."""
-        for op_id, token in list(self._doubts.items()):
-            if await gate_committed(tx, op_id, token) is not None:
-                op = await load_op(tx, op_id)
-                if op.status is OpStatus.REQUESTED:
-                    evidence = [
-                        Evidence.local("gate_in_doubt", "intent commit in doubt; not dispatched")
-                    ]
-                    update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
-                    await pr.record_txn(tx, op_id, update)
-            del self._doubts[op_id]
+        """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``.
+
+        Single-flight: a transaction takes a doubt out of the map before settling it,
+        so two concurrent ones never settle (or forget) the same one twice; a doubt
+        whose settling fails goes back for the next transaction."""
+        for op_id in list(self._doubts):
+            token = self._doubts.pop(op_id, None)
+            if token is None:
+                continue  # another transaction took it meanwhile
+            try:
+                if await gate_committed(tx, op_id, token) is not None:
+                    op = await load_op(tx, op_id)
+                    if op.status is OpStatus.REQUESTED:
+                        evidence = [
+                            Evidence.local(
+                                "gate_in_doubt", "intent commit in doubt; not dispatched"
+                            )
+                        ]
+                        update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
+                        await pr.record_txn(tx, op_id, update)
+            except BaseException:
+                self._doubts.setdefault(op_id, token)
+                raise
 
     async def _atomic(self, body: Callable[[Tx], Awaitable[T]], *, safe: bool = False) -> T:
         async def txn(tx: Tx) -> T:
@@ -312,9 +330,15 @@ class PostgresBackend(Backend):
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so; the
         # notification went out with the first commit
-        return await self._atomic(
-            lambda tx: lc.cancel_txn(tx, run_id, by, reason, self.channel), safe=True
-        )
+        async def txn(tx: Tx) -> CancelResult:
+            async with tx.transaction():
+                return await lc.cancel_txn(tx, run_id, by, reason, self.channel)
+
+        def in_doubt() -> LedgerError:
+            lost = "the connection was lost after it was sent and the ledger stayed unreachable"
+            return CancelInDoubt(self.location, run_id, lost)
+
+        return await self._tx(txn, safe=True, in_doubt=in_doubt)
 
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
         await self._atomic(lambda tx: lc.add_owner_txn(tx, run_id, owner_run, exclusive), safe=True)

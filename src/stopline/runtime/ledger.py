@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import (
@@ -32,34 +33,25 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
+from stopline.errors import (
+    AlreadyAttached,
+    IllegalTransition,
+    RunEnded,
+    StoplineError,
+    UnknownRun,
+)
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.runtime.boundary import Boundary, Health, only_cancels_of, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
+from stopline.runtime.outbox import Outbox
 from stopline.runtime.run import INTERRUPTED, Run
-from stopline.runtime.settle import Settler
+from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "VerifyBudget", "open"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review."""
-
-    attempts: int = 6
-    first_delay: float = 0.2
-    factor: float = 2.0
-    max_delay: float = 10.0
-
-    def delays(self) -> list[float]:
-        out, delay = [], self.first_delay
-        for _ in range(self.attempts - 1):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
 
 
 # Events that agree with an outcome already recorded: kept as evidence, no change.
@@ -126,6 +118,10 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # background work runs behind an error boundary; what it saw is `health`
+        self.health = Health()
+        self._boundary = Boundary(self.health)
+        self._outbox = Outbox(self)
         # called with the fenced run ids of every cancel this process learns of
         self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
@@ -163,9 +159,13 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
+                try:
+                    await tg.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:  # only typed errors leave stopline.open
+                    raise typed(group) from group
         finally:
             with anyio.CancelScope(shield=True):
+                await self._outbox.flush()
                 await self._retire()
                 await self.backend.close()
 
@@ -175,7 +175,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             if self._closing:
                 return  # closing: background work stops with the ledger (see the module doc)
             raise RuntimeError("the ledger is not open")
-        self._tg.start_soon(fn, *args)
+        self._tg.start_soon(self._boundary.run, fn, *args)
 
     # -- tools -------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
@@ -203,11 +203,11 @@ class Ledger(LifecycleMixin, TruthMixin):
     ) -> RunContext:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
         spec = RunSpec(
-            id=run_id or f"run_{uuid.uuid4().hex[:16]}",
-            name=name,
-            owner=owner,
-            tenant=tenant,
-            parent_id=parent_id,
+            id=check_id("run_id", run_id or f"run_{uuid.uuid4().hex[:16]}"),
+            name=check_id("name", name),
+            owner=check_id("owner", owner),
+            tenant=check_id("tenant", tenant),
+            parent_id=parent_id if parent_id is None else check_id("parent_id", parent_id),
             shared=shared,
             policy=policy,
         )
@@ -220,7 +220,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
         the final one. Checked against ``access`` (R11).
         """
-        principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
         interrupted = self._interrupt_local(result.fenced)
         for released in result.released:
@@ -261,7 +261,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._cancel_listeners.append(listener)
         return lambda: self._cancel_listeners.remove(listener)
 
-    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+    async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
@@ -305,11 +305,13 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.backend.get_run(run_id)
+        run = await self.backend.get_run(check_id("run_id", run_id))
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
         ops = await self.backend.operations(run_id, descendants=True)
-        return build_receipt(run, ops, recording=self._recording)
+        # in hand, not durable yet: queued for the next group commit, or held by the
+        # outbox until the ledger can take it
+        return build_receipt(run, ops, recording=self._recording | self._outbox.held.keys())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -327,6 +329,8 @@ class Ledger(LifecycleMixin, TruthMixin):
             event = self._changes[run_id] = anyio.Event()
         with anyio.move_on_after(poll):
             await event.wait()
+        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
+            del self._changes[run_id]  # per-run state ends when nobody waits on it
 
     def _changed(self, run_id: str) -> None:
         event = self._changes.pop(run_id, None)
@@ -417,11 +421,14 @@ class Ledger(LifecycleMixin, TruthMixin):
                 except IllegalTransition:
                     self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
                     continue
+                except StoplineError:  # not taken: held, retried behind the boundary
+                    self.spawn(self._outbox.record, op_id, update)
+                    continue
                 self._after_change(op)
 
-    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
+    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``."""
-        return await self._resolve(
+        await self._outbox.record(
             ctx.op_id,
             OutcomeUpdate(OpEvent.LOST, [Evidence.local(cause.value, detail)], cause=cause),
         )
@@ -450,6 +457,8 @@ class RunContext:
 
     async def __aenter__(self) -> Run:
         backend = self._ledger.backend
+        if self._spec.id in self._ledger._local:
+            raise AlreadyAttached(self._spec.id)
         record = None
         if self._attach:
             try:
@@ -458,6 +467,8 @@ class RunContext:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
+        elif record.state.ended:
+            raise RunEnded(record.id, record.state)  # nothing would run in it: say so
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()
@@ -474,7 +485,7 @@ class RunContext:
     ) -> bool:
         run = self._run
         assert run is not None
-        ours = _only_cancels_of(exc, run.id)
+        ours = only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
@@ -482,25 +493,8 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if run.cancel_requested:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
-            else:
-                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
+            await ledger._outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
-
-
-def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunCancelled):
-        return exc.run_id == run_id
-    if isinstance(exc, BaseExceptionGroup):
-        cancel_class = anyio.get_cancelled_exc_class()
-        leaves = exc.exceptions
-        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
-            any(_only_cancels_of(e, run_id) for e in leaves)
-        )
-    return False
 
 
 def open(

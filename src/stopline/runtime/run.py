@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import OperationInDoubt, RunCancelled
@@ -60,6 +61,8 @@ class Run:
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
         self.pause_requested = False
+        # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
+        self.suspended = False
 
     # -- the gate's caller ---------------------------------------------------
     async def call(
@@ -83,7 +86,7 @@ class Run:
         if not t.effects:
             return await t.fn(*args, **kwargs)
         self._seq += 1
-        op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
+        op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._ledger.register_tool(t)
         spec = OperationSpec(
             id=op_id,
@@ -189,7 +192,7 @@ class Run:
             raise
         except Rejected as exc:
             evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
-            await ledger._resolve(
+            await ledger._outbox.record(
                 ctx.op_id,
                 OutcomeUpdate(
                     OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
@@ -219,7 +222,7 @@ class Run:
                 ctx.op_id, update, functools.partial(ledger._recorded, ctx.op_id, update)
             )
         else:
-            await ledger._resolve(ctx.op_id, update)
+            await ledger._outbox.record(ctx.op_id, update)  # held if the ledger cannot take it
         return result
 
     # -- phases and boundaries -------------------------------------------------
@@ -254,6 +257,13 @@ class Run:
     async def request_approval(self, key: str, *, approver: str) -> ApprovalRecord:
         """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
         return await self._ledger.request_approval(self.id, key, approver=approver, by=self.owner)
+
+    async def suspend(self, reason: str) -> Receipt:
+        """Stop here without ending: the run is paused (R9) and leaving its block does not
+        complete it. For a workflow that waits for a person (an approval, an answer); it
+        continues after ``ledger.resume`` in a new block on the same run id."""
+        self.suspended = True
+        return await self._ledger.pause(self.id, by=self.owner, reason=reason)
 
     def boundary(self) -> None:
         """A safe point: raise ``RunCancelled`` if a cancel was committed."""
