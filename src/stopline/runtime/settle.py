@@ -79,6 +79,7 @@ class Settler:
         # runs with an advance waiting to start: another request for one is redundant,
         # as the waiting one reads the state when it starts (a cancelled tree asks often)
         self._queued: set[str] = set()
+        self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
         self.busy = 0  # background steps running now (tests wait for quiescence on it)
@@ -216,9 +217,10 @@ class Settler:
                     reads += 1
                     if done:
                         return current
-                # R13: budget spent before the horizon: one more look once it has passed
+                # R13: budget spent before the horizon with a "not found yet": one more
+                # look once it has passed (a verifier that cannot tell waits for no one)
                 horizon = self.horizon_of(current)
-                if horizon is not None and horizon > time.time():
+                if op.id in self._not_yet and horizon is not None and horizon > time.time():
                     await anyio.sleep(horizon - time.time() + 0.001)
                     current, done = await self._one_read(current)
                     reads += 1
@@ -228,6 +230,7 @@ class Settler:
                 current = await ledger._resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
                 return current
         finally:
+            self._not_yet.discard(op.id)
             done_event = self._verifying.pop(op.id, None)
             if done_event is not None:
                 done_event.set()
@@ -290,6 +293,7 @@ class Settler:
         early = horizon is not None and horizon > time.time()
         if read.verdict is Verdict.NOT_COMMITTED and early and not read.ended:
             # R13: not found is "not yet" while the effect can still land
+            self._not_yet.add(op.id)
             return await ledger.backend.get_operation(op.id)
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
