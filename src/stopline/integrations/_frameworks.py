@@ -126,6 +126,7 @@ class Bound:
             return  # stopline's own cancel, delivered through the framework
         with anyio.CancelScope(shield=True):
             await self.ledger.cancel(self.run.id, by=self.run.owner, reason=reason)
+        self.interrupt()  # and the framework's work that goes on beside the cancelled task
 
     @contextlib.asynccontextmanager
     async def native_cancels(self) -> AsyncIterator[None]:
