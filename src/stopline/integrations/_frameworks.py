@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from stopline.domain.lifecycle import ApprovalRecord, Principal
+from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
 from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
@@ -137,6 +137,11 @@ class Bound:
             await self.native_cancel("the task running the agent was cancelled")
             raise
 
+    @property
+    def resumed(self) -> bool:
+        """Earlier entries of this run recorded operations (this entry continues them)."""
+        return bool(self._recorded)
+
     async def load(self) -> None:
         """What earlier entries of the run recorded: calls to match, approvals asked for."""
         self._prior = {}
@@ -174,8 +179,8 @@ class Bound:
         decided: dict[str, bool] = {}
         for approval in await self.ledger.backend.approvals(self.run.id):
             key = approval.scope.removeprefix(f"{self.run.id}/")
-            if key in keys and approval.status.value in ("granted", "denied"):
-                decided[key] = approval.status.value == "granted"
+            if key in keys and approval.status in (ApprovalStatus.GRANTED, ApprovalStatus.DENIED):
+                decided[key] = approval.status is ApprovalStatus.GRANTED
         return decided
 
 

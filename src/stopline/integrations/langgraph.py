@@ -135,6 +135,8 @@ class GraphRun:
     async def _pause_if_waiting(self, graph: Any, config: Any) -> None:
         """The graph stopped before its end (an interrupt, a breakpoint): pause the run,
         asking approval for the tool calls it waits on."""
+        if getattr(graph, "checkpointer", None) is None:
+            return  # no checkpoints: nothing to resume from, nothing to wait on
         snapshot = await graph.aget_state(config)
         if not snapshot.next:
             return

@@ -343,7 +343,7 @@ class AgentSession:
         An SDK run stopped for approvals pauses the stopline run (``s.result`` keeps
         the interruptions; resume with ``s.stream(agent, s.result.to_state())``).
         """
-        if not isinstance(run_input, str | list):
+        if hasattr(run_input, "get_interruptions"):  # a RunState
             await self.apply_decisions(run_input)
         result = self.run_streamed(agent, run_input, **kwargs)
         async with self.bound.native_cancels():
@@ -388,6 +388,8 @@ class AgentSession:
         if user_filter is not None:
             filtered = user_filter(data)
             model_data = await filtered if hasattr(filtered, "__await__") else filtered
+        if not self.bound.resumed:
+            return model_data  # nothing recorded before this entry
         shown = {
             str(item.get("call_id"))
             for item in model_data.input
