@@ -83,7 +83,7 @@ from stopline.runtime.tool import ReadBack, Tool, Verdict
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
-__all__ = ["AgentSession", "NoRun", "gated", "mcp_tools", "run"]
+__all__ = ["AgentSession", "NoRun", "gate_agent", "gated", "mcp_tools", "run"]
 
 # the SDK's tool context, handed to the gated tool beside the arguments (the JSON
 # input is the operation's digest; the context is not)
