@@ -12,7 +12,10 @@
         ├── LedgerCorrupt
         ├── LedgerLocked
         ├── LedgerUnavailable          unreadable, missing directory, refused
-        └── SchemaTooNew               written by a newer stopline
+        ├── SchemaTooNew               written by a newer stopline
+        ├── LeaseExpired               fencing: this worker's lease expired, intent refused
+        └── CommitInDoubt              a lost reply to a commit that could not be settled
+            └── GateInDoubt            ... of the gate's intent (nothing was dispatched)
 
     RunCancelled (BaseException)       unwinds a workflow whose run was fenced
 
@@ -27,8 +30,11 @@ import enum
 from typing import Any
 
 __all__ = [
+    "CommitInDoubt",
+    "GateInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
+    "LeaseExpired",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerLocked",
@@ -126,6 +132,37 @@ class SchemaTooNew(LedgerError):
             f"schema version {found} was written by a newer stopline "
             f"(this one supports up to {supported}); upgrade stopline to open it",
         )
+
+
+class LeaseExpired(LedgerError):
+    """Fencing: this worker's lease expired, so it may not record a new intent.
+
+    Raised by the gate, which recorded nothing; the worker renews its lease
+    (its next heartbeat) before it dispatches again.
+    """
+
+    def __init__(self, worker: str, location: str = "ledger") -> None:
+        self.worker = worker
+        super().__init__(location, f"worker {worker!r} holds no live lease: intent refused")
+
+
+class CommitInDoubt(LedgerError):
+    """The connection was lost while a write's commit was on the wire, and it could not be
+    settled: the write may or may not be in the ledger. Read before acting on it."""
+
+
+class GateInDoubt(CommitInDoubt):
+    """The gate's intent commit is in doubt and the ledger stayed unreachable.
+
+    Nothing was dispatched (the caller never got ``PASSED``). The intent may be
+    recorded as ``requested``: the backend remembers it and, on its next
+    successful transaction, records it ``unknown`` (cause ``transport``), never
+    ``not_committed``; reconciliation then reads it back (R2, R3).
+    """
+
+    def __init__(self, location: str, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(location, f"the intent of operation {op_id!r} may be recorded: in doubt")
 
 
 class RunCancelled(BaseException):

@@ -43,7 +43,7 @@ def translate(ddl: str) -> list[str]:
 async def migrate(tx: Tx, schema: str | None) -> None:
     """Create the schema if asked, then bring the tables to ``SCHEMA_VERSION``."""
     async with tx.transaction():
-        await tx.run("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"stopline:{schema or ''}",))
+        await tx.run("SELECT pg_advisory_xact_lock(hashtext(?))", (f"stopline:{schema or ''}",))
         if schema:
             await tx.run(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             await tx.run(f'SET LOCAL search_path = "{schema}"')
@@ -54,7 +54,7 @@ async def migrate(tx: Tx, schema: str | None) -> None:
             for statement in translate(step):
                 await tx.run(statement)
         if version != SCHEMA_VERSION:
-            await tx.run("UPDATE stopline_schema SET version = %s", (SCHEMA_VERSION,))
+            await tx.run("UPDATE stopline_schema SET version = ?", (SCHEMA_VERSION,))
 
 
 async def _version(tx: Tx) -> int:

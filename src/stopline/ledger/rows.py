@@ -184,3 +184,9 @@ def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
 
 def dump_data(data: Mapping[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), default=str)
+
+
+def load_data(text: str) -> dict[str, Any]:
+    """An event's ``data`` column."""
+    data: dict[str, Any] = json.loads(text)
+    return data
