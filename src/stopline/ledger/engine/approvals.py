@@ -12,8 +12,7 @@ from stopline.domain.vocab import LogKind, RunState
 from stopline.errors import IllegalTransition, NotPermitted
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.guards import SETTLED, sql_values
-from stopline.ledger.engine.reads import event, load_approval, load_run
+from stopline.ledger.engine.reads import event, first_unsettled, load_approval, load_run
 
 __all__ = ["audit", "checkpoint", "decide_approval", "request_approval"]
 
@@ -65,11 +64,7 @@ async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
     """R10: a checkpoint is evidenced only when every operation before it is settled."""
     async with db.transaction():
         await load_run(db, run_id, lock=db.dialect.for_update)  # one checkpoint sequence per run
-        unsettled = await db.one(
-            "SELECT id, status FROM operations WHERE run_id = ?"
-            f" AND status NOT IN ({sql_values(SETTLED)}) ORDER BY created_at, id LIMIT 1",
-            (run_id,),
-        )
+        unsettled = await first_unsettled(db, run_id)
         if unsettled is not None:
             raise NotPermitted(
                 f"checkpoint {name!r}: operation {unsettled[0]!r} is {unsettled[1]}, not resolved"

@@ -24,10 +24,9 @@ from stopline.ledger.engine.guards import (
     CANCELLABLE,
     IN_FLIGHT,
     NOTHING_TO_RESUME,
-    SETTLED,
     sql_values,
 )
-from stopline.ledger.engine.reads import event, load_run
+from stopline.ledger.engine.reads import event, first_unsettled, load_run
 
 __all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
 
@@ -199,11 +198,7 @@ async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
         target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
         now = time.time()
         if run.state is RunState.CANCELLED:
-            open_op = await db.one(
-                "SELECT id FROM operations WHERE run_id = ?"
-                f" AND status NOT IN ({sql_values(SETTLED)}) ORDER BY created_at, id LIMIT 1",
-                (run_id,),
-            )
+            open_op = await first_unsettled(db, run_id)
             if open_op is not None:
                 raise NotPermitted(
                     f"run {run_id!r} cannot resume: operation {open_op[0]!r} is not resolved "

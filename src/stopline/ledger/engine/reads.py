@@ -16,7 +16,14 @@ from stopline.domain.vocab import LogKind, OpEvent, OpStatus, RunState
 from stopline.errors import NotFound, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.guards import DEFAULT_UNRESOLVED, IN_FLIGHT, OPEN, OPEN_SQL, sql_values
+from stopline.ledger.engine.guards import (
+    DEFAULT_UNRESOLVED,
+    IN_FLIGHT,
+    OPEN,
+    OPEN_SQL,
+    SETTLED,
+    sql_values,
+)
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "compensations",
     "event",
     "events",
+    "first_unsettled",
     "in_flight_where",
     "in_flight_workers",
     "last_checkpoint",
@@ -134,6 +142,16 @@ async def unresolved(
     return [rows.op_from_row(r) for r in await db.all(sql, (*params, limit))]
 
 
+async def first_unsettled(db: Db, run_id: str) -> tuple[str, str] | None:
+    """The run's oldest operation not yet settled, as ``(id, status)``: R10 needs none."""
+    row = await db.one(
+        "SELECT id, status FROM operations WHERE run_id = ?"
+        f" AND status NOT IN ({sql_values(SETTLED)}) ORDER BY created_at, id LIMIT 1",
+        (run_id,),
+    )
+    return None if row is None else (row[0], row[1])
+
+
 async def compensations(db: Db, op_id: str) -> list[OperationRecord]:
     sql = (
         f"SELECT {rows.OP_COLUMNS} FROM operations{db.dialect.indexed_by('ops_compensates')}"
@@ -150,17 +168,7 @@ async def in_flight_workers(db: Db) -> list[WorkerLease]:
         f" WHERE {in_flight_where('o.status')} GROUP BY o.worker, w.host, w.pid, w.lease_until"
         " ORDER BY o.worker"
     )
-    return [
-        WorkerLease(
-            worker=row[0],
-            host=row[3],
-            pid=row[4],
-            lease_until=row[5],
-            last_activity=row[1],
-            in_flight=row[2],
-        )
-        for row in await db.all(sql)
-    ]
+    return [rows.lease_from_row(row) for row in await db.all(sql)]
 
 
 async def approvals(db: Db, run_id: str) -> list[ApprovalRecord]:
