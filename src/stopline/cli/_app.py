@@ -57,6 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else c.EXIT_ERROR)
+    except c.MissingExtra as exc:
+        c.err.print(f"stopline: {exc}", markup=False)
+        return c.EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        missing = c.MissingExtra.of(exc)
+        if missing is None:
+            c.err.print(f"stopline: error: {exc}", markup=False)
+            return c.EXIT_ERROR
+        c.err.print(f"stopline: {missing}", markup=False)
+        return c.EXIT_USAGE
     except UsageError as exc:
         c.err.print(f"stopline: usage: {exc}", markup=False)
         return c.EXIT_USAGE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ import stopline
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
 from stopline.errors import LedgerUnavailable, StoplineError
-from stopline.ledger import resolve_url
+from stopline.ledger import open_backend, resolve_url
 
 __all__ = [
     "EXIT_ERROR",
@@ -26,6 +27,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PENDING",
     "EXIT_USAGE",
+    "MissingExtra",
     "NotAvailable",
     "Options",
     "err",
@@ -34,12 +36,14 @@ __all__ = [
     "opened",
     "out",
     "print_json",
+    "reading",
+    "require_extra",
     "run_sync",
 ]
 
 EXIT_OK = 0  # settled (or a read that succeeded)
 EXIT_ERROR = 1  # unknown run, bad ledger URL, corrupt file, feature not available
-EXIT_USAGE = 2  # bad arguments
+EXIT_USAGE = 2  # bad arguments, or an optional extra the command needs is missing
 EXIT_PENDING = 3  # still verifying or awaiting confirmation (or Ctrl-C while waiting)
 EXIT_NEEDS_REVIEW = 4  # a human must decide an outcome
 
@@ -47,6 +51,44 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 T = TypeVar("T")
+
+
+# The optional extra that provides each module a command may import (pyproject.toml).
+EXTRA_OF_MODULE = {
+    "jinja2": "console",
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "langgraph": "langgraph",
+    "langchain_core": "langgraph",
+    "pydantic_ai": "pydantic-ai",
+    "agents": "openai-agents",
+}
+
+
+class MissingExtra(StoplineError):
+    """A command needs an optional extra that is not installed (exit code 2)."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        self.extra = extra
+        self.module = module
+        super().__init__(
+            f"this needs the '{extra}' extra (module {module!r} is not installed): "
+            f"pip install 'stopline[{extra}]'"
+        )
+
+    @classmethod
+    def of(cls, exc: ModuleNotFoundError) -> MissingExtra | None:
+        """The extra behind a failed import, or None when no extra provides that module."""
+        top = (exc.name or "").partition(".")[0]
+        extra = EXTRA_OF_MODULE.get(top)
+        return None if extra is None else cls(extra, top)
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Raise ``MissingExtra`` unless every module of ``extra`` can be imported."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra(extra, module)
 
 
 class NotAvailable(StoplineError):
@@ -76,16 +118,35 @@ def options(ctx: typer.Context) -> Options:
 
 
 def _check_exists(url: str) -> None:
-    """A read must not create an empty ledger where the operator mistyped a path."""
+    """A command must not create an empty ledger where the operator mistyped a path."""
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
         if not path.exists():
             raise LedgerUnavailable(url, "no ledger file there (set --ledger or $STOPLINE_LEDGER)")
+    elif url.startswith(("postgresql://", "postgres://")):
+        require_extra("postgres", "psycopg", "psycopg_pool")
+
+
+@contextlib.asynccontextmanager
+async def reading(url: str) -> AsyncIterator[stopline.Ledger]:
+    """A read: the ledger opened read-only, so neither it nor its file changes.
+
+    No recovery runs and no worker registers; a file or database that is not a
+    stopline ledger is refused with a typed error and left as it was.
+    """
+    _check_exists(url)
+    backend = await open_backend(url, read_only=True)
+    try:
+        yield stopline.Ledger(url, backend=backend)
+    finally:
+        await backend.close()
 
 
 @contextlib.asynccontextmanager
 async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
-    _check_exists(url)
+    """A write: to an existing stopline ledger only, checked by a read-only open first."""
+    async with reading(url):
+        pass
     async with stopline.open(url) as ledger:
         yield ledger
 

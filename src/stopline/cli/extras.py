@@ -27,10 +27,9 @@ def console(
     ] = None,
 ) -> None:
     """Serve the web console: runs, timelines, receipts, the review queue, cancel."""
-    try:
-        from stopline.console import serve
-    except ImportError as exc:
-        c.fail(f"the console needs its extra: pip install 'stopline[console]' ({exc})")
+    c.require_extra("console", "jinja2", "starlette", "uvicorn", "python_multipart")
+    from stopline.console import serve
+
     token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
     url = c.options(ctx).url
     c._check_exists(url)
@@ -39,11 +38,14 @@ def console(
     serve(url, host=host, port=port, token=token, principal=principal)
 
 
-def demo() -> None:
-    """Run the report-upload-notify demo, cancelled at four points."""
+def demo(ctx: typer.Context) -> None:
+    """Run the report-upload-notify demo: six stops, each receipt under its headline.
+
+    With --ledger (or $STOPLINE_LEDGER) its runs stay there, for runs, show and the console.
+    """
     from stopline import demo as demo_module
 
-    raise typer.Exit(demo_module.main())
+    raise typer.Exit(demo_module.main(c.options(ctx).ledger))
 
 
 def bench(

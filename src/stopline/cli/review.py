@@ -34,7 +34,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     url = c.options(ctx).url
 
     async def go() -> list[Any]:
-        async with c.opened(url) as ledger:
+        async with c.reading(url) as ledger:
             return await ledger.review_items()
 
     items = c.run_sync(go)
@@ -67,7 +67,7 @@ def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
     url = c.options(ctx).url
 
     async def go() -> dict[str, Any]:
-        async with c.opened(url) as ledger:
+        async with c.reading(url) as ledger:
             op = await ledger.backend.get_operation(op_id)
             run = await ledger.backend.get_run(op.run_id)
             events = [e for e in await ledger.backend.events(op.run_id) if e.op_id == op_id]

@@ -45,7 +45,7 @@ def runs(
     age = parse_age(since) if since else None
 
     async def go() -> list[tuple[Any, Receipt]]:
-        async with c.opened(url) as ledger:
+        async with c.reading(url) as ledger:
             found = await recent_runs(
                 ledger.backend, state=state, owner=owner, since=age, limit=limit
             )
@@ -85,7 +85,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
     url = c.options(ctx).url
 
     async def go() -> dict[str, Any]:
-        async with c.opened(url) as ledger:
+        async with c.reading(url) as ledger:
             run = await ledger.backend.get_run(run_id)
             ops = await ledger.backend.operations(run_id)
             events = await ledger.backend.events(run_id)

@@ -136,7 +136,7 @@ def stats(
     age = parse_age(since) if since else None
 
     async def go() -> Stats:
-        async with c.opened(url) as ledger:
+        async with c.reading(url) as ledger:
             return await compute_stats(ledger.backend, since=age, limit=limit)
 
     result = c.run_sync(go)

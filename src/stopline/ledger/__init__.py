@@ -20,7 +20,10 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
-async def open_backend(url: str | None = None) -> Backend:
+async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:
+    """The backend for ``url``. ``read_only``: open an existing ledger without changing
+    anything (no file created, no journal switched, no schema migrated, no write
+    transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
         from stopline.ledger.sqlite import SQLiteBackend
@@ -34,6 +37,7 @@ async def open_backend(url: str | None = None) -> Backend:
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
+            read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -42,5 +46,5 @@ async def open_backend(url: str | None = None) -> Backend:
             raise LedgerUnavailable(
                 url, "the PostgreSQL ledger needs psycopg: pip install 'stopline[postgres]'"
             ) from exc
-        return await PostgresBackend.open(url)
+        return await PostgresBackend.open(url, read_only=read_only)
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")

@@ -86,7 +86,10 @@ class Writer:
         self,
         connect: Callable[[], sqlite3.Connection],
         map_error: Callable[[BaseException], BaseException],
+        *,
+        begin: str = "BEGIN IMMEDIATE",
     ) -> None:
+        self._begin = begin  # "BEGIN" (deferred) on a read-only connection
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
         self._ready = threading.Event()
@@ -175,7 +178,7 @@ class Writer:
 
     def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self._begin)
         except BaseException as exc:
             self._fail(batch, exc)
             return True

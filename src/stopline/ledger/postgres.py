@@ -65,7 +65,7 @@ from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_dialect import PostgresDialect
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
 from stopline.ledger.postgres_listen import Listener
-from stopline.ledger.postgres_schema import migrate
+from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_txn import Tx
 
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
@@ -86,16 +86,21 @@ class PostgresBackend(SqlBackend):
         pool_min: int = 1,
         pool_max: int = 10,
         retry_for: float = 10.0,
+        read_only: bool = False,
     ) -> None:
         self.location = location
+        self.read_only = read_only  # nothing created or migrated; every transaction read-only
         self.schema = schema
         self.retry_for = retry_for
         self.channel = "stopline_cancel" + (f"_{schema}" if schema else "")
         self.dialect = PostgresDialect(self.channel)
         self._conninfo = conninfo
         self._kwargs: dict[str, Any] = {"autocommit": True}
-        if schema:
-            self._kwargs["options"] = f"-c search_path={schema}"
+        options = [f"-c search_path={schema}"] if schema else []
+        if read_only:
+            options.append("-c default_transaction_read_only=on")
+        if options:
+            self._kwargs["options"] = " ".join(options)
         self._pool = AsyncConnectionPool(
             conninfo,
             min_size=pool_min,
@@ -109,7 +114,7 @@ class PostgresBackend(SqlBackend):
         self.listener = Listener(self)
 
     @classmethod
-    async def open(cls, url: str) -> PostgresBackend:
+    async def open(cls, url: str, *, read_only: bool = False) -> PostgresBackend:
         if sniffio.current_async_library() != "asyncio":
             raise LedgerUnavailable(
                 redact(url), "the PostgreSQL ledger runs on asyncio (psycopg's async driver)"
@@ -133,6 +138,7 @@ class PostgresBackend(SqlBackend):
                 pool_min=int(own.get("pool_min", 1)),
                 pool_max=int(own.get("pool_max", 10)),
                 retry_for=float(own.get("retry_for", 10.0)),
+                read_only=read_only,
             )
         except ValueError as exc:
             raise LedgerUnavailable(redact(url), f"bad option: {exc}") from exc
@@ -149,7 +155,8 @@ class PostgresBackend(SqlBackend):
             async with await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True, connect_timeout=max(2, int(self.retry_for))
             ) as conn:
-                await migrate(Tx(conn, self.location), self.schema)
+                start = check if self.read_only else migrate
+                await start(Tx(conn, self.location), self.schema)
             await self._pool.open(wait=True, timeout=self.retry_for)
         except StoplineError:
             raise

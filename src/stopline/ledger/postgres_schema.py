@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import re
 
-from stopline.errors import LedgerCorrupt, SchemaTooNew
+from stopline.errors import LedgerUnavailable, SchemaTooNew
 from stopline.ledger.postgres_txn import Tx
-from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
 
-__all__ = ["migrate", "translate"]
+__all__ = ["check", "migrate", "translate"]
 
 _SPELLINGS = (
     (
@@ -57,6 +57,23 @@ async def migrate(tx: Tx, schema: str | None) -> None:
             await tx.run("UPDATE stopline_schema SET version = ?", (SCHEMA_VERSION,))
 
 
+async def check(tx: Tx, schema: str | None) -> None:
+    """Read-only: refuse anything but a stopline ledger at ``SCHEMA_VERSION``; write nothing."""
+    if schema:
+        found = await tx.one("SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema,))
+        if not found[0]:
+            raise LedgerUnavailable(tx.location, f"no schema {schema!r}: not a stopline ledger")
+        await tx.run(f'SET search_path = "{schema}"')
+    tables = await tx.one(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()"
+    )
+    version = 0
+    if (await tx.one("SELECT to_regclass('stopline_schema') IS NOT NULL"))[0]:
+        row = await tx.one("SELECT version FROM stopline_schema")
+        version = int(row[0]) if row is not None else 0
+    check_readable(tx.location, version, tables[0])
+
+
 async def _version(tx: Tx) -> int:
     row = await tx.one("SELECT to_regclass('stopline_schema') IS NOT NULL")
     if row[0]:
@@ -65,8 +82,7 @@ async def _version(tx: Tx) -> int:
     tables = await tx.one(
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()"
     )
-    if tables[0]:
-        raise LedgerCorrupt(tx.location, "not a stopline ledger (foreign tables found)")
+    refuse_foreign(tx.location, 0, tables[0])
     await tx.run(
         "CREATE TABLE stopline_schema (one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),"
         " version INTEGER NOT NULL)"

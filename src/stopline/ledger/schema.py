@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import OpStatus
+from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.engine import guards
 from stopline.ledger.engine.guards import sql_values
 
@@ -26,6 +27,8 @@ __all__ = [
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
     "SCHEMA_VERSION",
+    "check_readable",
+    "refuse_foreign",
 ]
 
 # The status sets live with the engine's guards, generated from the domain; kept
@@ -150,3 +153,28 @@ CREATE TABLE workers (
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def refuse_foreign(location: str, version: int, tables: int) -> None:
+    """Tables but no schema version: another program's database, never to be touched.
+
+    ``version`` is the recorded schema version (0 when none), ``tables`` the number
+    of tables found. Checked by a read before anything is written or switched.
+    """
+    if version == 0 and tables:
+        raise LedgerCorrupt(location, "not a stopline ledger (foreign tables found)")
+
+
+def check_readable(location: str, version: int, tables: int) -> None:
+    """A read-only open accepts a ledger at ``SCHEMA_VERSION`` only: it migrates nothing."""
+    refuse_foreign(location, version, tables)
+    if version == 0:
+        raise LedgerCorrupt(location, "not a stopline ledger (an empty database)")
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(location, version, SCHEMA_VERSION)
+    if version < SCHEMA_VERSION:
+        raise LedgerUnavailable(
+            location,
+            f"schema version {version} predates this stopline ({SCHEMA_VERSION}); a read-only "
+            "open migrates nothing: open it once read-write (any writing command) to migrate",
+        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +33,7 @@ from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine import Db, Dialect, SqlBackend, run_sync
 from stopline.ledger.engine.db import Params
 from stopline.ledger.engine.record import record
-from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
 
 __all__ = ["SQLiteBackend", "SQLiteDb"]
 
@@ -46,6 +47,7 @@ class SQLiteBackend(SqlBackend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
@@ -53,7 +55,11 @@ class SQLiteBackend(SqlBackend):
         self.location = f"sqlite:///{self.path}"
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
-        self._writer = Writer(self._connect, self._map_error)
+        # read-only: opened with mode=ro, nothing switched or migrated, deferred
+        # transactions; a file that is not a ledger is refused untouched
+        self.read_only = read_only
+        begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        self._writer = Writer(self._connect, self._map_error, begin=begin)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -67,17 +73,26 @@ class SQLiteBackend(SqlBackend):
     def _connect(self) -> sqlite3.Connection:
         if not self.path.parent.exists():
             raise LedgerUnavailable(self.location, f"directory {self.path.parent} does not exist")
+        if self.read_only and not self.path.is_file():
+            raise LedgerUnavailable(self.location, "no ledger file there")
+        target = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=ro"
         try:
             conn = sqlite3.connect(
-                self.path,
+                target if self.read_only else self.path,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_timeout,
+                uri=self.read_only,
             )
         except sqlite3.Error as exc:
             raise self._map_error(exc) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            version, tables = _identity(conn)  # a read: refuse a foreign file before any write
+            if self.read_only:
+                check_readable(self.location, version, tables)
+                return conn
+            refuse_foreign(self.location, version, tables)
             self._when_unlocked(lambda: self._set_wal(conn))
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -117,8 +132,7 @@ class SQLiteBackend(SqlBackend):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(self.location, version, SCHEMA_VERSION)
-            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise LedgerCorrupt(self.location, "not a stopline ledger (foreign tables found)")
+            refuse_foreign(self.location, *_identity(conn))
             for step in MIGRATIONS[version:]:
                 for statement in step.split(";"):
                     if statement.strip():
@@ -186,3 +200,10 @@ class SQLiteDb(Db):
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
         self.conn.executemany(sql, seq)
+
+
+def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The schema version recorded in the file and how many tables it has (a read)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    return int(version), int(tables)

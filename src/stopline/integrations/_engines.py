@@ -1,0 +1,236 @@
+"""What the durable-engine integrations (``temporal``, ``dbos``) share, written once.
+
+A durable engine runs a workflow as a sequence of activities (Temporal) or
+steps (DBOS), each at least once: a worker crash after the side effect and
+before the engine's checkpoint runs it again. Both integrations map the
+engine onto the contract the same way:
+
+- **A run per workflow.** The stopline run's id is the engine's workflow id,
+  so ``stopline receipt WORKFLOW_ID`` answers for any workflow. A child
+  workflow is a child run, owned exclusively unless declared shared (R6).
+- **An operation per activity or step**, keyed by what the engine keeps
+  stable across retries and crashes (Temporal: run id and activity id;
+  DBOS: the step's function id). A re-execution reaches the same operation:
+  a committed one returns its recorded result, one in doubt is read back
+  first (R5), and none is re-sent blind.
+- **The engine's cancel reaches the call by policy** (``EngineGate.call``):
+  the body runs in a task of its own, so the engine's cancel of the awaiting
+  task does not cut it by itself. ``immediate``: the body is interrupted and
+  the operation is ``unknown`` (R3) until evidence; ``verify`` and
+  ``at_boundary``: the provider is asked to cancel when it can and the body
+  finishes, its outcome recorded. A completion that lands after the run was
+  fenced is kept as late evidence (R4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from stopline.domain.lifecycle import operator
+from stopline.domain.model import RunRecord
+from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import Policy, RunState
+from stopline.errors import UnknownRun
+from stopline.ledger.backend import RunSpec
+from stopline.runtime.context import CallContext
+from stopline.runtime.ledger import Ledger
+from stopline.runtime.run import Run
+from stopline.runtime.tool import Tool, Verdict
+
+__all__ = ["EngineGate", "call_context"]
+
+R = TypeVar("R")
+
+# the run states in which the run still holds ``initiate`` (not fenced)
+_LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
+
+_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+    "stopline_engine_call", default=None
+)
+
+
+def call_context() -> CallContext:
+    """The current activity's or step's stopline call: its ``key`` is the idempotency
+    key to hand to the provider; ``await call_context().accepted(ref)`` records the
+    provider's acknowledgement."""
+    ctx = _CALL.get()
+    if ctx is None:
+        raise LookupError("not inside a gated activity or step")
+    return ctx
+
+
+class EngineGate:
+    """One engine's bridge to a ledger: runs, gated calls, fences."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        engine: str,
+        owner: str,
+        tenant: str = "default",
+        tools: Sequence[Tool[Any]] = (),
+    ) -> None:
+        self.ledger = ledger
+        self.engine = engine
+        self.owner = owner
+        self.tenant = tenant
+        # the engine acts on runs as an operator: its own cancel is an operator's act
+        self.principal = operator(engine)
+        self._tools = {t.name: t for t in tools}
+        for t in tools:
+            ledger.register_tool(t)
+        self._records: dict[str, RunRecord] = {}
+        # runs this process has seen fenced: a completion after that is late evidence
+        self.fenced: set[str] = set()
+        ledger.on_cancel(self.fenced.update)
+
+    def run_name(self, workflow: str) -> str:
+        return f"{self.engine}:{workflow}"
+
+    def owns(self, run: RunRecord) -> bool:
+        """Whether the run is one of this engine's workflows."""
+        return run.name.startswith(f"{self.engine}:")
+
+    def tool(self, name: str) -> Tool[Any]:
+        """The tool declared for an activity or step, else an effectful one with no
+        capabilities (its outcome in doubt goes to review)."""
+        found = self._tools.get(name)
+        if found is None:
+            found = self._tools[name] = Tool(_never_called, name=name)
+        return found
+
+    # -- runs --------------------------------------------------------------------
+    async def open_run(
+        self, run_id: str, workflow: str, *, parent_id: str | None = None, shared: bool = False
+    ) -> RunRecord:
+        """The workflow's run: created at its first start, attached on every re-run."""
+        record = self._records.get(run_id)
+        if record is not None:
+            return record
+        backend = self.ledger.backend
+        try:
+            record = await backend.get_run(run_id)
+        except UnknownRun:
+            spec = RunSpec(
+                id=run_id,
+                name=self.run_name(workflow),
+                owner=self.owner,
+                tenant=self.tenant,
+                parent_id=parent_id,
+                shared=shared,
+            )
+            try:
+                record = await backend.create_run(spec)
+            except Exception:  # another worker created it meanwhile
+                record = await backend.get_run(run_id)
+        self._records[run_id] = record
+        return record
+
+    async def end_run(self, run_id: str, error: BaseException | None = None) -> None:
+        """The workflow ended on its own (``completed``, or ``failed`` with ``error``)."""
+        self._records.pop(run_id, None)
+        await self.ledger.end(run_id, by=self.owner, error=error)
+
+    async def fence(self, run_id: str, reason: str) -> Receipt:
+        """The engine cancelled the workflow: fence the run (durably, first)."""
+        self.fenced.add(run_id)
+        return await self.ledger.cancel(run_id, by=self.principal, reason=reason)
+
+    async def is_fenced(self, run_id: str) -> bool:
+        if run_id in self.fenced:
+            return True
+        if (await self.ledger.backend.get_run(run_id)).state in _LIVE:
+            return False
+        self.fenced.add(run_id)
+        return True
+
+    # -- the gated call ------------------------------------------------------------
+    async def call(
+        self,
+        run_id: str,
+        workflow: str,
+        key: str,
+        tool: Tool[Any],
+        body: Callable[[], Awaitable[R]],
+        args: Sequence[Any],
+        *,
+        policy: Policy,
+    ) -> R:
+        """Run ``body`` as the operation ``run_id/key`` through the gate.
+
+        Raises what ``Run.call`` raises (``RunCancelled`` when the gate refuses,
+        ``OperationInDoubt``, ``Rejected``, ...), and ``asyncio.CancelledError``
+        when the engine's cancel ended the call.
+        """
+        record = await self.open_run(run_id, workflow)
+        run = Run(self.ledger, record)
+        run.policy = policy
+        sent: list[bool] = []  # set when this call dispatched the body (not a replay)
+        task = asyncio.create_task(run.call(_bound(tool, body, sent), *args, key=key))
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            result = await self._cancelled(run, task, policy)
+        if sent and run_id in self.fenced:  # R4: kept, attached to its operation, nothing restarted
+            await self.ledger.late_response(
+                f"{run_id}/{key}", Verdict.COMMITTED, result=result, detail="after the cancel"
+            )
+        return result
+
+    async def _cancelled(self, run: Run, task: asyncio.Task[R], policy: Policy) -> R:
+        """The engine cancelled the awaiting task while the body runs."""
+        for ctx in list(run._inflight.values()):
+            self.ledger._settler.ask_provider_cancel(ctx)
+        if policy is Policy.IMMEDIATE:
+            run.cancel_requested = True  # the body's abort is recorded as the user's cancel
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise asyncio.CancelledError
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()  # the engine asked once; the outcome decides what it hears
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:  # asked again (a shutdown): stop waiting, keep truth
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise
+
+
+async def _never_called() -> None:  # pragma: no cover - the body is always bound
+    raise AssertionError("an engine tool runs its bound body")
+
+
+def _bound(tool: Tool[Any], body: Callable[[], Awaitable[R]], sent: list[bool]) -> Tool[R]:
+    """``tool``'s capabilities around this one call's body; the body sees its context."""
+
+    async def run_body(ctx: CallContext, *_args: Any) -> R:
+        sent.append(True)
+        token = _CALL.set(ctx)
+        try:
+            return await body()
+        finally:
+            _CALL.reset(token)
+
+    bound: Tool[R] = Tool(
+        run_body,
+        name=tool.name,
+        description=tool.description,
+        effects=True,
+        cancellable=tool.cancellable,
+        compensation=tool.compensation,
+    )
+    bound.cancel_fn = tool.cancel_fn
+    bound.verify_fn = tool.verify_fn
+    bound.compensate_fn = tool.compensate_fn
+    bound.compensation_verify_fn = tool.compensation_verify_fn
+    return bound

@@ -1,0 +1,91 @@
+"""A worker with the stopline plugin, its ledger and a provider with ground truth."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+import stopline
+from stopline.bench._temporal_server import TemporalDevServer
+from stopline.integrations.temporal import StoplinePlugin, call_context
+from tests.conftest import FAST_VERIFY
+from tests.engines.provider import FileProvider
+from tests.engines.temporal_workflows import Pipeline, Plan
+
+
+def activities(provider: FileProvider) -> list[Any]:
+    """``report`` reads; ``upload`` and ``notify`` touch the world through the provider."""
+
+    @activity.defn(name="report")
+    async def report(topic: str) -> str:
+        return f"report: {topic}"
+
+    @activity.defn(name="upload")
+    async def upload(payload: str) -> dict[str, Any]:
+        return await provider.send(call_context().key, payload)
+
+    @activity.defn(name="notify")
+    async def notify(payload: str) -> dict[str, Any]:
+        return await provider.send(call_context().key, payload)
+
+    return [report, upload, notify]
+
+
+def plugin(ledger: stopline.Ledger, provider: FileProvider, acts: list[Any]) -> StoplinePlugin:
+    report, upload, notify = acts
+    read: stopline.Tool[Any] = stopline.Tool(report, name="report", effects=False)
+    tools = [
+        read,
+        provider.tool("upload", upload, "upload the report"),
+        provider.tool("notify", notify, "notify the channel"),
+    ]
+    return StoplinePlugin(ledger, tools=tools, owner="user:42")
+
+
+@dataclasses.dataclass
+class Harness:
+    client: Client
+    ledger: stopline.Ledger
+    provider: FileProvider
+    task_queue: str
+    ledger_url: str
+
+    async def start(self, plan: Plan, workflow_id: str = "") -> WorkflowHandle[Any, Any]:
+        return await self.client.start_workflow(
+            Pipeline.run,
+            plan,
+            id=workflow_id or f"wf-{uuid.uuid4().hex[:12]}",
+            task_queue=self.task_queue,
+        )
+
+
+@contextlib.asynccontextmanager
+async def harness(
+    server: TemporalDevServer, tmp_path: Path, *, worker: bool = True
+) -> AsyncIterator[Harness]:
+    client = await Client.connect(server.address, namespace=server.namespace)
+    provider = FileProvider(tmp_path / "effects.jsonl")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    async with stopline.open(url, verify=FAST_VERIFY) as ledger:
+        h = Harness(client, ledger, provider, queue, url)
+        if not worker:
+            yield h
+            return
+        acts = activities(provider)
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[Pipeline],
+            activities=acts,
+            plugins=[plugin(ledger, provider, acts)],
+        ):
+            yield h

@@ -1,0 +1,47 @@
+"""A Temporal worker with the stopline plugin in a process of its own (the crash test).
+
+python -m tests.engines.temporal_worker ADDRESS TASK_QUEUE LEDGER_URL EFFECTS_FILE
+
+It says ``ready`` once polling and ``committed KEY`` after each effect, then
+holds every response forever: the test kills it there.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+import stopline
+from tests.engines.provider import FileProvider
+from tests.engines.temporal_harness import activities, plugin
+from tests.engines.temporal_workflows import Pipeline
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def main(*argv: str) -> None:
+    address, queue, url, effects = argv
+    provider = FileProvider(Path(effects), announce=say)
+    provider.barriers.hold("responding")  # never released: the response never leaves
+    client = await Client.connect(address)
+    async with stopline.open(url) as ledger:
+        acts = activities(provider)
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[Pipeline],
+            activities=acts,
+            plugins=[plugin(ledger, provider, acts)],
+        ):
+            say("ready")
+            await anyio.sleep_forever()
+
+
+if __name__ == "__main__":
+    anyio.run(main, *sys.argv[1:5])

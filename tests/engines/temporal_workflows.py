@@ -1,0 +1,77 @@
+"""Workflows for the Temporal tests, in a module of their own (Temporal's sandbox
+re-imports it: it imports only temporalio and the standard library)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import (
+    ActivityCancellationType,
+    ChildWorkflowCancellationType,
+    ParentClosePolicy,
+)
+
+
+@dataclasses.dataclass
+class Plan:
+    activities: list[str]
+    cancellation: str = "TRY_CANCEL"
+    wait_for_go: bool = False
+    heartbeat_timeout: float = 1.0
+    maximum_attempts: int = 0  # 0: Temporal's default, unlimited
+    children: list[str] = dataclasses.field(default_factory=list)  # "exclusive" / "shared"
+    child_activities: list[str] = dataclasses.field(default_factory=list)
+
+
+@workflow.defn
+class Pipeline:
+    def __init__(self) -> None:
+        self._go = False
+
+    @workflow.signal
+    def go(self) -> None:
+        self._go = True
+
+    @workflow.run
+    async def run(self, plan: Plan) -> list[Any]:
+        if plan.wait_for_go:
+            await workflow.wait_condition(lambda: self._go)
+        out: list[Any] = []
+        for n, ownership in enumerate(plan.children):
+            child_plan = Plan(plan.child_activities, wait_for_go=True)
+            shared = ownership == "shared"
+            # a shared child outlives its parent: Temporal neither cancels nor closes it
+            await workflow.start_child_workflow(
+                Pipeline.run,
+                child_plan,
+                id=f"{workflow.info().workflow_id}-{ownership}-{n}",
+                parent_close_policy=(
+                    ParentClosePolicy.ABANDON if shared else ParentClosePolicy.REQUEST_CANCEL
+                ),
+                cancellation_type=(
+                    ChildWorkflowCancellationType.ABANDON
+                    if shared
+                    else ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED
+                ),
+            )
+        for name in plan.activities:
+            result = await workflow.execute_activity(
+                name,
+                args=[f"{name} of {workflow.info().workflow_id}"],
+                start_to_close_timeout=timedelta(seconds=30),
+                heartbeat_timeout=timedelta(seconds=plan.heartbeat_timeout),
+                cancellation_type=ActivityCancellationType[plan.cancellation],
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=50),
+                    backoff_coefficient=1.0,
+                    maximum_attempts=plan.maximum_attempts,
+                ),
+            )
+            out.append(result)
+        if plan.children:
+            await workflow.wait_condition(lambda: self._go)
+        return out
