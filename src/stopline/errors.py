@@ -12,6 +12,10 @@
         ├── LedgerCorrupt
         ├── LedgerLocked
         ├── LedgerUnavailable          unreadable, missing directory, refused
+        │   ├── LedgerFull             the disk (or the file size limit) is full
+        │   ├── LedgerReadOnly         the file, its directory or the mount is read-only
+        │   ├── LedgerIOError          the storage failed a read or a write
+        │   └── CancelInDoubt          the cancel's reply was lost: it may have committed
         ├── SchemaTooNew               written by a newer stopline
         ├── LeaseExpired               fencing: this worker's lease expired, intent refused
         └── CommitInDoubt              a lost reply to a commit that could not be settled
@@ -30,6 +34,7 @@ import enum
 from typing import Any
 
 __all__ = [
+    "CancelInDoubt",
     "CommitInDoubt",
     "GateInDoubt",
     "IdempotencyConflict",
@@ -37,7 +42,10 @@ __all__ = [
     "LeaseExpired",
     "LedgerCorrupt",
     "LedgerError",
+    "LedgerFull",
+    "LedgerIOError",
     "LedgerLocked",
+    "LedgerReadOnly",
     "LedgerUnavailable",
     "NotFound",
     "NotPermitted",
@@ -121,6 +129,33 @@ class LedgerLocked(LedgerError):
 
 class LedgerUnavailable(LedgerError):
     pass
+
+
+class LedgerFull(LedgerUnavailable):
+    """The write did not happen: no space (or the process's file size limit) left."""
+
+
+class LedgerReadOnly(LedgerUnavailable):
+    """The write did not happen: the file, its directory or its mount is read-only."""
+
+
+class LedgerIOError(LedgerUnavailable):
+    """The storage failed a read or a write; the transaction did not commit."""
+
+
+class CancelInDoubt(LedgerUnavailable):
+    """The connection failed after the cancel was sent: it may have committed.
+
+    Cancelling is idempotent (R7), so asking again is safe and says which it was.
+    """
+
+    def __init__(self, location: str, run_id: str, cause: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            location,
+            f"cancel of run {run_id!r} is in doubt ({cause}); it may have taken effect. "
+            "Cancelling again is safe and idempotent",
+        )
 
 
 class SchemaTooNew(LedgerError):

@@ -9,10 +9,17 @@ durable. One thread hop per transaction, as STYLE.md asks, and under
 concurrency one fsync for many intents.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
+
+The thread cannot die of a storage error (ADR 0010): every error ends the
+transaction it hit with a typed error for those callers, a rollback SQLite
+already did itself is not done twice, a connection left inside a failed
+transaction is replaced, and the thread keeps serving. Should it stop anyway,
+every waiting and later caller gets a typed error instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import sqlite3
@@ -23,19 +30,24 @@ from typing import Any, Generic, TypeVar
 import anyio
 import sniffio
 
+from stopline.errors import LedgerIOError
+
 __all__ = ["Writer"]
 
 T = TypeVar("T")
 _MAX_BATCH = 256
+_QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 
 
 class _Job(Generic[T]):
-    __slots__ = ("_event", "_wake", "error", "fn", "result")
+    __slots__ = ("_event", "_lock", "_state", "_wake", "error", "fn", "result")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
+        self._state = _QUEUED
+        self._lock = threading.Lock()
         library = sniffio.current_async_library()
         if library == "asyncio":
             import asyncio
@@ -53,11 +65,21 @@ class _Job(Generic[T]):
             self._event = event
             self._wake = (token, event.set)
 
+    @property
+    def finished(self) -> bool:
+        """The thread is done with it and its caller has been woken."""
+        event = self._event
+        return bool(event.is_set() if hasattr(event, "is_set") else event.done())
+
     async def done(self) -> None:
         if hasattr(self._event, "wait"):
             await self._event.wait()
         else:
-            await self._event
+            import asyncio
+
+            # a cancelled task cancels the future it awaits: shield it, so a given-up
+            # wait never marks an unfinished job finished
+            await asyncio.shield(self._event)
 
     async def result_when_done(self) -> T:
         with anyio.CancelScope(shield=True):
@@ -73,6 +95,20 @@ class _Job(Generic[T]):
             raise self.error
         return self.result  # type: ignore[no-any-return]
 
+    def withdraw(self) -> bool:
+        """The caller gave up: a job the thread has not taken yet never runs."""
+        with self._lock:
+            if self._state == _QUEUED:
+                self._state = _WITHDRAWN
+            return self._state == _WITHDRAWN
+
+    def claim(self) -> bool:
+        """The thread takes the job, unless its caller withdrew it first."""
+        with self._lock:
+            if self._state == _QUEUED:
+                self._state = _RUNNING
+            return self._state == _RUNNING
+
 
 def _set_future(future: Any) -> None:
     if not future.done():
@@ -86,18 +122,24 @@ class Writer:
         self,
         connect: Callable[[], sqlite3.Connection],
         map_error: Callable[[BaseException], BaseException],
+        location: str = "sqlite",
+        grace: float = 10.0,
         *,
         begin: str = "BEGIN IMMEDIATE",
     ) -> None:
         self._begin = begin  # "BEGIN" (deferred) on a read-only connection
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
+        self._location = location
+        self.grace = grace  # how long a cancelled caller still waits for its job
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._conn: sqlite3.Connection | None = None
         self._connect = connect
         self._thread = threading.Thread(target=self._main, name="stopline-ledger", daemon=True)
         self._closed = False
+        self._stopped: BaseException | None = None  # why the thread ended, if it did
+        self._broken = False  # a rollback failed: the next batch starts on a new connection
 
     def start(self) -> None:
         self._thread.start()
@@ -105,15 +147,28 @@ class Writer:
         if self._startup_error is not None:
             raise self._startup_error
 
-    async def submit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def submit(self, fn: Callable[[sqlite3.Connection], T], *, must_run: bool = False) -> T:
         """Run ``fn`` in a transaction; the result is durable when this returns.
 
-        The wait is shielded: a job once queued always runs, and its caller
-        learns the outcome even if it is being cancelled meanwhile.
+        A cancel or a deadline reaches the wait, with a grace: a caller whose
+        scope is cancelled still learns the outcome of a job that finishes
+        within ``grace`` seconds (one transaction normally takes milliseconds,
+        so work recorded in a cancelled scope is not lost or left unreported).
+        Past the grace it gives up: a job the thread has not taken yet is
+        withdrawn and never runs. ``must_run`` (an outcome that must not be
+        lost) is waited for to the end; the thread cannot die, so that ends.
         """
         job = self.enqueue(fn)
-        with anyio.CancelScope(shield=True):
+        if must_run:
+            return await job.result_when_done()
+        try:
             await job.done()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace):
+                await job.done()
+            if not job.finished:
+                job.withdraw()  # never runs if the thread has not taken it yet
+                raise
         return job.outcome()
 
     def enqueue(self, fn: Callable[[sqlite3.Connection], T]) -> _Job[T]:
@@ -121,8 +176,12 @@ class Writer:
         (a read, the next gate) runs after it and sees what it wrote."""
         if self._closed:
             raise RuntimeError("the ledger is closed")
+        if self._stopped is not None:
+            raise self._stopped
         job: _Job[T] = _Job(fn)
         self._queue.put(job)
+        if self._stopped is not None:  # stopped meanwhile: nobody will take it
+            self._drain(self._stopped)
         return job
 
     async def close(self) -> None:
@@ -141,13 +200,13 @@ class Writer:
             self._ready.set()
             return
         self._ready.set()
-        conn = self._conn
+        stopped: BaseException = RuntimeError("the ledger is closed")
         try:
             while True:
                 first = self._queue.get()
                 if first is None:
                     return
-                batch = [first]
+                batch = [first] if first.claim() else []
                 stop = False
                 while len(batch) < _MAX_BATCH:
                     try:
@@ -157,24 +216,71 @@ class Writer:
                     if job is None:
                         stop = True
                         break
-                    batch.append(job)
-                self._run_batch(conn, batch)
+                    if job.claim():
+                        batch.append(job)
+                if batch:
+                    self._serve(batch)
                 if stop:
                     return
+        except BaseException as exc:  # not a storage error (those end one batch): a bug
+            stopped = exc
+            raise
         finally:
-            conn.close()
+            self._stop(stopped)
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
-        """One transaction for the batch; if any job fails, replay each job on its own.
-
-        Jobs are functions of the database state, so after a rollback nothing
-        they did remains and each can run again alone: the common case pays
-        no savepoints, and one job's error never undoes another's work.
-        """
-        if not self._run_together(conn, batch):
-            for job in batch:
-                self._run_together(conn, [job])
+    def _serve(self, batch: list[_Job[Any]]) -> None:
+        """Run one batch and wake its callers, whatever happens: the thread goes on."""
+        try:
+            conn = self._connection()
+            if not self._run_together(conn, batch):
+                for job in batch:
+                    self._run_together(conn, [job])
+        except Exception as exc:  # no connection, or an error no mapping foresaw
+            self._fail(batch, exc)
         _wake_all(batch)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection, replaced if a failed rollback left it inside a transaction."""
+        assert self._conn is not None
+        if self._broken:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = self._connect()
+            self._broken = False
+        return self._conn
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        """Roll back what SQLite has not rolled back itself (a full disk or an I/O error
+        ends the transaction inside SQLite; rolling back again is an error)."""
+        if not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._broken = conn.in_transaction
+
+    def _stop(self, why: BaseException) -> None:
+        """The thread ends: no caller, present or future, waits for it."""
+        if not isinstance(why, RuntimeError):
+            cause = f"the writer thread stopped ({type(why).__name__}: {why}); reopen the ledger"
+            why = LedgerIOError(self._location, cause)
+        self._stopped = why
+        self._drain(why)
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+
+    def _drain(self, why: BaseException) -> None:
+        left: list[_Job[Any]] = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None and job.claim():
+                job.error = why
+                left.append(job)
+        _wake_all(left)
 
     def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
@@ -187,7 +293,7 @@ class Writer:
                 job.result = job.fn(conn)
                 job.error = None
             except BaseException as exc:
-                conn.execute("ROLLBACK")
+                self._rollback(conn)
                 if len(batch) > 1:
                     return False
                 job.error = self._map_error(exc)
@@ -195,8 +301,7 @@ class Writer:
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback(conn)
             self._fail(batch, exc)
         return True
 
@@ -215,10 +320,12 @@ def _wake_all(batch: list[_Job[Any]]) -> None:
         by_loop.setdefault(id(owner), (owner, []))[1].append(setter)
     for owner, setters in by_loop.values():
         run_all = functools.partial(_call_all, setters)
-        if hasattr(owner, "call_soon_threadsafe"):
-            owner.call_soon_threadsafe(run_all)
-        else:
-            owner.run_sync_soon(run_all)
+        # a loop that closed meanwhile has nobody left to wake
+        with contextlib.suppress(RuntimeError):
+            if hasattr(owner, "call_soon_threadsafe"):
+                owner.call_soon_threadsafe(run_all)
+            else:
+                owner.run_sync_soon(run_all)
 
 
 def _call_all(setters: list[Callable[[], None]]) -> None:

@@ -11,6 +11,7 @@ each naming the file and the cause.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -21,9 +22,8 @@ from typing import Any, TypeVar
 
 from stopline.domain.model import OperationRecord
 from stopline.errors import (
-    LedgerCorrupt,
     LedgerError,
-    LedgerLocked,
+    LedgerReadOnly,
     LedgerUnavailable,
     SchemaTooNew,
     StoplineError,
@@ -34,6 +34,7 @@ from stopline.ledger.engine import Db, Dialect, SqlBackend, run_sync
 from stopline.ledger.engine.db import Params
 from stopline.ledger.engine.record import record
 from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
+from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
 
 __all__ = ["SQLiteBackend", "SQLiteDb"]
 
@@ -59,7 +60,9 @@ class SQLiteBackend(SqlBackend):
         # transactions; a file that is not a ledger is refused untouched
         self.read_only = read_only
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
-        self._writer = Writer(self._connect, self._map_error, begin=begin)
+        self._writer = Writer(
+            self._connect, self._map_error, self.location, busy_timeout, begin=begin
+        )
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -140,21 +143,23 @@ class SQLiteBackend(SqlBackend):
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a full disk rolls back by itself: keep its error
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
 
     def _map_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
+        if isinstance(exc, OSError) and exc.errno in OS_ERRORS:
+            err: LedgerError = OS_ERRORS[exc.errno](self.location, str(exc))
+        elif isinstance(exc, StoplineError) or not isinstance(exc, sqlite3.Error):
             return exc
-        message = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
-            err: LedgerError = LedgerLocked(self.location, f"{message} (another process holds it)")
-        elif "not a database" in message or "malformed" in message:
-            err = LedgerCorrupt(self.location, message)
-        elif "unable to open" in message or "readonly" in message or "disk I/O" in message:
-            err = LedgerUnavailable(self.location, message)
         else:
-            err = LedgerError(self.location, message)
+            err = sqlite_error(self.location, exc)
+            if type(err) is LedgerUnavailable and not os.access(self.path.parent, os.W_OK):
+                # SQLite cannot create its journal beside the file: say why
+                err = LedgerReadOnly(
+                    self.location, f"{exc}: directory {self.path.parent} is read-only"
+                )
         err.__cause__ = exc
         return err
 
@@ -170,6 +175,13 @@ class SQLiteBackend(SqlBackend):
         """Run ``fn(conn)`` as one transaction on the writer thread, as the engine's are
         (for tools and the benchmarks' baselines; the contract's writes go through the engine)."""
         return await self._writer.submit(fn)
+
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        # an outcome, once asked for, is written even if its caller is cancelled meanwhile
+        return await self._writer.submit(
+            lambda conn: run_sync(record(SQLiteDb(conn, self.location), op_id, update)),
+            must_run=True,
+        )
 
     defers_outcomes = True  # one writer thread, first in first out
 

@@ -1,0 +1,80 @@
+"""SQLite fault scenarios, run in this process (tmpfs) or in a child (``RLIMIT_FSIZE``).
+
+``python -m tests.faults.sqlite_scenarios SCENARIO PATH`` runs one in a child
+process and prints what it saw as JSON; the tests assert on that.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import stopline
+from stopline.errors import LedgerUnavailable
+from stopline.testing import FakeProvider
+from tests.faults.disk import integrity, limit_file_size
+
+__all__ = ["fill_mid_run", "open_when_full"]
+
+
+async def fill_mid_run(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """A run writes, the disk fills, its next calls fail closed, the disk frees, it finishes."""
+    provider = FakeProvider("send")
+    errors: list[str] = []
+    async with stopline.open(f"sqlite:///{path}") as ledger:
+        async with ledger.run("job", owner="u", run_id="run_full") as run:
+            await run.call(provider.tool, "before", key="before")
+            fill()
+            for attempt in range(3):  # the writer serves each one: it did not die
+                try:
+                    await run.call(provider.tool, "during", key=f"during_{attempt}")
+                except LedgerUnavailable as exc:
+                    errors.append(type(exc).__name__)
+            dispatched_during = [r for r in provider.requests if "during" in r]
+            readable = (await ledger.receipt("run_full")).run_state.value
+            free()
+            await run.call(provider.tool, "after", key="after")
+        receipt = await ledger.receipt("run_full")
+    return {
+        "errors": errors,
+        "dispatched_during": dispatched_during,
+        "readable_during": readable,
+        "state": receipt.run_state.value,
+        "statuses": sorted(line.status.value for line in receipt.lines),
+        "integrity": integrity(path),
+    }
+
+
+async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
+    """Opening a new ledger on a full disk names the full disk."""
+    fill()
+    try:
+        async with stopline.open(f"sqlite:///{path}"):
+            return {"error": "", "message": ""}
+    except LedgerUnavailable as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+
+
+def _biggest_file(directory: Path) -> int:
+    return max((p.stat().st_size for p in directory.iterdir() if p.is_file()), default=0)
+
+
+async def _main(scenario: str, path: Path) -> dict[str, Any]:
+    if scenario == "fill_mid_run":
+        return await fill_mid_run(
+            path,
+            lambda: limit_file_size(_biggest_file(path.parent)),
+            lambda: limit_file_size(None),
+        )
+    return await open_when_full(path, lambda: limit_file_size(0))
+
+
+if __name__ == "__main__":
+    print(json.dumps(anyio.run(_main, sys.argv[1], Path(sys.argv[2]))))

@@ -1,0 +1,93 @@
+"""A full disk, a read-only file or directory: typed errors, and the writer keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stopline
+from stopline.errors import LedgerFull, LedgerIOError, LedgerReadOnly
+from tests.faults.disk import integrity, read_only, tiny_disk
+from tests.faults.sqlite_scenarios import fill_mid_run, open_when_full
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def in_child(scenario: str, path: Path) -> dict[str, Any]:
+    """Run a scenario in a child process under ``RLIMIT_FSIZE`` (no tmpfs here)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.faults.sqlite_scenarios", scenario, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=40,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+async def test_disk_full_mid_run_fails_closed_and_recovers(tmp_path: Path) -> None:
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await fill_mid_run(disk.path / "ledger.db", disk.fill, disk.free)
+            full = {LedgerFull.__name__}
+        else:  # a file size limit fails a write with EFBIG, which SQLite calls an I/O error
+            seen = in_child("fill_mid_run", tmp_path / "ledger.db")
+            full = {LedgerFull.__name__, LedgerIOError.__name__}
+    assert len(seen["errors"]) == 3 and set(seen["errors"]) <= full
+    assert seen["dispatched_during"] == []  # the gate failed closed: nothing was sent
+    assert seen["readable_during"] == "running"  # reads still served; nobody cancelled it
+    assert seen["state"] == "completed"  # the work finished once the disk had room
+    assert seen["statuses"] == ["committed", "committed"]
+    assert seen["integrity"] == "ok"
+
+
+async def test_opening_on_a_full_disk_says_disk_full(tmp_path: Path) -> None:
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await open_when_full(disk.path / "ledger.db", disk.fill)
+        else:
+            seen = in_child("open_when_full", tmp_path / "ledger.db")
+    assert seen["error"] in (LedgerFull.__name__, LedgerIOError.__name__)
+    assert "rollback" not in seen["message"]
+    if seen["error"] == LedgerFull.__name__:
+        assert "full" in seen["message"]
+
+
+async def make_ledger(path: Path) -> None:
+    async with (
+        stopline.open(f"sqlite:///{path}") as ledger,
+        ledger.run("job", owner="u", run_id="run_1"),
+    ):
+        pass
+
+
+async def test_read_only_file_is_a_typed_error_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await make_ledger(path)
+    before = path.read_bytes()
+    with read_only(path), pytest.raises(LedgerReadOnly) as info:
+        async with stopline.open(f"sqlite:///{path}") as ledger:
+            await ledger.cancel("run_1", by="u")
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == before
+    assert integrity(path) == "ok"
+
+
+async def test_read_only_directory_is_a_typed_error(tmp_path: Path) -> None:
+    directory = tmp_path / "ledgers"
+    directory.mkdir()
+    with read_only(directory), pytest.raises(LedgerReadOnly) as info:
+        async with stopline.open(f"sqlite:///{directory / 'ledger.db'}"):
+            pass
+    assert "read-only" in str(info.value)

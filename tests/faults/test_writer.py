@@ -1,0 +1,90 @@
+"""The writer thread cannot die, and every wait on it honours cancellation."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from stopline.errors import LedgerFull
+from stopline.ledger._writer import Writer
+from stopline.ledger.sqlite import SQLiteBackend
+
+
+@pytest.fixture
+async def writer(tmp_path: Path) -> AsyncIterator[Writer]:
+    backend = await SQLiteBackend.open(tmp_path / "ledger.db")
+    try:
+        yield backend._writer
+    finally:
+        await backend.close()
+
+
+def auto_rolled_back(conn: sqlite3.Connection) -> None:
+    """What a full disk does mid-statement: SQLite ends the transaction itself."""
+    conn.execute("INSERT INTO workers VALUES ('w', 'h', 1, 0, 0, 0)")
+    conn.execute("ROLLBACK")
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+def count_workers(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM workers").fetchone()[0])
+
+
+async def test_a_failed_rollback_after_sqlites_own_is_one_typed_error(writer: Writer) -> None:
+    for _ in range(3):
+        with pytest.raises(LedgerFull, match="disk is full") as info:
+            await writer.submit(auto_rolled_back)
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+    assert await writer.submit(count_workers) == 0  # still serving, nothing half-written
+
+
+async def test_a_cancelled_caller_gives_up_and_its_queued_job_never_runs(writer: Writer) -> None:
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(30)
+
+    def second(conn: sqlite3.Connection) -> None:
+        ran.append("second")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.submit, hold)
+        await anyio.to_thread.run_sync(started.wait)  # `second` now queues behind `hold`
+        writer.grace = 0  # a stuck writer: the cancelled caller gives up at once
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await writer.submit(second)
+        assert scope.cancelled_caught  # the caller was not kept waiting
+        release.set()
+    assert await writer.submit(count_workers) == 0
+    assert ran == []  # withdrawn before the thread took it: it never ran
+
+
+async def test_a_cancelled_caller_learns_the_outcome_within_the_grace(writer: Writer) -> None:
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        assert await writer.submit(count_workers) == 0  # done in the grace: reported
+        await anyio.lowlevel.checkpoint()
+    assert scope.cancelled_caught  # and the cancel still landed at the next await
+
+
+async def test_a_job_that_must_run_runs_though_its_caller_is_cancelled(writer: Writer) -> None:
+    writer.grace = 0
+    ran: list[str] = []
+
+    def outcome(conn: sqlite3.Connection) -> str:
+        ran.append("outcome")
+        return "written"
+
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        assert await writer.submit(outcome, must_run=True) == "written"
+    assert ran == ["outcome"]
