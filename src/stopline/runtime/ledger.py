@@ -288,6 +288,15 @@ class Ledger(LifecycleMixin, TruthMixin):
         with anyio.move_on_after(poll):
             await event.wait()
 
+    @property
+    def idle(self) -> bool:
+        """No background step (verification, settling, correction) is running now."""
+        return self._settler.busy == 0
+
+    async def wait_idle(self) -> None:
+        """Until no background step is running (at once if none is)."""
+        await self._settler.wait_idle()
+
     def _changed(self, run_id: str) -> None:
         event = self._changes.pop(run_id, None)
         if event is not None:
