@@ -44,7 +44,7 @@ import psycopg.errors
 import sniffio
 from psycopg_pool import AsyncConnectionPool
 
-from stopline.domain.model import Evidence, OperationRecord, OperationSpec
+from stopline.domain.model import Evidence, OperationSpec
 from stopline.domain.transitions import OPERATION_TABLE, apply
 from stopline.domain.vocab import Cause, OpEvent, OpStatus
 from stopline.errors import (
@@ -232,9 +232,14 @@ class PostgresBackend(SqlBackend):
             del self._doubts[op_id]
 
     async def _execute(
-        self, body: Callable[[Db], Coroutine[Any, Any, T]], *, safe: bool = False
+        self,
+        body: Callable[[Db], Coroutine[Any, Any, T]],
+        *,
+        safe: bool = False,
+        outcome: tuple[str, OutcomeUpdate] | None = None,
     ) -> T:
-        return await self._tx(body, safe=safe)
+        settle = None if outcome is None else _outcome_landed(*outcome)
+        return await self._tx(body, safe=safe, settle=settle)
 
     # -- the writes whose lost reply is settled by reading back -----------------------
     async def gate(self, spec: OperationSpec) -> GateResult:
@@ -247,17 +252,6 @@ class PostgresBackend(SqlBackend):
         return await self._tx(
             lambda tx: gate(tx, spec, token), settle=_gate_landed(spec, token), in_doubt=in_doubt
         )
-
-    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        async def settle(tx: Tx) -> Any:
-            op = await load_op(tx, op_id)
-            try:
-                apply(OPERATION_TABLE, op.status, update.event)
-            except IllegalTransition:
-                return op  # the status moved on: the write landed
-            return _RETRY
-
-        return await self._tx(lambda tx: record(tx, op_id, update), settle=settle)
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
@@ -284,5 +278,19 @@ def _gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[An
     async def settle(tx: Tx) -> Any:
         fence = await gate_committed(tx, spec.id, token)
         return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
+
+    return settle
+
+
+def _outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the outcome landed (the status moved on) or not (retry)."""
+
+    async def settle(tx: Tx) -> Any:
+        op = await load_op(tx, op_id)
+        try:
+            apply(OPERATION_TABLE, op.status, update.event)
+        except IllegalTransition:
+            return op  # the status moved on: the write landed
+        return _RETRY
 
     return settle

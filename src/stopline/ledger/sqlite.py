@@ -167,21 +167,21 @@ class SQLiteBackend(SqlBackend):
         await self._writer.close()
 
     async def _execute(
-        self, body: Callable[[Db], Coroutine[Any, Any, T]], *, safe: bool = False
+        self,
+        body: Callable[[Db], Coroutine[Any, Any, T]],
+        *,
+        safe: bool = False,
+        outcome: tuple[str, OutcomeUpdate] | None = None,
     ) -> T:
-        return await self._writer.submit(lambda conn: run_sync(body(SQLiteDb(conn, self.location))))
+        # an outcome, once asked for, is written even if its caller is cancelled meanwhile
+        return await self._writer.submit(
+            lambda conn: run_sync(body(SQLiteDb(conn, self.location))), must_run=bool(outcome)
+        )
 
     async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` as one transaction on the writer thread, as the engine's are
         (for tools and the benchmarks' baselines; the contract's writes go through the engine)."""
         return await self._writer.submit(fn)
-
-    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        # an outcome, once asked for, is written even if its caller is cancelled meanwhile
-        return await self._writer.submit(
-            lambda conn: run_sync(record(SQLiteDb(conn, self.location), op_id, update)),
-            must_run=True,
-        )
 
     defers_outcomes = True  # one writer thread, first in first out
 

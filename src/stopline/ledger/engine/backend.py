@@ -1,9 +1,12 @@
 """``SqlBackend``: the ``Backend`` seam served by the engine's transaction bodies.
 
-A concrete backend supplies ``_execute(body, safe=...)``: run ``body(db)`` as
-one transaction on one of its connections. ``safe`` says the body may run
-again after a lost reply (a read, or an idempotent write); a backend that
-cannot lose a reply (SQLite's writer thread) ignores it. Every method below
+A concrete backend supplies ``_execute(body, safe=..., outcome=...)``: run
+``body(db)`` as one transaction on one of its connections. ``safe`` says the
+body may run again after a lost reply (a read, or an idempotent write); a
+backend that cannot lose a reply (SQLite's writer thread) ignores it.
+``outcome`` marks an operation's outcome, which must not be lost: SQLite
+waits for it even for a cancelled caller; PostgreSQL settles a lost reply by
+reading the status back. Every method below
 is that one line: the rules live in the bodies, written once.
 """
 
@@ -32,9 +35,14 @@ T = TypeVar("T")
 class SqlBackend(Backend):
     @abc.abstractmethod
     async def _execute(
-        self, body: Callable[[Db], Coroutine[Any, Any, T]], *, safe: bool = False
+        self,
+        body: Callable[[Db], Coroutine[Any, Any, T]],
+        *,
+        safe: bool = False,
+        outcome: tuple[str, OutcomeUpdate] | None = None,
     ) -> T:
-        """Run ``body`` as one transaction; ``safe``: it may run again after a lost reply."""
+        """Run ``body`` as one transaction; ``safe``: it may run again after a lost reply;
+        ``outcome``: it records this ``(op id, update)``, which must not be lost."""
 
     # -- runs ----------------------------------------------------------------------
     async def create_run(self, spec: RunSpec) -> RunRecord:
@@ -64,7 +72,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: gate(db, spec))
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        return await self._execute(lambda db: record(db, op_id, update))
+        return await self._execute(lambda db: record(db, op_id, update), outcome=(op_id, update))
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
