@@ -83,3 +83,22 @@ def test_semantics_diagram_is_the_transition_table() -> None:
     text = (ROOT / "docs" / "semantics.md").read_text()
     assert diagram(OPERATION_TABLE) in text
     assert diagram(RUN_TABLE) in text
+
+
+def test_the_pytest_example_passes_under_pytest_as_written(tmp_path: Path) -> None:
+    """docs/testing.md's pytest file, run by pytest in a directory of its own."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    (example,) = [code for _, code, _ in blocks(ROOT / "docs" / "testing.md") if "# test_" in code]
+    name = example.splitlines()[0].removeprefix("# ").strip()
+    assert name in text
+    (tmp_path / name).write_text(example)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " passed" in done.stdout and "failed" not in done.stdout

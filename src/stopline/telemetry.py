@@ -28,7 +28,7 @@ Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -285,15 +285,19 @@ class TracedBackend(ForwardingBackend):
         update = self._with_span(op_id, update)
         return self._recorded(await self.inner.record(op_id, update), update)
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        """Deferred as the backend defers it (ADR 0006); traced once it commits."""
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        """Deferred as the backend defers it (ADR 0022); traced once it commits."""
         update = self._with_span(op_id, update)
-        return self._when_recorded(self.inner.record_deferred(op_id, update), update)
 
-    async def _when_recorded(
-        self, pending: Awaitable[OperationRecord], update: OutcomeUpdate
-    ) -> OperationRecord:
-        return self._recorded(await pending, update)
+        def traced(outcome: Callable[[], OperationRecord]) -> None:
+            then(lambda: self._recorded(outcome(), update))
+
+        self.inner.record_deferred(op_id, update, traced)
 
     def _resolving(self, update: OutcomeUpdate) -> bool:
         return update.event not in (OpEvent.ACCEPTED, OpEvent.COMPENSATION_STARTED)

@@ -133,3 +133,15 @@ def test_receipt_renders_text_and_json() -> None:
     assert data["operations"][0]["status"] == "prevented"
     assert data["operations"][0]["evidence"] == [{"kind": "local", "ref": "gate"}]
     assert data["settled"] is True
+
+
+def test_an_outcome_still_recording_is_said_so() -> None:
+    """ADR 0022: a response in hand whose record has not committed is "recording", and
+    only while the records still show the call in flight."""
+    ops = [op(OpStatus.REQUESTED, n=1), op(OpStatus.COMMITTED, n=2), op(OpStatus.REQUESTED, n=3)]
+    receipt = build_receipt(run_record(RunState.RUNNING), ops, recording={"run_x/1", "run_x/2"})
+    first, second, third = receipt.lines
+    assert first.recording and "not yet durable" in first.status_words
+    assert first.to_json()["recording"] is True
+    assert not second.recording and second.status_words == "completed"
+    assert not third.recording and third.status_words == "sent; no answer yet"

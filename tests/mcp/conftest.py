@@ -9,6 +9,8 @@ so its own idempotency keys); every test gets its own ledger.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.client.stdio import get_default_environment
 
 import stopline
 from mcp import StdioServerParameters
@@ -32,24 +35,32 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def server_env() -> dict[str, str]:
+    """The SDK's default child environment, importing stopline from this checkout's ``src``
+    (the SDK passes no ``PYTHONPATH``, so a child would otherwise import whichever
+    stopline the interpreter has installed)."""
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    return {**get_default_environment(), "PYTHONPATH": path}
+
+
 def stdio_params(db: Path, *extra: str) -> StdioServerParameters:
     args = ["-m", "stopline.integrations.mcp.testing", "--db", str(db), *extra]
-    return StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
+    return StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT), env=server_env())
 
 
-@pytest.fixture(scope="module")
-def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The testing server over Streamable HTTP, listening before it is even started."""
-    db = tmp_path_factory.mktemp("http") / "effects.db"
+@contextlib.contextmanager
+def serve_http(*args: str) -> Iterator[str]:
+    """``python ARGS --fd N`` serving Streamable HTTP on a socket this process bound and
+    listens on, so there is no start-up race to wait out; its URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "stopline.integrations.mcp.testing", "--db", str(db)]
     proc = subprocess.Popen(
-        [*cmd, "--fd", str(sock.fileno())],
+        [sys.executable, *args, "--fd", str(sock.fileno())],
         pass_fds=[sock.fileno()],
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
         stderr=subprocess.DEVNULL,
     )
     sock.close()
@@ -58,6 +69,14 @@ def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The testing server over Streamable HTTP."""
+    db = tmp_path_factory.mktemp("http") / "effects.db"
+    with serve_http("-m", "stopline.integrations.mcp.testing", "--db", str(db)) as url:
+        yield url
 
 
 class Server:

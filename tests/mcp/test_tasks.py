@@ -1,5 +1,6 @@
-"""The io.modelcontextprotocol/tasks extension over a real server (stdio and HTTP,
-2026-07-28; a legacy connection falls back to a plain call)."""
+"""MCP tasks through StoplineMCP, both eras (2026-07-28 extension, 2025-11-25 core) over
+stdio and Streamable HTTP: what a task-backed call records, and the races the spec names
+(a cancel against the work finishing, a task that vanished or expired)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,15 @@ import pytest
 import stopline
 from stopline import Cause, OpStatus, PhaseKind, Policy
 from stopline.integrations.mcp import ToolPolicy
-from tests.mcp.conftest import Server, open_server, wait_status
+from tests.mcp.conftest import TRANSPORTS, Server, open_server, wait_status
 from tests.scenarios.workflows import Started, start
 
 pytestmark = pytest.mark.timeout(30)
 Body = Callable[[stopline.Run, Started], Awaitable[None]]
-TASKS = {"upload": ToolPolicy(task=True)}
-# Tasks exist only on 2026-07-28 connections; on a legacy one the same policy falls back
-# to a plain call (test_mcp_task_completes_and_commits covers that), so these run on 2026.
-TASK_ERA = pytest.mark.parametrize("server", ["stdio-2026", "http-2026"], indirect=True)
+TASKS = {"upload": ToolPolicy(task=True)}  # 2025: ask for a task; 2026: the server decides
 
 
-@pytest.fixture(scope="module", params=["stdio-2026", "http-2026", "stdio-legacy"])
+@pytest.fixture(scope="module", params=TRANSPORTS)
 async def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Server]:
@@ -41,30 +39,52 @@ def immediate(server: Server) -> Body:
     return body
 
 
+async def cancel_requested(ledger: stopline.Ledger, run_id: str) -> str:
+    """The ``task_cancel_requested`` note's detail, once it is written."""
+    while True:
+        for event in await ledger.backend.events(run_id):
+            if event.kind == "task_cancel_requested":
+                return str(event.data.get("detail", ""))
+        await ledger.wait_for_change(run_id)
+
+
+async def attached(ledger: stopline.Ledger, op: stopline.OperationRecord, text: str) -> None:
+    """Until ``text`` is in the operation's evidence, or in a note agreeing with it."""
+    while True:
+        current = await ledger.backend.get_operation(op.id)
+        events = [e for e in await ledger.backend.events(op.run_id) if e.op_id == op.id]
+        if any(text in e.detail for e in current.evidence) or any(
+            text in str(e.data) for e in events
+        ):
+            return
+        await ledger.wait_for_change(op.run_id)
+
+
 async def test_mcp_task_completes_and_commits(ledger: stopline.Ledger, server: Server) -> None:
     async with ledger.run("task", owner="user:1") as run:
         result = await server.conn.call(run, "upload", {"payload": "t"})
     op = (await ledger.backend.operations(run.id))[0]
     assert result == {"id": op.id, "tool": "upload", "value": "t"}
     assert op.status is OpStatus.COMMITTED
-    refs = [e.ref for e in op.evidence]
-    assert any(r.startswith("task:") for r in refs) == (server.era == "2026")
+    assert any(e.ref.startswith("task:") for e in op.evidence)  # accepted when the task existed
+    assert len(await server.effects_of(op.id)) == 1
 
 
-@TASK_ERA
 async def test_mcp_task_cancel_is_a_request_then_the_truth(
     ledger: stopline.Ledger, server: Server
 ) -> None:
-    """tasks/cancel is recorded as a request; polling finds the work finished: committed."""
+    """tasks/cancel is recorded as a request; following the task finds the work finished:
+    committed. In 2025 the task said ``cancelled`` at once: that proved nothing."""
     await server.hold("accepted:upload")  # past acceptance: the work cannot stop any more
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(server))
         key = await server.reached("accepted:upload")
         await ledger.cancel(started.run_id, by="user:1")
-    while "task_cancel_requested" not in [
-        e.kind for e in await ledger.backend.events(started.run_id)
-    ]:
-        await ledger.wait_for_change(started.run_id)
+    detail = await cancel_requested(ledger, started.run_id)
+    if server.era == "2026":
+        assert "acknowledged" in detail
+    else:
+        assert "status cancelled" in detail and "proves nothing" in detail
     assert (await ledger.backend.get_operation(key)).status is not OpStatus.NOT_COMMITTED
     await server.release("accepted:upload")
     op = await wait_status(ledger, key, OpStatus.COMMITTED)
@@ -72,23 +92,27 @@ async def test_mcp_task_cancel_is_a_request_then_the_truth(
     assert len(await server.effects_of(key)) == 1
 
 
-@TASK_ERA
 async def test_mcp_task_cancelled_before_any_effect(
     ledger: stopline.Ledger, server: Server
 ) -> None:
+    """``cancelled`` counts as not_committed only because the server proves it
+    (``io.stopline/outcome`` from its Effects record)."""
     await server.hold("received:upload")
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(server))
         key = await server.reached("received:upload")
         await ledger.cancel(started.run_id, by="user:1")
     op = await wait_status(ledger, key, OpStatus.NOT_COMMITTED)
-    assert any(e.ref.startswith("task:") for e in op.evidence)
+    await attached(ledger, op, "server record: not_committed")  # the task's own word (R4)
+    assert (await ledger.backend.get_operation(key)).status is OpStatus.NOT_COMMITTED
     assert await server.effects_of(key) == []
 
 
-@TASK_ERA
-async def test_mcp_vanished_task_is_unknown(ledger: stopline.Ledger, server: Server) -> None:
-    """A task the server forgot (as a TTL would) is unknown: never cancelled, never done."""
+async def test_mcp_vanished_task_is_unknown_then_read_back(
+    ledger: stopline.Ledger, server: Server
+) -> None:
+    """A task the server forgot (as a TTL would) is unknown, never cancelled; the read-back
+    (stopline_verify) then settles what really happened."""
     await server.hold("accepted:upload")
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(server))
@@ -99,3 +123,6 @@ async def test_mcp_vanished_task_is_unknown(ledger: stopline.Ledger, server: Ser
         assert any("vanished" in e.detail for e in op.evidence)
         await server.release("accepted:upload")
     assert started.error is not None  # the workflow was told: no answer
+    op = await wait_status(ledger, key, OpStatus.COMMITTED)
+    assert op.status is OpStatus.COMMITTED
+    assert len(await server.effects_of(key)) == 1

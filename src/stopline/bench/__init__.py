@@ -30,11 +30,16 @@ SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres")
 async def run_suites(
     *, quick: bool, workdir: Path, postgres: str | None = None, only: tuple[str, ...] = SUITES
 ) -> list[Figure]:
+    from stopline.cli.progress import progress
+
     figures: list[Figure] = []
-    for name in only:
-        module = importlib.import_module(f"stopline.bench.{name}")
-        measure: Callable[..., Awaitable[list[Figure]]] = module.measure
-        figures.extend(await measure(quick=quick, workdir=workdir, postgres=postgres))
+    with progress("benchmarks", total=len(only)) as bar:
+        for name in only:
+            bar.describe(f"bench: {name}")
+            module = importlib.import_module(f"stopline.bench.{name}")
+            measure: Callable[..., Awaitable[list[Figure]]] = module.measure
+            figures.extend(await measure(quick=quick, workdir=workdir, postgres=postgres))
+            bar.advance()
     return figures
 
 

@@ -24,11 +24,11 @@ from stopline.ledger import open_backend, resolve_url
 __all__ = [
     "EXIT_ERROR",
     "EXIT_NEEDS_REVIEW",
+    "EXIT_NOTHING_TO_DO",
     "EXIT_OK",
     "EXIT_PENDING",
     "EXIT_USAGE",
     "MissingExtra",
-    "NotAvailable",
     "Options",
     "err",
     "exit_code_for",
@@ -46,6 +46,7 @@ EXIT_ERROR = 1  # unknown run, bad ledger URL, corrupt file, feature not availab
 EXIT_USAGE = 2  # bad arguments, or an optional extra the command needs is missing
 EXIT_PENDING = 3  # still verifying or awaiting confirmation (or Ctrl-C while waiting)
 EXIT_NEEDS_REVIEW = 4  # a human must decide an outcome
+EXIT_NOTHING_TO_DO = 5  # resume of a run that is not paused or cancelled: nothing happened
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -89,16 +90,6 @@ def require_extra(extra: str, *modules: str) -> None:
     for module in modules:
         if importlib.util.find_spec(module) is None:
             raise MissingExtra(extra, module)
-
-
-class NotAvailable(StoplineError):
-    """The runtime of this version has no API for the command yet."""
-
-    def __init__(self, command: str, method: str) -> None:
-        super().__init__(
-            f"'{command}' is not available in this version of stopline "
-            f"(the ledger has no {method}() yet)"
-        )
 
 
 @dataclasses.dataclass(slots=True)
@@ -202,11 +193,3 @@ def print_receipt(receipt: Receipt) -> None:
         out.print(f"  resume: {receipt.resume_rule}", markup=False)
     state = "settled" if receipt.settled else "not settled yet"
     out.print(f"  [dim]run {receipt.run_id}: {receipt.run_state.value}, {state}[/]")
-
-
-def method(ledger: stopline.Ledger, command: str, name: str) -> Callable[..., Awaitable[Any]]:
-    """A ledger method that later versions add, or ``NotAvailable``."""
-    fn = getattr(ledger, name, None)
-    if fn is None or not callable(fn):
-        raise NotAvailable(command, name)
-    return fn  # type: ignore[no-any-return]

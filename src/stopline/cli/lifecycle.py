@@ -1,8 +1,4 @@
-"""`stopline pause`, `resume` and `reconcile`.
-
-Each is looked up on the ledger at run time; a runtime without one says so
-and exits 1 rather than pretending. The CLI acts as an operator principal.
-"""
+"""`stopline pause`, `resume` and `reconcile`. The CLI acts as an operator principal."""
 
 from __future__ import annotations
 
@@ -11,9 +7,14 @@ from typing import Annotated, Any
 import typer
 
 from stopline.cli import _common as c
+from stopline.cli.progress import progress
 from stopline.domain.lifecycle import operator
+from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
+from stopline.ledger.schema import NOTHING_TO_RESUME
+from stopline.runtime.lifecycle import Resumed
+from stopline.runtime.reconcile import ReconcileSummary
 
 __all__ = ["register"]
 
@@ -39,15 +40,6 @@ def _show(result: Any, as_json: bool) -> int:
     return c.EXIT_OK
 
 
-def _lifecycle(url: str, command: str, name: str, *args: Any, **kwargs: Any) -> Any:
-    async def go() -> Any:
-        async with c.opened(url) as ledger:
-            fn = c.method(ledger, command, name)
-            return await fn(*args, **kwargs)
-
-    return c.run_sync(go)
-
-
 def pause(
     ctx: typer.Context,
     run_id: RunArg,
@@ -56,9 +48,13 @@ def pause(
     as_json: JsonOpt = False,
 ) -> None:
     """Pause a run: dispatch stops at the next boundary, initiate is suspended (R9)."""
-    result = _lifecycle(
-        c.options(ctx).url, "pause", "pause", run_id, by=operator(by), reason=reason
-    )
+    url = c.options(ctx).url
+
+    async def go() -> Receipt:
+        async with c.opened(url) as ledger:
+            return await ledger.pause(run_id, by=operator(by), reason=reason)
+
+    result = c.run_sync(go)
     _show(result, as_json)
     # 0 once paused; 3 while pausing (a call in flight finishes first)
     paused = isinstance(result, Receipt) and result.run_state is RunState.PAUSED
@@ -71,26 +67,54 @@ def resume(
     by: ByOpt = "cli:operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """Resume a paused run from its last evidenced checkpoint (R10)."""
-    result = _lifecycle(c.options(ctx).url, "resume", "resume", run_id, by=operator(by))
+    """Resume a paused or cancelled run from its last evidenced checkpoint (R10).
+
+    Exit code 0 once it runs again; 5 when there is nothing to resume (it is
+    running already, or it completed or failed on its own).
+    """
+    url = c.options(ctx).url
+
+    async def go() -> Resumed | RunRecord:
+        async with c.opened(url) as ledger:
+            run = await ledger.backend.get_run(run_id)
+            if run.state in NOTHING_TO_RESUME:
+                return run
+            return await ledger.resume(run_id, by=operator(by))
+
+    result = c.run_sync(go)
+    if isinstance(result, RunRecord):
+        message = f"nothing to resume: run {result.id} is {result.state.value}"
+        if as_json:
+            c.print_json({"run_id": result.id, "run_state": result.state.value, "resumed": False})
+        else:
+            c.out.print(message, markup=False)
+        raise typer.Exit(c.EXIT_NOTHING_TO_DO)
     raise typer.Exit(_show(result, as_json))
 
 
 def reconcile(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Reconcile operations left requested or unknown (after a crash) by read-back."""
+    """Reconcile operations left requested or unknown (after a crash) by read-back.
+
+    Exit code 0 when every operation checked was settled by its read-back, 4 when
+    some went to human review, 3 when some are still in doubt (or not verifiable
+    in this process).
+    """
     url = c.options(ctx).url
 
-    async def go() -> Any:
+    async def go() -> ReconcileSummary:
         async with c.opened(url) as ledger:
-            fn = c.method(ledger, "reconcile", "reconcile")
-            with c.err.status("reconciling (Ctrl-C stops; nothing is lost)"):
-                return await fn()
+            with progress("reconciling (Ctrl-C stops; nothing is lost)") as bar:
+                return await ledger.reconcile(on_progress=bar.update)
 
     try:
         result = c.run_sync(go)
     except KeyboardInterrupt:
         c.fail("interrupted; what was reconciled is in the ledger", c.EXIT_PENDING)
-    raise typer.Exit(_show(result, as_json))
+    _show(result, as_json)
+    if result.needs_review:
+        raise typer.Exit(c.EXIT_NEEDS_REVIEW)
+    doubt = result.still_unknown or result.still_accepted or result.not_here
+    raise typer.Exit(c.EXIT_PENDING if doubt else c.EXIT_OK)
 
 
 def register(app: typer.Typer) -> None:

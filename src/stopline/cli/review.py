@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Any
 
 import typer
@@ -12,6 +11,8 @@ from stopline.cli import _common as c
 from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_json, run_to_json
 from stopline.cli.views import timeline as build_timeline
 from stopline.domain.lifecycle import operator
+from stopline.domain.receipt import Receipt
+from stopline.runtime.review import ReviewVerdict
 
 __all__ = ["app"]
 
@@ -21,11 +22,6 @@ app = typer.Typer(
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 OpArg = Annotated[str, typer.Argument(help="The operation id.", metavar="OP")]
-
-
-class Decision(enum.StrEnum):
-    COMMITTED = "committed"
-    NOT_COMMITTED = "not_committed"
 
 
 @app.command("list")
@@ -111,7 +107,13 @@ def resolve(
     ctx: typer.Context,
     op_id: OpArg,
     decision: Annotated[
-        Decision, typer.Option("--as", help="What the reviewer found.", case_sensitive=False)
+        ReviewVerdict,
+        typer.Option(
+            "--as",
+            help="What the reviewer found: it happened (committed), it did not "
+            "(not_committed), or it happened and must be corrected (compensate).",
+            case_sensitive=False,
+        ),
     ],
     note: Annotated[str, typer.Option(help="What the decision rests on (evidence).")] = "",
     by: Annotated[
@@ -119,18 +121,19 @@ def resolve(
     ] = "cli:operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """Record a reviewer's decision on an operation in needs_review."""
+    """Record a reviewer's decision on an operation in needs_review; prints the run's receipt.
+
+    Exit code as for cancel: 0 settled, 3 still settling (a correction), 4 still in review.
+    """
     url = c.options(ctx).url
 
-    async def go() -> Any:
+    async def go() -> Receipt:
         async with c.opened(url) as ledger:
-            fn = c.method(ledger, "review resolve", "resolve_review")
-            return await fn(op_id, decision.value, by=operator(by), note=note)
+            return await ledger.resolve_review(op_id, decision, by=operator(by), note=note)
 
-    result = c.run_sync(go)
-    to_json = getattr(result, "to_json", None)
+    receipt = c.run_sync(go)
     if as_json:
-        c.print_json(to_json() if callable(to_json) else str(result))
+        c.print_json(receipt.to_json())
     else:
-        text = getattr(result, "text", None)
-        c.out.print(text() if callable(text) else str(result), markup=False)
+        c.print_receipt(receipt)
+    raise typer.Exit(c.exit_code_for(receipt))

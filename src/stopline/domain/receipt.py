@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
@@ -139,6 +139,8 @@ class OperationLine:
     provider_cancel: str
     recovery: str
     evidence: tuple[Evidence, ...]
+    # the response is in hand and its record queued, not yet durable (ADR 0022)
+    recording: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +151,7 @@ class OperationLine:
             "provider_cancel": self.provider_cancel,
             "recovery": self.recovery,
             "evidence": [e.to_json() for e in self.evidence],
+            "recording": self.recording,
         }
 
     def text(self) -> str:
@@ -212,6 +215,19 @@ class Receipt:
         return self.text()
 
 
+def _line(op: OperationRecord, recording: bool) -> OperationLine:
+    return OperationLine(
+        op_id=op.id,
+        what=op.description or op.tool,
+        status=op.status,
+        status_words=_RECORDING_WORDS if recording else _PLAIN_STATUS[op.status],
+        provider_cancel=_cancel_words(op),
+        recovery=_recovery(op),
+        evidence=tuple(op.evidence),
+        recording=recording,
+    )
+
+
 def _resume_rule(run: RunRecord) -> str:
     if run.state in (RunState.PAUSED, RunState.PAUSING):
         return "can be resumed by a principal allowed to resume"
@@ -220,22 +236,18 @@ def _resume_rule(run: RunRecord) -> str:
     return ""
 
 
-def build_receipt(run: RunRecord, ops: Sequence[OperationRecord]) -> Receipt:
+_RECORDING_WORDS = "answered; recording the outcome (not yet durable)"
+
+
+def build_receipt(
+    run: RunRecord, ops: Sequence[OperationRecord], *, recording: Collection[str] = ()
+) -> Receipt:
+    """``recording``: operations whose outcome the caller holds but has not committed yet;
+    a line still in flight in the records says so instead of "no answer yet"."""
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     message = HEADLINE_MESSAGES[headline].format(n=committed)
-    lines = tuple(
-        OperationLine(
-            op_id=op.id,
-            what=op.description or op.tool,
-            status=op.status,
-            status_words=_PLAIN_STATUS[op.status],
-            provider_cancel=_cancel_words(op),
-            recovery=_recovery(op),
-            evidence=tuple(op.evidence),
-        )
-        for op in ops
-    )
+    lines = tuple(_line(op, op.status.in_flight and op.id in recording) for op in ops)
     return Receipt(
         run_id=run.id,
         run_state=run.state,

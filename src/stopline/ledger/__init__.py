@@ -30,13 +30,14 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
-        unknown = set(options) - {"busy_timeout", "synchronous"}
+        unknown = set(options) - {"busy_timeout", "synchronous", "group_commit_ms"}
         if unknown:
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
         return await SQLiteBackend.open(
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
+            group_commit=_milliseconds(url, options.get("group_commit_ms", "2")),
             read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
@@ -48,3 +49,13 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
             ) from exc
         return await PostgresBackend.open(url, read_only=read_only)
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
+
+
+def _milliseconds(url: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 60_000:
+        raise LedgerUnavailable(url, f"group_commit_ms={text!r} is not 0-60000 milliseconds")
+    return value / 1000

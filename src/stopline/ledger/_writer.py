@@ -24,6 +24,7 @@ import functools
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, TypeVar
 
@@ -40,30 +41,47 @@ _QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 
 
 class _Job(Generic[T]):
-    __slots__ = ("_event", "_lock", "_state", "_wake", "error", "fn", "result")
+    __slots__ = (
+        "_event", "_lock", "_state", "_wake", "deferred", "error", "fn", "held", "result"
+    )  # fmt: skip
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> None:
         self.fn = fn
+        # nobody waits on it: it may wait a little for company before committing
+        self.deferred = then is not None
+        # a deferred job whose batch failed to commit: kept for the next batch, not lost
+        self.held = False
         self.result: Any = None
         self.error: BaseException | None = None
         self._state = _QUEUED
         self._lock = threading.Lock()
+        self._event: Any = None
         library = sniffio.current_async_library()
         if library == "asyncio":
             import asyncio
 
             loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._event: Any = future
-            # wakes are grouped per loop: one call_soon_threadsafe per batch
-            self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: _set_future(future))
+            if then is not None:
+                # wakes are grouped per loop: one call_soon_threadsafe per batch
+                self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: then(self.outcome))
+            else:
+                future: asyncio.Future[None] = loop.create_future()
+                self._event = future
+                self._wake = (loop, lambda: _set_future(future))
         else:
             import trio
 
-            event = trio.Event()
             token = trio.lowlevel.current_trio_token()
-            self._event = event
-            self._wake = (token, event.set)
+            if then is not None:
+                self._wake = (token, lambda: then(self.outcome))
+            else:
+                event = trio.Event()
+                self._event = event
+                self._wake = (token, event.set)
 
     @property
     def finished(self) -> bool:
@@ -126,8 +144,11 @@ class Writer:
         grace: float = 10.0,
         *,
         begin: str = "BEGIN IMMEDIATE",
+        linger: float = 0.002,
     ) -> None:
         self._begin = begin  # "BEGIN" (deferred) on a read-only connection
+        # how long a batch of deferred jobs alone waits for the next job to share its commit
+        self._linger = linger
         self._queue: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._map_error = map_error
         self._location = location
@@ -140,6 +161,9 @@ class Writer:
         self._closed = False
         self._stopped: BaseException | None = None  # why the thread ended, if it did
         self._broken = False  # a rollback failed: the next batch starts on a new connection
+        # deferred jobs (outcomes) whose batch could not commit (a full disk, an I/O
+        # error): they ride the next batch, first, so an outcome is never dropped
+        self._held: list[_Job[Any]] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -171,14 +195,24 @@ class Writer:
                 raise
         return job.outcome()
 
-    def enqueue(self, fn: Callable[[sqlite3.Connection], T]) -> _Job[T]:
-        """Queue ``fn`` now, in order, without waiting: a job queued later by this process
-        (a read, the next gate) runs after it and sees what it wrote."""
+    def enqueue(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        then: Callable[[Callable[[], T]], None] | None = None,
+    ) -> _Job[T]:
+        """Queue ``fn`` now, in order: a job queued later by this process (a read, the
+        next gate) runs after it and sees what it wrote.
+
+        With ``then``, nobody waits: after the commit, ``then(outcome)`` runs on the
+        caller's event loop (``outcome()`` returns the result or raises). A batch of
+        only such jobs waits up to ``linger`` seconds for another job and commits with
+        it (group commit: a sequential workflow's outcome rides its next intent's fsync).
+        """
         if self._closed:
             raise RuntimeError("the ledger is closed")
         if self._stopped is not None:
             raise self._stopped
-        job: _Job[T] = _Job(fn)
+        job: _Job[T] = _Job(fn, then)
         self._queue.put(job)
         if self._stopped is not None:  # stopped meanwhile: nobody will take it
             self._drain(self._stopped)
@@ -206,18 +240,14 @@ class Writer:
                 first = self._queue.get()
                 if first is None:
                     return
-                batch = [first] if first.claim() else []
-                stop = False
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        job = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        stop = True
-                        break
-                    if job.claim():
-                        batch.append(job)
+                batch, self._held = self._held, []
+                for job in batch:
+                    job.held = False
+                if first.claim():
+                    batch.append(first)
+                stop = self._take_waiting(batch)
+                if not stop and batch and all(job.deferred for job in batch):
+                    stop = self._linger_for_company(batch)
                 if batch:
                     self._serve(batch)
                 if stop:
@@ -228,16 +258,62 @@ class Writer:
         finally:
             self._stop(stopped)
 
+    def _take_waiting(self, batch: list[_Job[Any]]) -> bool:
+        """Add every job already waiting (up to the batch limit); True if told to stop."""
+        while len(batch) < _MAX_BATCH:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            if job.claim():
+                batch.append(job)
+        return False
+
+    def _linger_for_company(self, batch: list[_Job[Any]]) -> bool:
+        """Only deferred jobs: wait up to ``linger`` for a job someone waits on.
+
+        The wait is bounded from the first deferred job, so an outcome is durable
+        within a few milliseconds even when no other write comes.
+        """
+        deadline = time.monotonic() + self._linger
+        while len(batch) < _MAX_BATCH:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                job = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                return False
+            if job is None:
+                return True
+            if job.claim():
+                batch.append(job)
+            if self._take_waiting(batch):
+                return True
+            if not all(j.deferred for j in batch):
+                return False
+        return False
+
     def _serve(self, batch: list[_Job[Any]]) -> None:
         """Run one batch and wake its callers, whatever happens: the thread goes on."""
         try:
             conn = self._connection()
-            if not self._run_together(conn, batch):
-                for job in batch:
-                    self._run_together(conn, [job])
+            self._run(conn, batch)
+            rest = [job for job in batch if not job.held]
+            if len(rest) < len(batch) and rest:
+                # held outcomes could not commit (a full disk): the rest, a read for one,
+                # may still without them
+                self._run(self._connection(), rest)
         except Exception as exc:  # no connection, or an error no mapping foresaw
             self._fail(batch, exc)
-        _wake_all(batch)
+        _wake_all([job for job in batch if not job.held])
+
+    def _run(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
+        if not self._run_together(conn, batch):
+            for job in batch:
+                self._run_together(conn, [job])
 
     def _connection(self) -> sqlite3.Connection:
         """The connection, replaced if a failed rollback left it inside a transaction."""
@@ -265,6 +341,9 @@ class Writer:
             cause = f"the writer thread stopped ({type(why).__name__}: {why}); reopen the ledger"
             why = LedgerIOError(self._location, cause)
         self._stopped = why
+        for job in self._held:
+            job.error, job.held = why, False
+        _wake_all(self._held)
         self._drain(why)
         if self._conn is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -306,10 +385,17 @@ class Writer:
         return True
 
     def _fail(self, batch: list[_Job[Any]], exc: BaseException) -> None:
+        """The batch as a whole did not commit: its callers learn why; deferred jobs,
+        whose callers are not waiting, are held for the next batch instead."""
         mapped = self._map_error(exc)
         for job in batch:
-            job.error = mapped
             job.result = None
+            if job.deferred and self._stopped is None:
+                if not job.held:
+                    job.held = True
+                    self._held.append(job)
+            else:
+                job.error = mapped
 
 
 def _wake_all(batch: list[_Job[Any]]) -> None:

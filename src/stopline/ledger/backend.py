@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import anyio
@@ -131,15 +131,21 @@ class Journal(abc.ABC):
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """Apply one transition (compare-and-set on the status read in the same txn)."""
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        """Queue ``record`` now and return its result to await later.
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        """Queue ``record`` now; once it commits, call ``then(outcome)`` on this event loop
+        (``outcome()`` returns the record or raises what ``record`` would have).
 
         Only for backends with ``defers_outcomes``: every later call from this
         process is ordered after it, so reads see it; until its commit, a crash
         leaves the operation ``requested``, which recovery marks ``unknown`` and
         reads back (R2). The intent, which dispatch waits for, is never deferred.
         """
-        return self.record(op_id, update)
+        raise NotImplementedError(f"{type(self).__name__} does not defer outcomes")
 
     @abc.abstractmethod
     async def note(

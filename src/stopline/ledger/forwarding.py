@@ -9,7 +9,7 @@ that must act before *every* call (a crash switch) overrides ``inner``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import anyio
@@ -54,8 +54,13 @@ class ForwardingBackend(Backend):
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         return await self.inner.record(op_id, update)
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self.inner.record_deferred(op_id, update)
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self.inner.record_deferred(op_id, update, then)
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None

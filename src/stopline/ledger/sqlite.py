@@ -16,7 +16,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +48,7 @@ class SQLiteBackend(SqlBackend):
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
+        group_commit: float = 0.002,
         read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
@@ -60,8 +61,14 @@ class SQLiteBackend(SqlBackend):
         # transactions; a file that is not a ledger is refused untouched
         self.read_only = read_only
         begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
+        # an outcome nobody waits for waits up to ``group_commit`` s for the next write
         self._writer = Writer(
-            self._connect, self._map_error, self.location, busy_timeout, begin=begin
+            self._connect,
+            self._map_error,
+            self.location,
+            busy_timeout,
+            begin=begin,
+            linger=group_commit,
         )
 
     @classmethod
@@ -185,9 +192,14 @@ class SQLiteBackend(SqlBackend):
 
     defers_outcomes = True  # one writer thread, first in first out
 
-    def record_deferred(self, op_id: str, update: OutcomeUpdate) -> Awaitable[OperationRecord]:
-        return self._writer.enqueue(
-            lambda conn: run_sync(record(SQLiteDb(conn, self.location), op_id, update))
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self._writer.enqueue(
+            lambda conn: run_sync(record(SQLiteDb(conn, self.location), op_id, update)), then
         )
 
 

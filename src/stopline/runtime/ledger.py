@@ -9,6 +9,7 @@ in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import uuid
@@ -17,7 +18,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
@@ -94,15 +95,23 @@ class Ledger(LifecycleMixin, TruthMixin):
         observers: Sequence[Callable[[Backend], Backend]] = (),
         access: AccessPolicy | None = None,
         tools: Sequence[Tool[Any]] = (),
-        durable_outcomes: bool = True,
+        durable_outcomes: bool = False,
     ) -> None:
         self.url = resolve_url(url)
         # R11: who may cancel, pause, resume, approve and resolve; the default lets the
         # owner, a tenant admin and an operator act
         self.access: AccessPolicy = access or OwnerOrTenantAdmin()
-        # True: a call returns once its outcome is durable. False: the outcome commits
-        # with the next batch, and a crash in between leaves it to reconciliation (ADR 0006)
+        # False (default): the outcome commits with the next group commit, within a few
+        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
+        # returns once its outcome is durable (ADR 0022, revisiting 0006)
         self.durable_outcomes = durable_outcomes
+        # outcomes this process holds whose record has not committed yet: "recording"
+        self._recording: set[str] = set()
+        # ... and those whose record has committed, waiting for ``_finish_outcomes``
+        self._committed: collections.deque[
+            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
+        ] = collections.deque()
+        self._committed_ready = anyio.Event()
         # how long the settler waits for a provider's answer to a cancel request before
         # it records "cancel_unanswered" and lets the operation's own outcome decide
         self.cancel_answer_timeout = 30.0
@@ -140,6 +149,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             # cancels committed by other processes reach this one's in-flight calls
             await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
+            await self._tg.start(self._finish_outcomes)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -269,7 +279,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         run = await self.backend.get_run(run_id)
         if by is not None and not self.access.visible(Principal.of(by), run):
             raise UnknownRun(run_id)
-        return build_receipt(run, await self.backend.operations(run_id, descendants=True))
+        ops = await self.backend.operations(run_id, descendants=True)
+        return build_receipt(run, ops, recording=self._recording)
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -363,17 +374,30 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._after_change(op)
         return op
 
-    async def _settle_deferred(
-        self, update: OutcomeUpdate, op_id: str, pending: Awaitable[OperationRecord]
+    def _recorded(
+        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
     ) -> None:
-        """The end of a deferred outcome (``Backend.record_deferred``): what ``_resolve``
-        does after its write, once the write has committed."""
-        try:
-            op = await pending
-        except IllegalTransition:
-            await self._resolve(op_id, update)  # agreeing evidence, or a contradiction
-            return
-        self._after_change(op)
+        """A deferred outcome has committed (``Backend.record_deferred``), called on the
+        loop outside any task: hand it to the one task that finishes outcomes."""
+        self._recording.discard(op_id)
+        self._committed.append((op_id, update, outcome))
+        self._committed_ready.set()
+
+    async def _finish_outcomes(self, *, task_status: TaskStatus[None]) -> None:
+        """What ``_resolve`` does after its write, for deferred outcomes: one task for
+        all of them, woken once per group commit, instead of a task per call."""
+        task_status.started()
+        while True:
+            await self._committed_ready.wait()
+            self._committed_ready = anyio.Event()
+            while self._committed:
+                op_id, update, outcome = self._committed.popleft()
+                try:
+                    op = outcome()
+                except IllegalTransition:
+                    self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
+                    continue
+                self._after_change(op)
 
     async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
         """R3: no answer is ``unknown``, never ``not_committed``."""
@@ -466,14 +490,16 @@ def open(
     observers: Sequence[Callable[[Backend], Backend]] = (),
     access: AccessPolicy | None = None,
     tools: Sequence[Tool[Any]] = (),
-    durable_outcomes: bool = True,
+    durable_outcomes: bool = False,
 ) -> Ledger:
     """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
 
     Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
     from the start, so operations a crashed worker left in doubt can be verified.
-    ``durable_outcomes=False`` lets a call return before its outcome is durable
-    (one fsync per call instead of two on SQLite; see docs/decisions/0006).
+    By default a call returns once its intent is durable and its outcome is queued:
+    the outcome commits with the next write, within a few milliseconds (one fsync
+    per call on SQLite). ``durable_outcomes=True`` is the strict mode: a call
+    returns only once its outcome is durable too (docs/decisions/0022).
     """
     return Ledger(
         url,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -88,6 +88,7 @@ class Reconciler:
         budget: VerifyBudget | None = None,
         accepted_after: float = 300.0,
         limit: int = 10_000,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> ReconcileSummary:
         ledger = self._ledger
         for tool in tools:
@@ -106,6 +107,9 @@ class Reconciler:
             ]
             finals: dict[str, OperationRecord] = {}
             limiter = anyio.CapacityLimiter(_CONCURRENCY)
+            total = len(unknown) + len(accepted)
+            if on_progress is not None:
+                on_progress(0, total)
 
             async def one(op: OperationRecord) -> None:
                 async with limiter:
@@ -113,6 +117,8 @@ class Reconciler:
                         finals[op.id] = await ledger._settler.verify_with_budget(op, budget)
                     else:
                         finals[op.id] = await self.peek_accepted(op)
+                if on_progress is not None:
+                    on_progress(len(finals), total)
 
             async with anyio.create_task_group() as tg:
                 for op in [*unknown, *accepted]:

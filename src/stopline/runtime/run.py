@@ -13,6 +13,7 @@ can).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -209,12 +210,10 @@ class Run:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
         update = OutcomeUpdate(OpEvent.COMMITTED, evidence, result=result, has_result=True)
         if not ledger.durable_outcomes and ledger.backend.defers_outcomes:
-            # opted in: queued in order now, committed with the next batch (ADR 0006)
-            ledger.spawn(
-                ledger._settle_deferred,
-                update,
-                ctx.op_id,
-                ledger.backend.record_deferred(ctx.op_id, update),
+            # queued in order now, committed with the next group commit (ADR 0022)
+            ledger._recording.add(ctx.op_id)
+            ledger.backend.record_deferred(
+                ctx.op_id, update, functools.partial(ledger._recorded, ctx.op_id, update)
             )
         else:
             await ledger._resolve(ctx.op_id, update)

@@ -104,14 +104,20 @@ class TruthMixin:
         budget: VerifyBudget | None = None,
         accepted_after: float = 300.0,
         limit: int = 10_000,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> ReconcileSummary:
         """One pass over every operation in doubt: read back, never re-send.
 
         ``tools`` are registered first (an operation whose tool is not registered
         here is left for a process that has it, and counted as ``not_here``).
+        ``on_progress(done, total)`` is called as operations are checked.
         """
         return await self._reconciler.run(
-            tools=tools, budget=budget, accepted_after=accepted_after, limit=limit
+            tools=tools,
+            budget=budget,
+            accepted_after=accepted_after,
+            limit=limit,
+            on_progress=on_progress,
         )
 
     async def _call_context(self, op: OperationRecord, tool: Tool[Any]) -> CallContext:

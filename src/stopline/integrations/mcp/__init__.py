@@ -17,7 +17,6 @@ from stopline.integrations.mcp._vocab import (
     KEY_META,
     OUTCOME_DATA,
     REJECTED_CODE,
-    TASK_META,
     TASKS_EXTENSION,
     VERIFY_TOOL,
     ToolPolicy,
@@ -25,7 +24,8 @@ from stopline.integrations.mcp._vocab import (
 from stopline.integrations.mcp.client import StoplineMCP, UnknownTool
 from stopline.integrations.mcp.server import Effects, Operation, effect_meta, key_of
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap
-from stopline.integrations.mcp.tasks import TasksClient, TasksServer
+from stopline.integrations.mcp.tasks import TasksServer, default_principal
+from stopline.integrations.mcp.tasks_client import TasksClient
 
 __all__ = [
     "ACCEPTED_MESSAGE",
@@ -35,7 +35,6 @@ __all__ = [
     "OUTCOME_DATA",
     "REJECTED_CODE",
     "TASKS_EXTENSION",
-    "TASK_META",
     "VERIFY_TOOL",
     "Effects",
     "LateAnswer",
@@ -46,6 +45,7 @@ __all__ = [
     "TasksServer",
     "ToolPolicy",
     "UnknownTool",
+    "default_principal",
     "effect_meta",
     "key_of",
 ]

@@ -26,10 +26,10 @@ cancel (not_committed), or shows that it refused it and what it committed.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 from pydantic import ValidationError
 
 from mcp import MCPError
@@ -116,11 +116,8 @@ class McpCall:
         self.scope.deadline = deadline.initial()
         with self.scope:
             try:
-                result = await client.call_tool(
-                    self.mcp_name,
-                    arguments,
-                    progress_callback=on_progress,
-                    meta=cast(RequestParamsMeta, meta),
+                result = await self.conn.call_tool(
+                    client, self.mcp_name, arguments, meta, on_progress
                 )
             except MCPError as exc:
                 raise self._no_answer(exc) from exc

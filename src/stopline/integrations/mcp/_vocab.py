@@ -21,7 +21,6 @@ __all__ = [
     "OUTCOME_DATA",
     "REJECTED_CODE",
     "TASKS_EXTENSION",
-    "TASK_META",
     "VERIFY_TOOL",
     "ToolPolicy",
     "policy_from_listing",
@@ -51,9 +50,6 @@ REJECTED_CODE = -32090
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 """The MCP tasks extension (2026-07-28) identifier."""
 
-TASK_META = "io.modelcontextprotocol/task"
-"""Request ``_meta`` key asking for task-augmented execution: ``{"ttl": milliseconds}``."""
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolPolicy:
@@ -66,7 +62,7 @@ class ToolPolicy:
     effects: bool | None = None
     cancellable: Cancellable | None = None
     verify: bool | None = None  # use the server's stopline_verify (default: when offered)
-    task: bool = False  # run as an io.modelcontextprotocol/tasks task
+    task: bool = False  # 2025-11-25: ask for a task (params.task); in 2026 the server decides
     key_argument: str | None = None  # also pass the key as this argument
 
     def merged(self, base: ToolPolicy) -> ToolPolicy:

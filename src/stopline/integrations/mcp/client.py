@@ -30,14 +30,15 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.client import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult, ErrorData
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types import CallToolResult, ErrorData, RequestParamsMeta
 from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -47,13 +48,17 @@ from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
     KEY_META,
     OUTCOME_DATA,
-    TASK_META,
     VERIFY_TOOL,
     ToolPolicy,
     policy_from_listing,
 )
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap
-from stopline.integrations.mcp.tasks import CURRENT_CALL, TaskInfo, TasksClient
+from stopline.integrations.mcp.tasks_client import (
+    CURRENT_CALL,
+    TaskOutcome,
+    TasksClient,
+    offers_legacy_tasks,
+)
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -103,8 +108,10 @@ class StoplineMCP:
         self.settle_timeout = settle_timeout  # how long a cancelled call asks for the truth
         self.poll_wait = poll_wait  # the long poll of one stopline_verify
         self.extensions = list(extensions)
-        if tasks:  # io.modelcontextprotocol/tasks, for tools whose policy says task=True
-            self.extensions.append(TasksClient(spawn=self._spawn, on_final=self._task_final))
+        self.tasks: TasksClient | None = None
+        if tasks:  # MCP tasks: 2026 when the server decides, 2025 for policy.task tools
+            self.tasks = TasksClient(spawn=self._spawn, on_final=self._task_final)
+            self.extensions.append(self.tasks)
         self.listing: dict[str, McpTool] = {}
         self.late: list[LateAnswer] = []  # every late answer seen, for inspection
         self._tools: dict[str, Tool[Any]] = {}
@@ -284,9 +291,6 @@ class StoplineMCP:
         if policy.key_argument:
             args[policy.key_argument] = ctx.key
         meta: dict[str, Any] = {KEY_META: ctx.key}
-        client = await self._session()
-        if policy.task and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            meta[TASK_META] = {}  # the server's default TTL
         self._ledgers[ctx.op_id] = ctx._ledger
         while len(self._ledgers) > 4096:
             self._ledgers.popitem(last=False)
@@ -330,28 +334,40 @@ class StoplineMCP:
         detail = str(status.get("detail") or status.get("state") or "")
         return ReadBack(verdict, ref, detail, status.get("result"))
 
+    async def call_tool(
+        self,
+        client: Client,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+        on_progress: ProgressFnT,
+    ) -> CallToolResult:
+        """One ``tools/call``; on a 2025-11-25 connection as a task when the tool offers it."""
+        listed = self.listing.get(name)
+        legacy = client.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        if self.tasks is not None and legacy and listed is not None:
+            offered = offers_legacy_tasks(client.server_capabilities, listed)
+            required = listed.execution is not None and listed.execution.task_support == "required"
+            if offered and (self.policy(name).task or required):
+                return await self.tasks.call_legacy(
+                    client.session, name, arguments, meta, on_progress
+                )
+        return await client.call_tool(
+            name, arguments, progress_callback=on_progress, meta=cast(RequestParamsMeta, meta)
+        )
+
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         if self._tg is not None:
             self._tg.start_soon(fn, *args)
 
-    async def _task_final(self, call: CallContext, info: TaskInfo | None, detail: str) -> None:
+    async def _task_final(self, call: CallContext, outcome: TaskOutcome) -> None:
         """What a followed task really did, attached to its operation (R4)."""
-        verdict, result = Verdict.UNKNOWN, None
-        if info is not None and info.status == "completed" and info.result is not None:
-            verdict, result = (
-                Verdict.COMMITTED,
-                plain_result(CallToolResult.model_validate(info.result)),
-            )
-        elif (info is not None and info.outcome == "not_committed") or (
-            info is not None
-            and info.error
-            and (info.error.get("data") or {}).get(OUTCOME_DATA) == ("not_committed")
-        ):
-            verdict = Verdict.NOT_COMMITTED
-        ref = f"task:{info.task_id}" if info is not None else ""
+        verdict, result = Verdict(outcome.proves), None
+        if verdict is Verdict.COMMITTED and outcome.result is not None:
+            result = plain_result(CallToolResult.model_validate(outcome.result))
         try:
             await call._ledger.late_response(
-                call.op_id, verdict, result=result, ref=ref, detail=detail
+                call.op_id, verdict, result=result, ref=outcome.ref, detail=outcome.detail
             )
         except Exception:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)

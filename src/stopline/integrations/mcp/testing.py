@@ -78,7 +78,7 @@ class _Truth:
 
 def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
     effects = Effects(db)
-    tasks = TasksServer(effects=effects)
+    tasks = TasksServer(effects=effects, tools={"upload": "optional", "notify": "optional"})
     truth = _Truth(db)
     barriers = Barriers()
     faults: dict[str, str] = {}
@@ -86,6 +86,7 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
         "stopline-testing", extensions=[tasks], lifespan=tasks.lifespan
     )
     effects.install(server)
+    tasks.install(server)
 
     async def hold(point: str, tool: str, key: str) -> None:
         await barriers.reach(f"{point}:{tool}", key)

@@ -1,0 +1,79 @@
+"""DBOS launched on SQLite or the machine's PostgreSQL, bound to a stopline ledger."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from dbos import DBOS
+
+import stopline
+from tests.conftest import FAST_VERIFY
+from tests.engines import dbos_app
+from tests.engines.provider import FileProvider
+
+
+@dataclasses.dataclass(frozen=True)
+class Databases:
+    """DBOS's system database (and schema) and the ledger: on PostgreSQL one database
+    holds both, DBOS's system tables and the ledger each in a fresh schema."""
+
+    system_url: str
+    schema: str
+    ledger_url: str
+
+
+@dataclasses.dataclass
+class Harness:
+    ledger: stopline.Ledger
+    provider: FileProvider
+    dbs: Databases
+
+
+@contextlib.contextmanager
+def databases(backend: str, tmp_path: Path) -> Iterator[Databases]:
+    if backend == "sqlite":
+        yield Databases(
+            f"sqlite:///{tmp_path / 'dbos.sqlite'}", "", f"sqlite:///{tmp_path / 'ledger.db'}"
+        )
+        return
+    from tests.postgres.server import drop_schema, fresh_schema, require_server
+
+    server = require_server()
+    schema = f"dbos_{uuid.uuid4().hex[:12]}"
+    try:
+        for ledger_url in fresh_schema():
+            yield Databases(server, schema, ledger_url)
+    finally:
+        drop_schema(schema)
+
+
+def launch(dbs: Databases) -> None:
+    config: dict[str, object] = {"name": "stopline-tests", "system_database_url": dbs.system_url}
+    if dbs.schema:
+        config["dbos_system_schema"] = dbs.schema
+    DBOS(config=config)  # type: ignore[arg-type]
+    DBOS.launch()
+
+
+@contextlib.asynccontextmanager
+async def running(dbs: Databases, provider: FileProvider) -> AsyncIterator[Harness]:
+    """DBOS launched (recovering what a dead process left) with the gate bound."""
+    dbos_app.use(provider)
+    async with stopline.open(dbs.ledger_url, verify=FAST_VERIFY) as ledger:
+        with dbos_app.gate.bound(ledger):
+            launch(dbs)
+            try:
+                yield Harness(ledger, provider, dbs)
+            finally:
+                DBOS.destroy()
+
+
+@contextlib.asynccontextmanager
+async def harness(backend: str, tmp_path: Path) -> AsyncIterator[Harness]:
+    with databases(backend, tmp_path) as dbs:
+        async with running(dbs, FileProvider(tmp_path / "effects.jsonl")) as h:
+            yield h

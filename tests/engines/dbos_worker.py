@@ -1,0 +1,37 @@
+"""A DBOS process with the gate bound (the crash test): starts one workflow and dies.
+
+python -m tests.engines.dbos_worker SYSTEM_URL SCHEMA LEDGER_URL EFFECTS_FILE WORKFLOW_ID
+
+It says ``committed KEY`` after each effect and holds every response forever:
+the test kills it there.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+from dbos import DBOS, SetWorkflowID
+
+from tests.engines import dbos_app
+from tests.engines.dbos_harness import Databases, running
+from tests.engines.provider import FileProvider
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def main(*argv: str) -> None:
+    system_url, schema, ledger_url, effects, workflow_id = argv
+    provider = FileProvider(Path(effects), announce=say)
+    provider.barriers.hold("responding")  # never released: the response never leaves
+    async with running(Databases(system_url, schema, ledger_url), provider):
+        with SetWorkflowID(workflow_id):
+            await DBOS.start_workflow_async(dbos_app.pipeline, ["upload", "notify"])
+        await anyio.sleep_forever()
+
+
+if __name__ == "__main__":
+    anyio.run(main, *sys.argv[1:6])
