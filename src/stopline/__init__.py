@@ -30,6 +30,8 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    ApprovalNeeded,
+    ApprovalRequired,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
@@ -44,6 +46,7 @@ from stopline.errors import (
     NotPermitted,
     OperationInDoubt,
     RunCancelled,
+    RunFenced,
     SchemaTooNew,
     StoplineError,
     UnknownOperation,
@@ -52,7 +55,7 @@ from stopline.errors import (
 from stopline.runtime.compensate import CompensationContext
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger, VerifyBudget, open
-from stopline.runtime.lifecycle import ApprovalRequired, Resumed, Retry
+from stopline.runtime.lifecycle import Resumed, Retry
 from stopline.runtime.reconcile import ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport
 from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
@@ -72,6 +75,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessPolicy",
     "Action",
+    "ApprovalNeeded",
     "ApprovalRecord",
     "ApprovalRequired",
     "ApprovalStatus",
@@ -119,6 +123,7 @@ __all__ = [
     "ReviewVerdict",
     "Run",
     "RunCancelled",
+    "RunFenced",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

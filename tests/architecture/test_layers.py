@@ -92,3 +92,22 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     tree = ast.parse("from stopline.runtime.ledger import Ledger\nimport stopline.cli\n")
     targets = [target for target, _names in _imports(tree)]
     assert [t for t in targets if _layer(t) > _layer("stopline.domain.model")] == targets
+
+
+def test_every_exception_of_the_library_is_defined_in_stopline_errors() -> None:
+    """One errors module with the whole tree (the CLI's exit-code errors and the testing
+    kit's own failures belong to those surfaces and stay there)."""
+    surfaces = ("stopline.cli", "stopline.testing", "stopline.bench")
+    elsewhere = [
+        f"{name}.{node.name}"
+        for name, (_path, tree) in modules().items()
+        if name != "stopline.errors" and not name.startswith(surfaces)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(
+            (isinstance(base, ast.Name) and base.id.endswith(("Error", "Exception")))
+            or (isinstance(base, ast.Name) and base.id in {"StoplineError", "BaseException"})
+            for base in node.bases
+        )
+    ]
+    assert elsewhere == []

@@ -45,7 +45,7 @@ import anyio
 from stopline.domain.lifecycle import Principal
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunCancelled, StoplineError
+from stopline.errors import NoRun, RunFenced
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -67,10 +67,6 @@ __all__ = [
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
-
-
-class NoRun(StoplineError):
-    """A gated framework tool was called outside a bound stopline run."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -165,7 +161,7 @@ async def mcp_call(
                     outcome.append(
                         (True, await conn.call(run, name, arguments, key=key, timeout=timeout))
                     )
-                except (Exception, RunCancelled) as exc:  # handed to the framework's task
+                except (Exception, RunFenced) as exc:  # handed to the framework's task
                     outcome.append((False, exc))
                 tg.cancel_scope.cancel()
         finally:
@@ -174,7 +170,7 @@ async def mcp_call(
     ledger.spawn(work)
     await done.wait()
     if not outcome:  # the ledger closed under it: what the server did is in the record
-        raise RunCancelled(run.id)
+        raise RunFenced(run.id)
     ok, value = outcome[0]
     if not ok:
         raise value

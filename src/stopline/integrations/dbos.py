@@ -55,7 +55,7 @@ from dbos._context import get_local_dbos_context
 from dbos._error import DBOSWorkflowCancelledError
 
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunCancelled, UnknownRun
+from stopline.errors import RunFenced, UnknownRun
 from stopline.integrations._engines import EngineGate, call_context
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, VerifyFn
@@ -154,7 +154,7 @@ class StoplineDBOS:
                         [list(args), kwargs],
                         policy=policy,
                     )
-                except RunCancelled as exc:  # refused at the gate: DBOS stops the workflow
+                except RunFenced as exc:  # refused at the gate: DBOS stops the workflow
                     await _outside_workflow(DBOS.cancel_workflow_async(run_id))
                     raise DBOSWorkflowCancelledError(str(exc)) from None
 

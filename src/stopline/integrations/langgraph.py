@@ -47,7 +47,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as lc_tool
 
 from stopline.domain.vocab import Cancellable
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -105,7 +105,7 @@ class GraphRun:
                 return await graph.ainvoke(graph_input, merged)
             finally:
                 self._scope = None
-        raise RunCancelled(self.id)  # the graph was cancelled: leave the run's block
+        raise RunFenced(self.id)  # the graph was cancelled: leave the run's block
 
     async def cancel(self, *, by: str, reason: str = "") -> Any:
         """Fence the run, then cancel the graph. Returns the receipt at the cancel."""

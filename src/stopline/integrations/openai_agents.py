@@ -46,7 +46,7 @@ from agents.result import RunResultStreaming
 from agents.tool_context import ToolContext
 
 from stopline.domain.vocab import Policy
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -182,7 +182,7 @@ class AgentSession:
         async for _ in result.stream_events():
             pass
         if self.bound.run.cancel_requested:
-            raise RunCancelled(self.id)
+            raise RunFenced(self.id)
         return result
 
     async def cancel(self, *, by: str, reason: str = "") -> Any:

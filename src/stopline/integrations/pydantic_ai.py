@@ -55,7 +55,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import NotFound, RunCancelled
+from stopline.errors import NotFound, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -249,7 +249,7 @@ class AgentSession:
             return await agent.run(user_prompt, cancellation_token=token, **kwargs)
         except AgentRunCancelled as exc:
             self.cancelled = exc
-            raise RunCancelled(self.id) from exc
+            raise RunFenced(self.id) from exc
         finally:
             self._token = None
 

@@ -32,7 +32,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, RunCancelled, UnknownRun
+from stopline.errors import IllegalTransition, RunFenced, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.context import CallContext
@@ -42,7 +42,7 @@ from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
-__all__ = ["Ledger", "VerifyBudget", "open"]
+__all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         parent_id: str | None = None,
         shared: bool = False,
         policy: Policy = Policy.VERIFY,
-    ) -> RunContext:
+    ) -> RunScope:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
         spec = RunSpec(
             id=run_id or f"run_{uuid.uuid4().hex[:16]}",
@@ -211,7 +211,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             shared=shared,
             policy=policy,
         )
-        return RunContext(self, spec, attach=run_id is not None)
+        return RunScope(self, spec, attach=run_id is not None)
 
     async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
@@ -418,8 +418,11 @@ class Ledger(LifecycleMixin, TruthMixin):
             self.spawn(self._settle_pause, op.run_id)
 
 
-class RunContext:
-    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly."""
+class RunScope:
+    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly.
+
+    (Named ``RunContext`` before 0.2, which is also Pydantic AI's name for the context
+    its tools receive; the old name stays an alias for one release.)"""
 
     def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
         self._ledger = ledger
@@ -471,8 +474,8 @@ class RunContext:
 
 
 def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunCancelled):
+    """``RunFenced`` of this run, alone or as every leaf of an exception group."""
+    if isinstance(exc, RunFenced):
         return exc.run_id == run_id
     if isinstance(exc, BaseExceptionGroup):
         cancel_class = anyio.get_cancelled_exc_class()
@@ -509,3 +512,6 @@ def open(
         tools=tools,
         durable_outcomes=durable_outcomes,
     )
+
+
+RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)
