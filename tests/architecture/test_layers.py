@@ -111,3 +111,13 @@ def test_every_exception_of_the_library_is_defined_in_stopline_errors() -> None:
         )
     ]
     assert elsewhere == []
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """STYLE.md: aim for 150-400 lines, split before 500."""
+    long = {
+        name: lines
+        for name, (path, _tree) in modules().items()
+        if (lines := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

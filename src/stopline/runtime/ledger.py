@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
+from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import (
     Cause,
     EvidenceKind,
@@ -35,6 +36,7 @@ from stopline.domain.vocab import (
 from stopline.errors import IllegalTransition, RunFenced, UnknownRun
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.runtime.budget import VerifyBudget
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.run import Run
@@ -43,44 +45,6 @@ from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
 __all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review."""
-
-    attempts: int = 6
-    first_delay: float = 0.2
-    factor: float = 2.0
-    max_delay: float = 10.0
-
-    def delays(self) -> list[float]:
-        out, delay = [], self.first_delay
-        for _ in range(self.attempts - 1):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
-
-
-# Events that agree with an outcome already recorded: kept as evidence, no change.
-_AGREES: dict[OpEvent, frozenset[OpStatus]] = {
-    OpEvent.COMMITTED: frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}),
-    OpEvent.VERIFIED_COMMITTED: frozenset(
-        {OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}
-    ),
-    OpEvent.REJECTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.NOT_SENT: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-}
-# Events that contradict a recorded outcome: a human decides.
-_CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
-    OpEvent.COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.VERIFIED_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.REJECTED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.COMMITTED}),
-}
 
 
 class Ledger(LifecycleMixin, TruthMixin):
@@ -352,7 +316,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             op = await self.backend.record(op_id, update)
         except IllegalTransition:
             current = await self.backend.get_operation(op_id)
-            if current.status in _CONTRADICTS.get(update.event, ()):
+            if current.status in CONTRADICTS.get(update.event, ()):
                 op = await self.backend.record(
                     op_id,
                     dataclasses.replace(
