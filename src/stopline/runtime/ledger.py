@@ -39,6 +39,7 @@ from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.budget import VerifyBudget
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
+from stopline.runtime.reads import Reads
 from stopline.runtime.run import Run
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
@@ -90,6 +91,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # runs, operations and the log, read under the access policy (R11)
+        self.reads = Reads(lambda: self.backend, lambda: self.access)
         # called with the fenced run ids of every cancel this process learns of
         self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
@@ -240,9 +243,7 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.backend.get_run(run_id)
-        if by is not None and not self.access.visible(Principal.of(by), run):
-            raise UnknownRun(run_id)
+        run = await self.reads.run(run_id, by=by)
         ops = await self.backend.operations(run_id, descendants=True)
         return build_receipt(run, ops, recording=self._recording)
 
