@@ -49,6 +49,7 @@ async def main() -> int:
                 ("console-runs.png", "/"),
                 ("console-run.png", f"/runs/{ids.verified}"),
                 ("console-review.png", "/review"),
+                ("console-stats.png", "/stats"),
             ]
             for name, path in shots:
                 await page.goto(base + path)

@@ -2,7 +2,9 @@
 
 A ```text block right after a python block is the output it must print
 (trailing spaces ignored). Each block runs in a fresh interpreter, in a
-fresh directory, so examples cannot lean on one another.
+fresh directory, so examples cannot lean on one another. A block that starts
+``# file: NAME`` is a file of a tutorial, run by that tutorial's own test
+(docs/first-hour.md: tests/test_first_hour.py), not here.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def blocks(path: Path) -> list[tuple[int, str, str | None]]:
             i += 1
     out = []
     for n, (lang, line, body, end) in enumerate(found):
-        if lang != "python":
+        if lang != "python" or body.startswith("# file: "):
             continue
         expected = None
         # its output: a ```text block starting right after it (prose may not intervene)

@@ -47,6 +47,7 @@ from stopline.domain.vocab import (
     Policy,
     RunEvent,
 )
+from stopline.errors import IllegalTransition
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.forwarding import ForwardingBackend
 
@@ -284,6 +285,16 @@ class TracedBackend(ForwardingBackend):
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         update = self._with_span(op_id, update)
         return self._recorded(await self.inner.record(op_id, update), update)
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        updates = [(op_id, self._with_span(op_id, update)) for op_id, update in items]
+        results = await self.inner.record_many(updates)
+        for (_op_id, update), result in zip(updates, results, strict=True):
+            if not isinstance(result, IllegalTransition):
+                self._recorded(result, update)
+        return results
 
     def record_deferred(
         self,

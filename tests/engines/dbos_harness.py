@@ -52,7 +52,14 @@ def databases(backend: str, tmp_path: Path) -> Iterator[Databases]:
 
 
 def launch(dbs: Databases) -> None:
-    config: dict[str, object] = {"name": "stopline-tests", "system_database_url": dbs.system_url}
+    config: dict[str, object] = {
+        "name": "stopline-tests",
+        "system_database_url": dbs.system_url,
+        # DBOS recovers only the workflows of its own version, by default a digest of the
+        # workflows registered in the process: a test process that imported others
+        # (the bench's) would never recover the crashed worker's workflow
+        "application_version": "stopline-tests",
+    }
     if dbs.schema:
         config["dbos_system_schema"] = dbs.schema
     DBOS(config=config)  # type: ignore[arg-type]

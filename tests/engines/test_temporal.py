@@ -267,3 +267,47 @@ async def test_s17_temporal_worker_sigkilled_mid_activity_no_duplicate_effect(
     assert receipt.headline is Headline.COMPLETED
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED, OpStatus.COMMITTED]
     assert "read_back" in [e.kind.value for e in receipt.lines[0].evidence]
+
+
+def _console_cancel(ledger_url: str, workflow_id: str) -> str:
+    """The console, in its own thread and ledger connection: the workflow's page, then
+    its cancel button; returns the page after the cancel."""
+    import re
+
+    from starlette.testclient import TestClient
+
+    from stopline.console import ConsoleConfig, create_app
+
+    app = create_app(ConsoleConfig(url=ledger_url, token="t0ken"))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get("/?token=t0ken&name=ada")
+        page = client.get(f"/runs/{workflow_id}")
+        assert page.status_code == 200
+        assert "upload the report" in page.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        done = client.post(f"/runs/{workflow_id}/cancel", data={"csrf": csrf[1], "reason": "x"})
+        assert done.status_code == 200
+        return done.text
+
+
+async def test_temporal_console_shows_a_workflow_and_its_cancel_reaches_temporal(
+    temporal_server: TemporalDevServer, tmp_path: Path
+) -> None:
+    """The console (another ledger connection: on SQLite no notification reaches the
+    worker) shows the workflow by its id; its cancel reaches Temporal through the
+    heartbeat the integration sends for the running activity."""
+    async with harness(temporal_server, tmp_path) as h:
+        hold = h.provider.barriers.hold("received")
+        handle = await h.start(Plan(["upload"]))
+        await hold.reached.wait()
+        page = await anyio.to_thread.run_sync(_console_cancel, h.ledger_url, handle.id)
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        assert (await handle.describe()).status is WorkflowExecutionStatus.CANCELED
+        receipt = await h.ledger.wait_settled(handle.id, timeout=15)
+        hold.release()
+    assert handle.id in page
+    assert h.provider.effects() == []
+    assert receipt.cancelled_by == "console:ada"
+    assert receipt.lines[0].status is OpStatus.NOT_COMMITTED

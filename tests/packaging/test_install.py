@@ -72,6 +72,7 @@ def test_the_sdist_holds_the_sources_tests_and_docs_and_nothing_else(dist: Path)
         "src/stopline/py.typed",
         "src/stopline/console/templates/base.html",
         "docs/cli.md",
+        "docs/first-hour.md",
         "tests/packaging/test_install.py",
     ):
         assert needed in names, needed

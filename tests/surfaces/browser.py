@@ -61,10 +61,12 @@ async def console_server(url: str, token: str) -> AsyncIterator[str]:
     app = create_app(ConsoleConfig(url=url, token=token))
     config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="on")
     server = uvicorn.Server(config)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.should_exit = True
-    sock.close()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+    finally:
+        sock.close()

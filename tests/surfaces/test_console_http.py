@@ -10,6 +10,9 @@ from starlette.testclient import TestClient
 
 import stopline
 from stopline.console import ConsoleConfig, create_app
+from stopline.domain.model import OperationSpec
+from stopline.domain.vocab import Cancellable
+from stopline.ledger.backend import RunSpec
 from tests.surfaces.seed import seed
 
 TOKEN = "t0ken-for-tests"
@@ -72,3 +75,111 @@ def test_review_queue_lists_what_needs_a_human(tmp_path: Path) -> None:
         assert page.status_code == 200
         assert "charge card 4242 for 120 EUR" in page.text
         assert client.get("/runs/run_nope").status_code == 404
+
+
+def test_a_foreign_host_or_origin_is_refused(tmp_path: Path) -> None:
+    client, _, run_id = client_for(tmp_path)
+    with client:
+        assert client.get(f"/?token={TOKEN}").status_code == 200
+        rebound = client.get("/", headers={"host": "attacker.example"})
+        assert rebound.status_code == 403
+        assert "host 'attacker.example' is not allowed" in rebound.text
+        assert client.get("/", headers={"host": "localhost:8765"}).status_code == 200
+        assert client.get("/", headers={"host": "[::1]:8765"}).status_code == 200
+        page = client.get(f"/runs/{run_id}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        cross = client.post(
+            f"/runs/{run_id}/cancel",
+            data={"csrf": csrf[1], "reason": "x"},
+            headers={"origin": "http://attacker.example"},
+        )
+        assert cross.status_code == 403 and "origin" in cross.text
+        null = client.post(
+            f"/runs/{run_id}/cancel", data={"csrf": csrf[1]}, headers={"origin": "null"}
+        )
+        assert null.status_code == 403
+        assert client.get(f"/runs/{run_id}").text.count("Cancel run") == 1  # nothing happened
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    configured = create_app(ConsoleConfig(url=url, token=TOKEN, allowed_hosts=("ops.internal",)))
+    with TestClient(configured, base_url="http://ops.internal") as other:
+        assert other.get(f"/?token={TOKEN}").status_code == 200
+
+
+async def _odd_run(url: str, run_id: str) -> None:
+    async with stopline.open(url) as ledger:
+        await ledger.backend.create_run(
+            RunSpec(id=run_id, name="odd", owner="user:ada", tenant="default")
+        )
+
+
+def test_ids_with_reserved_characters_are_url_encoded(tmp_path: Path) -> None:
+    client, url, _ = client_for(tmp_path)
+    odd = "run_50%?of#these/x"
+    anyio.run(_odd_run, url, odd)
+    with client:
+        client.get(f"/?token={TOKEN}")
+        listing = client.get("/").text
+        link = "/runs/run_50%25%3Fof%23these%2Fx"
+        assert f'href="{link}"' in listing
+        page = client.get(link)
+        assert page.status_code == 200 and "run_50%?of#these/x" in page.text
+        assert f'action="{link}/cancel"' in page.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        done = client.post(f"{link}/cancel", data={"csrf": csrf[1], "reason": "odd"})
+        assert done.status_code == 200 and "Canceled before external action." in done.text
+        assert f'href="{link}"' in done.text
+
+
+def test_the_run_page_draws_the_timeline_and_stats_the_settle_chart(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ids = anyio.run(seed, url)
+    app = create_app(ConsoleConfig(url=url, token=TOKEN))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get(f"/?token={TOKEN}")
+        page = client.get(f"/runs/{ids.verified}").text
+        svg = page.split('data-testid="timeline-svg"', 1)[1].split("</svg>", 1)[0]
+        assert svg.count('data-mark="cancel"') == 1
+        assert svg.count('data-mark="settled"') == 1
+        assert 'data-phase="calling_external"' in svg
+        assert 'data-status="committed"' in svg and "post to #releases" in svg
+        review = client.get(f"/runs/{ids.review}").text
+        assert 'data-status="needs_review"' in review
+        assert "needs review" in review.split('data-testid="timeline-svg"', 1)[1]
+        stats = client.get("/stats").text
+        chart = stats.split('data-testid="settle-chart"', 1)[1].split("</svg>", 1)[0]
+        assert 'data-mark="p50"' in chart and 'data-mark="p99"' in chart
+        assert sum(int(n) for n in re.findall(r'data-count="(\d+)"', chart)) == 3
+
+
+async def _hostile(url: str) -> str:
+    async with stopline.open(url) as ledger:
+        run = await ledger.backend.create_run(
+            RunSpec(id="run_x", name="x", owner="user:ada", tenant="default")
+        )
+        await ledger.backend.gate(
+            OperationSpec(
+                id="run_x/1:t",
+                run_id=run.id,
+                tool="t",
+                args_digest="sha256:0",
+                description="<script>alert(1)</script>",
+                cancellable=Cancellable.NEVER,
+                can_verify=False,
+                can_compensate=False,
+            )
+        )
+        return run.id
+
+
+def test_what_the_pictures_show_is_escaped(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    run_id = anyio.run(_hostile, url)
+    app = create_app(ConsoleConfig(url=url, token=TOKEN))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get(f"/?token={TOKEN}")
+        page = client.get(f"/runs/{run_id}").text
+        assert "<script>alert" not in page
+        svg = page.split('data-testid="timeline-svg"', 1)[1].split("</svg>", 1)[0]
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in svg

@@ -24,7 +24,7 @@ from stopline.bench.figures import Figure
 __all__ = ["SUITES", "Figure", "main", "run_suites"]
 
 # module name under stopline.bench -> the options it takes
-SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres")
+SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres", "engines")
 
 
 async def run_suites(
@@ -43,20 +43,48 @@ async def run_suites(
     return figures
 
 
-def main(*, quick: bool = False, json_path: str | None = None, postgres: str | None = None) -> int:
-    """Run the benchmarks, print a table, optionally write JSON; return the exit code."""
+def main(
+    *,
+    quick: bool = False,
+    json_path: str | None = None,
+    postgres: str | None = None,
+    peers: bool = False,
+) -> int:
+    """Run the benchmarks, print a table, optionally write JSON; return the exit code.
+
+    ``peers``: also DBOS, Temporal and bare sqlite3 doing the same no-op effect
+    (``stopline[bench-peers]``), and our latencies as ratios to theirs.
+    """
+    only = (*SUITES, "peers") if peers else SUITES
     with tempfile.TemporaryDirectory(prefix="stopline-bench-") as tmp:
-        figures = anyio.run(_run, quick, Path(tmp), postgres)
+        figures = anyio.run(_run, quick, Path(tmp), postgres, only)
     out: dict[str, Any] = {f.name: f.to_json() for f in figures}
     width = max(len(f.name) for f in figures)
     print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target")
     for f in figures:
         print(f.row(width))
+    for line in _versus_peers(figures):
+        print(line)
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
     return 0
 
 
-async def _run(quick: bool, workdir: Path, postgres: str | None) -> list[Figure]:
-    return await run_suites(quick=quick, workdir=workdir, postgres=postgres)
+async def _run(
+    quick: bool, workdir: Path, postgres: str | None, only: tuple[str, ...]
+) -> list[Figure]:
+    return await run_suites(quick=quick, workdir=workdir, postgres=postgres, only=only)
+
+
+def _versus_peers(figures: list[Figure]) -> list[str]:
+    """Each of our latencies (µs) as a ratio to each peer's, all from this run."""
+    peers = [f for f in figures if f.name.startswith("peer_")]
+    ours = [f for f in figures if f.unit == "us" and not f.name.startswith("peer_")]
+    if not peers:
+        return []
+    lines = ["", "ours / peer (same run; < 1 means we are faster)"]
+    for mine in ours:
+        ratios = ", ".join(f"{p.name} {mine.value / p.value:.2f}" for p in peers if p.value)
+        lines.append(f"  {mine.name}: {ratios}")
+    return lines

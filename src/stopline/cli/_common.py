@@ -63,6 +63,8 @@ EXTRA_OF_MODULE = {
     "langchain_core": "langgraph",
     "pydantic_ai": "pydantic-ai",
     "agents": "openai-agents",
+    "temporalio": "temporal",
+    "dbos": "dbos",
 }
 
 

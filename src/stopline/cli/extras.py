@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from stopline.cli import _common as c
+from stopline.ledger import redact
 
 __all__ = ["register"]
 
@@ -25,17 +26,42 @@ def console(
         str | None,
         typer.Option(help="Record actions as this principal (default console:<login name>)."),
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Also answer to this host name in Host and Origin (repeatable); "
+            "by default only localhost, 127.0.0.1 and ::1.",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the web console: runs, timelines, receipts, the review queue, cancel."""
+    """Serve the web console: runs, timelines, receipts, the review queue, stats, cancel.
+
+    Exit code 1 when the ledger cannot be read or the port cannot be used; 2 when
+    the console extra is missing; 0 after Ctrl-C.
+    """
     c.require_extra("console", "jinja2", "starlette", "uvicorn", "python_multipart")
-    from stopline.console import serve
+    from stopline.console import ConsoleConfig, listen, serve
 
     token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
     url = c.options(ctx).url
-    c._check_exists(url)
-    c.err.print(f"stopline console for {url}", markup=False)
-    c.err.print(f"open http://{host}:{port}/?token={token}", markup=False)
-    serve(url, host=host, port=port, token=token, principal=principal)
+
+    async def check() -> None:
+        async with c.reading(url):  # a typed error for what is not a ledger, file untouched
+            pass
+
+    c.run_sync(check)
+    sock = listen(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    c.err.print(f"stopline console for {redact(url)}", markup=False)
+    c.err.print(f"open http://{shown}:{sock.getsockname()[1]}/?token={token}", markup=False)
+    config = ConsoleConfig(
+        url=url, token=token, principal=principal, allowed_hosts=tuple(allow_host or ())
+    )
+    try:
+        serve(config, sock)
+    except KeyboardInterrupt:
+        c.err.print("stopline console stopped", markup=False)
 
 
 def demo(ctx: typer.Context) -> None:
@@ -54,11 +80,17 @@ def bench(
     postgres: Annotated[
         str | None, typer.Option(help="Also benchmark this PostgreSQL URL.")
     ] = None,
+    peers: Annotated[
+        bool,
+        typer.Option(help="Also DBOS, Temporal and bare sqlite3 (stopline[bench-peers])."),
+    ] = False,
 ) -> None:
     """Benchmarks beside a baseline in the same run, as ratios."""
     from stopline import bench as bench_module
 
-    raise typer.Exit(bench_module.main(quick=quick, json_path=json_path, postgres=postgres))
+    raise typer.Exit(
+        bench_module.main(quick=quick, json_path=json_path, postgres=postgres, peers=peers)
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from stopline.cli import _common as c
-from stopline.cli.views import parse_age, recent_runs
+from stopline.cli.views import fmt_seconds, parse_age, recent_runs
 from stopline.domain.model import EventRecord
 from stopline.domain.receipt import headline_for
 from stopline.domain.vocab import OpEvent, OpStatus
@@ -115,10 +115,6 @@ async def compute_stats(
     return stats
 
 
-def _fmt_seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
-
-
 def _fmt_share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
@@ -152,8 +148,8 @@ def stats(
     c.out.print(outcomes)
     c.out.print(
         f"cancel -> settled: {len(result.settle_times)} runs, "
-        f"p50 {_fmt_seconds(percentile(result.settle_times, 50))}, "
-        f"p99 {_fmt_seconds(percentile(result.settle_times, 99))}"
+        f"p50 {fmt_seconds(percentile(result.settle_times, 50))}, "
+        f"p99 {fmt_seconds(percentile(result.settle_times, 99))}"
     )
     c.out.print(
         f"unknown outcomes: {result.unknowns}; resolved by read-back "

@@ -246,6 +246,11 @@ def fmt_time(at: float | None, *, clock: bool = False) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
+def fmt_seconds(value: float | None) -> str:
+    """A duration: ``3.8 ms`` under a second, else ``1.25 s``; ``-`` for none."""
+    return "-" if value is None else f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
 def fmt_age(at: float, now: float | None = None) -> str:
     seconds = max(0.0, (now or time.time()) - at)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

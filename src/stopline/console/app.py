@@ -6,6 +6,11 @@ SameSite=Strict session cookie and redirects to the same page without the
 token. Every write is a POST carrying the session's CSRF token, checked
 server-side. Actions are recorded in the ledger under the session's
 principal (``console:<name>`` unless one is configured).
+
+Every request's ``Host`` (and ``Origin``, when sent) must name this machine
+(``localhost``, ``127.0.0.1``, ``::1``) or a host the operator allowed, so a
+page on another site that rebinds its DNS name to 127.0.0.1 reaches nothing.
+The ledger URL is shown without its password.
 """
 
 from __future__ import annotations
@@ -18,26 +23,34 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.datastructures import URL
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import stopline
-from stopline.cli.views import fmt_age, fmt_time, timeline
+from stopline.cli.stats import compute_stats, percentile
+from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
+from stopline.console.svg import run_timeline, settle_chart
 from stopline.domain.lifecycle import operator
 from stopline.domain.vocab import RunState
 from stopline.errors import NotFound, StoplineError
+from stopline.ledger import redact
+from stopline.runtime.review import ReviewVerdict
 
-__all__ = ["ConsoleConfig", "create_app"]
+__all__ = ["LOCAL_HOSTS", "ConsoleConfig", "HostGuard", "create_app"]
 
 COOKIE = "stopline_console"
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
-_TEMPLATES.env.globals.update(fmt_time=fmt_time, fmt_age=fmt_age)
+_TEMPLATES.env.globals.update(fmt_time=fmt_time, fmt_age=fmt_age, fmt_seconds=fmt_seconds)
+# an id in a URL path: `?`, `#`, `%` and `/` escaped (the routes take the decoded id back)
+_TEMPLATES.env.filters["q"] = lambda value: quote(str(value), safe="")
 _STOPPED = frozenset(
     {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
 )
@@ -49,6 +62,43 @@ class ConsoleConfig:
     url: str
     token: str
     principal: str | None = None  # else console:<name given at login, or the login user>
+    allowed_hosts: tuple[str, ...] = ()  # besides LOCAL_HOSTS, for Host and Origin
+
+
+def _hostname(value: str) -> str | None:
+    """The host of a ``Host`` header or an ``Origin`` (port and brackets dropped)."""
+    try:
+        return urlsplit(value if "//" in value else f"//{value}").hostname
+    except ValueError:
+        return None
+
+
+class HostGuard:
+    """Refuse a request whose ``Host`` or ``Origin`` names a host not allowed (403)."""
+
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            host = _hostname(headers.get("host", ""))
+            origin = headers.get("origin")
+            refused = ""
+            if host not in self.allowed:
+                refused = f"host {headers.get('host', '')!r} is not allowed"
+            elif origin is not None and _hostname(origin) not in self.allowed:
+                refused = f"origin {origin!r} is not allowed"
+            if refused:
+                response = PlainTextResponse(
+                    f"{refused}: the console answers only to "
+                    f"{', '.join(sorted(self.allowed))} (stopline console --allow-host)",
+                    status_code=403,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,13 +127,13 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         nonce = secrets.token_urlsafe(12)
         session = request.scope.get("stopline_session")
-        context.update(session=session, nonce=nonce, ledger_url=config.url)
+        context.update(session=session, nonce=nonce, ledger_url=redact(config.url))
         response = _TEMPLATES.TemplateResponse(request, name, context, status_code=status)
         response.headers["Content-Security-Policy"] = (
             f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
             "connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'"
         )
-        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["Referrer-Policy"] = "same-origin"
         response.headers["X-Frame-Options"] = "DENY"
         response.headers["Cache-Control"] = "no-store"
         return response
@@ -99,7 +149,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 principal = config.principal or f"console:{name}"
                 sessions[session_id] = Session(secrets.token_urlsafe(32), principal)
                 rest = {k: v for k, v in request.query_params.items() if k not in ("token", "name")}
-                target = URL(path=request.url.path, query=urlencode(rest))
+                target = URL(path=quote(request.url.path), query=urlencode(rest))
                 redirect = RedirectResponse(str(target), status_code=303)
                 redirect.set_cookie(COOKIE, session_id, httponly=True, samesite="strict")
                 redirect.headers["Referrer-Policy"] = "no-referrer"
@@ -150,12 +200,14 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         ops = await ledger.backend.operations(run_id)
         events = await ledger.backend.events(run_id)
         receipt = await ledger.receipt(run_id)
+        entries = timeline(events, ops)
         return render(
             request,
             "run.html",
             run=run,
             ops=ops,
-            timeline=timeline(events, ops),
+            timeline=entries,
+            picture=run_timeline(entries, ops),
             receipt=receipt,
             can_cancel=run.state not in _STOPPED and run.state not in _FINAL,
             live=not receipt.settled,
@@ -174,36 +226,35 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     async def review_page(request: Request) -> Response:
         ledger = the_ledger(request)
         items = await ledger.review_items()
-        return render(
-            request,
-            "review.html",
-            items=items,
-            can_resolve=callable(getattr(ledger, "resolve_review", None)),
-            live=False,
-            partial=False,
-        )
+        return render(request, "review.html", items=items, live=False, partial=False)
 
     async def resolve_action(request: Request) -> Response:
         ledger = the_ledger(request)
-        fn = getattr(ledger, "resolve_review", None)
-        if not callable(fn):
-            return render(
-                request,
-                "error.html",
-                501,
-                message="resolving a review is not available in this version of stopline",
-            )
         session: Session = request.scope["stopline_session"]
         form = await request.form()
-        decision = str(form.get("decision", ""))
-        if decision not in ("committed", "not_committed"):
-            return render(request, "error.html", 400, message="decision must be committed or not")
-        op_id = request.path_params["op_id"]
+        try:
+            verdict = ReviewVerdict.parse(str(form.get("decision", "")))
+        except ValueError as exc:
+            return render(request, "error.html", 400, message=str(exc))
         note = str(form.get("note", "")).strip()[:1000]
-        await fn(op_id, decision, by=operator(session.principal), note=note)
-        op = await ledger.backend.get_operation(op_id)
-        receipt = await ledger.receipt(op.run_id)
+        receipt = await ledger.resolve_review(
+            request.path_params["op_id"], verdict, by=operator(session.principal), note=note
+        )
         return render(request, "receipt.html", receipt=receipt, by=session.principal)
+
+    async def stats_page(request: Request) -> Response:
+        result = await compute_stats(the_ledger(request).backend)
+        p50, p99 = percentile(result.settle_times, 50), percentile(result.settle_times, 99)
+        return render(
+            request,
+            "stats.html",
+            stats=result,
+            p50=p50,
+            p99=p99,
+            chart=settle_chart(result.settle_times, p50, p99),
+            live=False,
+            partial=False,
+        )
 
     routes = [
         Route("/", authed(runs_page)),
@@ -211,5 +262,8 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         Route("/runs/{run_id:path}", authed(run_page)),
         Route("/review", authed(review_page)),
         Route("/review/{op_id:path}/resolve", authed(resolve_action), methods=["POST"]),
+        Route("/stats", authed(stats_page)),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(HostGuard, allowed=LOCAL_HOSTS | frozenset(config.allowed_hosts))
+    return app

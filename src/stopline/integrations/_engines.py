@@ -41,16 +41,33 @@ from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import Tool, Verdict
 
-__all__ = ["EngineGate", "call_context"]
+__all__ = ["EngineCancel", "EngineGate", "call_context", "cancel_collecting"]
 
 R = TypeVar("R")
+# how an integration cancels one of its engine's workflows: (workflow id, reason)
+EngineCancel = Callable[[str, str], Awaitable[None]]
 
+_REMEMBER_FENCED = 10_000
 # the run states in which the run still holds ``initiate`` (not fenced)
 _LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
 
 _CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "stopline_engine_call", default=None
 )
+
+
+async def cancel_collecting(
+    ledger: Ledger, run_id: str, *, by: str, reason: str
+) -> tuple[Receipt, list[str]]:
+    """``ledger.cancel``, and every run its fence reached (the run, its exclusive
+    descendants), for an engine to cancel in turn."""
+    fenced: list[str] = [run_id]
+    stop_listening = ledger.on_cancel(fenced.extend)
+    try:
+        receipt = await ledger.cancel(run_id, by=by, reason=reason)
+    finally:
+        stop_listening()
+    return receipt, list(dict.fromkeys(fenced))
 
 
 def call_context() -> CallContext:
@@ -84,10 +101,47 @@ class EngineGate:
         self._tools = {t.name: t for t in tools}
         for t in tools:
             ledger.register_tool(t)
-        self._records: dict[str, RunRecord] = {}
-        # runs this process has seen fenced: a completion after that is late evidence
-        self.fenced: set[str] = set()
-        ledger.on_cancel(self.fenced.update)
+        self._records: dict[str, RunRecord] = {}  # the runs of workflows still going
+        # runs this process has seen fenced (the latest ones): a completion after that is
+        # late evidence; ``is_fenced`` falls back to the ledger for the others
+        self.fenced: dict[str, None] = {}
+        self._engine_cancel: EngineCancel | None = None
+        self._listening = [ledger.on_cancel(self._saw_fence)]
+
+    def close(self) -> None:
+        """Stop listening to the ledger's cancels."""
+        for stop in self._listening:
+            stop()
+        self._listening.clear()
+
+    def _saw_fence(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            self._records.pop(run_id, None)
+            self.fenced[run_id] = None
+        while len(self.fenced) > _REMEMBER_FENCED:
+            del self.fenced[next(iter(self.fenced))]
+
+    # -- stopline -> the engine ------------------------------------------------------
+    def forward_cancels(self, cancel: EngineCancel) -> None:
+        """Carry every stopline cancel this process learns of into the engine:
+        ``cancel(workflow_id, reason)`` for each fenced run that is one of its
+        workflows (the run and the children it owns exclusively)."""
+        self._engine_cancel = cancel
+        self._listening.append(self.ledger.on_cancel(self.cancel_in_engine))
+
+    def cancel_in_engine(self, run_ids: Sequence[str]) -> None:
+        """Ask the engine to cancel these runs' workflows (in the background)."""
+        if self._engine_cancel is not None:
+            self.ledger.spawn(self._forward, self._engine_cancel, list(run_ids))
+
+    async def _forward(self, cancel: EngineCancel, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            try:
+                run = await self.ledger.backend.get_run(run_id)
+            except UnknownRun:
+                continue
+            if self.owns(run):
+                await cancel(run_id, run.cancel_reason or "stopline cancel")
 
     def run_name(self, workflow: str) -> str:
         return f"{self.engine}:{workflow}"
@@ -126,8 +180,11 @@ class EngineGate:
             )
             try:
                 record = await backend.create_run(spec)
-            except Exception:  # another worker created it meanwhile
-                record = await backend.get_run(run_id)
+            except Exception as exc:  # another worker created it meanwhile, or a real error
+                try:
+                    record = await backend.get_run(run_id)
+                except UnknownRun:
+                    raise exc from None
         self._records[run_id] = record
         return record
 
@@ -138,7 +195,7 @@ class EngineGate:
 
     async def fence(self, run_id: str, reason: str) -> Receipt:
         """The engine cancelled the workflow: fence the run (durably, first)."""
-        self.fenced.add(run_id)
+        self._saw_fence([run_id])
         return await self.ledger.cancel(run_id, by=self.principal, reason=reason)
 
     async def is_fenced(self, run_id: str) -> bool:
@@ -146,7 +203,7 @@ class EngineGate:
             return True
         if (await self.ledger.backend.get_run(run_id)).state in _LIVE:
             return False
-        self.fenced.add(run_id)
+        self._saw_fence([run_id])
         return True
 
     # -- the gated call ------------------------------------------------------------
@@ -204,6 +261,8 @@ class EngineGate:
             with contextlib.suppress(BaseException):
                 await task
             raise
+        except Exception as exc:  # it did not complete: the engine hears its cancel took
+            raise asyncio.CancelledError from exc
 
 
 async def _never_called() -> None:  # pragma: no cover - the body is always bound

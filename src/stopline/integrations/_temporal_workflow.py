@@ -10,7 +10,8 @@ only through three local activities (the worker side, ``temporal.py``):
   with ``ParentClosePolicy.ABANDON`` (it outlives its parent by design, R6);
 - ``stopline.fence_run`` when Temporal delivers a workflow cancel (client, UI,
   CLI): the fence is committed *before* the workflow's code hears of the
-  cancel, so nothing it does afterwards passes the gate (R1);
+  cancel, so nothing it does afterwards passes the gate (R1); it opens the
+  run first if the cancel came before ``open_run`` did;
 - ``stopline.end_run`` when the workflow ends on its own.
 
 Every activity the workflow starts carries its ``ActivityCancellationType``
@@ -68,8 +69,13 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
             workflow.payload_converter().from_payload(input.headers[SHARED_HEADER], bool)
         )
         parent = info.parent.workflow_id if info.parent is not None else ""
-        await _ledger(OPEN_RUN, info.workflow_id, info.workflow_type, parent, shared)
-        main = asyncio.ensure_future(self.next.execute_workflow(input))
+        run = (info.workflow_id, info.workflow_type, parent, shared)
+
+        async def opened_then_run() -> Any:
+            await _ledger(OPEN_RUN, *run)
+            return await self.next.execute_workflow(input)
+
+        main = asyncio.ensure_future(opened_then_run())
         try:
             try:
                 result = await asyncio.shield(main)
@@ -78,8 +84,9 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
                 if reason is None or main.done():  # not a workflow cancel (eviction...)
                     main.cancel()
                     raise
-                # R1: fence first, then let the workflow's code hear of the cancel
-                await _ledger(FENCE_RUN, info.workflow_id, reason or "workflow cancel")
+                # R1: fence first (opening the run if the cancel came before it was
+                # opened), then let the workflow's code hear of the cancel
+                await _ledger(FENCE_RUN, *run, reason or "workflow cancel")
                 main.cancel()
                 result = await main
         except FailureError as exc:  # the workflow fails (a plain exception retries its task)

@@ -47,16 +47,17 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from dbos import DBOS
 from dbos._context import get_local_dbos_context
 from dbos._error import DBOSWorkflowCancelledError
 
+from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunFenced, UnknownRun
-from stopline.integrations._engines import EngineGate, call_context
+from stopline.errors import RunFenced
+from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, VerifyFn
 
@@ -67,17 +68,12 @@ R = TypeVar("R")
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
 
 
-async def cancel(ledger: Ledger, workflow_id: str, *, by: str, reason: str = "") -> Any:
+async def cancel(ledger: Ledger, workflow_id: str, *, by: str, reason: str = "") -> Receipt:
     """Fence the workflow's run (durably, first), then cancel it in DBOS, with the
     children it owns exclusively. For a process with no bound ``StoplineDBOS``."""
-    fenced: list[str] = [workflow_id]
-    stop_listening = ledger.on_cancel(fenced.extend)
-    try:
-        receipt = await ledger.cancel(workflow_id, by=by, reason=reason)
-    finally:
-        stop_listening()
-    for run_id in dict.fromkeys(fenced):
-        await DBOS.cancel_workflow_async(run_id)
+    receipt, fenced = await cancel_collecting(ledger, workflow_id, by=by, reason=reason)
+    for run_id in fenced:
+        await _cancel_in_dbos(run_id, reason)
     return receipt
 
 
@@ -88,7 +84,6 @@ class StoplineDBOS:
         self.owner = owner
         self.tenant = tenant
         self._tools: list[Tool[Any]] = []
-        self._policies: dict[str, Policy] = {}
         self._gate: EngineGate | None = None
 
     @contextlib.contextmanager
@@ -97,13 +92,13 @@ class StoplineDBOS:
         gate = EngineGate(
             ledger, engine="dbos", owner=self.owner, tenant=self.tenant, tools=self._tools
         )
-        stop_listening = ledger.on_cancel(self._on_stopline_cancel)
+        gate.forward_cancels(_cancel_in_dbos)
         self._gate = gate
         try:
             yield gate
         finally:
             self._gate = None
-            stop_listening()
+            gate.close()
 
     @property
     def gate(self) -> EngineGate:
@@ -155,7 +150,7 @@ class StoplineDBOS:
                         policy=policy,
                     )
                 except RunFenced as exc:  # refused at the gate: DBOS stops the workflow
-                    await _outside_workflow(DBOS.cancel_workflow_async(run_id))
+                    await _cancel_in_dbos(run_id, str(exc))
                     raise DBOSWorkflowCancelledError(str(exc)) from None
 
             return gated
@@ -191,20 +186,10 @@ class StoplineDBOS:
 
         return wrap
 
-    # -- stopline -> DBOS -----------------------------------------------------------
-    def _on_stopline_cancel(self, run_ids: Sequence[str]) -> None:
-        if self._gate is not None:
-            self._gate.ledger.spawn(self._cancel_in_dbos, list(run_ids))
 
-    async def _cancel_in_dbos(self, run_ids: list[str]) -> None:
-        gate = self.gate
-        for run_id in run_ids:
-            try:
-                run = await gate.ledger.backend.get_run(run_id)
-            except UnknownRun:
-                continue
-            if gate.owns(run):  # children: by ownership, in run_ids already
-                await _outside_workflow(DBOS.cancel_workflow_async(run_id))
+async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
+    """DBOS cancels only the workflow named: its children go by stopline's ownership."""
+    await _outside_workflow(DBOS.cancel_workflow_async(workflow_id))
 
 
 async def _outside_workflow(call: Coroutine[Any, Any, R]) -> R:

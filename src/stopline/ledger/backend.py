@@ -45,6 +45,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
+from stopline.errors import IllegalTransition
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -146,6 +147,20 @@ class Journal(abc.ABC):
         reads back (R2). The intent, which dispatch waits for, is never deferred.
         """
         raise NotImplementedError(f"{type(self).__name__} does not defer outcomes")
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        """``record`` for many operations (a cancelled tree's interrupted calls); one
+        transaction where the backend can. An illegal transition is returned in its
+        place, not raised, and leaves that operation as it was."""
+        out: list[OperationRecord | IllegalTransition] = []
+        for op_id, update in items:
+            try:
+                out.append(await self.record(op_id, update))
+            except IllegalTransition as exc:
+                out.append(exc)
+        return out
 
     @abc.abstractmethod
     async def note(

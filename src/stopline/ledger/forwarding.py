@@ -18,6 +18,7 @@ import anyio.abc
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
+from stopline.errors import IllegalTransition
 from stopline.ledger.backend import Backend, GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.leases import WorkerLease
 
@@ -53,6 +54,11 @@ class ForwardingBackend(Backend):
     # -- Journal ---------------------------------------------------------------------
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         return await self.inner.record(op_id, update)
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        return await self.inner.record_many(items)
 
     def record_deferred(
         self,

@@ -8,8 +8,6 @@ and are re-exported here.
 
 from __future__ import annotations
 
-import urllib.parse
-
 import psycopg
 import psycopg.errors
 
@@ -22,6 +20,7 @@ from stopline.errors import (
     LedgerLocked,
     LedgerUnavailable,
 )
+from stopline.ledger import redact
 
 __all__ = [
     "CommitInDoubt",
@@ -79,12 +78,3 @@ def connection_lost(exc: BaseException) -> bool:
     """
     state = getattr(exc, "sqlstate", None)
     return state is None or state[:2] == "08" or (state[:2] == "57" and state != "57014")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and ``location``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -18,7 +18,10 @@ __all__ = ["CallContext"]
 class CallContext:
     """Handed to an effectful tool as ``ctx``; also to its cancel and verify."""
 
-    __slots__ = ("_accepted", "_ledger", "attempt", "op_id", "provider_ref", "run_id", "tool")
+    __slots__ = (
+        "_accepted", "_ledger", "attempt", "lost_recorded", "op_id", "provider_ref", "run_id",
+        "tool",
+    )  # fmt: skip
 
     def __init__(
         self, ledger: Ledger, run_id: str, op_id: str, tool: Tool[object], attempt: int = 1
@@ -30,6 +33,8 @@ class CallContext:
         self.attempt = attempt
         self.provider_ref = ""
         self._accepted = False
+        # interrupted by a cancel that recorded it already, with the rest of its tree
+        self.lost_recorded = False
 
     @property
     def key(self) -> str:

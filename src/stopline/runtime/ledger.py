@@ -40,7 +40,7 @@ from stopline.runtime.budget import VerifyBudget
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.reads import Reads
-from stopline.runtime.run import Run
+from stopline.runtime.run import INTERRUPTED, Run
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
@@ -189,27 +189,35 @@ class Ledger(LifecycleMixin, TruthMixin):
         """
         principal, _ = await self.authorize(by, Action.CANCEL, run_id)
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
-        self._interrupt_local(result.fenced)
+        interrupted = self._interrupt_local(result.fenced)
         for released in result.released:
             self._changed(released)
-        if result.fenced:
-            self.spawn(self._advance_all, result.fenced)
+        rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
+        if rest:
+            self.spawn(self._advance_all, rest)
         return await self.receipt(run_id)
 
-    def _interrupt_local(self, run_ids: Sequence[str]) -> None:
+    def _interrupt_local(self, run_ids: Sequence[str]) -> set[str]:
         """Deliver a committed cancel to this process's runs: interrupt by phase policy
         and ask providers that can to cancel what is in flight. Once per run: the
         cancel's own return and its notification may both bring it."""
+        interrupted: list[CallContext] = []
         for fenced in run_ids:
             run = self._local.get(fenced)
             if run is not None and not run.cancel_requested:
                 inflight = list(run._inflight.values())
-                run._deliver_cancel()
+                if run._deliver_cancel():
+                    interrupted.extend(inflight)
                 for ctx in inflight:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
+        if interrupted:
+            for ctx in interrupted:
+                ctx.lost_recorded = True  # their own unwinding records nothing more
+            self.spawn(self._record_interrupted, interrupted)
         for listener in self._cancel_listeners:
             listener(run_ids)
+        return {ctx.run_id for ctx in interrupted}
 
     def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
         """Call ``listener(run_ids)`` for every cancel this process commits or is notified
@@ -233,6 +241,27 @@ class Ledger(LifecycleMixin, TruthMixin):
     def _on_remote_cancel(self, run_ids: list[str]) -> None:
         """A cancel committed by any process (the backend's notification; our own too)."""
         self._interrupt_local(run_ids)
+
+    async def _record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
+        """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
+        for the whole tree instead of one per call."""
+        update = OutcomeUpdate(
+            OpEvent.LOST, [Evidence.local(Cause.USER_CANCEL.value, INTERRUPTED)],
+            cause=Cause.USER_CANCEL,
+        )  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            results = await self.backend.record_many([(ctx.op_id, update) for ctx in ctxs])
+        runs: dict[str, None] = {}
+        for ctx, result in zip(ctxs, results, strict=True):
+            if isinstance(result, IllegalTransition):
+                self.spawn(self._resolve, ctx.op_id, update)  # it ended meanwhile: evidence
+                continue
+            runs[result.run_id] = None
+            self._changed(result.run_id)
+            self._after_truth_change(result)
+            if result.status is OpStatus.UNKNOWN:
+                self._settler.verify_soon(result)
+        await self._advance_all(list(runs))  # what _resolve would have done, run by run
 
     async def _advance_all(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from stopline.domain.receipt import Receipt
     from stopline.runtime.ledger import Ledger, RunScope
 
-__all__ = ["Run"]
+__all__ = ["INTERRUPTED", "Run"]
+
+INTERRUPTED = "local abort: the call was interrupted"
 
 R = TypeVar("R")
 _REPLAYABLE = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
@@ -180,9 +182,10 @@ class Run:
                 with anyio.fail_after(timeout):
                     result = await t.fn(*call_args, **kwargs)
         except anyio.get_cancelled_exc_class():
-            cause = Cause.USER_CANCEL if self.cancel_requested else Cause.LOCAL_ERROR
-            with anyio.CancelScope(shield=True):
-                await ledger._lost(ctx, cause, "local abort: the call was interrupted")
+            if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
+                cause = Cause.USER_CANCEL if self.cancel_requested else Cause.LOCAL_ERROR
+                with anyio.CancelScope(shield=True):
+                    await ledger._lost(ctx, cause, INTERRUPTED)
             raise
         except Rejected as exc:
             evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
@@ -261,7 +264,7 @@ class Run:
         return await self._ledger.receipt(self.id)
 
     # -- delivery of a committed cancel (called by the ledger) -----------------
-    def _deliver_cancel(self) -> None:
+    def _deliver_cancel(self) -> bool:
         """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
         (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
         """
@@ -271,3 +274,5 @@ class Run:
         )
         if self._scope is not None and interrupt:
             self._scope.cancel()
+            return True
+        return False

@@ -36,6 +36,9 @@ class Settler:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self._locks: dict[str, anyio.Lock] = {}
+        # runs with an advance waiting to start: another request for one is redundant,
+        # as the waiting one reads the state when it starts (a cancelled tree asks often)
+        self._queued: set[str] = set()
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
         self.busy = 0  # background steps running now
@@ -210,13 +213,20 @@ class Settler:
     # -- the run -------------------------------------------------------------------
     async def advance(self, run_id: str) -> None:
         """Move a cancelled run towards settled, as far as the evidence allows."""
-        async with self.working():
-            await self._advance(run_id)
+        if run_id in self._queued:
+            return
+        self._queued.add(run_id)
+        try:
+            async with self.working():
+                await self._advance(run_id)
+        finally:
+            self._queued.discard(run_id)
 
     async def _advance(self, run_id: str) -> None:
         ledger = self._ledger
         lock = self._locks.setdefault(run_id, anyio.Lock())
         async with lock:
+            self._queued.discard(run_id)  # from here on, what happens next is read
             run = await ledger.backend.get_run(run_id)
             if run.state not in _CANCELLED:
                 return

@@ -19,12 +19,13 @@ from typing import Any, TypeVar
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
+from stopline.errors import IllegalTransition
 from stopline.ledger.backend import Backend, GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine import fence, reads, runs, truth
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.gate import gate
-from stopline.ledger.engine.record import record
+from stopline.ledger.engine.record import record, record_many
 from stopline.ledger.leases import WorkerLease
 
 __all__ = ["SqlBackend"]
@@ -73,6 +74,11 @@ class SqlBackend(Backend):
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         return await self._execute(lambda db: record(db, op_id, update), outcome=(op_id, update))
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        return await self._execute(lambda db: record_many(db, items))
 
     async def note(
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None

@@ -9,17 +9,18 @@ one statement (PostgreSQL); the portable form reads, updates and logs.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from stopline.domain.model import OperationRecord
 from stopline.domain.transitions import OPERATION_TABLE, apply
 from stopline.domain.vocab import OpStatus
-from stopline.errors import UnknownOperation
+from stopline.errors import IllegalTransition, UnknownOperation
 from stopline.ledger import rows
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine.db import Db
 
-__all__ = ["record", "record_params"]
+__all__ = ["record", "record_many", "record_params"]
 
 
 def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, Any]:
@@ -46,9 +47,11 @@ def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, An
     }
 
 
-async def record(db: Db, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+async def record(
+    db: Db, op_id: str, update: OutcomeUpdate, now: float | None = None
+) -> OperationRecord:
     """Apply one transition (compare-and-set on the status read in the same transaction)."""
-    params = record_params(op_id, update, time.time())
+    params = record_params(op_id, update, time.time() if now is None else now)
     source, row = await db.dialect.apply_outcome(db, update.event, params)
     if source is None:
         raise UnknownOperation(op_id)
@@ -56,3 +59,19 @@ async def record(db: Db, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         apply(OPERATION_TABLE, OpStatus(source), update.event)  # raises IllegalTransition
         raise AssertionError(f"record of {op_id}: the table allows it but nothing changed")
     return rows.op_from_row(row)
+
+
+async def record_many(
+    db: Db, items: Sequence[tuple[str, OutcomeUpdate]]
+) -> list[OperationRecord | IllegalTransition]:
+    """``record`` for many operations in one transaction, at one instant; an illegal
+    transition is refused before anything is written and returned in its place."""
+    now = time.time()
+    out: list[OperationRecord | IllegalTransition] = []
+    async with db.transaction():
+        for op_id, update in items:
+            try:
+                out.append(await record(db, op_id, update, now))
+            except IllegalTransition as exc:
+                out.append(exc)
+    return out

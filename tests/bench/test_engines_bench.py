@@ -1,0 +1,17 @@
+"""`stopline bench`: the gate's cost inside a Temporal activity and a DBOS step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stopline.bench import engines
+
+
+async def test_engine_figures_stand_beside_their_bare_baselines(tmp_path: Path) -> None:
+    figures = {f.name: f for f in await engines.measure(quick=True, workdir=tmp_path)}
+    assert set(figures) == {"temporal_activity_gated_ms", "dbos_step_gated_ms"}
+    for figure in figures.values():
+        assert figure.unit == "ms"
+        assert figure.baseline is not None and figure.baseline > 0
+        assert figure.ratio is not None and figure.value > 0
+        print(figure.row(30))

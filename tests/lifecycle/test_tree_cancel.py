@@ -1,0 +1,78 @@
+"""Cancelling a tree: one transaction fences it, one records every interrupted call (R3)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+
+import stopline
+from stopline import OpStatus, PhaseKind, Policy, RunState
+from stopline.ledger.sqlite import SQLiteBackend
+
+CHILDREN = 20
+
+
+async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    entered = 0
+    all_in = anyio.Event()
+
+    @stopline.tool
+    async def hold(ctx: stopline.CallContext) -> None:
+        nonlocal entered
+        entered += 1
+        if entered == CHILDREN:
+            all_in.set()
+        await anyio.sleep_forever()
+
+    @hold.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
+        return stopline.Verdict.NOT_COMMITTED  # the provider never saw it
+
+    # per transaction, how many operations it made unknown
+    lost_per_txn: list[int] = []
+
+    def trace(statement: str) -> None:
+        text = statement.strip()
+        if text.startswith("BEGIN"):
+            lost_per_txn.append(0)
+        elif text.startswith("UPDATE operations SET status = 'unknown'"):
+            lost_per_txn[-1] += 1
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
+        assert isinstance(ledger.backend, SQLiteBackend)
+        await ledger.backend.transact(lambda conn: conn.set_trace_callback(trace))
+        root_id: list[str] = []
+
+        async def child(run: stopline.Run, n: int) -> None:
+            async with (
+                run.child(f"c{n}") as c,
+                c.phase(PhaseKind.READING, Policy.IMMEDIATE),
+            ):
+                await c.call(hold)
+
+        async def root() -> None:
+            async with ledger.run("root", owner="u") as run:
+                root_id.append(run.id)
+                async with anyio.create_task_group() as tg:
+                    for n in range(CHILDREN):
+                        tg.start_soon(child, run, n)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(root)
+            await all_in.wait()
+            await ledger.cancel(root_id[0], by="u")
+        receipt = await ledger.wait_settled(root_id[0], timeout=30)
+        await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
+    assert [n for n in lost_per_txn if n] == [CHILDREN]  # the whole tree, one transaction
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN
+    with sqlite3.connect(tmp_path / "l.db") as conn:
+        lost = [at for (at,) in conn.execute("SELECT at FROM events WHERE kind = 'lost'")]
+        causes = {c for (c,) in conn.execute("SELECT cause FROM operations")}
+    assert len(lost) == CHILDREN  # each call recorded once: its own unwinding added nothing
+    assert len(set(lost)) == 1  # one bulk record by the cancel, not one per unwinding call
+    assert causes == {"user_cancel"}
