@@ -95,9 +95,9 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 
 
 def test_every_exception_of_the_library_is_defined_in_stopline_errors() -> None:
-    """One errors module with the whole tree (the CLI's exit-code errors and the testing
-    kit's own failures belong to those surfaces and stay there)."""
-    surfaces = ("stopline.cli", "stopline.testing", "stopline.bench")
+    """One errors module with the whole tree (the exit-code errors of the CLI and the
+    console, and the testing kit's own failures, belong to those surfaces)."""
+    surfaces = ("stopline.cli", "stopline.console", "stopline.testing", "stopline.bench")
     elsewhere = [
         f"{name}.{node.name}"
         for name, (_path, tree) in modules().items()

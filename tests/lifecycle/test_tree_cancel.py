@@ -39,7 +39,7 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
         text = statement.strip()
         if text.startswith("BEGIN"):
             lost_per_txn.append(0)
-        elif text.startswith("UPDATE operations SET status = 'unknown'"):
+        elif text.startswith("UPDATE operations SET status =") and "THEN 'unknown'" in text:
             lost_per_txn[-1] += 1
 
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:

@@ -53,7 +53,6 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from stopline.bench._temporal_server import temporal_dev_server
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import OperationInDoubt, RunFenced
@@ -65,6 +64,7 @@ from stopline.integrations._temporal_workflow import (
     OPEN_RUN,
     StoplineWorkflowInbound,
 )
+from stopline.integrations.temporal_server import temporal_dev_server
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 

@@ -31,9 +31,8 @@ from stopline.domain.vocab import (
     OpStatus,
     Policy,
     RunEvent,
-    RunState,
 )
-from stopline.errors import IllegalTransition, RunFenced, UnknownRun
+from stopline.errors import IllegalTransition
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.runtime.budget import VerifyBudget
@@ -41,6 +40,7 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.reads import Reads
 from stopline.runtime.run import INTERRUPTED, Run
+from stopline.runtime.scope import RunScope
 from stopline.runtime.settle import Settler
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
@@ -412,74 +412,6 @@ class Ledger(LifecycleMixin, TruthMixin):
             self.spawn(self._settle_pause, op.run_id)
 
 
-class RunScope:
-    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly.
-
-    (Named ``RunContext`` before 0.2, which is also Pydantic AI's name for the context
-    its tools receive; the old name stays an alias for one release.)"""
-
-    def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
-        self._ledger = ledger
-        self._spec = spec
-        self._attach = attach
-        self._scope = anyio.CancelScope()
-        self._run: Run | None = None
-
-    async def __aenter__(self) -> Run:
-        backend = self._ledger.backend
-        record = None
-        if self._attach:
-            try:
-                record = await backend.get_run(self._spec.id)
-            except UnknownRun:
-                record = None
-        if record is None:
-            record = await backend.create_run(self._spec)
-        run = self._run = Run(self._ledger, record)
-        self._ledger._local[run.id] = run
-        self._scope.__enter__()
-        run._scope = self._scope
-        if record.state is not RunState.RUNNING and record.state not in (
-            RunState.PAUSING,
-            RunState.PAUSED,
-        ):
-            run.cancel_requested = True
-        return run
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
-        run = self._run
-        assert run is not None
-        ours = _only_cancels_of(exc, run.id)
-        if ours:
-            et, exc, tb = None, None, None
-        swallowed = bool(self._scope.__exit__(et, exc, tb))
-        run.cancelled_caught = ours or self._scope.cancelled_caught
-        del self._ledger._local[run.id]
-        ledger = self._ledger
-        with anyio.CancelScope(shield=True):
-            if run.cancel_requested:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
-            else:
-                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
-        return ours or swallowed
-
-
-def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunFenced`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunFenced):
-        return exc.run_id == run_id
-    if isinstance(exc, BaseExceptionGroup):
-        cancel_class = anyio.get_cancelled_exc_class()
-        leaves = exc.exceptions
-        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
-            any(_only_cancels_of(e, run_id) for e in leaves)
-        )
-    return False
-
-
 def open(
     url: str | None = None,
     *,
@@ -506,6 +438,3 @@ def open(
         tools=tools,
         durable_outcomes=durable_outcomes,
     )
-
-
-RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)

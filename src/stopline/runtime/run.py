@@ -30,7 +30,8 @@ from stopline.runtime.tool import NoAnswer, Rejected, Tool
 if TYPE_CHECKING:
     from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
     from stopline.domain.receipt import Receipt
-    from stopline.runtime.ledger import Ledger, RunScope
+    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.scope import RunScope
 
 __all__ = ["INTERRUPTED", "Run"]
 
