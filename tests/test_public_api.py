@@ -7,6 +7,7 @@ import stopline.testing
 
 EXPECTED = {
     "AccessPolicy",
+    "AlreadyAttached",
     "Action",
     "ApprovalRecord",
     "ApprovalNeeded",
@@ -25,6 +26,7 @@ EXPECTED = {
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",

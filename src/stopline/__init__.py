@@ -30,11 +30,13 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import (
+    AlreadyAttached,
     ApprovalNeeded,
     ApprovalRequired,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidInput,
     LedgerCorrupt,
     LedgerError,
     LedgerFull,
@@ -75,6 +77,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessPolicy",
     "Action",
+    "AlreadyAttached",
     "ApprovalNeeded",
     "ApprovalRecord",
     "ApprovalRequired",
@@ -92,6 +95,7 @@ __all__ = [
     "Headline",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "Ledger",
     "LedgerCorrupt",
     "LedgerError",

@@ -6,7 +6,9 @@
     │   ├── UnknownRun
     │   ├── UnknownOperation
     │   └── UnknownTool                an MCP server lists no such tool (also LookupError)
+    ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
+    ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotPermitted                   the run lacks the authority for this
     ├── ApprovalNeeded                 no granted, unexpired approval for the operation (S5)
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from stopline.domain.vocab import Cause
 
 __all__ = [
+    "AlreadyAttached",
     "ApprovalNeeded",
     "ApprovalRequired",
     "CancelInDoubt",
@@ -55,6 +58,7 @@ __all__ = [
     "GateInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InvalidInput",
     "LeaseExpired",
     "LedgerCorrupt",
     "LedgerError",
@@ -116,12 +120,30 @@ class UnknownTool(NotFound, LookupError):
         super().__init__(f"MCP server {server!r} lists no tool named {name!r}")
 
 
+class InvalidInput(StoplineError, ValueError):
+    """Refused before anything was written or sent: names the input and the problem."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"invalid {what}: {problem}")
+
+
 class IdempotencyConflict(StoplineError):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(
             f"operation id {op_id!r} was already used with different arguments; "
             "an id is an idempotency key and names one logical call"
+        )
+
+
+class AlreadyAttached(StoplineError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} is already attached in this process; "
+            "a run has one block at a time (use the Run object it gave)"
         )
 
 

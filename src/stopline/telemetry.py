@@ -27,6 +27,7 @@ Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -306,7 +307,13 @@ class TracedBackend(ForwardingBackend):
         update = self._with_span(op_id, update)
 
         def traced(outcome: Callable[[], OperationRecord]) -> None:
-            then(lambda: self._recorded(outcome(), update))
+            def observed() -> OperationRecord:
+                op = outcome()  # raises what record would: the ledger's to handle
+                with contextlib.suppress(Exception):  # tracing never breaks an outcome
+                    self._recorded(op, update)
+                return op
+
+            then(observed)
 
         self.inner.record_deferred(op_id, update, traced)
 
@@ -355,6 +362,7 @@ class TracedBackend(ForwardingBackend):
         if op.status.resolved and op.status is not OpStatus.NEEDS_REVIEW:
             self._t.op_outcomes.add(1, {ATTR_STATUS: op.status.value})
             self._end(self._ops.pop(op.id, None), op.status.value, late=late)
+            self._linked.discard(op.id)  # per-operation state ends with the operation
         elif op.status is OpStatus.NEEDS_REVIEW:
             self._doubted.add(op.id)  # a reviewer (or late evidence) resolves it
 

@@ -170,8 +170,12 @@ class _Holds:
 
 
 # -- the server -----------------------------------------------------------------------
-def build_server(log_path: str) -> tuple[MCPServer[Any], set[str]]:
-    """The server, and the names of tools whose cancels it ignores (for the stream filter)."""
+def build_server(log_path: str, *, dedupe: bool = True) -> tuple[MCPServer[Any], set[str]]:
+    """The server, and the names of tools whose cancels it ignores (for the stream filter).
+
+    ``dedupe=False`` (``--no-dedupe``): a server that is not idempotent by key, every
+    call commits again.
+    """
     log = _Log(log_path)
     holds = _Holds()
     server: MCPServer[Any] = MCPServer("thirdparty-payments")
@@ -187,7 +191,7 @@ def build_server(log_path: str) -> tuple[MCPServer[Any], set[str]]:
             await hold.released.wait()
 
     def commit(tool: str, key: str, amount: int) -> dict[str, Any]:
-        existing = log.committed(key)
+        existing = log.committed(key) if dedupe else None
         if existing is not None:
             return {"payment_id": key, "amount": existing["amount"], "replayed": True}
         log.write("commit", tool, key, amount=amount)
@@ -261,7 +265,8 @@ def build_server(log_path: str) -> tuple[MCPServer[Any], set[str]]:
         """Look a payment up by its idempotency key."""
         found = log.committed(idempotency_key)
         payment = None if found is None else {"payment_id": found["key"], "amount": found["amount"]}
-        return {"found": found is not None, "payment": payment}
+        count = len(commits(log.path, idempotency_key))
+        return {"found": found is not None, "payment": payment, "count": count}
 
     # -- control tools, for tests --------------------------------------------------------
     @server.tool(annotations=_READ)
@@ -366,10 +371,12 @@ def _install_cancel_filter(server: MCPServer[Any], log: _Log, tools: set[str]) -
 
 
 # -- starting it from a test ---------------------------------------------------------------
-def stdio_params(log: str | Path) -> StdioServerParameters:
+def stdio_params(log: str | Path, *extra: str) -> StdioServerParameters:
     """Parameters that start this server over stdio (one process per connection)."""
     return StdioServerParameters(
-        command=sys.executable, args=[str(_HERE), "--log", str(log)], cwd=str(_HERE.parent)
+        command=sys.executable,
+        args=[str(_HERE), "--log", str(log), *extra],
+        cwd=str(_HERE.parent),
     )
 
 
@@ -398,8 +405,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", required=True, help="the ground-truth JSON-lines file")
     parser.add_argument("--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1")
     parser.add_argument("--fd", type=int, help="Streamable HTTP on this listening socket")
+    parser.add_argument("--no-dedupe", action="store_true", help="not idempotent by key")
     args = parser.parse_args(argv)
-    server, _ = build_server(args.log)
+    server, _ = build_server(args.log, dedupe=not args.no_dedupe)
     if args.http or args.fd is not None:
         import uvicorn
 

@@ -24,11 +24,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import stopline
-from stopline import Headline, OpStatus, ReadBack, RunState, Verdict, VerifyBudget
+from stopline import Headline, OpStatus, Principal, ReadBack, RunState, Verdict, VerifyBudget
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec
 from stopline.domain.vocab import Cancellable, OpEvent
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate, RunSpec
 from tests.truth.helpers import quiesce
+
+OWNER = Principal("user:1", tenant="t")  # the runs' owner, in their tenant (R11)
 
 _DOUBT = {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}
 _EFFECTED = {OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}
@@ -188,7 +190,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.runs)
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        self.call(self.ledger.cancel, data.draw(st.sampled_from(self.runs)), by="user:1")
+        self.call(self.ledger.cancel, data.draw(st.sampled_from(self.runs)), by=OWNER)
 
     @precondition(lambda self: self._with(OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW))
     @rule(data=st.data())
@@ -200,7 +202,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def compensate(self, data: st.DataObject) -> None:
         op_id = data.draw(st.sampled_from(self._with(OpStatus.COMMITTED)))
-        self.portal.call(lambda: self.ledger.compensate(op_id, by="user:1"))
+        self.portal.call(lambda: self.ledger.compensate(op_id, by=OWNER))
 
     @rule()
     def reconcile(self) -> None:

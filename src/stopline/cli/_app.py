@@ -10,7 +10,7 @@ import click
 import typer
 
 from stopline.cli import _common as c
-from stopline.cli import extras, lifecycle, mapping, review, runs, stats
+from stopline.cli import check_mcp, extras, lifecycle, mapping, review, runs, stats
 from stopline.cli.views import UsageError
 from stopline.errors import StoplineError
 
@@ -48,6 +48,7 @@ app.add_typer(review.app, name="review")
 mapping.register(app)
 stats.register(app)
 extras.register(app)
+check_mcp.register(app)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

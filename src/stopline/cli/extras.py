@@ -84,9 +84,18 @@ def bench(
         bool,
         typer.Option(help="Also DBOS, Temporal and bare sqlite3 (stopline[bench-peers])."),
     ] = False,
+    soak: Annotated[
+        bool, typer.Option(help="Instead: 4 workers, a canceller, random faults (not in CI).")
+    ] = False,
+    minutes: Annotated[float, typer.Option(help="With --soak: how long.")] = 2.0,
 ) -> None:
     """Benchmarks beside a baseline in the same run, as ratios."""
     from stopline import bench as bench_module
+
+    if soak:
+        from stopline.bench import soak as soak_module
+
+        raise typer.Exit(soak_module.main(seconds=minutes * 60))
 
     raise typer.Exit(
         bench_module.main(quick=quick, json_path=json_path, postgres=postgres, peers=peers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -48,6 +49,9 @@ class Stats:
     settle_times: list[float] = dataclasses.field(default_factory=list)
     unknowns: int = 0
     resolved: Counter[str] = dataclasses.field(default_factory=Counter)
+    # workers holding operations in flight whose lease lapsed: their background work
+    # (lease renewal first) is failing, or they died and recovery has yet to run
+    degraded: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def share(self, how: str) -> float | None:
         return self.resolved[how] / self.unknowns if self.unknowns else None
@@ -68,6 +72,7 @@ class Stats:
                 "share_read_back": self.share("read_back"),
                 "share_review": self.share("review"),
             },
+            "degraded": self.degraded,
         }
 
 
@@ -112,6 +117,18 @@ async def compute_stats(
         total, how = _unknowns(events)
         stats.unknowns += total
         stats.resolved.update(how)
+    now = time.time()
+    stats.degraded = [
+        {
+            "worker": w.worker,
+            "host": w.host,
+            "pid": w.pid,
+            "lapsed_s": round(now - w.lease_until, 1),
+            "in_flight": w.in_flight,
+        }
+        for w in await backend.in_flight_workers()
+        if w.lease_until is not None and w.lease_until < now
+    ]
     return stats
 
 
@@ -158,6 +175,17 @@ def stats(
             f", {how.replace('_', ' ')} {n}"
             for how, n in sorted(result.resolved.items())
             if how not in ("read_back", "review")
+        )
+    )
+    c.out.print(
+        "degraded: "
+        + (
+            "; ".join(
+                f"worker {w['worker']} (pid {w['pid']}) lease lapsed {w['lapsed_s']} s ago "
+                f"with {w['in_flight']} operation(s) in flight"
+                for w in result.degraded
+            )
+            or "no"
         )
     )
 

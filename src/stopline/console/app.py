@@ -127,7 +127,9 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         nonce = secrets.token_urlsafe(12)
         session = request.scope.get("stopline_session")
-        context.update(session=session, nonce=nonce, ledger_url=redact(config.url))
+        health = getattr(request.app.state, "ledger", None)
+        health = getattr(health, "health", None)  # the error boundary's view (degraded)
+        context.update(session=session, nonce=nonce, ledger_url=redact(config.url), health=health)
         response = _TEMPLATES.TemplateResponse(request, name, context, status_code=status)
         response.headers["Content-Security-Policy"] = (
             f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "

@@ -13,6 +13,8 @@ from typing import Any
 from stopline.domain.model import RunRecord
 
 __all__ = [
+    "DEFAULT_TENANT",
+    "SYSTEM",
     "AccessPolicy",
     "Action",
     "ApprovalRecord",
@@ -21,6 +23,7 @@ __all__ = [
     "Checkpoint",
     "OwnerOrTenantAdmin",
     "Principal",
+    "is_system",
     "operator",
 ]
 
@@ -86,9 +89,13 @@ class Action(enum.StrEnum):
     STOP_COMPENSATION = "stop_compensation"
 
 
+DEFAULT_TENANT = "default"  # a run's tenant when none is given; a bare principal's tenant
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Principal:
-    """Who acts. A bare string ``"user:42"`` is a principal with no tenant and no roles."""
+    """Who acts. A bare string ``"user:42"`` is a principal with no tenant and no roles:
+    it sees the runs of the default tenant (runs created without a tenant) only."""
 
     id: str
     tenant: str | None = None
@@ -100,6 +107,16 @@ class Principal:
 
     def __str__(self) -> str:
         return self.id
+
+
+# stopline's own background actions. Recognised by identity, never by its id: a caller
+# who passes the string "stopline" (or builds an equal Principal) is not stopline, and
+# a caller claiming that id is refused (R11).
+SYSTEM = Principal("stopline", tenant="*", roles=frozenset({"system"}))
+
+
+def is_system(principal: Principal) -> bool:
+    return principal is SYSTEM
 
 
 def operator(name: str) -> Principal:
@@ -115,8 +132,12 @@ class AccessPolicy:
         raise NotImplementedError
 
     def visible(self, principal: Principal, run: RunRecord) -> bool:
-        """A principal of another tenant never sees a run."""
-        return principal.tenant is None or principal.tenant in (run.tenant, "*")
+        """A principal of another tenant never sees a run; one without a tenant sees the
+        runs without one (the default tenant's)."""
+        if principal.id == SYSTEM.id and not is_system(principal):
+            return False  # a forged "stopline" sees nothing
+        tenant = DEFAULT_TENANT if principal.tenant is None else principal.tenant
+        return tenant in ((run.tenant or DEFAULT_TENANT), "*")
 
 
 class OwnerOrTenantAdmin(AccessPolicy):
@@ -134,10 +155,14 @@ class OwnerOrTenantAdmin(AccessPolicy):
         self.operator_roles = frozenset(operator_roles)
 
     def allows(self, principal: Principal, action: Action, run: RunRecord) -> bool:
+        if is_system(principal):
+            return True
+        if principal.id == SYSTEM.id:
+            return False  # a forged "stopline": only the runtime itself acts as stopline
         if principal.roles & self.operator_roles and principal.tenant in (None, "*"):
             return True
         if not self.visible(principal, run):
             return False
-        if principal.id in (run.owner, "stopline"):
+        if principal.id == run.owner:
             return True
         return principal.tenant == run.tenant and bool(principal.roles & self.admin_roles)

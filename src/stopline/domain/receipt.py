@@ -209,6 +209,7 @@ class Receipt:
     def text(self) -> str:
         out = [self.message]
         out.extend(line.text() for line in self.lines)
+
         return "\n".join(out)
 
     def __str__(self) -> str:

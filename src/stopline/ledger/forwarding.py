@@ -39,6 +39,12 @@ class ForwardingBackend(Backend):
     def defers_outcomes(self) -> bool:  # type: ignore[override]
         return self._inner.defers_outcomes
 
+    def __getattr__(self, name: str) -> Any:
+        """A backend's own attributes beyond the seam (``path``, ``listener``, ...)."""
+        if name == "_inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
     async def close(self) -> None:
         await self._inner.close()
 

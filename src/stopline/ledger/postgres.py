@@ -44,10 +44,12 @@ import psycopg.errors
 import sniffio
 from psycopg_pool import AsyncConnectionPool
 
+from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationSpec
 from stopline.domain.transitions import OPERATION_TABLE, apply
 from stopline.domain.vocab import Cause, OpEvent, OpStatus
 from stopline.errors import (
+    CancelInDoubt,
     CommitInDoubt,
     GateInDoubt,
     IllegalTransition,
@@ -57,7 +59,7 @@ from stopline.errors import (
     StoplineError,
 )
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
-from stopline.ledger.engine import Db, SqlBackend
+from stopline.ledger.engine import Db, SqlBackend, fence
 from stopline.ledger.engine.gate import gate, gate_committed
 from stopline.ledger.engine.reads import load_op
 from stopline.ledger.engine.record import record
@@ -209,7 +211,7 @@ class PostgresBackend(SqlBackend):
                         raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
                     doubt = doubt or now_in_doubt
                     if not transient(exc) or time.monotonic() >= deadline:
-                        if doubt and not safe:
+                        if doubt and (not safe or in_doubt is not None):
                             raise (in_doubt() if in_doubt else CommitInDoubt(
                                 self.location, f"commit in doubt: {exc}"
                             )) from exc  # fmt: skip
@@ -219,17 +221,29 @@ class PostgresBackend(SqlBackend):
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def _settle_gate_doubts(self, tx: Tx) -> None:
-        """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``."""
-        for op_id, token in list(self._doubts.items()):
-            if await gate_committed(tx, op_id, token) is not None:
-                op = await load_op(tx, op_id)
-                if op.status is OpStatus.REQUESTED:
-                    evidence = [
-                        Evidence.local("gate_in_doubt", "intent commit in doubt; not dispatched")
-                    ]
-                    update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
-                    await record(tx, op_id, update)
-            del self._doubts[op_id]
+        """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``.
+
+        Single-flight: a transaction takes a doubt out of the map before settling it,
+        so two concurrent ones never settle (or forget) the same one twice; a doubt
+        whose settling fails goes back for the next transaction."""
+        for op_id in list(self._doubts):
+            token = self._doubts.pop(op_id, None)
+            if token is None:
+                continue  # another transaction took it meanwhile
+            try:
+                if await gate_committed(tx, op_id, token) is not None:
+                    op = await load_op(tx, op_id)
+                    if op.status is OpStatus.REQUESTED:
+                        evidence = [
+                            Evidence.local(
+                                "gate_in_doubt", "intent commit in doubt; not dispatched"
+                            )
+                        ]
+                        update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
+                        await record(tx, op_id, update)
+            except BaseException:
+                self._doubts.setdefault(op_id, token)
+                raise
 
     async def _execute(
         self,
@@ -251,6 +265,17 @@ class PostgresBackend(SqlBackend):
 
         return await self._tx(
             lambda tx: gate(tx, spec, token), settle=_gate_landed(spec, token), in_doubt=in_doubt
+        )
+
+    async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
+        # idempotent (R7): a retry after a doubt finds it done and says so; the
+        # notification went out with the first commit
+        def in_doubt() -> LedgerError:
+            lost = "the connection was lost after it was sent and the ledger stayed unreachable"
+            return CancelInDoubt(self.location, run_id, lost)
+
+        return await self._tx(
+            lambda tx: fence.cancel(tx, run_id, by, reason), safe=True, in_doubt=in_doubt
         )
 
     async def begin_compensation(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
 from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, OpEvent, OpStatus
 from stopline.errors import IllegalTransition, NotPermitted
@@ -223,7 +224,7 @@ class Compensator:
                     continue  # corrected before, or a reviewer decided after a failed one
                 try:
                     await ledger._start_compensation(
-                        op.id, by="stopline", reason="compensation=always on cancel"
+                        op.id, by=SYSTEM.id, reason="compensation=always on cancel"
                     )
                     queued = True
                 except (NotPermitted, IllegalTransition):

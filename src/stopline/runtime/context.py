@@ -49,7 +49,7 @@ class CallContext:
         if ref:
             self.provider_ref = ref
         evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, ref or "accepted", detail)]
-        await self._ledger._resolve(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
+        await self._ledger._outbox.record(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
 
     async def progress(
         self, progress: float, total: float | None = None, message: str = ""

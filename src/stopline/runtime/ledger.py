@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.transitions import CONTRADICTS
@@ -32,16 +33,20 @@ from stopline.domain.vocab import (
     Policy,
     RunEvent,
 )
-from stopline.errors import IllegalTransition
+from stopline.errors import (
+    IllegalTransition,
+    StoplineError,
+)
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
-from stopline.runtime.budget import VerifyBudget
+from stopline.runtime.boundary import Boundary, Health, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
+from stopline.runtime.outbox import Outbox
 from stopline.runtime.reads import Reads
 from stopline.runtime.run import INTERRUPTED, Run
 from stopline.runtime.scope import RunScope
-from stopline.runtime.settle import Settler
+from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
@@ -93,6 +98,10 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._settler = Settler(self)
         # runs, operations and the log, read under the access policy (R11)
         self.reads = Reads(lambda: self.backend, lambda: self.access)
+        # background work runs behind an error boundary; what it saw is `health`
+        self.health = Health()
+        self._boundary = Boundary(self.health)
+        self._outbox = Outbox(self)
         # called with the fenced run ids of every cancel this process learns of
         self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
         # this process's identity in the ledger: operations record the worker that
@@ -130,9 +139,13 @@ class Ledger(LifecycleMixin, TruthMixin):
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
+                try:
+                    await tg.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:  # only typed errors leave stopline.open
+                    raise typed(group) from group
         finally:
             with anyio.CancelScope(shield=True):
+                await self._outbox.flush()
                 await self._retire()
                 await self.backend.close()
 
@@ -142,7 +155,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             if self._closing:
                 return  # closing: background work stops with the ledger (see the module doc)
             raise RuntimeError("the ledger is not open")
-        self._tg.start_soon(fn, *args)
+        self._tg.start_soon(self._boundary.run, fn, *args)
 
     # -- tools -------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
@@ -170,11 +183,11 @@ class Ledger(LifecycleMixin, TruthMixin):
     ) -> RunScope:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``."""
         spec = RunSpec(
-            id=run_id or f"run_{uuid.uuid4().hex[:16]}",
-            name=name,
-            owner=owner,
-            tenant=tenant,
-            parent_id=parent_id,
+            id=check_id("run_id", run_id or f"run_{uuid.uuid4().hex[:16]}"),
+            name=check_id("name", name),
+            owner=check_id("owner", owner),
+            tenant=check_id("tenant", tenant),
+            parent_id=parent_id if parent_id is None else check_id("parent_id", parent_id),
             shared=shared,
             policy=policy,
         )
@@ -187,7 +200,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
         the final one. Checked against ``access`` (R11).
         """
-        principal, _ = await self.authorize(by, Action.CANCEL, run_id)
+        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
         interrupted = self._interrupt_local(result.fenced)
         for released in result.released:
@@ -228,7 +241,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._cancel_listeners.append(listener)
         return lambda: self._cancel_listeners.remove(listener)
 
-    async def end(self, run_id: str, *, by: str, error: BaseException | None = None) -> None:
+    async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
@@ -272,9 +285,11 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.reads.run(run_id, by=by)
+        run = await self.reads.run(check_id("run_id", run_id), by=by)
         ops = await self.backend.operations(run_id, descendants=True)
-        return build_receipt(run, ops, recording=self._recording)
+        # in hand, not durable yet: queued for the next group commit, or held by the
+        # outbox until the ledger can take it
+        return build_receipt(run, ops, recording=self._recording | self._outbox.held.keys())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -292,6 +307,8 @@ class Ledger(LifecycleMixin, TruthMixin):
             event = self._changes[run_id] = anyio.Event()
         with anyio.move_on_after(poll):
             await event.wait()
+        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
+            del self._changes[run_id]  # per-run state ends when nobody waits on it
 
     @property
     def idle(self) -> bool:
@@ -391,11 +408,14 @@ class Ledger(LifecycleMixin, TruthMixin):
                 except IllegalTransition:
                     self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
                     continue
+                except StoplineError:  # not taken: held, retried behind the boundary
+                    self.spawn(self._outbox.record, op_id, update)
+                    continue
                 self._after_change(op)
 
-    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> OperationRecord:
+    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
         """R3: no answer is ``unknown``, never ``not_committed``."""
-        return await self._resolve(
+        await self._outbox.record(
             ctx.op_id,
             OutcomeUpdate(OpEvent.LOST, [Evidence.local(cause.value, detail)], cause=cause),
         )

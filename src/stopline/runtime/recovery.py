@@ -96,6 +96,7 @@ class Workers:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.registered = False
+        self._renewed_at = 0.0  # monotonic time of the last lease renewal that committed
 
     async def register(self) -> None:
         await self._ledger.backend.heartbeat(
@@ -105,6 +106,7 @@ class Workers:
             lease_until=time.time() + self.lease,
         )
         self.registered = True
+        self._renewed_at = time.monotonic()
 
     async def retire(self) -> None:
         """On a clean close: what this worker left in flight is recovered by the next start."""
@@ -157,9 +159,12 @@ class Workers:
         return queued
 
     async def keep_alive(self) -> None:
-        """Renew the lease at a third of its length; sweep for workers that died meanwhile."""
+        """Renew the lease at a third of its length; sweep for workers that died meanwhile.
+
+        A renewal that fails is retried by the error boundary, at once: the wait is
+        measured from the last renewal that committed."""
         while True:
-            await anyio.sleep(self.lease / 3)
+            await anyio.sleep(max(0.0, self._renewed_at + self.lease / 3 - time.monotonic()))
             await self.register()
             _, recovered = await self.sweep()
             # unknown operations whose tool was registered since, and the newly orphaned

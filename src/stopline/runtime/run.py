@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord, digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import OperationInDoubt, RunFenced
@@ -84,7 +85,7 @@ class Run:
         if not t.effects:
             return await t.fn(*args, **kwargs)
         self._seq += 1
-        op_id = f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}"
+        op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._ledger.register_tool(t)
         spec = OperationSpec(
             id=op_id,
@@ -190,7 +191,7 @@ class Run:
             raise
         except Rejected as exc:
             evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
-            await ledger._resolve(
+            await ledger._outbox.record(
                 ctx.op_id,
                 OutcomeUpdate(
                     OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
@@ -220,7 +221,7 @@ class Run:
                 ctx.op_id, update, functools.partial(ledger._recorded, ctx.op_id, update)
             )
         else:
-            await ledger._resolve(ctx.op_id, update)
+            await ledger._outbox.record(ctx.op_id, update)  # held if the ledger cannot take it
         return result
 
     # -- phases and boundaries -------------------------------------------------

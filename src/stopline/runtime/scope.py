@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import anyio
 
 from stopline.domain.vocab import RunState
-from stopline.errors import RunFenced, UnknownRun
+from stopline.errors import AlreadyAttached, UnknownRun
 from stopline.ledger.backend import RunSpec
+from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.run import Run
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class RunScope:
 
     async def __aenter__(self) -> Run:
         backend = self._ledger.backend
+        if self._spec.id in self._ledger._local:
+            raise AlreadyAttached(self._spec.id)
         record = None
         if self._attach:
             try:
@@ -62,7 +65,7 @@ class RunScope:
     ) -> bool:
         run = self._run
         assert run is not None
-        ours = _only_cancels_of(exc, run.id)
+        ours = only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
@@ -70,25 +73,8 @@ class RunScope:
         del self._ledger._local[run.id]
         ledger = self._ledger
         with anyio.CancelScope(shield=True):
-            if run.cancel_requested:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
-            else:
-                await ledger.end(run.id, by=run.owner, error=None if swallowed else exc)
+            await ledger._outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
-
-
-def _only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunFenced`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunFenced):
-        return exc.run_id == run_id
-    if isinstance(exc, BaseExceptionGroup):
-        cancel_class = anyio.get_cancelled_exc_class()
-        leaves = exc.exceptions
-        return all(_only_cancels_of(e, run_id) or isinstance(e, cancel_class) for e in leaves) and (
-            any(_only_cancels_of(e, run_id) for e in leaves)
-        )
-    return False
 
 
 RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)

@@ -12,11 +12,13 @@ corrected before the run settles (S8).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
 
+from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord
 from stopline.domain.vocab import Cancellable, EvidenceKind, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
@@ -25,11 +27,28 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger, VerifyBudget
+    from stopline.runtime.ledger import Ledger
 
-__all__ = ["Settler"]
+__all__ = ["Settler", "VerifyBudget"]
 
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VerifyBudget:
+    """How hard to try a read-back before handing an operation to review."""
+
+    attempts: int = 6
+    first_delay: float = 0.2
+    factor: float = 2.0
+    max_delay: float = 10.0
+
+    def delays(self) -> list[float]:
+        out, delay = [], self.first_delay
+        for _ in range(self.attempts - 1):
+            out.append(min(delay, self.max_delay))
+            delay *= self.factor
+        return out
 
 
 class Settler:
@@ -194,9 +213,19 @@ class Settler:
             answer = await verify_fn(ctx)
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
         except Exception as exc:
-            read = ReadBack(Verdict.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
+            # kept as evidence: a verifier's error is part of why the outcome is in doubt
+            failed = Evidence.local("verify_error", f"{type(exc).__name__}: {exc}")
+            return await ledger.backend.note(
+                op.id, "verify_failed", {"evidence": [failed.to_json()]}
+            )
         if read.verdict is Verdict.UNKNOWN:
-            return await ledger.backend.get_operation(op.id)
+            if not read.detail:
+                return await ledger.backend.get_operation(op.id)
+            # kept as evidence: why this look found no answer (a verifier's transport error)
+            looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
+            return await ledger.backend.note(
+                op.id, "verify_unknown", {"evidence": [looked.to_json()]}
+            )
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
         evidence = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
@@ -222,10 +251,20 @@ class Settler:
         finally:
             self._queued.discard(run_id)
 
+    @contextlib.asynccontextmanager
+    async def _run_lock(self, run_id: str) -> AsyncIterator[None]:
+        """The run's lock, dropped from the map once nobody waits for it (bounded)."""
+        lock = self._locks.setdefault(run_id, anyio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.statistics().tasks_waiting and self._locks.get(run_id) is lock:
+                del self._locks[run_id]
+
     async def _advance(self, run_id: str) -> None:
         ledger = self._ledger
-        lock = self._locks.setdefault(run_id, anyio.Lock())
-        async with lock:
+        async with self._run_lock(run_id):
             self._queued.discard(run_id)  # from here on, what happens next is read
             run = await ledger.backend.get_run(run_id)
             if run.state not in _CANCELLED:
@@ -244,21 +283,21 @@ class Settler:
             try:
                 if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                     if run.state is RunState.CANCELLING:  # a correction is on its way
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                 elif statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
                     if run.state is RunState.CANCELLING:
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                     for op in ops:
                         if op.status is OpStatus.UNKNOWN:
                             self.verify_soon(op)
                 elif statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
                     if run.state is not RunState.NEEDS_REVIEW:
-                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by="stopline")
+                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by=SYSTEM.id)
                 elif run.state is RunState.NEEDS_REVIEW:
                     # every review item was settled by later evidence or a reviewer
-                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by="stopline")
+                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by=SYSTEM.id)
                 else:
-                    await ledger.backend.run_event(run_id, RunEvent.SETTLED, by="stopline")
+                    await ledger.backend.run_event(run_id, RunEvent.SETTLED, by=SYSTEM.id)
             except IllegalTransition:
                 pass  # another process moved it first
             ledger._changed(run_id)

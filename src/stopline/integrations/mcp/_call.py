@@ -12,6 +12,7 @@ error with ``data["io.stopline/outcome"]``     not_committed (refused before
 error -32000 (connection closed), broken       unknown / transport
 transport, malformed stream
 error -32001, or our own deadline              unknown / timeout
+no connection within the deadline (not sent)   not_committed
 any other JSON-RPC error                       unknown / server_error
 the awaiting scope is cancelled                unknown / user_cancel (the SDK
                                                sends the cancel)
@@ -112,7 +113,11 @@ class McpCall:
             if not self.cancel_asked:  # advisory: may extend the wait, up to the cap
                 self.scope.deadline = deadline.extended(anyio.current_time())
 
-        client = await self.conn._session()
+        left = deadline.initial() - anyio.current_time()
+        try:  # reconnecting counts against the call's deadline
+            client = await self.conn._session(None if math.isinf(left) else max(left, 0.0))
+        except NoAnswer as exc:  # no connection, so nothing was sent: provably not committed
+            raise Rejected(f"not sent: {exc.detail}", ref=f"not_sent:{self.ref}") from exc
         self.scope.deadline = deadline.initial()
         with self.scope:
             try:

@@ -20,7 +20,11 @@ proves (see ``_call``). Around it:
 - when the server offers ``stopline_verify``, it is every tool's read-back
   and makes a cancel confirmable; otherwise pass ``verifiers={name: fn}``;
 - a connection that broke is re-opened on next use (a stdio server is
-  started again), so verification can go on after a crash.
+  started again), so verification and reads go on after a crash. The
+  supervisor (``_keep``) re-opens with capped exponential backoff and
+  jitter (no hot relaunch loop); waiting for a connection is bounded by the
+  call's deadline (at most ``connect_timeout``): an effectful call that
+  never got one was not sent (``not_committed``), a read raises ``NoAnswer``.
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ from mcp.client import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CallToolResult, ErrorData, RequestParamsMeta
+from mcp_types import CONNECTION_CLOSED, CallToolResult, ErrorData, RequestParamsMeta
 from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cancellable, Cause
@@ -60,10 +66,12 @@ from stopline.integrations.mcp.tasks_client import (
     TasksClient,
     offers_legacy_tasks,
 )
+from stopline.runtime.boundary import Backoff
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -94,6 +102,9 @@ class StoplineMCP:
         poll_wait: float = 5.0,
         extensions: Sequence[ClientExtension] = (),
         tasks: bool = False,
+        tracer_provider: trace.TracerProvider | None = None,
+        connect_timeout: float = 30.0,
+        backoff: Backoff | None = None,
     ) -> None:
         self.target = target
         self.mode = mode
@@ -120,6 +131,14 @@ class StoplineMCP:
         self._closing = False
         self._tg: TaskGroup | None = None
         self.connections = 0  # how many times the transport was opened
+        # the supervisor: re-opening waits by `backoff`, a caller at most `connect_timeout`
+        self.connect_timeout = connect_timeout
+        self.backoff = backoff or Backoff(first=0.1, cap=5.0)
+        self.attempts = 0  # connection attempts, successful or not
+        self.last_error = ""  # why the last connection ended or failed to open
+        self.on_request: Callable[[str, Any], None] | None = None  # (key, JSON-RPC id) as sent
+        self._tracer = trace.get_tracer("stopline.mcp", tracer_provider=tracer_provider)
+        self._spans: dict[str, trace.Span] = {}  # op id -> its execute_tool span
 
     # -- lifecycle -------------------------------------------------------------------
     async def __aenter__(self) -> StoplineMCP:
@@ -145,11 +164,18 @@ class StoplineMCP:
             await tg.__aexit__(None, None, None)
 
     async def _keep(self, *, task_status: TaskStatus[None]) -> None:
-        """Holds the SDK client open in one task; re-opens it on demand after a break."""
+        """Holds the SDK client open in one task; re-opens it on demand after a break.
+
+        Attempts after a failure wait by ``backoff`` (capped, with jitter); a
+        connection that stayed up longer than the cap starts the backoff afresh.
+        """
         first = True
+        delays = self.backoff.delays()
         while not self._closing:
-            tap = LateResponseTap(self._transport(), self._on_late)
+            tap = LateResponseTap(self._transport(), self._on_late, on_request=self._sent)
             client = Client(tap, mode=self.mode, extensions=self.extensions)
+            self.attempts += 1
+            opened_at = anyio.current_time()
             try:
                 async with client:
                     self.connections += 1
@@ -164,12 +190,19 @@ class StoplineMCP:
             except Exception as exc:
                 if first:
                     raise
+                cause: BaseException = exc
+                while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                    cause = cause.exceptions[0]  # the transport's own error, not the group
+                self.last_error = f"{type(cause).__name__}: {cause}"
                 logger.warning("stopline: MCP connection %s ended: %r", self.name, exc)
             if self._client is client:
                 self._client, self._ready = None, anyio.Event()
             if self._closing:
                 return
+            if anyio.current_time() - opened_at > self.backoff.cap:
+                delays = self.backoff.delays()  # it was up a good while: start afresh
             await self._wanted.wait()
+            await anyio.sleep(next(delays))
 
     def _transport(self) -> Any:
         if isinstance(self.target, StdioServerParameters):
@@ -182,14 +215,23 @@ class StoplineMCP:
             self._client, self._ready = None, anyio.Event()
         self._dead.set()
 
-    async def _session(self) -> Client:
-        while self._client is None:
-            if self._closing:
-                raise NoAnswer(Cause.TRANSPORT, f"MCP connection {self.name!r} is closed")
-            ready = self._ready
-            self._wanted.set()
-            await ready.wait()
-        return self._client
+    async def _session(self, timeout: float | None = None) -> Client:
+        """The open client, (re)connecting if needed; a wait of at most ``timeout`` (and
+        never more than ``connect_timeout``), else ``NoAnswer`` naming the last error."""
+        limit = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
+        with anyio.move_on_after(limit):
+            while self._client is None:
+                if self._closing:
+                    raise NoAnswer(Cause.TRANSPORT, f"MCP connection {self.name!r} is closed")
+                ready = self._ready
+                self._wanted.set()
+                await ready.wait()
+            return self._client
+        raise NoAnswer(
+            Cause.TRANSPORT,
+            f"MCP server {self.name!r} unreachable for {limit:g}s ({self.attempts} attempts;"
+            f" last: {self.last_error or 'no answer'})",
+        )
 
     @property
     def client(self) -> Client:
@@ -228,7 +270,7 @@ class StoplineMCP:
 
         async def read(arguments: dict[str, Any] | None = None) -> Any:
             with anyio.fail_after(_TIMEOUT.get()):
-                result = await (await self._session()).call_tool(name, arguments or {})
+                result = await self._read(name, arguments or {}, _TIMEOUT.get())
             if result.is_error:
                 raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
             return plain_result(result)
@@ -253,6 +295,27 @@ class StoplineMCP:
                 tool.cancel_fn = self._cancel  # confirmable: the server reports what it did
         self._tools[name] = tool
         return tool
+
+    async def _read(
+        self, name: str, arguments: dict[str, Any], timeout: float | None
+    ) -> CallToolResult:
+        """A read (no effects: safe to repeat): on a broken connection, re-open and ask
+        once more, all within the caller's deadline."""
+        for attempt in (1, 2):
+            client = await self._session(timeout)
+            try:
+                return await client.call_tool(name, arguments)
+            except MCPError as exc:
+                if exc.code != CONNECTION_CLOSED:
+                    detail = f"MCP error {exc.code}: {exc.message}"
+                    raise NoAnswer(Cause.SERVER_ERROR, detail) from exc
+                why = f"MCP connection closed: {exc.message}"
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            self._broken()
+            if attempt == 2:
+                raise NoAnswer(Cause.TRANSPORT, why)
+        raise AssertionError("unreachable")
 
     async def call(
         self,
@@ -292,11 +355,29 @@ class StoplineMCP:
             self._ledgers.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
         token = CURRENT_CALL.set(ctx)
-        try:
-            return await call.run(args, meta, timeout, self.progress_cap)
-        finally:
-            CURRENT_CALL.reset(token)
-            del self._calls[ctx.op_id]
+        # The span is current while the SDK sends: its own "MCP send" span nests under it
+        # and every request of this call (tools/call, tasks/*) carries its traceparent.
+        with self._tracer.start_as_current_span(
+            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=self._attributes(name, ctx)
+        ) as span:
+            self._spans[ctx.op_id] = span
+            try:
+                return await call.run(args, meta, timeout, self.progress_cap)
+            finally:
+                CURRENT_CALL.reset(token)
+                del self._calls[ctx.op_id]
+                del self._spans[ctx.op_id]
+
+    def _attributes(self, name: str, ctx: CallContext) -> dict[str, Any]:
+        """The MCP SDK's own span attributes, plus stopline's operation and run."""
+        return {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "mcp.server.name": self.name,
+            ATTR_OP_ID: ctx.op_id,
+            ATTR_RUN_ID: ctx.run_id,
+        }
 
     # -- the provider's cancel and read-back ---------------------------------------------
     async def _cancel(self, ctx: CallContext) -> bool:
@@ -310,10 +391,9 @@ class StoplineMCP:
     async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
         """The server's ``stopline_verify`` answer for ``key`` (a read)."""
         try:
-            client = await self._session()
-            result = await client.call_tool(VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds})
-        except MCPError as exc:
-            raise NoAnswer(Cause.TRANSPORT, f"verify failed: {exc.message}") from exc
+            result = await self._read(VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds}, None)
+        except NoAnswer as exc:
+            raise NoAnswer(exc.cause, f"verify failed: {exc.detail}") from exc
         if result.is_error or not isinstance(result.structured_content, dict):
             raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
         return result.structured_content
@@ -367,6 +447,14 @@ class StoplineMCP:
             )
         except Exception:
             logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+
+    def _sent(self, key: str, request_id: Any) -> None:
+        span = self._spans.get(key)
+        if span is not None:  # a re-issued request is a second id on the same operation
+            span.set_attribute("jsonrpc.request.id", str(request_id))
+            span.add_event("mcp.request.sent", {"jsonrpc.request.id": str(request_id)})
+        if self.on_request is not None:
+            self.on_request(key, request_id)
 
     # -- R4: late answers ------------------------------------------------------------------
     def _on_late(self, late: LateAnswer) -> None:

@@ -48,6 +48,7 @@ import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import INTERNAL_ERROR, ToolAnnotations
+from opentelemetry import trace
 
 from mcp import MCPError
 from stopline.domain.vocab import Cancellable
@@ -62,6 +63,7 @@ from stopline.integrations.mcp._vocab import (
     VERIFY_TOOL,
 )
 from stopline.runtime.tool import Rejected
+from stopline.telemetry import ATTR_OP_ID
 
 __all__ = ["Effects", "Operation", "effect_meta", "key_of"]
 
@@ -202,6 +204,8 @@ class Effects:
         meta = cast(dict[str, Any], ctx.meta or {})
         key = meta.get(KEY_META) if isinstance(meta.get(KEY_META), str) else None
         rid = str(ctx.request_id)
+        if key:  # the MCP SDK's server span for this request: name stopline's operation
+            trace.get_current_span().set_attribute(ATTR_OP_ID, key)
         self._requests[rid] = (key, params.get("name"))
         if key:  # registered before any await: a verify sent after this request sees it
             self._arriving[key] += 1

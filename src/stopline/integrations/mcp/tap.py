@@ -64,10 +64,16 @@ class LateResponseTap:
     """Wrap ``inner`` (a ``Transport``); call ``on_late`` for every late answer."""
 
     def __init__(
-        self, inner: Transport, on_late: Callable[[LateAnswer], None], *, remember: int = 1024
+        self,
+        inner: Transport,
+        on_late: Callable[[LateAnswer], None],
+        *,
+        remember: int = 1024,
+        on_request: Callable[[str, Any], None] | None = None,
     ) -> None:
         self._inner = inner
         self._on_late = on_late
+        self._on_request = on_request  # (key, request id) as a keyed tools/call is written
         self._remember = remember
         self.in_flight: dict[Any, _Sent] = {}
         self.abandoned: dict[Any, _Sent] = {}  # cancelled by us, no answer seen (yet)
@@ -90,6 +96,8 @@ class LateResponseTap:
             key = meta.get(KEY_META) if isinstance(meta, dict) else None
             sent = _Sent(m.method, key if isinstance(key, str) else None, time.time())
             self.in_flight[coerce_request_id(m.id)] = sent
+            if sent.key is not None and self._on_request is not None:
+                self._on_request(sent.key, m.id)
         elif isinstance(m, JSONRPCNotification) and m.method == "notifications/cancelled":
             params = m.params or {}
             rid = as_request_id(params.get("requestId"))

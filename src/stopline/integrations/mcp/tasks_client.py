@@ -57,13 +57,13 @@ class CreatedTask(types.Result):
     result_type: Literal["task"] = "task"
 
 
-class _TaskRequest(types.Request[TaskIdParams, str]):
+class TaskRequest(types.Request[TaskIdParams, str]):
     """``tasks/get``, ``tasks/cancel``, ``tasks/result``: over HTTP, Mcp-Name is the task id."""
 
     name_param = "taskId"
 
 
-class _Raw(BaseModel):
+class Raw(BaseModel):
     """Any result, kept whole (each era's task shapes are read by ``parse_task``)."""
 
     model_config = ConfigDict(extra="allow")
@@ -265,8 +265,8 @@ class TasksClient(ClientExtension):
             return TaskOutcome(view, detail, data.get(RESULT_DATA))
 
     async def _send(self, session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
-        request = _TaskRequest(method=method, params=TaskIdParams(task_id=task_id))
-        return (await session.send_request(request, _Raw)).model_dump()
+        request = TaskRequest(method=method, params=TaskIdParams(task_id=task_id))
+        return (await session.send_request(request, Raw)).model_dump()
 
 
 def _refused(message: str) -> MCPError:

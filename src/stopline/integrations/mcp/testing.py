@@ -32,11 +32,13 @@ import os
 import sqlite3
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 import anyio
+from mcp.server.context import CallNext, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import JSONRPCNotification, ToolAnnotations
+from opentelemetry import trace
 
 from mcp import MCPError
 from stopline.domain.vocab import Cancellable
@@ -87,6 +89,23 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
     )
     effects.install(server)
     tasks.install(server)
+    traces: list[dict[str, Any]] = []
+
+    async def record_trace(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
+        """What trace context each request brought (the SDK's server span is current)."""
+        if ctx.request_id is not None and not _control_call(ctx):
+            meta = cast(dict[str, Any], ctx.meta or {})
+            span = trace.get_current_span().get_span_context()
+            traces.append(
+                {
+                    "method": ctx.method,
+                    "traceparent": meta.get("traceparent"),
+                    "trace_id": format(span.trace_id, "032x") if span.is_valid else None,
+                }
+            )
+        return await call_next(ctx)
+
+    server.middleware.append(record_trace)
 
     async def hold(point: str, tool: str, key: str) -> None:
         await barriers.reach(f"{point}:{tool}", key)
@@ -244,6 +263,11 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
         return n
 
     @server.tool(meta=_CONTROL)
+    async def ctl_traces() -> list[dict[str, Any]]:
+        """Every request's trace context as this server saw it."""
+        return traces
+
+    @server.tool(meta=_CONTROL)
     async def ctl_truth() -> dict[str, Any]:
         return {
             "requests": truth.requests,
@@ -252,6 +276,11 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
         }
 
     return server, effects, tasks
+
+
+def _control_call(ctx: ServerRequestContext[Any, Any]) -> bool:
+    name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
+    return isinstance(name, str) and name.startswith("ctl_")
 
 
 class _DropCancelled:

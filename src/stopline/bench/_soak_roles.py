@@ -1,0 +1,145 @@
+"""The soak's child processes: a worker running workflows, the canceller cancelling them.
+
+A worker counts typed errors (a call or a run block that met a storage
+fault) and lets anything else kill it: that is a teardown. When the faults
+are over it waits for its runs to settle and checks each against the
+contract's rules and against the canceller's record.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import stopline
+from stopline import Cancellable, Policy, RunState
+from stopline.bench.soak import CANCELLER
+from stopline.errors import StoplineError
+from stopline.testing import FakeProvider
+from stopline.testing.checks import Observed, check
+
+__all__ = ["run"]
+
+_POLICIES = (Policy.IMMEDIATE, Policy.VERIFY, Policy.AT_BOUNDARY)
+
+
+async def run(role: str, url: str, deadline: float, stop_file: Path, seed: int) -> dict[str, Any]:
+    if role == "create":
+        async with stopline.open(url):
+            return {}
+    if role == "canceller":
+        return await _canceller(url, deadline)
+    return await _worker(url, deadline, stop_file, seed)
+
+
+async def _with_ledger(url: str, deadline: float, work: Any, *args: Any) -> dict[str, Any]:
+    """``work(ledger, *args)`` on an opened ledger; opening (a write: the worker registers)
+    is retried through faults, the work itself is not."""
+    budget = stopline.VerifyBudget(attempts=4, first_delay=0.02)
+    while True:
+        started = False
+        try:
+            async with stopline.open(url, verify=budget) as ledger:
+                started = True
+                result: dict[str, Any] = await work(ledger, *args)
+            return result
+        except StoplineError:
+            if started or time.time() > deadline + 60:
+                raise
+        await anyio.sleep(0.1)
+
+
+async def _worker(url: str, deadline: float, stop_file: Path, seed: int) -> dict[str, Any]:
+    return await _with_ledger(url, deadline, _work, deadline, stop_file, seed)
+
+
+async def _work(
+    ledger: stopline.Ledger, deadline: float, stop_file: Path, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    providers = {
+        "send": FakeProvider("send"),
+        "pay": FakeProvider("pay", cancellable=Cancellable.NEVER),
+    }
+    counts = {"operations": 0, "typed_errors": 0}
+    runs: list[str] = []
+    n = 0
+    while time.time() < deadline:
+        n += 1
+        run_id = f"soak_{seed}_{n}"
+        try:
+            async with ledger.run(
+                "soak", owner="soak:worker", run_id=run_id, policy=rng.choice(_POLICIES)
+            ) as run:
+                runs.append(run_id)
+                for step in range(3):
+                    provider = providers[rng.choice(("send", "pay"))]
+                    try:
+                        await run.call(provider.tool, step, key=f"step{step}")
+                        counts["operations"] += 1
+                    except StoplineError:
+                        counts["typed_errors"] += 1
+                    await anyio.sleep(rng.uniform(0, 0.02))  # a cancel may land here
+        except StoplineError:
+            counts["typed_errors"] += 1  # the block's end met a fault (held, retried)
+    await _until_exists(stop_file)  # the faults are over when the parent says so
+    violations = [v for run_id in runs for v in await _judge(ledger, run_id, providers)]
+    return {**counts, "runs": len(runs), "violations": violations}
+
+
+async def _until_exists(path: Path) -> None:
+    """Another process's signal, a file: polled, as nothing here can notify across processes."""
+    while not await anyio.Path(path).exists():  # noqa: ASYNC110
+        await anyio.sleep(0.05)
+
+
+async def _judge(
+    ledger: stopline.Ledger, run_id: str, providers: dict[str, FakeProvider]
+) -> list[str]:
+    """The contract's rules for one run, once it settled, and who cancelled it."""
+    try:
+        settled = await ledger.wait_settled(run_id, timeout=60)
+    except TimeoutError:
+        return [f"{run_id}: not settled 60 s after the faults cleared"]
+    except stopline.UnknownRun:
+        return []  # its creation never committed: a typed error was counted
+    record = await ledger.backend.get_run(run_id)
+    seen = Observed(
+        run=record,
+        ops=await ledger.backend.operations(run_id),
+        events=await ledger.backend.events(run_id),
+        receipt=settled,
+        settled=True,
+        providers=providers,
+        settled_receipt=settled,
+    )
+    found = [f"{run_id}: {v}" for v in check(seen)[0]]
+    if record.cancelled_by not in (None, CANCELLER):
+        found.append(f"{run_id}: cancelled by {record.cancelled_by!r}, not the canceller")
+    if record.state is RunState.FAILED:
+        found.append(f"{run_id}: failed ({record.cancel_reason or 'see its events'})")
+    return found
+
+
+async def _canceller(url: str, deadline: float) -> dict[str, Any]:
+    return await _with_ledger(url, deadline, _cancel_some, deadline)
+
+
+async def _cancel_some(ledger: stopline.Ledger, deadline: float) -> dict[str, Any]:
+    rng = random.Random()
+    counts = {"cancels": 0, "typed_errors": 0}
+    while time.time() < deadline:
+        await anyio.sleep(rng.uniform(0.05, 0.3))
+        try:
+            running = await ledger.backend.list_runs(state=RunState.RUNNING, limit=50)
+            if running:
+                victim = rng.choice(running)
+                await ledger.cancel(victim.id, by=stopline.operator(CANCELLER))
+                counts["cancels"] += 1
+        except StoplineError:
+            counts["typed_errors"] += 1
+    return counts

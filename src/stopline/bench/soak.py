@@ -1,0 +1,166 @@
+"""`stopline bench --soak`: worker processes, a canceller and random storage faults.
+
+Four worker processes run workflows on one SQLite ledger while a canceller
+process cancels some of their runs and this process injects real faults at
+random: another process holding the write lock past the workers' busy
+timeout, and (where this process may mount one, as root) the ledger's own
+small tmpfs filled up and freed. When the time is up the faults stop, every
+worker waits for its runs to settle and checks each against the contract's
+rules (``stopline.testing.checks``) and one more: no run was cancelled that
+the canceller did not cancel. It prints
+
+    operations, typed errors, faults, violations (must be 0) and process
+    teardowns (must be 0: a worker that died of an error nobody typed)
+
+and exits 1 if either of the last two is not 0. Not part of ``stopline
+bench``'s default run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+__all__ = ["main", "soak"]
+
+CANCELLER = "soak:canceller"
+_WORKERS = 4
+_BUSY_TIMEOUT = 0.1  # a worker's wait for the lock before its call gets LedgerLocked
+
+
+def main(*, seconds: float, workers: int = _WORKERS) -> int:
+    """Run the soak, print its figures; 0 if nothing was violated and nothing torn down."""
+    with tempfile.TemporaryDirectory(prefix="stopline-soak-") as tmp:
+        figures = soak(Path(tmp), seconds=seconds, workers=workers)
+    for name, value in figures.items():
+        print(f"{name:<16} {value}")
+    return 0 if figures["violations"] == 0 and figures["teardowns"] == 0 else 1
+
+
+def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str, Any]:
+    """The soak itself (blocking: it manages processes); its figures."""
+    with _disk(workdir) as (directory, disk):
+        path = directory / "ledger.db"
+        url = f"sqlite:///{path}?busy_timeout={_BUSY_TIMEOUT}"
+        _child(
+            "create", url, "0", str(workdir / "unused"), "0"
+        )  # the file exists before anyone races to create it
+        stop_file = workdir / "faults-over"
+        deadline = str(time.time() + seconds)
+        procs = [_spawn("worker", url, deadline, str(stop_file), str(n)) for n in range(workers)]
+        procs.append(_spawn("canceller", url, deadline, str(stop_file), "0"))
+        faults = _inject(path, disk, float(deadline))
+        stop_file.touch()
+        results = [_collect(p) for p in procs]
+    totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0}
+    violations: list[str] = []
+    teardowns = 0
+    for result in results:
+        if result is None:
+            teardowns += 1
+            continue
+        for name in totals:
+            totals[name] += result.get(name, 0)
+        violations.extend(result.get("violations", []))
+    return {
+        **totals,
+        "faults": faults,
+        "violations": len(violations),
+        "teardowns": teardowns,
+        "first_violations": violations[:5],
+    }
+
+
+# -- the faults (this process) -------------------------------------------------------
+@contextlib.contextmanager
+def _disk(workdir: Path) -> Iterator[tuple[Path, Path | None]]:
+    """A small tmpfs for the ledger where this process may mount one, else a plain dir."""
+    mount = workdir / "disk"
+    mount.mkdir()
+    mounted = os.geteuid() == 0 and (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    try:
+        yield mount, (mount if mounted else None)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
+
+
+def _inject(path: Path, disk: Path | None, until: float) -> dict[str, int]:
+    """Random faults until ``until``: each lasts 50-300 ms, with quiet stretches between."""
+    rng = random.Random()
+    counts = {"locked": 0, "disk_full": 0}
+    while time.time() < until:
+        time.sleep(rng.uniform(0.2, 1.0))
+        length = rng.uniform(0.05, 0.3)
+        if disk is not None and rng.random() < 0.5:
+            counts["disk_full"] += 1
+            filler = disk / "filler"
+            _fill(filler)
+            time.sleep(length)
+            filler.unlink(missing_ok=True)
+        else:
+            counts["locked"] += 1
+            with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError:
+                    continue  # a worker holds it right now: try again later
+                time.sleep(length)
+                conn.execute("ROLLBACK")
+    return counts
+
+
+def _fill(filler: Path) -> None:
+    chunk = b"\0" * 65536
+    with filler.open("ab", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(chunk)
+
+
+# -- the child processes -----------------------------------------------------------------
+def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stopline.bench.soak", role, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _child(role: str, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "stopline.bench.soak", role, *args], check=True)
+
+
+def _collect(proc: subprocess.Popen[str]) -> dict[str, Any] | None:
+    """A child's figures; ``None`` if it died (a teardown)."""
+    out, _ = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        return None
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+if __name__ == "__main__":
+    from stopline.bench import _soak_roles
+
+    role, url, deadline, stop_file, seed = sys.argv[1:6]
+    figures = anyio.run(_soak_roles.run, role, url, float(deadline), Path(stop_file), int(seed))
+    print(json.dumps(figures))

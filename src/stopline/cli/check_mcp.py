@@ -1,0 +1,98 @@
+"""``stopline check-mcp``: the cancellation profile of an MCP server (docs/check-mcp.md).
+
+    stopline check-mcp [--json] [--plan FILE] [--era ERA] -- COMMAND [ARGS...]   # stdio
+    stopline check-mcp [--json] [--plan FILE] [--era ERA] URL                    # Streamable HTTP
+
+Exit codes: 0 no findings, 1 findings, 2 a bad plan or no connection.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import typer
+
+from stopline.cli import _common as c
+from stopline.cli.progress import progress
+
+__all__ = ["register"]
+
+ERAS = ("2026-07-28", "legacy")
+
+
+def check_mcp(
+    target: Annotated[
+        list[str], typer.Argument(help="A Streamable HTTP URL, or -- COMMAND [ARGS...] (stdio).")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="The profile as JSON on stdout.")] = False,
+    plan: Annotated[
+        Path | None,
+        typer.Option(help="Tools it may call, their arguments and read tools (JSON or TOML)."),
+    ] = None,
+    era: Annotated[str, typer.Option(help="Protocol era: 2026-07-28 or legacy.")] = "2026-07-28",
+    settle_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for each cell to settle.")
+    ] = 15.0,
+) -> None:
+    """Profile an MCP server's cancellation: discovery only, or the barrier matrix with --plan."""
+    from mcp import StdioServerParameters
+    from stopline.integrations.mcp.check import PlanError, check, load_plan
+    from stopline.integrations.mcp.check_report import Exit, render_text
+
+    if era not in ERAS:
+        c.fail(f"--era must be one of {', '.join(ERAS)}", Exit.ERROR)
+    server: StdioServerParameters | str
+    if len(target) == 1 and target[0].startswith(("http://", "https://")):
+        server = target[0]
+    else:
+        server = StdioServerParameters(command=target[0], args=target[1:])
+    try:
+        loaded = load_plan(plan) if plan is not None else None
+    except PlanError as exc:
+        c.fail(str(exc), Exit.ERROR)
+    steps = 1 + (len(loaded.tools) * 5 if loaded else 0)
+    with progress("check-mcp", total=steps) as bar, tempfile.TemporaryDirectory() as tmp:
+
+        def step(text: str) -> None:
+            bar.describe(text)
+            bar.advance()
+
+        async def run() -> object:
+            return await check(
+                server,
+                mode=era,
+                plan=loaded,
+                workdir=Path(tmp),
+                settle_timeout=settle_timeout,
+                on_step=step,
+            )
+
+        try:
+            profile = anyio.run(run)
+        except PlanError as exc:
+            c.fail(str(exc), Exit.ERROR)
+        except Exception as exc:
+            leaf = _leaf(exc)
+            c.fail(f"cannot check {' '.join(target)}: {type(leaf).__name__}: {leaf}", Exit.ERROR)
+    from stopline.integrations.mcp.check_report import Profile
+
+    assert isinstance(profile, Profile)
+    if as_json:
+        c.print_json(profile.to_json())
+    else:
+        c.out.print(render_text(profile), markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(int(profile.exit))
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error inside nested exception groups (a task group's), else the group."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check-mcp")(check_mcp)

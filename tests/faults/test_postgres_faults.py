@@ -1,0 +1,136 @@
+"""PostgreSQL under faults: a lost cancel reply, a server gone mid-block, racing doubts."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+import stopline
+from stopline import Principal, RunState
+from stopline.errors import CancelInDoubt, InvalidInput
+from stopline.ledger.postgres import PostgresBackend
+from stopline.ledger.postgres_txn import Tx
+from stopline.testing import FakeProvider
+from tests.ledger.contract import run_spec
+from tests.postgres.server import fresh_schema
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from fresh_schema()
+
+
+@pytest.fixture
+async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
+    opened = await PostgresBackend.open(pg_url + "&retry_for=0.5")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@contextlib.contextmanager
+def unreachable_after_lost_commit(backend: PostgresBackend) -> Iterator[None]:
+    """The next transaction commits but its reply is lost; then the server is unreachable."""
+    original_tx = Tx.transaction
+    original_conn = backend._pool.connection
+    state = {"armed": True, "down": False}
+
+    @contextlib.asynccontextmanager
+    async def transaction(self: Tx) -> AsyncIterator[None]:
+        async with original_tx(self):
+            yield
+        if state["armed"]:
+            state["armed"], state["down"] = False, True
+            self.in_doubt = True
+            raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
+
+    def connection(*args: Any, **kwargs: Any) -> Any:
+        if state["down"]:
+            raise psycopg.OperationalError("simulated: connection refused")
+        return original_conn(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Tx, "transaction", transaction)
+        patch.setattr(backend._pool, "connection", connection)
+        yield
+
+
+async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: PostgresBackend) -> None:
+    await backend.create_run(run_spec())
+    with unreachable_after_lost_commit(backend), pytest.raises(CancelInDoubt) as info:
+        await backend.cancel("run_a", by="u")
+    assert info.value.run_id == "run_a"
+    assert "may have taken effect" in str(info.value)
+    again = await backend.cancel("run_a", by="u")  # safe and idempotent: it had landed
+    assert not again.first
+    assert again.run.state is RunState.CANCELLING
+    kinds = [e.kind for e in await backend.events("run_a")]
+    assert kinds.count("cancel") == 1
+
+
+async def test_settling_doubts_is_single_flight(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stopline.ledger import postgres
+
+    await backend.create_run(run_spec())
+    settled: list[str] = []
+    original = postgres.gate_committed  # type: ignore[attr-defined]
+
+    async def slow_gate_committed(tx: Tx, op_id: str, token: str) -> Any:
+        settled.append(op_id)
+        await anyio.sleep(0.2)  # widen the window in which others could take it too
+        return await original(tx, op_id, token)
+
+    monkeypatch.setattr(postgres, "gate_committed", slow_gate_committed)
+    backend._doubts["run_a/never"] = "a token no gate wrote"  # a doubt that never landed
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):  # every one of these transactions settles doubts first
+            tg.start_soon(backend.get_run, "run_a")
+    assert settled == ["run_a/never"]  # one of them did, the others left it alone
+    assert backend._doubts == {}
+
+
+async def test_a_typed_error_survives_the_run_block_while_the_database_is_down(
+    pg_url: str,
+) -> None:
+    async with stopline.open(pg_url + "&retry_for=0.3") as ledger:
+        backend = ledger.backend
+        assert isinstance(backend, PostgresBackend)
+        await backend.create_run(run_spec("run_other"))
+
+        async def job() -> None:
+            async with ledger.run("job", owner="u", run_id="run_job"):
+                with unreachable_after_lost_commit(backend):
+                    await ledger.cancel("run_other", by=Principal("user:1", tenant="acme"))
+
+        with pytest.raises(CancelInDoubt):  # not hidden behind the block's own exit error
+            await job()
+        # the database is back: the held end of the run lands, nothing stays "running"
+        with anyio.fail_after(20):
+            while (await backend.get_run("run_job")).state is RunState.RUNNING:
+                await ledger.wait_for_change("run_job")
+        assert (await backend.get_run("run_job")).state is RunState.FAILED
+
+
+async def test_a_megabyte_id_is_refused_before_the_network(pg_url: str) -> None:
+    huge = "r" * 1_000_000
+    async with stopline.open(pg_url) as ledger:
+        with pytest.raises(InvalidInput, match="run_id"):
+            async with ledger.run("job", owner="u", run_id=huge):
+                pass
+        with pytest.raises(InvalidInput, match="run_id"):
+            await ledger.cancel(huge, by="u")
+        async with ledger.run("job", owner="u", run_id="run_ok") as run:
+            with pytest.raises(InvalidInput, match="key"):
+                await run.call(FakeProvider("send").tool, "x", key=huge)
+        assert [r.id for r in await ledger.backend.list_runs()] == ["run_ok"]
+        assert await ledger.backend.operations("run_ok") == []
