@@ -15,6 +15,7 @@
     ├── Rejected                       raised by a provider: refused before any effect
     ├── NoAnswer                       raised by a provider: the answer was lost, and why
     ├── NoRun                          a gated framework tool called outside a run
+    ├── PlanError                      a `stopline check-mcp` plan it cannot run
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerLocked
@@ -72,6 +73,7 @@ __all__ = [
     "NotFound",
     "NotPermitted",
     "OperationInDoubt",
+    "PlanError",
     "Rejected",
     "RunCancelled",
     "RunFenced",
@@ -199,6 +201,10 @@ class NoAnswer(StoplineError):
 
 class NoRun(StoplineError):
     """A gated framework tool was called outside a bound stopline run."""
+
+
+class PlanError(StoplineError):
+    """The plan file is not what ``stopline check-mcp`` can run (the message says why)."""
 
 
 class LedgerError(StoplineError):
