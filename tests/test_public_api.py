@@ -59,6 +59,8 @@ EXPECTED = {
     "Run",
     "RunCancelled",  # deprecated alias of RunFenced (0.2)
     "RunFenced",
+    "RunEnded",
+    "RunPaused",
     "RunRecord",
     "RunState",
     "SchemaTooNew",

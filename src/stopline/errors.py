@@ -16,6 +16,8 @@
     ├── NoAnswer                       raised by a provider: the answer was lost, and why
     ├── NoRun                          a gated framework tool called outside a run
     ├── PlanError                      a `stopline check-mcp` plan it cannot run
+    ├── RunEnded                       re-entering a run that has ended
+    ├── RunPaused                      re-entering a paused run before it is resumed
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerLocked
@@ -76,7 +78,9 @@ __all__ = [
     "PlanError",
     "Rejected",
     "RunCancelled",
+    "RunEnded",
     "RunFenced",
+    "RunPaused",
     "SchemaTooNew",
     "StoplineError",
     "UnknownOperation",
@@ -205,6 +209,29 @@ class NoRun(StoplineError):
 
 class PlanError(StoplineError):
     """The plan file is not what ``stopline check-mcp`` can run (the message says why)."""
+
+
+class RunEnded(StoplineError):
+    """``ledger.run(..., run_id=...)`` of a run that has ended: nothing would run in it."""
+
+    def __init__(self, run_id: str, state: enum.Enum) -> None:
+        self.run_id = run_id
+        self.state = state
+        then = (
+            "resume it first (ledger.resume) to continue it"
+            if state.value == "cancelled"
+            else "start a new run to do more"
+        )
+        super().__init__(f"run {run_id!r} has ended ({state.value}): {then}")
+
+
+class RunPaused(StoplineError):
+    """A workflow re-entering a paused run (one waiting for an approval, say): its first
+    call would wait at the gate until someone resumes the run."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} is paused: resume it (ledger.resume) before re-entering")
 
 
 class LedgerError(StoplineError):

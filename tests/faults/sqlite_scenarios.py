@@ -19,7 +19,7 @@ from stopline.errors import LedgerUnavailable
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
 
-__all__ = ["fill_mid_run", "open_when_full"]
+__all__ = ["fill_mid_run", "held_outcome", "open_when_full"]
 
 
 async def fill_mid_run(
@@ -52,6 +52,39 @@ async def fill_mid_run(
     }
 
 
+async def held_outcome(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """The provider answers while the disk is full: the call returns, the outcome is held,
+    the receipt says recording; once the disk has room it lands and the run settles."""
+    provider = FakeProvider("send", cancellable=stopline.Cancellable.NEVER)
+    responding = provider.hold("responding")
+    result: dict[str, Any] = {}
+    async with stopline.open(f"sqlite:///{path}", durable_outcomes=True) as ledger:
+        async with ledger.run("job", owner="u", run_id="run_held") as run:
+
+            async def call() -> None:
+                result["value"] = await run.call(provider.tool, "x", key="x")
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await responding.reached.wait()
+                fill()
+                responding.release()
+            during = await ledger.receipt("run_held")  # reads still work on a full disk
+            free()
+        final = await ledger.wait_settled("run_held", timeout=30)
+    return {
+        "returned": result.get("value"),
+        "recording": [line.recording for line in during.lines],
+        "words": during.lines[0].status_words,
+        "settled_during": during.settled,
+        "state": final.run_state.value,
+        "statuses": [line.status.value for line in final.lines],
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -67,12 +100,12 @@ def _biggest_file(directory: Path) -> int:
 
 
 async def _main(scenario: str, path: Path) -> dict[str, Any]:
+    fill = lambda: limit_file_size(_biggest_file(path.parent))  # noqa: E731
+    free = lambda: limit_file_size(None)  # noqa: E731
     if scenario == "fill_mid_run":
-        return await fill_mid_run(
-            path,
-            lambda: limit_file_size(_biggest_file(path.parent)),
-            lambda: limit_file_size(None),
-        )
+        return await fill_mid_run(path, fill, free)
+    if scenario == "held_outcome":
+        return await held_outcome(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))
 
 

@@ -14,7 +14,7 @@ import pytest
 import stopline
 from stopline.errors import LedgerFull, LedgerIOError, LedgerReadOnly
 from tests.faults.disk import integrity, read_only, tiny_disk
-from tests.faults.sqlite_scenarios import fill_mid_run, open_when_full
+from tests.faults.sqlite_scenarios import fill_mid_run, held_outcome, open_when_full
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,21 @@ async def test_disk_full_mid_run_fails_closed_and_recovers(tmp_path: Path) -> No
     assert seen["readable_during"] == "running"  # reads still served; nobody cancelled it
     assert seen["state"] == "completed"  # the work finished once the disk had room
     assert seen["statuses"] == ["committed", "committed"]
+    assert seen["integrity"] == "ok"
+
+
+async def test_an_outcome_the_full_disk_refuses_is_held_and_the_receipt_says_recording(
+    tmp_path: Path,
+) -> None:
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await held_outcome(disk.path / "ledger.db", disk.fill, disk.free)
+        else:
+            seen = in_child("held_outcome", tmp_path / "ledger.db")
+    assert seen["returned"] == {"id": "run_held/x", "value": "x"}  # the workflow got it
+    assert seen["recording"] == [True] and "recording" in seen["words"]
+    assert not seen["settled_during"]
+    assert seen["state"] == "completed" and seen["statuses"] == ["committed"]
     assert seen["integrity"] == "ok"
 
 

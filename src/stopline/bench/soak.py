@@ -146,7 +146,8 @@ def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
 
 
 def _child(role: str, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "stopline.bench.soak", role, *args], check=True)
+    command = [sys.executable, "-m", "stopline.bench.soak", role, *args]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
 def _collect(proc: subprocess.Popen[str]) -> dict[str, Any] | None:

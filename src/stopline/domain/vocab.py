@@ -37,6 +37,16 @@ class RunState(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
 
+    @property
+    def ended(self) -> bool:
+        """Nothing runs in it any more (a cancelled one may still be resumed, R10)."""
+        return self in (
+            RunState.COMPLETED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+            RunState.NEEDS_REVIEW,
+        )
+
 
 class RunEvent(enum.StrEnum):
     PAUSE = "pause"

@@ -27,7 +27,23 @@ things the same way, so they live here once:
   verified through ``stopline_verify``.
 
 The cancel side is ``Bound.cancel``: the fence is committed first (R1: nothing
-passes the gate after it), then the framework's own cancel is applied.
+passes the gate after it), then the framework's own cancel is applied. The
+framework's *own* cancels (its cancel method, cancelling the task) reach
+``Bound.native_cancel``, which commits the same stopline cancel, so the run ends
+``cancelled`` with its receipt, never ``completed`` or ``failed``.
+
+**Resume without the framework's history (``Bound.key_for``).** A model asked
+again after a cancel issues its calls under new ids. A call whose id the run
+has not recorded, with the same tool and the same arguments as an operation
+recorded by an earlier entry of the run, is that operation: it gets its key,
+so the gate replays what committed (or verifies what is in doubt) instead of
+repeating it. Each recorded operation is matched at most once per entry, in
+the order it was recorded; a further identical call is a new operation.
+
+**Waiting for a person (``Bound.suspend``).** When the framework stops to ask
+for an approval, the run is paused, not completed: ``run.suspend`` (R9), with
+a stopline approval request per waiting call, so that call passes the gate
+only once that approval is granted.
 """
 
 from __future__ import annotations
@@ -37,15 +53,16 @@ import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from stopline.domain.lifecycle import Principal
+from stopline.domain.lifecycle import ApprovalRecord, Principal
+from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import NoRun, RunFenced
+from stopline.domain.vocab import Cancellable, Policy, RunState
+from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -57,12 +74,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Bound",
     "NoRun",
+    "RunPaused",
     "ToolSpec",
     "bind",
     "current",
     "detached_tool",
     "gated_call",
     "mcp_call",
+    "open_run",
     "stopline_tool",
 ]
 
@@ -77,6 +96,12 @@ class Bound:
     run: Run
     # how to apply the framework's own cancel once the fence is committed
     interrupt: Callable[[], None] = lambda: None
+    approver: str = ""  # who is asked when the framework waits for an approval
+    session: Any = None  # the adapter's session object (``GraphRun``, ``AgentSession``)
+    # (tool, args digest) -> keys recorded by earlier entries, not yet matched
+    _prior: dict[tuple[str, str], list[str]] | None = None
+    _recorded: set[str] = dataclasses.field(default_factory=set)
+    _approvals: set[str] = dataclasses.field(default_factory=set)  # scopes asked for
 
     async def cancel(self, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run (durably, first), then cancel the framework's work.
@@ -87,6 +112,66 @@ class Bound:
         receipt = await self.ledger.cancel(self.run.id, by=by, reason=reason)
         self.interrupt()
         return receipt
+
+    async def native_cancel(self, reason: str) -> None:
+        """The framework cancelled on its own: commit the stopline cancel (by the owner).
+
+        Shielded: it runs while the task that saw the cancel is unwinding.
+        """
+        if self.run.cancel_requested:
+            return  # stopline's own cancel, delivered through the framework
+        with anyio.CancelScope(shield=True):
+            await self.ledger.cancel(self.run.id, by=self.run.owner, reason=reason)
+
+    @contextlib.asynccontextmanager
+    async def native_cancels(self) -> AsyncIterator[None]:
+        """Cancelling the task that runs the framework is a stopline cancel (by the owner)."""
+        try:
+            yield
+        except anyio.get_cancelled_exc_class():
+            await self.native_cancel("the task running the agent was cancelled")
+            raise
+
+    async def load(self) -> None:
+        """What earlier entries of the run recorded: calls to match, approvals asked for."""
+        self._prior = {}
+        for op in await self.ledger.backend.operations(self.run.id):
+            self._recorded.add(op.id)
+            self._prior.setdefault((op.tool, op.args_digest), []).append(op.id)
+        self._approvals = {a.scope for a in await self.ledger.backend.approvals(self.run.id)}
+
+    def key_for(self, tool: str, key: str | None, args: Any) -> str | None:
+        """The operation key of a call: its own, or that of the recorded call it repeats."""
+        if key is None or self._prior is None:
+            return key
+        op_id = f"{self.run.id}/{key}"
+        same = self._prior.setdefault((tool, digest(args)), [])
+        if op_id in self._recorded:  # the call itself, replayed under its id
+            if op_id in same:
+                same.remove(op_id)
+            return key
+        if same:  # a recorded call, asked for again under a new id
+            return same.pop(0).removeprefix(f"{self.run.id}/")
+        return key
+
+    async def suspend(self, keys: Collection[str], reason: str) -> list[ApprovalRecord]:
+        """The framework waits for approvals of the calls ``keys``: ask, and pause the run."""
+        asked = [
+            await self.run.request_approval(key, approver=self.approver or self.run.owner)
+            for key in keys
+        ]
+        self._approvals.update(approval.scope for approval in asked)
+        await self.run.suspend(reason)
+        return asked
+
+    async def decisions(self, keys: Collection[str]) -> dict[str, bool]:
+        """The recorded decision on each of ``keys`` that has one (granted or denied)."""
+        decided: dict[str, bool] = {}
+        for approval in await self.ledger.backend.approvals(self.run.id):
+            key = approval.scope.removeprefix(f"{self.run.id}/")
+            if key in keys and approval.status.value in ("granted", "denied"):
+                decided[key] = approval.status.value == "granted"
+        return decided
 
 
 _CURRENT: contextvars.ContextVar[Bound | None] = contextvars.ContextVar(
@@ -121,10 +206,52 @@ class ToolSpec:
     description: str = ""
 
 
-async def gated_call(tool: Tool[Any], key: str | None, *args: Any, **kwargs: Any) -> Any:
-    """One call of ``tool`` through the gate of the current run, under ``key``."""
+async def gated_call(
+    tool: Tool[Any],
+    key: str | None,
+    *args: Any,
+    needs_approval: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """One call of ``tool`` through the gate of the current run, under ``key``
+    (or the key of the recorded call it repeats, ``Bound.key_for``)."""
     bound = current()
-    return await bound.run.call(tool, *args, key=key, **kwargs)
+    key = bound.key_for(tool.name, key, [args, kwargs])
+    # a call the run was paused for passes only with its approval granted
+    asked = key is not None and f"{bound.run.id}/{key}" in bound._approvals
+    return await bound.run.call(
+        tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_run(
+    ledger: Ledger,
+    make: Callable[[Bound], Any],
+    *,
+    name: str,
+    owner: str,
+    run_id: str | None,
+    tenant: str,
+    policy: Policy,
+    approver: str | None = None,
+) -> AsyncIterator[Any]:
+    """``ledger.run(...)`` bound to framework tools, as the session ``make(bound)`` builds.
+
+    A paused run (waiting for an approval) is not entered: it would wait at the
+    gate for ever. ``ledger.resume`` it first.
+    """
+    if run_id is not None:
+        with contextlib.suppress(NotFound):
+            state = (await ledger.backend.get_run(run_id)).state
+            if state in (RunState.PAUSED, RunState.PAUSING):
+                raise RunPaused(run_id)
+    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
+        bound = Bound(ledger, r, approver=approver or owner)
+        await bound.load()
+        session = bound.session = make(bound)
+        with bind(bound):
+            yield session
 
 
 async def mcp_call(

@@ -5,7 +5,7 @@
     @sl.node                      # a node whose body is one side effect
     def refund(state: State) -> dict[str, str]: ...
 
-    tools = ToolNode([sl.tool(send_email)])   # each call of the tool is gated
+    tools = ToolNode([send_email, lookup], awrap_tool_call=sl.gate(reads={"lookup"}))
 
     async with sl.run(ledger, owner="user:42", thread_id="t-1") as g:
         await g.ainvoke(graph, {"order": "1042"})
@@ -15,56 +15,74 @@ What LangGraph does on its own (``shared/notes/peers.md``): a cancelled task is
 saved as an error and re-run on resume, so a sync node that committed after the
 cancel commits again. Here:
 
-- each gated node's body passes the dispatch gate under a key derived from its
-  LangGraph task (``langgraph_checkpoint_ns``: node name and task id, which
-  LangGraph derives from the checkpoint, so a resume from that checkpoint
-  reaches the same key); each gated tool's call under ``tool:<tool_call_id>``
-  (the model's id, kept in the checkpointed messages). A resume therefore gets
-  the recorded result of what already committed instead of a second effect;
+- ``sl.gate(...)`` is a ``ToolNode(awrap_tool_call=...)`` hook: every tool call of
+  the node passes the dispatch gate under ``tool:<tool_call_id>`` (the model's id,
+  kept in the checkpointed messages), whatever the tool; ``reads`` skip it. A
+  tool that raises is recorded (``unknown``) before ``ToolNode`` turns the error
+  into a message. Each gated node's body passes the gate under a key derived
+  from its LangGraph task (``langgraph_checkpoint_ns``: node name and task id,
+  which LangGraph derives from the checkpoint). A resume therefore gets the
+  recorded result of what already committed instead of a second effect;
+- ``interrupt()`` inside a gated tool is a pause, not a failure: the attempt is
+  recorded ``not_committed`` (LangGraph re-runs the tool from its start on
+  resume, so what comes before ``interrupt()`` must have no effect: LangGraph's
+  own rule), and the stopline run is paused with an approval request for the
+  call. A graph stopped at a breakpoint before a tool node (``interrupt_before``)
+  pauses the run the same way, one approval request per pending tool call;
+  after ``ledger.approve`` and ``ledger.resume``, ``g.ainvoke(graph,
+  Command(resume=...))`` (or ``None``) on the same thread runs them, each
+  passing the gate only with its approval granted;
 - ``g.cancel`` fences the run first (R1), then cancels the graph's execution
-  (LangGraph's task cancellation); a sync node or tool still running in its
-  worker thread is recorded ``unknown`` and then ``committed`` when it returns
-  (R4, ``stopline.integrations._frameworks``);
+  (LangGraph's task cancellation); cancelling the task that runs the graph is a
+  stopline cancel too. A sync node or tool still running in its worker thread is
+  recorded ``unknown`` and then ``committed`` when it returns (R4);
 - resuming: ``ledger.resume(run_id, ...)`` then ``g.ainvoke(graph, None)`` in a
   new ``sl.run`` with the same thread id (LangGraph continues from its
   checkpoint; stopline replays what committed).
 
-Node results are replayed from the ledger, so they should be JSON-able (a
-state update of plain values); a result that is not is replayed as ``None``.
+Node and tool results are replayed from the ledger, so they should be JSON-able
+(a state update of plain values, a tool's message content).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
-from langchain_core.messages import ToolCall
+from langchain_core.messages import AIMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as lc_tool
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from stopline.domain.vocab import Cancellable
+from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
     ToolSpec,
     VerifyByKey,
-    bind,
+    Work,
+    current,
+    detached_tool,
     gated_call,
     mcp_call,
+    open_run,
     stopline_tool,
 )
+from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
+from stopline.runtime.tool import Rejected
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 from stopline.runtime.tool import Tool
 
-__all__ = ["GraphRun", "NoRun", "mcp_tools", "node", "run", "tool"]
+__all__ = ["GraphRun", "NoRun", "gate", "mcp_tools", "node", "run", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any] | Tool[Any])
 
@@ -81,6 +99,7 @@ class GraphRun:
         self.thread_id = thread_id
         self.id = bound.run.id
         self._scope: anyio.CancelScope | None = None
+        self.interrupted: list[str] = []  # keys of gated calls that called interrupt()
         bound.interrupt = self._interrupt
 
     @property
@@ -91,7 +110,10 @@ class GraphRun:
     async def ainvoke(
         self, graph: Any, graph_input: Any, config: RunnableConfig | None = None
     ) -> Any:
-        """``graph.ainvoke`` on this thread; a cancel ends it and the run's block quietly."""
+        """``graph.ainvoke`` on this thread; a cancel ends it and the run's block quietly.
+
+        A graph that stops to wait (``interrupt()``, a breakpoint) pauses the run.
+        """
         merged: dict[str, Any] = dict(config or {})
         merged["configurable"] = {
             **dict(merged.get("configurable") or {}),
@@ -102,10 +124,27 @@ class GraphRun:
             if self.bound.run.cancel_requested:
                 scope.cancel()
             try:
-                return await graph.ainvoke(graph_input, merged)
+                async with self.bound.native_cancels():
+                    result = await graph.ainvoke(graph_input, merged)
             finally:
                 self._scope = None
+            await self._pause_if_waiting(graph, merged)
+            return result
         raise RunFenced(self.id)  # the graph was cancelled: leave the run's block
+
+    async def _pause_if_waiting(self, graph: Any, config: Any) -> None:
+        """The graph stopped before its end (an interrupt, a breakpoint): pause the run,
+        asking approval for the tool calls it waits on."""
+        snapshot = await graph.aget_state(config)
+        if not snapshot.next:
+            return
+        keys = list(self.interrupted)
+        if not keys:  # a breakpoint: the tool calls of the last model message
+            messages = (snapshot.values or {}).get("messages", [])
+            last = messages[-1] if messages else None
+            if isinstance(last, AIMessage):
+                keys = [f"tool:{call['id']}" for call in last.tool_calls if call.get("id")]
+        await self.bound.suspend(keys, f"waiting at {', '.join(snapshot.next)}")
 
     async def cancel(self, *, by: str, reason: str = "") -> Any:
         """Fence the run, then cancel the graph. Returns the receipt at the cancel."""
@@ -125,12 +164,107 @@ async def run(
     name: str = "langgraph",
     run_id: str | None = None,
     tenant: str = "default",
+    policy: Policy = Policy.VERIFY,
+    approver: str | None = None,
 ) -> AsyncIterator[GraphRun]:
     """A stopline run (by default its id is the thread id) bound to the graph's tools."""
-    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id or thread_id) as r:
-        graph_run = GraphRun(Bound(ledger, r), thread_id)
-        with bind(graph_run.bound):
-            yield graph_run
+    async with open_run(
+        ledger,
+        lambda bound: GraphRun(bound, thread_id),
+        name=name,
+        owner=owner,
+        run_id=run_id or thread_id,
+        tenant=tenant,
+        policy=policy,
+        approver=approver,
+    ) as graph_run:
+        yield graph_run
+
+
+_Execute = Callable[[ToolCallRequest], Awaitable[Any]]
+
+
+class _Interrupted(Rejected):
+    """``interrupt()`` in a gated tool: recorded as not committed, then re-raised."""
+
+    def __init__(self, bubble: GraphBubbleUp) -> None:
+        super().__init__(
+            "interrupt(): the tool paused for a person; LangGraph re-runs it on resume",
+            ref="langgraph:interrupt",
+        )
+        self.bubble = bubble
+
+
+class _Raised(Exception):
+    """The tool raised and ``ToolNode`` made its error a message: recorded, then returned."""
+
+    def __init__(self, message: ToolMessage) -> None:
+        super().__init__(str(message.content))
+        self.message = message
+
+
+def gate(
+    *, reads: Collection[str] = (), verify: Mapping[str, VerifyByKey] | None = None
+) -> Callable[[ToolCallRequest, _Execute], Awaitable[Any]]:
+    """A ``ToolNode(awrap_tool_call=...)`` hook: every tool call of the node is gated.
+
+    Each call is an operation keyed ``tool:<tool_call_id>``; tools named in
+    ``reads`` skip the gate; ``verify={name: async (key) -> ReadBack}`` reads a
+    destination back. A ``def`` tool runs to its end whoever stops waiting (R4).
+    """
+    verify = dict(verify or {})
+
+    async def wrap(request: ToolCallRequest, execute: _Execute) -> Any:
+        tool, call = request.tool, request.tool_call
+        if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
+            return await execute(request)  # a read, unknown, or gated by itself
+        is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
+        spec = ToolSpec(verify=verify.get(tool.name))
+
+        def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
+            async def work() -> Any:
+                try:
+                    message = await execute(request)
+                except GraphBubbleUp as bubble:  # interrupt(): a pause, not a failure
+                    raise _Interrupted(bubble) from None
+                if isinstance(message, ToolMessage) and message.status == "error":
+                    raise _Raised(message)
+                return message.content if isinstance(message, ToolMessage) else message
+
+            return work
+
+        gated_tool = (
+            detached_tool(tool.name, spec, start)
+            if is_sync
+            else stopline_tool(_direct(start), tool.name, spec)
+        )
+        key = f"tool:{call['id']}" if call.get("id") else None
+        try:
+            content = await gated_call(gated_tool, key, call["args"])
+        except _Interrupted as paused:
+            if key is not None:
+                _current_graph_run().interrupted.append(key)
+            raise paused.bubble from None
+        except _Raised as raised:
+            return raised.message
+        if not isinstance(content, str | list):
+            return content  # a Command the tool returned: passed on as it is
+        return ToolMessage(content=content, name=tool.name, tool_call_id=call["id"])
+
+    return wrap
+
+
+def _direct(start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work]) -> Any:
+    async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
+        return await start(ctx, args, kwargs)()
+
+    return call
+
+
+def _current_graph_run() -> GraphRun:
+    session = current().session
+    assert isinstance(session, GraphRun), "a gated LangGraph tool outside sl.run"
+    return session
 
 
 def _task_key() -> str | None:

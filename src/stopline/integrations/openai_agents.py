@@ -1,33 +1,47 @@
-"""OpenAI Agents SDK: each call of a side-effecting function tool is a stopline operation.
+"""OpenAI Agents SDK: every tool call of an agent is a stopline operation.
 
     from stopline.integrations import openai_agents as sl
 
-    agent = Agent(name="support", tools=[sl.gated(refund), lookup])
-    async with sl.run(ledger, owner="user:42", run_id="refund-1042") as s:
-        result = s.run_streamed(agent, "refund order 1042")
-        async for event in result.stream_events(): ...
+    agent = Agent(name="support", tools=[refund, lookup], mcp_servers=[server])
+    async with sl.run(ledger, owner="user:42", run_id="refund-1042", reads={"lookup"}) as s:
+        await s.stream(agent, "refund order 1042")
     receipt = await s.cancel(by="user:42")        # from another task
 
 What the SDK does on its own (``shared/notes/peers.md``):
 ``RunResultStreaming.cancel(mode="immediate")`` keeps no record of the tool
-calls in flight, while a sync tool goes on in its thread and commits. Here:
+calls in flight, while a sync tool goes on in its thread and commits; its saved
+``RunState`` leaves the interrupted turn out, so a resumed model asks again
+under new call ids. Here:
 
-- ``gated(function_tool)`` wraps a ``FunctionTool``: each call passes the
-  dispatch gate under ``tool:<call_id>`` (the model's ``call_id``, which a
-  ``RunState`` keeps), so a retry or a resume from the state returns the
-  recorded result instead of a second effect;
-- ``s.cancel`` fences the run first (R1), then calls the SDK's own
-  ``RunResultStreaming.cancel(mode="immediate")``;
+- ``s.run_streamed``/``s.stream`` run a gated copy of the agent (and of the
+  agents it hands off to): each ``FunctionTool`` (``gated``) and each tool of its
+  ``mcp_servers`` (``Agent.get_mcp_tools``) passes the dispatch gate under
+  ``tool:<call_id>``; ``reads`` skip it. An MCP call carries the operation id in
+  ``_meta["io.stopline/key"]`` (the server's ``tool_meta_resolver``) and is
+  verified through the server's ``stopline_verify`` when it offers one;
+- a tool that raises is recorded before the SDK turns the error into text for
+  the model: the operation is ``unknown`` (then verified or reviewed), never
+  ``completed``;
+- ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
+  ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
+  finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
+  run's policy. ``s.result.cancel(...)``, the SDK's own, commits the same
+  stopline cancel, and so does cancelling the task;
 - a sync tool's call runs to its end in the ledger's task group: it is
   ``unknown`` when the run is cancelled, then ``committed`` with the late result
-  (R4); an interrupted async tool is ``unknown`` until verified
-  (``gated(tool, verify=fn)`` reads the destination back by key);
-- resume: ``result.to_state()`` then ``s.run_streamed(agent, state)`` in a new
-  ``sl.run`` with the same run id (after ``ledger.resume``);
-- MCP tools: ``mcp_tools(conn)`` turns the tools a ``StoplineMCP`` connection
-  lists into ``FunctionTool`` objects whose calls are ``conn.call`` under
-  ``tool:<call_id>`` (the idempotency key in ``_meta``, late answers kept,
-  verified through the server's ``stopline_verify``).
+  (R4); an interrupted async tool is ``unknown`` until verified;
+- resume: from ``s.result.to_state()`` or from the prompt alone, in a new
+  ``sl.run`` with the same run id (after ``ledger.resume``). The model input
+  gets the recorded outcome of each gated call it does not show
+  (``RunConfig.call_model_input_filter``), and a call issued again with the
+  same tool and arguments is the recorded operation (``Bound.key_for``): its
+  recorded result, never a second effect;
+- approvals: a tool with ``needs_approval`` stops the SDK run with
+  interruptions; the stopline run is paused (not completed) with an approval
+  request per call. After ``ledger.approve``/``deny`` and ``ledger.resume``,
+  ``s.stream(agent, state)`` applies the recorded decisions to the state
+  (``state.approve``/``reject``) and the approved call passes the gate only
+  with its approval granted.
 """
 
 from __future__ import annotations
@@ -35,17 +49,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
-from collections.abc import AsyncIterator, Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from agents import FunctionTool, Runner
+from agents import Agent, FunctionTool, RunConfig, Runner
 from agents import Tool as AgentsTool
 from agents import tool as agents_tool
+from agents.mcp import MCPServer, MCPUtil
 from agents.result import RunResultStreaming
+from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
-from stopline.domain.vocab import Policy
+from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
@@ -53,14 +70,15 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
-    bind,
     detached_tool,
     gated_call,
     mcp_call,
+    open_run,
 )
+from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import Tool
+from stopline.runtime.tool import ReadBack, Tool, Verdict
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -72,25 +90,45 @@ __all__ = ["AgentSession", "NoRun", "gated", "mcp_tools", "run"]
 _CALL: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.ContextVar(
     "stopline_openai_agents_call", default=None
 )
+# the operation id of the MCP call in progress, for its ``_meta`` (``_with_key``)
+_OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "stopline_openai_agents_op_id", default=None
+)
+_GATED = "__stopline_gated__"  # marks an invoker that passes the gate
 
 
 def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionTool:
-    """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``."""
+    """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
+
+    The gated call is the tool's own body, before the SDK's error handling: an
+    exception is recorded (``unknown``), then handed to the tool's
+    ``failure_error_function`` as the SDK would.
+    """
     invoke = tool.on_invoke_tool
+    if getattr(invoke, _GATED, False):
+        return tool
+    body = getattr(invoke, "_invoke_tool_impl", None) or invoke  # errors still raised
+    server = _mcp_server_of(body)
+    if server is not None:
+        _key_in_meta(server)
     spec = ToolSpec(verify=verify)  # the receipt names it by its tool name
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
         tool_ctx = _CALL.get()
         assert tool_ctx is not None, "called outside the gated tool"
         (arguments,) = args
-        return lambda: invoke(tool_ctx, arguments)
+        return lambda: body(tool_ctx, arguments)
 
     if _runs_in_thread(tool):  # the SDK runs it in a thread: let it finish, keep its answer
         stopline_tool = detached_tool(tool.name, spec, start)
     else:  # a cancel interrupts it: unknown until verified
 
         async def direct(ctx: CallContext, arguments: str) -> Any:
-            return await start(ctx, (arguments,), {})()
+            token = _OP_ID.set(ctx.key)
+            try:
+                return await start(ctx, (arguments,), {})()
+            finally:
+                _OP_ID.reset(token)
 
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
@@ -100,15 +138,108 @@ def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionT
                 return await verify(ctx.key)
 
             stopline_tool.verify_fn = read_back
+        elif server is not None:
+            stopline_tool.verify_fn = functools.partial(_mcp_verify, server)
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set(ctx)
         try:
             return await gated_call(stopline_tool, f"tool:{ctx.tool_call_id}", arguments)
+        except Exception as exc:
+            if body is invoke:
+                raise
+            # recorded; now what the SDK does with a tool's error (text for the model)
+            text = await agents_tool.maybe_invoke_function_tool_failure_error_function(
+                function_tool=gated_tool, context=ctx, error=exc
+            )
+            if text is None:
+                raise
+            return text
         finally:
             _CALL.reset(token)
 
-    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    setattr(on_invoke_tool, _GATED, True)
+    gated_tool = dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    return gated_tool
+
+
+def _mcp_server_of(body: Any) -> MCPServer | None:
+    """The server of an MCP tool the SDK built (``MCPUtil.invoke_mcp_tool`` bound to it)."""
+    if isinstance(body, functools.partial) and body.func == MCPUtil.invoke_mcp_tool:
+        server = body.args[0] if body.args else None
+        return server if isinstance(server, MCPServer) else None
+    return None
+
+
+def _key_in_meta(server: MCPServer) -> None:
+    """Install ``_with_key`` as the server's ``tool_meta_resolver``, around its own (once)."""
+    resolver = getattr(server, "tool_meta_resolver", None)
+    if isinstance(resolver, functools.partial) and resolver.func is _with_key:
+        return
+    server.tool_meta_resolver = functools.partial(_with_key, resolver)
+
+
+async def _with_key(user_resolver: Any, context: Any) -> dict[str, Any] | None:
+    """The operation id in the request's ``_meta`` (the server's idempotency key)."""
+    meta: dict[str, Any] = {}
+    if user_resolver is not None:
+        found = user_resolver(context)
+        if hasattr(found, "__await__"):
+            found = await found
+        meta.update(found or {})
+    op_id = _OP_ID.get()
+    if op_id:
+        meta[KEY_META] = op_id
+    return meta or None
+
+
+async def _mcp_verify(server: MCPServer, ctx: CallContext) -> ReadBack:
+    """The server's own record of the key (``stopline_verify``), when it offers one."""
+    try:
+        if not any(t.name == VERIFY_TOOL for t in await server.list_tools()):
+            return ReadBack(Verdict.UNKNOWN, detail=f"{server.name} offers no {VERIFY_TOOL}")
+        result = await server.call_tool(VERIFY_TOOL, {"key": ctx.key})
+    except Exception as exc:  # a read that failed proves nothing
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
+    status = result.structured_content if not result.is_error else None
+    if not isinstance(status, dict):
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: no answer")
+    ref = f"{VERIFY_TOOL}:{server.name}:{ctx.key}"
+    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
+
+
+def gate_agent(
+    agent: Agent[Any],
+    *,
+    reads: Collection[str] = (),
+    verify: Mapping[str, VerifyByKey] | None = None,
+    _seen: dict[int, Agent[Any]] | None = None,
+) -> Agent[Any]:
+    """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
+    its function tools and the tools of its ``mcp_servers``, except ``reads``."""
+    seen = {} if _seen is None else _seen
+    if id(agent) in seen:
+        return seen[id(agent)]
+    verify = dict(verify or {})
+
+    def gate(tool: AgentsTool) -> AgentsTool:
+        if not isinstance(tool, FunctionTool) or tool.name in reads:
+            return tool
+        return gated(tool, verify=verify.get(tool.name))
+
+    copy = agent.clone(tools=[gate(t) for t in agent.tools])
+    seen[id(agent)] = copy
+    copy.handoffs = [
+        gate_agent(h, reads=reads, verify=verify, _seen=seen) if isinstance(h, Agent) else h
+        for h in agent.handoffs
+    ]
+    listed = copy.get_mcp_tools
+
+    async def get_mcp_tools(run_context: Any) -> list[AgentsTool]:
+        return [gate(t) for t in await listed(run_context)]
+
+    object.__setattr__(copy, "get_mcp_tools", get_mcp_tools)
+    return copy
 
 
 def mcp_tools(
@@ -145,6 +276,7 @@ def _mcp_tool(
         result = await mcp_call(conn, name, args, f"tool:{ctx.tool_call_id}", timeout=timeout)
         return result if isinstance(result, str) else json.dumps(result)
 
+    setattr(on_invoke_tool, _GATED, True)  # StoplineMCP gates each call itself
     return FunctionTool(
         name=name,
         description=description,
@@ -163,35 +295,120 @@ def _runs_in_thread(tool: FunctionTool) -> bool:
 class AgentSession:
     """One stopline run carrying Agents SDK runs."""
 
-    def __init__(self, bound: Bound) -> None:
+    def __init__(
+        self, bound: Bound, reads: Collection[str], verify: Mapping[str, VerifyByKey]
+    ) -> None:
         self.bound = bound
         self.id = bound.run.id
+        self.reads = reads
+        self.verify = verify
         self.result: RunResultStreaming | None = None
         bound.interrupt = self._interrupt
+        self._mode: Literal["immediate", "after_turn"] = "immediate"
+        self._cancelled = False  # the SDK's cancel was called, by stopline or anyone
 
     def run_streamed(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
-        """``Runner.run_streamed`` under this run (its tool calls pass the gate)."""
-        self.result = Runner.run_streamed(agent, run_input, **kwargs)
-        if self.bound.run.cancel_requested:
-            self.result.cancel(mode="immediate")
-        return self.result
+        """``Runner.run_streamed`` of the gated agent under this run.
 
-    async def stream(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
-        """Run to the end, consuming the events; a cancel ends the run's block quietly."""
-        result = self.run_streamed(agent, run_input, **kwargs)
-        async for _ in result.stream_events():
-            pass
+        ``run_input`` may be a ``RunState``: the recorded approval decisions are
+        applied to it first (``apply_decisions``).
+        """
+        gated_agent = gate_agent(agent, reads=self.reads, verify=self.verify)
+        config = kwargs.pop("run_config", None) or RunConfig()
+        user_filter = config.call_model_input_filter
+        config = dataclasses.replace(
+            config, call_model_input_filter=functools.partial(self._recorded_outcomes, user_filter)
+        )
+        self._cancelled = False
+        result = self.result = Runner.run_streamed(
+            gated_agent, run_input, run_config=config, **kwargs
+        )
+        sdk_cancel = result.cancel
+
+        def cancel(mode: Literal["immediate", "after_turn"] = "immediate") -> None:
+            """The SDK's own cancel, called by anyone: a stopline cancel too."""
+            if not self.bound.run.cancel_requested:
+                self._mode = mode
+            self._cancelled = True
+            sdk_cancel(mode=mode)
+
+        object.__setattr__(result, "cancel", cancel)
         if self.bound.run.cancel_requested:
-            raise RunFenced(self.id)
+            sdk_cancel(mode="immediate")
         return result
 
-    async def cancel(self, *, by: str, reason: str = "") -> Any:
-        """Fence the run, then ``RunResultStreaming.cancel``. Returns the receipt at the cancel."""
+    async def stream(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
+        """Run to the end, consuming the events; a cancel ends the run's block quietly.
+
+        An SDK run stopped for approvals pauses the stopline run (``s.result`` keeps
+        the interruptions; resume with ``s.stream(agent, s.result.to_state())``).
+        """
+        if not isinstance(run_input, str | list):
+            await self.apply_decisions(run_input)
+        result = self.run_streamed(agent, run_input, **kwargs)
+        async with self.bound.native_cancels():
+            async for _ in result.stream_events():
+                pass
+        if self._cancelled or self.bound.run.cancel_requested:
+            await self.bound.native_cancel(f"Agents SDK run cancelled ({self._mode})")
+            raise RunFenced(self.id)
+        if result.interruptions:
+            keys = [f"tool:{item.call_id}" for item in result.interruptions]
+            await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
+        return result
+
+    async def apply_decisions(self, state: Any) -> None:
+        """Approve or reject each interruption of ``state`` as recorded in the ledger."""
+        items = {f"tool:{item.call_id}": item for item in state.get_interruptions()}
+        for key, granted in (await self.bound.decisions(items)).items():
+            (state.approve if granted else state.reject)(items[key])
+
+    async def cancel(
+        self, *, by: str, reason: str = "", mode: Literal["immediate", "after_turn"] = "immediate"
+    ) -> Any:
+        """Fence the run, then ``RunResultStreaming.cancel(mode)``; the receipt at the cancel.
+
+        ``after_turn`` lets the calls in flight finish: the run's policy becomes
+        ``at_boundary`` before the fence, so stopline does not interrupt them either.
+        """
+        self._mode = mode
+        if mode == "after_turn":
+            self.bound.run.policy = Policy.AT_BOUNDARY
         return await self.bound.cancel(by=by, reason=reason)
 
     def _interrupt(self) -> None:
         if self.result is not None:
-            self.result.cancel(mode="immediate")
+            self.result.cancel(mode=self._mode)
+
+    async def _recorded_outcomes(
+        self, user_filter: Any, data: CallModelData[Any]
+    ) -> ModelInputData:
+        """The model input, with what this run recorded of calls the input does not show."""
+        model_data = data.model_data
+        if user_filter is not None:
+            filtered = user_filter(data)
+            model_data = await filtered if hasattr(filtered, "__await__") else filtered
+        shown = {
+            str(item.get("call_id"))
+            for item in model_data.input
+            if isinstance(item, dict) and item.get("call_id")
+        }
+        lines = []
+        for op in await self.bound.ledger.backend.operations(self.id):
+            key = op.id.removeprefix(f"{self.id}/")
+            if key.removeprefix("tool:") in shown or op.status is OpStatus.PREVENTED:
+                continue
+            outcome = f"{op.status.value}" + (
+                f", result {json.dumps(op.result, default=str)}"
+                if op.status is OpStatus.COMMITTED
+                else ""
+            )
+            lines.append(f"- {op.tool} ({key}): {outcome}")
+        if not lines:
+            return model_data
+        note = "Recorded before this resume; these calls are done, do not repeat them:\n"
+        message: Any = {"role": "developer", "content": note + "\n".join(lines)}
+        return dataclasses.replace(model_data, input=[*model_data.input, message])
 
 
 @contextlib.asynccontextmanager
@@ -203,9 +420,23 @@ async def run(
     run_id: str | None = None,
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
+    reads: Collection[str] = (),
+    verify: Mapping[str, VerifyByKey] | None = None,
+    approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
-    """A stopline run bound to gated tools called in this context."""
-    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
-        session = AgentSession(Bound(ledger, r))
-        with bind(session.bound):
-            yield session
+    """A stopline run whose agent runs (``s.stream``) have every tool gated.
+
+    ``reads`` names tools without effects (no gate record); ``verify`` reads a
+    tool's destination back by key; ``approver`` is asked for ``needs_approval``.
+    """
+    async with open_run(
+        ledger,
+        lambda bound: AgentSession(bound, frozenset(reads), dict(verify or {})),
+        name=name,
+        owner=owner,
+        run_id=run_id,
+        tenant=tenant,
+        policy=policy,
+        approver=approver,
+    ) as session:
+        yield session

@@ -1,10 +1,9 @@
-"""Pydantic AI: each call of a side-effecting tool is a stopline operation.
+"""Pydantic AI: every tool call of an agent is a stopline operation.
 
     from stopline.integrations import pydantic_ai as sl
 
-    agent = Agent(model, toolsets=[sl.gated(FunctionToolset([refund, lookup]),
-                                            reads={"lookup"})])
-    async with sl.run(ledger, owner="user:42", run_id="refund-1042") as s:
+    agent = Agent(model, tools=[refund, lookup], toolsets=[MCPToolset(server)])
+    async with sl.run(ledger, owner="user:42", run_id="refund-1042", reads={"lookup"}) as s:
         result = await s.run(agent, "refund order 1042")
     receipt = await s.cancel(by="user:42")        # from another task
 
@@ -13,23 +12,35 @@ is raised and async tools are cancelled, but a sync tool goes on in its
 executor thread and commits later, and the history shows the call without a
 return. Here:
 
-- ``gated(toolset)`` wraps any toolset (a ``WrapperToolset``): each call passes
-  the dispatch gate under ``tool:<tool_call_id>`` (the model's id), so a retry
-  of the same call returns the recorded result. Tools named in ``reads`` skip
-  the gate (no effects);
-- ``s.cancel`` fences the run first (R1), then cancels the agent run through
-  its ``CancellationToken`` (Pydantic AI's own run cancellation);
+- ``s.run`` adds the ``Gate`` capability to the run: its
+  ``get_wrapper_toolset`` wraps the agent's whole assembled toolset (tools
+  given as ``tools=``, registered with ``@agent.tool``, toolsets, MCP toolsets
+  alike), so each call passes the dispatch gate under ``tool:<tool_call_id>``
+  (the model's id). Tools named in ``reads`` skip the gate (no effects).
+  ``Agent(..., capabilities=[sl.Gate(...)])`` does the same for an agent run
+  outside ``s.run`` (in the ``sl.run`` block);
+- an MCP toolset's call carries the operation id in ``_meta["io.stopline/key"]``
+  (its ``process_tool_call`` hook, installed by the gate) and is verified through
+  the server's ``stopline_verify`` when it offers one;
+- ``s.cancel`` fences the run first (R1), then cancels the agent run through its
+  ``CancellationToken``. Pydantic AI's own cancels (``AgentRun.cancel()``,
+  ``RunContext.cancel()``, a token of yours, cancelling the task) commit the
+  same stopline cancel: the run ends ``cancelled`` with its receipt;
 - a sync tool's call runs to its end in the ledger's task group: the
   operation is ``unknown`` when the run is cancelled, then ``committed`` with
   the late result (R4); an interrupted async tool is ``unknown`` until
   verified (``verify={name: fn}`` reads the destination back by key);
-- resume: ``s.cancelled.all_messages()`` is what Pydantic AI kept; pass it
-  through ``s.history(...)``, which adds the recorded result of every call that
-  committed but has no return, so the model does not ask for it again;
-- MCP tools: ``mcp_toolset(conn)`` is a toolset of the tools a ``StoplineMCP``
-  connection lists; each call is ``conn.call(run, name, args, key=tool:<tool_call_id>)``
-  (the idempotency key in ``_meta``, late answers kept, verified through the
-  server's ``stopline_verify``).
+- resume: with the history Pydantic AI kept (``s.cancelled.all_messages()``),
+  ``s.history(...)`` adds the recorded result of every call that committed but
+  has no return. Without it, the model asked again issues its calls under new
+  ids; a call with the same tool and arguments as a recorded one is that
+  operation (``Bound.key_for``): its recorded result, never a second effect;
+- approvals: a tool with ``requires_approval`` that the model calls ends the
+  agent run with ``DeferredToolRequests``; the stopline run is paused (not
+  completed) with an approval request per call. Once ``ledger.approve`` (or
+  ``deny``) and ``ledger.resume``, ``s.run(agent, message_history=...)`` passes
+  the recorded decisions as ``deferred_tool_results``, and the approved call
+  passes the gate only with its approval granted.
 """
 
 from __future__ import annotations
@@ -37,11 +48,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic_ai import CancellationToken
+from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
+from pydantic_ai.mcp import CallToolFunc
+from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -62,20 +77,22 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
-    bind,
     detached_tool,
     gated_call,
     mcp_call,
+    open_run,
 )
+from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import Tool
+from stopline.runtime.tool import ReadBack, Tool, Verdict
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
 __all__ = [
     "AgentSession",
+    "Gate",
     "MCPToolset",
     "NoRun",
     "StoplineToolset",
@@ -90,6 +107,10 @@ __all__ = [
 _CALL: contextvars.ContextVar[tuple[RunContext[Any], ToolsetTool[Any]] | None] = (
     contextvars.ContextVar("stopline_pydantic_ai_call", default=None)
 )
+# the operation id of the MCP call in progress, for its ``_meta`` (``_with_key``)
+_OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "stopline_pydantic_ai_op_id", default=None
+)
 
 
 def history_key(tool_call_id: str) -> str:
@@ -103,12 +124,12 @@ class StoplineToolset(WrapperToolset[Any]):
 
     reads: Collection[str] = ()
     verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
-    _tools: dict[tuple[str, bool], Tool[Any]] = dataclasses.field(default_factory=dict)
+    _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        if name in self.reads:
+        if name in self.reads or _gated_within(tool):  # a read, or gated by an inner wrapper
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         gated_tool = self._tool_for(name, tool)
         key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
@@ -119,8 +140,9 @@ class StoplineToolset(WrapperToolset[Any]):
             _CALL.reset(token)
 
     def _tool_for(self, name: str, tool: ToolsetTool[Any]) -> Tool[Any]:
-        is_async = bool(getattr(tool, "is_async", True))
-        found = self._tools.get((name, is_async))
+        leaf, mcp = _leaf(tool)
+        is_async = bool(getattr(leaf, "is_async", True))
+        found = self._tools.get((name, is_async, id(mcp)))
         if found is not None:
             return found
         spec = ToolSpec(verify=self.verify.get(name))  # the receipt names it by its tool name
@@ -134,14 +156,20 @@ class StoplineToolset(WrapperToolset[Any]):
                     return await verify(ctx.key)
 
                 made.verify_fn = read_back
+            elif mcp is not None:
+                made.verify_fn = functools.partial(_mcp_verify, mcp)
         else:  # a def tool: its executor thread finishes whoever waits (R4)
             made = detached_tool(name, spec, self._framework_call(name))
-        self._tools[(name, is_async)] = made
+        self._tools[(name, is_async, id(mcp))] = made
         return made
 
     def _direct(self, name: str) -> Any:
         async def call(ctx: CallContext, tool_args: dict[str, Any]) -> Any:
-            return await self._framework_call(name)(ctx, (tool_args,), {})()
+            token = _OP_ID.set(ctx.key)
+            try:
+                return await self._framework_call(name)(ctx, (tool_args,), {})()
+            finally:
+                _OP_ID.reset(token)
 
         return call
 
@@ -156,6 +184,70 @@ class StoplineToolset(WrapperToolset[Any]):
         return start
 
 
+def _gated_within(tool: ToolsetTool[Any]) -> bool:
+    """The tool passes a gate of its own: a toolset wrapped by ``gated`` (with its own
+    settings) or ``mcp_toolset`` (``StoplineMCP`` gates each call)."""
+    level: Any = tool
+    while level is not None:
+        if isinstance(getattr(level, "source_toolset", None), StoplineToolset):
+            return True
+        if isinstance(level.toolset, MCPToolset):
+            return True
+        level = getattr(level, "source_tool", None)
+    return False
+
+
+def _leaf(tool: ToolsetTool[Any]) -> tuple[ToolsetTool[Any], Any]:
+    """The tool as its own toolset made it, and that toolset if it is an MCP server."""
+    leaf = tool
+    while (inner := getattr(leaf, "source_tool", None)) is not None:
+        leaf = inner
+    owner: Any = leaf.toolset
+    while isinstance(owner, WrapperToolset):
+        owner = owner.wrapped
+    return leaf, owner if isinstance(owner, NativeMCPToolset) else None
+
+
+async def _with_key(
+    user_hook: Any, ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
+) -> Any:
+    """``process_tool_call``: the operation id in the request's ``_meta`` (the server's key)."""
+    op_id = _OP_ID.get()
+
+    async def keyed(
+        name: str, args: dict[str, Any], *, metadata: dict[str, Any] | None = None
+    ) -> Any:
+        meta = {**(metadata or {}), **({KEY_META: op_id} if op_id else {})}
+        return await call_tool(name, args, metadata=meta or None)
+
+    if user_hook is not None:
+        return await user_hook(ctx, keyed, name, args)
+    return await keyed(name, args)
+
+
+def _key_in_meta(toolset: AbstractToolset[Any]) -> None:
+    """Install ``_with_key`` on an MCP toolset, around the hook it has (once)."""
+    if isinstance(toolset, NativeMCPToolset):
+        hook = toolset.process_tool_call
+        if not isinstance(hook, functools.partial) or hook.func is not _with_key:
+            toolset.process_tool_call = functools.partial(_with_key, hook)
+
+
+async def _mcp_verify(server: NativeMCPToolset[Any], ctx: CallContext) -> ReadBack:
+    """The server's own record of the key (``stopline_verify``), when it offers one."""
+    tools = await server.list_tools()
+    if not any(t.name == VERIFY_TOOL for t in tools):
+        return ReadBack(Verdict.UNKNOWN, detail=f"{server.label} offers no {VERIFY_TOOL}")
+    try:
+        status = await server.direct_call_tool(VERIFY_TOOL, {"key": ctx.key})
+    except Exception as exc:  # a read that failed proves nothing
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
+    if not isinstance(status, dict):
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
+    ref = f"{VERIFY_TOOL}:{server.label}:{ctx.key}"
+    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
+
+
 def gated(
     toolset: AbstractToolset[Any],
     *,
@@ -163,7 +255,19 @@ def gated(
     verify: Mapping[str, VerifyByKey] | None = None,
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate."""
+    toolset.apply(_key_in_meta)
     return StoplineToolset(toolset, reads=frozenset(reads), verify=dict(verify or {}))
+
+
+@dataclasses.dataclass
+class Gate(AbstractCapability[Any]):
+    """The capability that gates every tool of the agent: its whole toolset, per run."""
+
+    reads: Collection[str] = ()
+    verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        return gated(toolset, reads=self.reads, verify=self.verify)
 
 
 class MCPToolset(AbstractToolset[Any]):
@@ -233,25 +337,59 @@ def mcp_toolset(
 class AgentSession:
     """One stopline run carrying Pydantic AI agent runs."""
 
-    def __init__(self, bound: Bound) -> None:
+    def __init__(self, bound: Bound, gate: Gate) -> None:
         self.bound = bound
+        self.gate = gate
         self.id = bound.run.id
         self.cancelled: AgentRunCancelled | None = None  # what Pydantic AI kept, for resume
+        self.waiting: DeferredToolRequests | None = None  # approvals the run is paused for
         self._token: CancellationToken | None = None
         bound.interrupt = self._interrupt
 
     async def run(self, agent: Any, user_prompt: Any = None, **kwargs: Any) -> Any:
-        """``agent.run(...)`` under this run; a cancel ends it and the run's block quietly."""
-        token = self._token = CancellationToken()
+        """``agent.run(...)`` under this run, every tool gated (``Gate``).
+
+        A cancel (stopline's or Pydantic AI's own) ends it and the run's block
+        quietly; a ``DeferredToolRequests`` output waiting for approvals pauses the run.
+        """
+        token = self._token = kwargs.pop("cancellation_token", None) or CancellationToken()
         if self.bound.run.cancel_requested:
             token.cancel()
+        kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), self.gate]
+        if "deferred_tool_results" not in kwargs and kwargs.get("message_history"):
+            kwargs["deferred_tool_results"] = await self._decided(kwargs["message_history"])
         try:
-            return await agent.run(user_prompt, cancellation_token=token, **kwargs)
+            async with self.bound.native_cancels():
+                result = await agent.run(user_prompt, cancellation_token=token, **kwargs)
         except AgentRunCancelled as exc:
             self.cancelled = exc
+            await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
             raise RunFenced(self.id) from exc
         finally:
             self._token = None
+        if isinstance(result.output, DeferredToolRequests) and result.output.approvals:
+            self.waiting = result.output
+            keys = [history_key(call.tool_call_id) for call in result.output.approvals]
+            await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
+        return result
+
+    @contextlib.asynccontextmanager
+    async def iter(self, agent: Any, user_prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        """``agent.iter(...)`` under this run: ``AgentRun.cancel()`` is a stopline cancel."""
+        kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), self.gate]
+        try:
+            async with (
+                self.bound.native_cancels(),
+                agent.iter(user_prompt, **kwargs) as agent_run,
+            ):
+                self.bound.interrupt = agent_run.cancel
+                yield agent_run
+        except AgentRunCancelled as exc:
+            self.cancelled = exc
+            await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
+            raise RunFenced(self.id) from exc
+        finally:
+            self.bound.interrupt = self._interrupt
 
     async def cancel(self, *, by: str, reason: str = "") -> Any:
         """Fence the run, then cancel the agent run. Returns the receipt at the cancel."""
@@ -265,11 +403,17 @@ class AgentSession:
         """The messages with the recorded result of each committed call that has no return."""
         return await repair_history(self.bound.ledger, self.id, messages)
 
+    async def _decided(self, messages: Sequence[ModelMessage]) -> DeferredToolResults | None:
+        """The recorded approval decisions on the calls of ``messages`` left without a return."""
+        open_calls = {history_key(p.tool_call_id): p.tool_call_id for p in _unanswered(messages)}
+        decided = await self.bound.decisions(open_calls)
+        if not decided:
+            return None
+        return DeferredToolResults(approvals={open_calls[k]: ok for k, ok in decided.items()})
 
-async def repair_history(
-    ledger: Ledger, run_id: str, messages: Sequence[ModelMessage]
-) -> list[ModelMessage]:
-    """Add a return for every tool call that committed (per the ledger) but has none."""
+
+def _unanswered(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
+    """The tool calls of ``messages`` that have no return (nor retry prompt)."""
     answered = {
         part.tool_call_id
         for message in messages
@@ -277,21 +421,27 @@ async def repair_history(
         for part in message.parts
         if isinstance(part, ToolReturnPart | RetryPromptPart)
     }
+    return [
+        part
+        for message in messages
+        if isinstance(message, ModelResponse)
+        for part in message.parts
+        if isinstance(part, ToolCallPart) and part.tool_call_id not in answered
+    ]
+
+
+async def repair_history(
+    ledger: Ledger, run_id: str, messages: Sequence[ModelMessage]
+) -> list[ModelMessage]:
+    """Add a return for every tool call that committed (per the ledger) but has none."""
     returns: list[ToolReturnPart] = []
-    for message in messages:
-        if not isinstance(message, ModelResponse):
+    for part in _unanswered(messages):
+        try:
+            op = await ledger.backend.get_operation(f"{run_id}/{history_key(part.tool_call_id)}")
+        except NotFound:
             continue
-        for part in message.parts:
-            if not isinstance(part, ToolCallPart) or part.tool_call_id in answered:
-                continue
-            try:
-                op = await ledger.backend.get_operation(
-                    f"{run_id}/{history_key(part.tool_call_id)}"
-                )
-            except NotFound:
-                continue
-            if op.status in (OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED):
-                returns.append(ToolReturnPart(part.tool_name, op.result, part.tool_call_id))
+        if op.status in (OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED):
+            returns.append(ToolReturnPart(part.tool_name, op.result, part.tool_call_id))
     out = list(messages)
     if not returns:
         return out
@@ -312,9 +462,24 @@ async def run(
     run_id: str | None = None,
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
+    reads: Collection[str] = (),
+    verify: Mapping[str, VerifyByKey] | None = None,
+    approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
-    """A stopline run bound to gated tools called in this context."""
-    async with ledger.run(name, owner=owner, tenant=tenant, run_id=run_id, policy=policy) as r:
-        session = AgentSession(Bound(ledger, r))
-        with bind(session.bound):
-            yield session
+    """A stopline run whose agent runs (``s.run``) have every tool gated.
+
+    ``reads`` names tools without effects (no gate record); ``verify`` reads a
+    tool's destination back by key; ``approver`` is asked for deferred approvals.
+    """
+    gate = Gate(reads=frozenset(reads), verify=dict(verify or {}))
+    async with open_run(
+        ledger,
+        lambda bound: AgentSession(bound, gate),
+        name=name,
+        owner=owner,
+        run_id=run_id,
+        tenant=tenant,
+        policy=policy,
+        approver=approver,
+    ) as session:
+        yield session

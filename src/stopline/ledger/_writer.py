@@ -381,6 +381,8 @@ class Writer:
             conn.execute("COMMIT")
         except BaseException as exc:
             self._rollback(conn)
+            if len(batch) > 1:
+                return False  # each alone: a read, or a write that fits, is not failed by it
             self._fail(batch, exc)
         return True
 

@@ -61,8 +61,10 @@ class Outbox:
         background work; for a run that ended by itself the block's own error, if any,
         goes on (never hidden behind the ledger's), else its caller gets the typed error."""
         ledger = self._ledger
+        # cancelled: it settles; suspended (waiting for a person): it stays paused
+        settles = run.cancel_requested or (run.suspended and error is None)
         try:
-            if run.cancel_requested:
+            if settles:
                 ledger._changed(run.id)
                 await ledger._settler.advance(run.id)
             else:
@@ -70,7 +72,7 @@ class Outbox:
         except Exception as failed:
             if not retryable(failed):
                 raise
-            if run.cancel_requested:
+            if settles:
                 ledger.spawn(ledger._settler.advance, run.id)
                 return
             ledger.spawn(ledger.end, run.id, run.owner, error)

@@ -62,6 +62,8 @@ class Run:
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
         self.pause_requested = False
+        # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
+        self.suspended = False
 
     # -- the gate's caller ---------------------------------------------------
     async def call(
@@ -256,6 +258,13 @@ class Run:
     async def request_approval(self, key: str, *, approver: str) -> ApprovalRecord:
         """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
         return await self._ledger.request_approval(self.id, key, approver=approver, by=self.owner)
+
+    async def suspend(self, reason: str) -> Receipt:
+        """Stop here without ending: the run is paused (R9) and leaving its block does not
+        complete it. For a workflow that waits for a person (an approval, an answer); it
+        continues after ``ledger.resume`` in a new block on the same run id."""
+        self.suspended = True
+        return await self._ledger.pause(self.id, by=self.owner, reason=reason)
 
     def boundary(self) -> None:
         """A safe point: raise ``RunFenced`` if a cancel was committed."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from stopline.domain.vocab import RunState
-from stopline.errors import AlreadyAttached, UnknownRun
+from stopline.errors import AlreadyAttached, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.run import Run
@@ -49,6 +49,8 @@ class RunScope:
                 record = None
         if record is None:
             record = await backend.create_run(self._spec)
+        elif record.state.ended:
+            raise RunEnded(record.id, record.state)  # nothing would run in it: say so
         run = self._run = Run(self._ledger, record)
         self._ledger._local[run.id] = run
         self._scope.__enter__()

@@ -1,0 +1,321 @@
+"""LangGraph: every tool of a ``ToolNode`` gated through ``awrap_tool_call``;
+``interrupt()`` and breakpoints as pauses with stopline approvals; resume on the same
+thread that never repeats.
+
+The tools are plain LangChain tools, not wrapped one by one. The ground truth is a
+file each side-effecting call appends to (``FileEffect``). The model is
+``langchain_core``'s own ``GenericFakeChatModel``; checkpoints are LangGraph's
+``InMemorySaver``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import anyio
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.tools import tool as lc_tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command, interrupt
+
+import stopline
+from stopline import Headline, OpStatus, RunState
+from stopline.integrations import langgraph as sl
+from tests.frameworks.effects import FileEffect, until_unknown
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def replies() -> Iterator[AIMessage]:
+    """The fake model: asks for ``write_note`` once, then answers."""
+    call = {"name": "write_note", "args": {"note": "refund 9"}, "id": "c1", "type": "tool_call"}
+    yield AIMessage(content="", tool_calls=[call])
+    while True:
+        yield AIMessage(content="done")
+
+
+class Graph:
+    """model -> tools (gated by the hook) -> model, until the model stops asking."""
+
+    def __init__(self, tool: Any, verify: Any = None, **compile_options: Any) -> None:
+        self.model = GenericFakeChatModel(messages=replies())
+        self.asking: anyio.Event | None = None  # the model's first turn waits for it
+        self.thinking: anyio.Event | None = None  # ... its second turn, for this one
+        self.asked = anyio.Event()
+        self.answering = anyio.Event()
+
+        async def agent(state: Chat) -> dict[str, list[AnyMessage]]:
+            if any(isinstance(m, ToolMessage) for m in state["messages"]):
+                self.answering.set()
+                if self.thinking is not None:
+                    await self.thinking.wait()
+            elif self.asking is not None:
+                self.asked.set()
+                await self.asking.wait()
+            return {"messages": [await self.model.ainvoke(state["messages"])]}
+
+        def route(state: Chat) -> str:
+            last = state["messages"][-1]
+            return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+        builder = StateGraph(Chat)
+        builder.add_node("agent", agent)
+        hook = sl.gate(verify={"write_note": verify} if verify else None)
+        builder.add_node("tools", ToolNode([tool], awrap_tool_call=hook))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", route, ["tools", END])
+        builder.add_edge("tools", "agent")
+        self.graph = builder.compile(checkpointer=InMemorySaver(), **compile_options)
+
+
+def write_tool(effect: FileEffect, *, sync: bool) -> Any:
+    if sync:
+
+        @lc_tool
+        def write_note(note: str) -> str:
+            """Write a note (a plain def: LangGraph runs it in a thread)."""
+            return effect.write(note)
+
+        return write_note
+
+    @lc_tool
+    async def write_note_async(note: str) -> str:
+        """Write a note."""
+        return await effect.awrite(note)
+
+    write_note_async.name = "write_note"
+    return write_note_async
+
+
+class Workflow:
+    """A graph run in a stopline run, started in a task group."""
+
+    def __init__(self) -> None:
+        self.handle: sl.GraphRun | None = None
+        self.ready = anyio.Event()
+        self.output: Any = None
+
+    @property
+    def g(self) -> sl.GraphRun:
+        assert self.handle is not None
+        return self.handle
+
+    async def __call__(
+        self, ledger: stopline.Ledger, graph: Any, graph_input: Any, thread: str
+    ) -> None:
+        async with sl.run(ledger, owner="user:1", thread_id=thread, approver="manager:1") as g:
+            self.handle = g
+            self.ready.set()
+            self.output = await g.ainvoke(graph, graph_input)
+
+
+async def resume(ledger: stopline.Ledger, graph: Any, graph_input: Any, thread: str) -> Any:
+    await ledger.resume(thread, by="user:1")
+    workflow = Workflow()
+    await workflow(ledger, graph, graph_input, thread)
+    return workflow.output
+
+
+def start() -> dict[str, Any]:
+    return {"messages": [("user", "refund order 9")]}
+
+
+async def test_s01_langgraph_tool_node_cancel_before_the_call_then_resume(
+    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    """Every tool of the node is gated by the hook: a cancel committed elsewhere refuses
+    the call; resumed on the same thread, the call runs once."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    graph = Graph(write_tool(effect, sync=False))
+    graph.asking = anyio.Event()
+    workflow = Workflow()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-s01")
+        await graph.asked.wait()
+        async with stopline.open(ledger_url) as elsewhere:  # the gate is where it learns
+            await elsewhere.cancel("lg-g-s01", by="user:1")
+        graph.asking.set()
+    receipt = await ledger.wait_settled("lg-g-s01", timeout=10)
+    assert effect.lines() == []
+    assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+
+    state = await resume(ledger, graph.graph, None, "lg-g-s01")
+    assert state["messages"][-1].content == "done"
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_s02_langgraph_cancel_during_an_async_tool_then_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """Cancelled before the async tool writes: unknown, read back (``verify``), not
+    committed; the resumed thread re-runs the call under its id and writes once."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        graph = Graph(write_tool(effect, sync=False), verify=effect.read_back())
+        workflow = Workflow()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-s02")
+            await effect.async_reached.wait()
+            await workflow.g.cancel(by="user:1")
+        receipt = await ledger.wait_settled("lg-g-s02", timeout=10)
+        (op,) = await ledger.backend.operations("lg-g-s02")
+        assert op.id == "lg-g-s02/tool:c1" and op.status is OpStatus.NOT_COMMITTED
+        assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+        assert effect.lines() == []
+
+        effect.hold = False
+        await resume(ledger, graph.graph, None, "lg-g-s02")
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_s09_langgraph_cancel_during_a_def_tool_then_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The plain-def tool writes after the cancel: kept as committed; the resumed thread
+    re-runs the tool node and gets the recorded result: one write."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        graph = Graph(write_tool(effect, sync=True))
+        workflow = Workflow()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-s09")
+            await effect.wait_reached()
+            await workflow.g.cancel(by="user:1")
+            await until_unknown(ledger, "lg-g-s09/tool:c1")
+            effect.release.set()
+        receipt = await ledger.wait_settled("lg-g-s09", timeout=10)
+    assert effect.lines() == ["refund 9"]
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+
+    state = await resume(ledger, graph.graph, None, "lg-g-s09")
+    assert effect.lines() == ["refund 9"]
+    assert [m.content for m in state["messages"] if isinstance(m, ToolMessage)] == [
+        "wrote refund 9"
+    ]
+
+
+async def test_s03_langgraph_cancel_after_the_tool_then_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    effect = FileEffect(tmp_path / "notes.txt")
+    graph = Graph(write_tool(effect, sync=False))
+    graph.thinking = anyio.Event()
+    workflow = Workflow()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-s03")
+        await graph.answering.wait()
+        await workflow.g.cancel(by="user:1")
+    receipt = await ledger.wait_settled("lg-g-s03", timeout=10)
+    assert effect.lines() == ["refund 9"]
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+
+    graph.thinking = None
+    state = await resume(ledger, graph.graph, None, "lg-g-s03")
+    assert state["messages"][-1].content == "done"
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_langgraph_raising_tool_is_not_completed(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The tool raises (``ToolNode`` re-raises what is not an argument error): the
+    operation is recorded as it leaves the hook: unknown, never "completed"."""
+
+    @lc_tool
+    async def write_note(note: str) -> str:
+        """Write a note."""
+        raise TimeoutError("the notes service did not answer")
+
+    graph = Graph(write_note)
+    with pytest.raises(TimeoutError):
+        await Workflow()(ledger, graph.graph, start(), "lg-g-raise")
+    (op,) = await ledger.backend.operations("lg-g-raise")
+    kinds = [e.kind for e in await ledger.backend.events("lg-g-raise") if e.op_id == op.id]
+    assert "lost" in kinds and "committed" not in kinds
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+
+
+async def test_s05_langgraph_interrupt_in_a_gated_tool_is_a_pause(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``interrupt()`` asks a person before the write: the attempt is not committed (not
+    a failure), the run paused with a stopline approval; approved and resumed with
+    ``Command(resume=...)``, the call writes once."""
+    effect = FileEffect(tmp_path / "notes.txt")
+
+    @lc_tool
+    async def write_note(note: str) -> str:
+        """Write a note, once a person says so."""
+        if not interrupt({"approve": note}):
+            return "not approved"
+        return await effect.awrite(note)
+
+    graph = Graph(write_note)
+    first = Workflow()
+    await first(ledger, graph.graph, start(), "lg-g-int")
+    receipt = await ledger.receipt("lg-g-int")
+    assert receipt.run_state is RunState.PAUSED and receipt.headline is Headline.PAUSED
+    (op,) = await ledger.backend.operations("lg-g-int")
+    assert op.status is OpStatus.NOT_COMMITTED  # paused, not "may have happened"
+    (approval,) = await ledger.backend.approvals("lg-g-int")
+    assert approval.scope == "lg-g-int/tool:c1" and approval.approver == "manager:1"
+    with pytest.raises(stopline.RunPaused):
+        async with sl.run(ledger, owner="user:1", thread_id="lg-g-int"):
+            pass
+
+    await ledger.approve(approval.id, by="manager:1")
+    state = await resume(ledger, graph.graph, Command(resume=True), "lg-g-int")
+    assert state["messages"][-1].content == "done"
+    assert effect.lines() == ["refund 9"]
+    final = await ledger.receipt("lg-g-int")
+    assert final.headline is Headline.COMPLETED
+    assert [line.status for line in final.lines] == [OpStatus.COMMITTED]
+
+
+async def test_s05_langgraph_breakpoint_before_tools_then_approved_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """A breakpoint before the tool node: the run is paused with one approval per pending
+    tool call; without the approval the call is refused; approved, the same thread runs
+    it (it used to run nothing)."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    graph = Graph(write_tool(effect, sync=False), interrupt_before=["tools"])
+    await Workflow()(ledger, graph.graph, start(), "lg-g-bp")
+    receipt = await ledger.receipt("lg-g-bp")
+    assert receipt.run_state is RunState.PAUSED and receipt.headline is Headline.PAUSED
+    (approval,) = await ledger.backend.approvals("lg-g-bp")
+    assert approval.scope == "lg-g-bp/tool:c1"
+
+    await ledger.approve(approval.id, by="manager:1")
+    state = await resume(ledger, graph.graph, None, "lg-g-bp")
+    assert state["messages"][-1].content == "done"
+    assert effect.lines() == ["refund 9"]
+    assert (await ledger.receipt("lg-g-bp")).headline is Headline.COMPLETED
+    with pytest.raises(stopline.RunEnded):
+        async with sl.run(ledger, owner="user:1", thread_id="lg-g-bp"):
+            pass
+
+
+async def test_langgraph_cancelling_the_task_is_a_stopline_cancel(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        graph = Graph(write_tool(effect, sync=False), verify=effect.read_back())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(Workflow(), ledger, graph.graph, start(), "lg-g-task")
+            await effect.async_reached.wait()
+            tg.cancel_scope.cancel()
+    receipt = await ledger.wait_settled("lg-g-task", timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED]
+    assert effect.lines() == []

@@ -1,0 +1,300 @@
+"""OpenAI Agents SDK: every tool of the agent gated, its own cancel and approvals, a
+raising tool, resume that never repeats.
+
+The tools are plain ``@function_tool``s in ``Agent(tools=...)``, not wrapped one
+by one. The ground truth is a file each side-effecting call appends to
+(``FileEffect``). The model is the SDK's own offline ``ScriptedModel``; a model
+asked again after a resume issues its call under a new ``call_id``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from agents import Agent, function_tool, set_tracing_disabled
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+import stopline
+from stopline import Headline, OpStatus, RunState
+from stopline.integrations import openai_agents as sl
+from tests.frameworks.effects import FileEffect, until_unknown
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(autouse=True)
+def no_trace_export() -> None:
+    """Nothing leaves the machine: the SDK's tracing exporter stays off."""
+    set_tracing_disabled(True)
+
+
+def write_call(call_id: str) -> list[Any]:
+    return [function_call("write_note", {"note": "refund 9"}, call_id=call_id)]
+
+
+def agent_for(
+    effect: FileEffect, steps: list[Any], *, sync: bool, approval: bool = False
+) -> tuple[Agent[Any], ScriptedModel]:
+    """An agent whose one side-effecting tool is a plain ``@function_tool``."""
+    if sync:
+
+        @function_tool(needs_approval=approval)
+        def write_note(note: str) -> str:
+            """Write a note (a plain def: the SDK runs it in a thread)."""
+            return effect.write(note)
+
+    else:
+
+        @function_tool(needs_approval=approval)
+        async def write_note(note: str) -> str:
+            """Write a note."""
+            return await effect.awrite(note)
+
+    model = ScriptedModel(steps)
+    return Agent(name="support", model=model, tools=[write_note]), model
+
+
+class Session:
+    """An agent run in a stopline run, started in a task group."""
+
+    def __init__(self, effect: FileEffect) -> None:
+        self.effect = effect
+        self.handle: sl.AgentSession | None = None
+        self.ready = anyio.Event()
+
+    @property
+    def s(self) -> sl.AgentSession:
+        assert self.handle is not None
+        return self.handle
+
+    async def __call__(
+        self, ledger: stopline.Ledger, agent: Any, run_input: Any, run_id: str
+    ) -> None:
+        verify = {"write_note": self.effect.read_back()}
+        async with sl.run(ledger, owner="user:1", run_id=run_id, verify=verify) as s:
+            self.handle = s
+            self.ready.set()
+            await s.stream(agent, run_input)
+
+
+async def resume(
+    ledger: stopline.Ledger, agent: Any, run_input: Any, run_id: str, effect: FileEffect
+) -> Any:
+    await ledger.resume(run_id, by="user:1")
+    session = Session(effect)
+    await session(ledger, agent, run_input, run_id)
+    assert session.s.result is not None
+    return session.s.result.final_output
+
+
+async def test_s01_openai_agents_plain_tool_cancel_before_the_call_then_resume(
+    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    """A plain ``@function_tool`` in ``tools=`` is gated: a cancel committed elsewhere
+    refuses its call; the resumed model's new call is dispatched once."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    thinking = anyio.Event()
+
+    async def think(call: Any) -> Any:
+        await thinking.wait()
+        return write_call("c1")
+
+    steps = [ModelStep.respond(think), write_call("c2"), [assistant_message("done")]]
+    agent, _ = agent_for(effect, steps, sync=False)
+    session = Session(effect)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(session, ledger, agent, "refund 9", "oa-g-s01")
+        await session.ready.wait()
+        async with stopline.open(ledger_url) as elsewhere:
+            await elsewhere.cancel("oa-g-s01", by="user:1")
+        thinking.set()
+    receipt = await ledger.wait_settled("oa-g-s01", timeout=10)
+    assert effect.lines() == []
+    assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+    assert receipt.message == "Canceled before external action."
+
+    assert await resume(ledger, agent, "refund 9", "oa-g-s01", effect) == "done"
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_s02_openai_agents_cancel_during_an_async_tool_then_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """Cancelled before the async tool writes: unknown, read back, not committed. The
+    resumed model sees the recorded outcome in its input; its new call writes once."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        steps = [write_call("c1"), write_call("c2"), [assistant_message("done")]]
+        agent, model = agent_for(effect, steps, sync=False)
+        session = Session(effect)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session, ledger, agent, "refund 9", "oa-g-s02")
+            await effect.async_reached.wait()
+            await session.s.cancel(by="user:1")
+        receipt = await ledger.wait_settled("oa-g-s02", timeout=10)
+        (op,) = await ledger.backend.operations("oa-g-s02")
+        assert op.status is OpStatus.NOT_COMMITTED and effect.lines() == []
+        assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+
+        assert session.s.result is not None
+        state = session.s.result.to_state()
+        effect.hold = False
+        assert await resume(ledger, agent, state, "oa-g-s02", effect) == "done"
+    assert effect.lines() == ["refund 9"]
+    assert [o.id for o in await ledger.backend.operations("oa-g-s02")] == [op.id]
+    note = str(model.calls[1].input)  # the first model call after the resume
+    assert "write_note (tool:c1): not_committed" in note
+
+
+async def test_s09_openai_agents_cancel_during_a_def_tool_then_resume_writes_once(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The hole: the SDK's state leaves the interrupted turn out, the model asks again
+    under a new call id. The new call is matched to the recorded one: one write."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        steps = [write_call("c1"), write_call("c2"), [assistant_message("done")]]
+        agent, _ = agent_for(effect, steps, sync=True)
+        session = Session(effect)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session, ledger, agent, "refund 9", "oa-g-s09")
+            await effect.wait_reached()
+            await session.s.cancel(by="user:1")
+            await until_unknown(ledger, "oa-g-s09/tool:c1")
+            effect.release.set()  # ... and it writes after the cancel
+        receipt = await ledger.wait_settled("oa-g-s09", timeout=10)
+    assert effect.lines() == ["refund 9"]
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+
+    assert session.s.result is not None
+    state = session.s.result.to_state()
+    assert await resume(ledger, agent, state, "oa-g-s09", effect) == "done"
+    assert effect.lines() == ["refund 9"]  # not twice
+
+
+async def test_s03_openai_agents_cancel_after_the_tool_then_resume(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The tool wrote; the model is cancelled while it answers: the receipt says so."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    answering = anyio.Event()
+
+    async def answer(call: Any) -> Any:
+        answering.set()
+        await anyio.sleep_forever()  # the model never answers: the cancel stops it
+
+    steps = [
+        write_call("c1"),
+        ModelStep.respond(answer),
+        write_call("c2"),
+        [assistant_message("done")],
+    ]
+    agent, _ = agent_for(effect, steps, sync=False)
+    session = Session(effect)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(session, ledger, agent, "refund 9", "oa-g-s03")
+        await answering.wait()
+        await session.s.cancel(by="user:1")
+    receipt = await ledger.wait_settled("oa-g-s03", timeout=10)
+    assert effect.lines() == ["refund 9"]
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+
+    assert await resume(ledger, agent, "refund 9", "oa-g-s03", effect) == "done"
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_openai_agents_raising_tool_is_not_completed(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The tool raises before it writes; the SDK hands the model its error text. The
+    operation is recorded before that: unknown, read back, not committed."""
+    effect = FileEffect(tmp_path / "notes.txt")
+
+    @function_tool
+    async def write_note(note: str) -> str:
+        """Write a note."""
+        raise TimeoutError("the notes service did not answer")
+
+    model = ScriptedModel([write_call("c1"), [assistant_message("done")]])
+    agent = Agent(name="support", model=model, tools=[write_note])
+    await Session(effect)(ledger, agent, "refund 9", "oa-g-raise")
+    (op,) = await ledger.backend.operations("oa-g-raise")
+    kinds = [e.kind for e in await ledger.backend.events("oa-g-raise") if e.op_id == op.id]
+    assert "committed" not in kinds and "lost" in kinds
+    settled = await ledger.wait_settled("oa-g-raise", timeout=10)
+    assert [line.status for line in settled.lines] == [OpStatus.NOT_COMMITTED]
+    assert "An error occurred while running the tool" in str(model.calls[1].input)  # the SDK
+
+
+async def test_openai_agents_sdk_cancel_is_a_stopline_cancel(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``RunResultStreaming.cancel()`` called directly (the SDK's own) while the tool
+    waits: the run ends ``cancelled`` with a true receipt, not ``completed``."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        agent, _ = agent_for(effect, [write_call("c1")], sync=False)
+        session = Session(effect)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session, ledger, agent, "refund 9", "oa-g-native")
+            await effect.async_reached.wait()
+            assert session.s.result is not None
+            session.s.result.cancel(mode="immediate")
+        receipt = await ledger.wait_settled("oa-g-native", timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED]
+    assert effect.lines() == []
+
+
+async def test_openai_agents_cancel_after_turn_lets_the_call_finish(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``s.cancel(mode="after_turn")``: the call in flight finishes and is kept, the
+    next turn never starts, the run ends ``cancelled``."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        steps = [write_call("c1"), [assistant_message("done")]]
+        agent, model = agent_for(effect, steps, sync=False)
+        session = Session(effect)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session, ledger, agent, "refund 9", "oa-g-turn")
+            await effect.async_reached.wait()
+            await session.s.cancel(by="user:1", mode="after_turn")
+            effect.async_release.set()
+        receipt = await ledger.wait_settled("oa-g-turn", timeout=10)
+    assert effect.lines() == ["refund 9"]
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+    assert len(model.calls) == 1  # the model was not asked again
+
+
+async def test_s05_openai_agents_needs_approval_pauses_the_run_until_approved(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``needs_approval``: the run is paused with a stopline approval request (never
+    "Completed."); approved in stopline and resumed, the call passes the gate once."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    steps = [write_call("c1"), [assistant_message("done")]]
+    agent, _ = agent_for(effect, steps, sync=False, approval=True)
+    async with sl.run(ledger, owner="user:1", run_id="oa-g-s05", approver="manager:1") as s:
+        first = await s.stream(agent, "refund 9")
+    assert first.interruptions
+    receipt = await ledger.receipt("oa-g-s05")
+    assert receipt.run_state is RunState.PAUSED and receipt.headline is Headline.PAUSED
+    (approval,) = await ledger.backend.approvals("oa-g-s05")
+    assert approval.scope == "oa-g-s05/tool:c1"
+    with pytest.raises(stopline.RunPaused):
+        async with sl.run(ledger, owner="user:1", run_id="oa-g-s05"):
+            pass
+
+    await ledger.approve(approval.id, by="manager:1")
+    await ledger.resume("oa-g-s05", by="user:1")
+    async with sl.run(ledger, owner="user:1", run_id="oa-g-s05") as s:
+        done = await s.stream(agent, first.to_state())  # the decision comes from the ledger
+    assert done.final_output == "done"
+    assert effect.lines() == ["refund 9"]
+    final = await ledger.receipt("oa-g-s05")
+    assert final.headline is Headline.COMPLETED
+    with pytest.raises(stopline.RunEnded):
+        async with sl.run(ledger, owner="user:1", run_id="oa-g-s05"):
+            pass
