@@ -75,7 +75,7 @@ from stopline.integrations._frameworks import (
     mcp_call,
     open_run,
 )
-from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import ReadBack, Tool, Verdict
