@@ -42,9 +42,11 @@ async def ignoring(
         yield opened
 
 
-def immediate(server: Server, tool: str, payload: str = "p") -> Any:
+def immediate(
+    server: Server, tool: str, payload: str = "p", policy: Policy = Policy.IMMEDIATE
+) -> Any:
     async def body(run: stopline.Run, started: Started) -> None:
-        async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE):
+        async with run.phase(PhaseKind.CALLING_EXTERNAL, policy):
             started.results.append(await server.conn.call(run, tool, {"payload": payload}))
 
     return body
@@ -113,37 +115,63 @@ async def test_mcp_sync_tool_commits_after_cancel(ledger: stopline.Ledger, plain
 async def test_s16_mcp_connection_drops_before_the_response(
     ledger: stopline.Ledger, plain: Server, fault: str
 ) -> None:
-    """Process dies / stream breaks after the commit: unknown, read back, no second effect."""
+    """Process dies / stream breaks after the commit: no second effect. Legacy: unknown,
+    read back. 2026-07-28: the lost request is re-issued with a new JSON-RPC id and the
+    same idempotency key, one operation with two attempts (the server replays its record)."""
     await plain.fault("upload", fault)
     before = plain.conn.connections
+    sent: list[tuple[str, Any]] = []
+    plain.conn.on_request = lambda key, request_id: sent.append((key, request_id))
     outcome: dict[str, Any] = {}
-    async with ledger.run("s16", owner="user:1") as run:
-        try:
-            await plain.conn.call(run, "upload", {"payload": "file it"}, key="ticket")
-        except stopline.NoAnswer as exc:
-            outcome["first"] = exc.cause
-        outcome["retry"] = await plain.conn.call(
-            run, "upload", {"payload": "file it"}, key="ticket"
-        )
+    try:
+        async with ledger.run("s16", owner="user:1") as run:
+            try:
+                outcome["first"] = await plain.conn.call(
+                    run, "upload", {"payload": "file it"}, key="ticket"
+                )
+            except stopline.NoAnswer as exc:
+                outcome["first"] = exc.cause
+            outcome["retry"] = await plain.conn.call(
+                run, "upload", {"payload": "file it"}, key="ticket"
+            )
+    finally:
+        plain.conn.on_request = None
     op = (await ledger.backend.operations(run.id))[0]
-    assert outcome["first"] is Cause.TRANSPORT
-    assert outcome["retry"] == {"id": op.id, "tool": "upload", "value": "file it"}
+    expected = {"id": op.id, "tool": "upload", "value": "file it"}
+    assert outcome["retry"] == expected
     assert op.status is OpStatus.COMMITTED
-    assert op.cause is Cause.TRANSPORT
     assert plain.conn.connections == before + 1  # a new server process, the same durable record
     assert len(await plain.effects_of(op.id)) == 1  # no second effect
+    reissued = [e for e in await ledger.backend.events(run.id) if e.kind == "mcp_reissued"]
+    if plain.era == "2026":
+        assert outcome["first"] == expected  # the re-issue answered
+        assert [e.data["attempt"] for e in reissued] == [2]
+        ids = [rid for key, rid in sent if key == op.id]
+        assert len(ids) == 2 and ids[0] != ids[1]  # two JSON-RPC ids, one key
+    else:
+        assert outcome["first"] is Cause.TRANSPORT
+        assert op.cause is Cause.TRANSPORT
+        assert reissued == []
 
 
 async def test_mcp_process_dies_before_commit_is_not_committed(
     ledger: stopline.Ledger, plain: Server
 ) -> None:
-    """Died mid-call before its commit section: the restarted server proves nothing happened."""
+    """Died mid-call before its commit section. Legacy: the restarted server proves nothing
+    happened. 2026-07-28: the lost request is re-issued (same key, the run still running)
+    and the new server process does it, once."""
     await plain.hold("accepted:upload")
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(plain, "upload"))
         key = await plain.reached("accepted:upload")
         with pytest.raises(MCPError):
             await plain.ctl("ctl_die")
+        if plain.era == "2026":
+            op = await wait_status(ledger, key, OpStatus.COMMITTED)
+            kinds = [e.kind for e in await ledger.backend.events(op.run_id)]
+            assert kinds.count("mcp_reissued") == 1
+            assert len(await plain.effects_of(key)) == 1
+            return
     op = await ledger.backend.get_operation(key)
     assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
     assert op.cause is Cause.TRANSPORT
@@ -152,6 +180,23 @@ async def test_mcp_process_dies_before_commit_is_not_committed(
     assert await plain.effects_of(key) == []
     receipt = await ledger.wait_settled(started.run_id, timeout=20)
     assert receipt.headline is Headline.FAILED  # the workflow saw the transport error
+
+
+async def test_mcp_reissue_never_crosses_the_fence(ledger: stopline.Ledger, plain: Server) -> None:
+    """A run fenced while its request was in flight: the lost request is not re-sent (R1).
+    (``notify`` cannot cancel, so an ``at_boundary`` cancel lets the call go on.)"""
+    await plain.hold("accepted:notify")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(plain, "notify", policy=Policy.AT_BOUNDARY))
+        key = await plain.reached("accepted:notify")
+        await ledger.cancel(started.run_id, by="user:1")
+        with pytest.raises(MCPError):
+            await plain.ctl("ctl_die")
+    kinds = [e.kind for e in await ledger.backend.events(started.run_id)]
+    assert "mcp_reissued" not in kinds
+    op = await ledger.verify(key)
+    assert op.status is OpStatus.NOT_COMMITTED
+    assert await plain.effects_of(key) == []
 
 
 async def test_mcp_malformed_messages_do_not_lose_the_call(

@@ -4,7 +4,9 @@ stdio and Streamable HTTP: what a task-backed call records, and the races the sp
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -126,3 +128,30 @@ async def test_mcp_vanished_task_is_unknown_then_read_back(
     op = await wait_status(ledger, key, OpStatus.COMMITTED)
     assert op.status is OpStatus.COMMITTED
     assert len(await server.effects_of(key)) == 1
+
+
+@pytest.mark.parametrize("transport", ["stdio-2026", "stdio-legacy"])
+async def test_mcp_task_lost_create_result(
+    ledger: stopline.Ledger, tmp_path: Path, transport: str
+) -> None:
+    """The server creates the task and dies before its CreateTaskResult is written: the
+    client never learns the task id. 2026: the request is re-issued with the same key (one
+    operation, two attempts) and commits once. 2025: unknown, then the read-back by key
+    (the restarted server's record) proves nothing happened."""
+    async for server in open_server(transport, tmp_path, None, tasks=True, policies=TASKS):
+        await server.fault("upload", "lose-create")
+        async with ledger.run("lost", owner="user:1") as run:
+            with contextlib.suppress(stopline.NoAnswer):
+                await server.conn.call(run, "upload", {"payload": "t"})
+        op = (await ledger.backend.operations(run.id))[0]
+        events = [e.kind for e in await ledger.backend.events(run.id)]
+        if server.era == "2026":
+            assert op.status is OpStatus.COMMITTED
+            assert events.count("mcp_reissued") == 1
+            assert len(await server.effects_of(op.id)) == 1
+        else:
+            assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+            assert op.cause is Cause.TRANSPORT
+            op = await ledger.verify(op.id)
+            assert op.status is OpStatus.NOT_COMMITTED
+            assert await server.effects_of(op.id) == []

@@ -76,14 +76,14 @@ async def test_each_tool_commits_once_and_the_read_tool_finds_it(
 ) -> None:
     key = f"plain-{tool}-{id(client)}"
     missing = await ctl(client, "find_payment", idempotency_key=key)
-    assert missing == {"found": False, "payment": None}
+    assert missing == {"found": False, "payment": None, "count": 0}
     first = await ctl(client, tool, idempotency_key=key, amount=7)
     again = await ctl(client, tool, idempotency_key=key, amount=7)
     assert first == {"payment_id": key, "amount": 7, "replayed": False}
     assert again["replayed"] is True
     assert len(commits(log, key)) == 1
     found = await ctl(client, "find_payment", idempotency_key=key)
-    assert found == {"found": True, "payment": {"payment_id": key, "amount": 7}}
+    assert found == {"found": True, "payment": {"payment_id": key, "amount": 7}, "count": 1}
 
 
 @pytest.mark.parametrize("tool", EFFECT_TOOLS)

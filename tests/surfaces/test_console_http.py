@@ -183,3 +183,31 @@ def test_what_the_pictures_show_is_escaped(tmp_path: Path) -> None:
         assert "<script>alert" not in page
         svg = page.split('data-testid="timeline-svg"', 1)[1].split("</svg>", 1)[0]
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in svg
+
+
+def test_a_review_item_is_resolved_from_the_console(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ids = anyio.run(seed, url)
+    app = create_app(ConsoleConfig(url=url, token=TOKEN))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get(f"/?token={TOKEN}&name=lee")
+        queue = client.get("/review").text
+        action = re.search(r'action="(/review/[^"]+/resolve)"', queue)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', queue)
+        assert action is not None and csrf is not None
+        assert "%2F" in action[1]  # the operation id's "/" is encoded
+        bad = client.post(action[1], data={"csrf": csrf[1], "decision": "maybe"})
+        assert bad.status_code == 400 and "not one of" in bad.text
+        done = client.post(
+            action[1], data={"csrf": csrf[1], "decision": "committed", "note": "card statement"}
+        )
+        assert done.status_code == 200
+        assert "Stopped. 1 actions had already completed and were kept." in done.text
+        assert "nothing waits for review" in client.get("/review").text
+
+    async def evidence() -> list[tuple[str, str]]:
+        async with stopline.open(url) as ledger:
+            (op,) = await ledger.backend.operations(ids.review)
+            return [(e.kind.value, e.ref) for e in op.evidence]
+
+    assert ("review", "console:lee") in anyio.run(evidence)

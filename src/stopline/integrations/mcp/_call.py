@@ -30,12 +30,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp import MCPError
-from stopline.domain.vocab import Cause
-from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, OUTCOME_DATA
+from mcp import Client, MCPError
+from stopline.domain.vocab import Cause, RunState
+from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
 
@@ -80,6 +82,21 @@ def plain_result(result: CallToolResult) -> Any:
     return "\n".join(texts)
 
 
+def may_reissue(conn: StoplineMCP, name: str, client: Client, attempt: int) -> bool:
+    """Re-send a ``tools/call`` whose stream broke? Once, on 2026-07-28, and only when the
+    idempotency key survives the re-issue: in the arguments (``key_argument``), in
+    ``_meta`` for a server that reads it (it declares ``io.stopline/effects``), or a tool
+    that says a repeat has no further effect (``idempotentHint``)."""
+    if attempt >= 2 or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    listed = conn.listing.get(name)
+    if listed is None:
+        return False
+    reads_key = EFFECTS_META in (listed.meta or {})
+    hinted = bool(listed.annotations and listed.annotations.idempotent_hint)
+    return bool(conn.policy(name).key_argument) or reads_key or hinted
+
+
 class McpCall:
     """The state of one call in flight, shared with its ``cancel_fn``."""
 
@@ -120,25 +137,55 @@ class McpCall:
             raise Rejected(f"not sent: {exc.detail}", ref=f"not_sent:{self.ref}") from exc
         self.scope.deadline = deadline.initial()
         with self.scope:
-            try:
-                result = await self.conn.call_tool(
-                    client, self.mcp_name, arguments, meta, on_progress
-                )
-            except MCPError as exc:
-                raise self._no_answer(exc) from exc
-            except NoAnswer:
-                raise  # already says why (e.g. a task that vanished)
-            except ValidationError as exc:
-                raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
-            except Exception as exc:
-                self.conn._broken()
-                raise NoAnswer(Cause.TRANSPORT, f"{type(exc).__name__}: {exc}") from exc
-            if result.is_error:
-                raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
-            return plain_result(result)
+            attempt = 1
+            while True:
+                try:
+                    result = await self._attempt(client, arguments, meta, on_progress)
+                except NoAnswer as exc:
+                    if exc.cause is not Cause.TRANSPORT or not may_reissue(
+                        self.conn, self.mcp_name, client, attempt
+                    ):
+                        raise
+                    run = await self.ctx._ledger.backend.get_run(self.ctx.run_id)
+                    if run.state is not RunState.RUNNING:
+                        raise  # fenced (or pausing) meanwhile: a re-issue is new work (R1)
+                    attempt += 1  # 2026-07-28: a broken stream lost the request; re-issue it
+                    await self.ctx._ledger.backend.note(
+                        self.ctx.op_id,
+                        "mcp_reissued",
+                        {"attempt": attempt, "after": exc.detail, "key": self.ctx.key},
+                    )
+                    try:
+                        client = await self.conn._session()
+                    except NoAnswer:
+                        raise exc from None  # the first attempt was sent: its outcome is unknown
+                    continue
+                if result.is_error:
+                    raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
+                return plain_result(result)
         if not self.cancel_asked:
             raise NoAnswer(Cause.TIMEOUT, f"no answer within the deadline (timeout {timeout}s)")
         return await self._after_cancel()
+
+    async def _attempt(
+        self,
+        client: Client,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+        on_progress: ProgressFnT,
+    ) -> CallToolResult:
+        """One ``tools/call`` (a new JSON-RPC id each time), its failure said as NoAnswer."""
+        try:
+            return await self.conn.call_tool(client, self.mcp_name, arguments, meta, on_progress)
+        except MCPError as exc:
+            raise self._no_answer(exc) from exc
+        except NoAnswer:
+            raise  # already says why (e.g. a task that vanished)
+        except ValidationError as exc:
+            raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
+        except Exception as exc:
+            self.conn._broken()
+            raise NoAnswer(Cause.TRANSPORT, f"{type(exc).__name__}: {exc}") from exc
 
     def _no_answer(self, exc: MCPError) -> Exception:
         data = exc.data if isinstance(exc.data, dict) else {}

@@ -40,7 +40,15 @@ from stopline.integrations.mcp._vocab import OUTCOME_DATA, REJECTED_CODE, TASKS_
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer
 
-__all__ = ["CURRENT_CALL", "TaskOutcome", "TasksClient", "offers_legacy_tasks"]
+__all__ = [
+    "CURRENT_CALL",
+    "Raw",
+    "TaskOutcome",
+    "TaskRequest",
+    "TasksClient",
+    "offers_legacy_tasks",
+    "raw_request",
+]
 
 CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "stopline_mcp_call", default=None
@@ -143,7 +151,7 @@ class TasksClient(ClientExtension):
             "task": {"ttl": ttl_ms} if ttl_ms else {},
             "_meta": dict(meta),
         }
-        raw = await _raw_request(session, "tools/call", params, on_progress)
+        raw = await raw_request(session, "tools/call", params, on_progress)
         if not isinstance(raw.get("task"), Mapping):
             return types.CallToolResult.model_validate(raw)  # the server ran it inline
         return await self.drive(session, parse_task(raw), LEGACY)
@@ -273,23 +281,26 @@ def _refused(message: str) -> MCPError:
     return MCPError(code=REJECTED_CODE, message=message, data={OUTCOME_DATA: "not_committed"})
 
 
-async def _raw_request(
+async def raw_request(
     session: ClientSession,
     method: str,
     params: dict[str, Any],
-    on_progress: ProgressFnT | None,
+    on_progress: ProgressFnT | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A request whose answer the SDK's per-version result surface would reject.
 
     A 2025-11-25 ``tools/call`` with ``params.task`` answers ``{"task": ...}``,
     which the SDK validates as a ``CallToolResult`` and refuses. This goes one
-    level down: the session's stamp (headers) and its dispatcher, as
-    ``send_request`` does, without the surface check. Cancelling the awaiting
-    scope still sends ``notifications/cancelled``.
+    level down: the session's stamp (per-request ``_meta`` and headers) and its
+    dispatcher, as ``send_request`` does, without the surface check. Cancelling
+    the awaiting scope still sends the cancel. ``headers`` add HTTP headers.
     """
     data: dict[str, Any] = {"method": method, "params": params}
     opts: CallOptions = {}
     session._stamp(data, opts)
+    if headers:
+        opts.setdefault("headers", {}).update(headers)
     if on_progress is not None:
         opts["on_progress"] = on_progress
     return dict(await session._dispatcher.send_raw_request(method, data["params"], opts))

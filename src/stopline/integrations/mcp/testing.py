@@ -19,7 +19,9 @@ Its providers keep ground truth like ``stopline.testing.FakeProvider``:
   ``reject`` (refuse before any effect), ``die`` / ``break`` / ``garbage``
   (after the commit: the process exits, the wire is closed, malformed lines
   are written), ``answer-32800`` / ``answer0`` (after the commit, answer with
-  that error: with ``--ignore-cancel`` it is what a cancelled request gets).
+  that error: with ``--ignore-cancel`` it is what a cancelled request gets),
+  ``lose-create`` (a task call: the task is created, then the process exits
+  before the ``CreateTaskResult`` is written).
 - ``ctl_truth()`` returns what really happened: every request, every effect
   (durable, in the same SQLite file as the ``Effects`` record, so it survives
   a restart) and the server's cancellation log.
@@ -88,6 +90,17 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
         "stopline-testing", extensions=[tasks], lifespan=tasks.lifespan
     )
     effects.install(server)
+
+    async def lose_create(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
+        """Fault ``lose-create``: the task is created, then the process dies unanswered."""
+        out = await call_next(ctx)
+        name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
+        created = isinstance(out, dict) and ("task" in out or out.get("resultType") == "task")
+        if created and faults.get(str(name)) == "lose-create":
+            os._exit(3)
+        return out
+
+    server.middleware.append(lose_create)
     tasks.install(server)
     traces: list[dict[str, Any]] = []
 
