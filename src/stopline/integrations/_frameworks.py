@@ -62,7 +62,7 @@ from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
 from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
-from stopline.errors import NotFound, RunCancelled, RunPaused, StoplineError
+from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -86,10 +86,6 @@ __all__ = [
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
-
-
-class NoRun(StoplineError):
-    """A gated framework tool was called outside a bound stopline run."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -298,7 +294,7 @@ async def mcp_call(
                     outcome.append(
                         (True, await conn.call(run, name, arguments, key=key, timeout=timeout))
                     )
-                except (Exception, RunCancelled) as exc:  # handed to the framework's task
+                except (Exception, RunFenced) as exc:  # handed to the framework's task
                     outcome.append((False, exc))
                 tg.cancel_scope.cancel()
         finally:
@@ -307,7 +303,7 @@ async def mcp_call(
     ledger.spawn(work)
     await done.wait()
     if not outcome:  # the ledger closed under it: what the server did is in the record
-        raise RunCancelled(run.id)
+        raise RunFenced(run.id)
     ok, value = outcome[0]
     if not ok:
         raise value

@@ -63,7 +63,7 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -75,7 +75,7 @@ from stopline.integrations._frameworks import (
     mcp_call,
     open_run,
 )
-from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import ReadBack, Tool, Verdict
@@ -351,7 +351,7 @@ class AgentSession:
                 pass
         if self._cancelled or self.bound.run.cancel_requested:
             await self.bound.native_cancel(f"Agents SDK run cancelled ({self._mode})")
-            raise RunCancelled(self.id)
+            raise RunFenced(self.id)
         if result.interruptions:
             keys = [f"tool:{item.call_id}" for item in result.interruptions]
             await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
