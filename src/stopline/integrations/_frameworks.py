@@ -278,6 +278,8 @@ async def mcp_call(
     """
     bound = current()
     run, ledger = bound.run, bound.ledger
+    # the key of the recorded call it repeats, as ``conn.call`` digests its arguments
+    key = bound.key_for(conn.tool(name).name, key, [(arguments,), {}])
     done = anyio.Event()
     outcome: list[tuple[bool, Any]] = []
 
