@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -77,6 +78,9 @@ async def running(dbs: Databases, provider: FileProvider) -> AsyncIterator[Harne
                 yield Harness(ledger, provider, dbs)
             finally:
                 DBOS.destroy()
+    # what the test left for the garbage collector goes now, inside the test (see
+    # test_dbos.py's warning filter), not in whichever test runs next
+    gc.collect()
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ stores them.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -64,7 +65,7 @@ class Evidence:
         return cls(EvidenceKind.LOCAL, ref, detail)
 
 
-class CancelState:
+class CancelState(enum.StrEnum):
     """What was asked of the provider about cancelling one operation."""
 
     NONE = "none"
