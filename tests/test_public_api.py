@@ -14,7 +14,8 @@ EXPECTED = {
     "AlreadyAttached",
     "Action",
     "ApprovalRecord",
-    "ApprovalRequired",
+    "ApprovalNeeded",
+    "ApprovalRequired",  # deprecated alias of ApprovalNeeded (0.2)
     "ApprovalStatus",
     "CallContext",
     "CancelInDoubt",
@@ -59,7 +60,8 @@ EXPECTED = {
     "ReviewItem",
     "ReviewVerdict",
     "Run",
-    "RunCancelled",
+    "RunCancelled",  # deprecated alias of RunFenced (0.2)
+    "RunFenced",
     "RunPaused",
     "RunRecord",
     "RunState",
@@ -88,8 +90,8 @@ def test_errors_have_one_root_and_cancellation_unwinds() -> None:
         obj = getattr(stopline, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, stopline.StoplineError), name
-    assert issubclass(stopline.RunCancelled, BaseException)
-    assert not issubclass(stopline.RunCancelled, Exception)  # `except Exception` won't eat it
+    assert issubclass(stopline.RunFenced, BaseException)
+    assert not issubclass(stopline.RunFenced, Exception)  # `except Exception` won't eat it
 
 
 def test_testing_surface() -> None:
@@ -106,3 +108,9 @@ def test_testing_surface() -> None:
         "Matrix",
         "explore",
     }
+
+
+def test_deprecated_names_are_the_new_classes() -> None:
+    """Kept for one release (0.2): code catching the old names still catches the new."""
+    assert stopline.RunCancelled is stopline.RunFenced
+    assert stopline.ApprovalRequired is stopline.ApprovalNeeded

@@ -31,6 +31,8 @@ from stopline.domain.vocab import (
 )
 from stopline.errors import (
     AlreadyAttached,
+    ApprovalNeeded,
+    ApprovalRequired,
     CancelInDoubt,
     IdempotencyConflict,
     IllegalTransition,
@@ -48,6 +50,7 @@ from stopline.errors import (
     OperationInDoubt,
     RunCancelled,
     RunEnded,
+    RunFenced,
     RunPaused,
     SchemaTooNew,
     StoplineError,
@@ -57,7 +60,7 @@ from stopline.errors import (
 from stopline.runtime.compensate import CompensationContext
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger, VerifyBudget, open
-from stopline.runtime.lifecycle import ApprovalRequired, Resumed, Retry
+from stopline.runtime.lifecycle import Resumed, Retry
 from stopline.runtime.reconcile import ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport
 from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
@@ -78,6 +81,7 @@ __all__ = [
     "AccessPolicy",
     "Action",
     "AlreadyAttached",
+    "ApprovalNeeded",
     "ApprovalRecord",
     "ApprovalRequired",
     "ApprovalStatus",
@@ -129,6 +133,7 @@ __all__ = [
     "Run",
     "RunCancelled",
     "RunEnded",
+    "RunFenced",
     "RunPaused",
     "RunRecord",
     "RunState",

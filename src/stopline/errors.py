@@ -4,13 +4,19 @@
     ├── IllegalTransition              (state, event) not in the table
     ├── NotFound
     │   ├── UnknownRun
-    │   └── UnknownOperation
+    │   ├── UnknownOperation
+    │   └── UnknownTool                an MCP server lists no such tool (also LookupError)
     ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
     ├── IdempotencyConflict            an operation id reused with other arguments
     ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
     ├── NotReplayable                  a committed operation whose result was not kept
     ├── NotPermitted                   the run lacks the authority for this
+    ├── ApprovalNeeded                 no granted, unexpired approval for the operation (S5)
+    ├── Rejected                       raised by a provider: refused before any effect
+    ├── NoAnswer                       raised by a provider: the answer was lost, and why
+    ├── NoRun                          a gated framework tool called outside a run
+    ├── PlanError                      a `stopline check-mcp` plan it cannot run
     ├── RunEnded                       entering or resuming a run that has ended: what to do
     ├── RunPaused                      re-entering a paused run before it is resumed
     └── LedgerError                    storage problems, always naming the ledger
@@ -21,26 +27,43 @@
         │   ├── LedgerReadOnly         the file, its directory or the mount is read-only
         │   ├── LedgerIOError          the storage failed a read or a write
         │   └── CancelInDoubt          the cancel's reply was lost: it may have committed
-        └── SchemaTooNew               written by a newer stopline
+        ├── SchemaTooNew               written by a newer stopline
+        ├── LeaseExpired               fencing: this worker's lease expired, intent refused
+        └── CommitInDoubt              a lost reply to a commit that could not be settled
+            └── GateInDoubt            ... of the gate's intent (nothing was dispatched)
 
-    RunCancelled (BaseException)       unwinds a workflow whose run was fenced
+    RunFenced (BaseException)          unwinds a workflow whose run was fenced
 
-``RunCancelled`` derives from ``BaseException`` like the cancellation
+``RunFenced`` derives from ``BaseException`` like the cancellation
 exceptions of asyncio and trio, so ``except Exception`` in a workflow does not
 swallow it.
+
+Every exception stopline raises is defined here; the modules that raise
+them re-export them. Deprecated aliases, kept for one release (0.2), then
+removed: ``RunCancelled`` (now ``RunFenced``) and ``ApprovalRequired`` (now
+``ApprovalNeeded``): the old names are also Pydantic AI's, and code that
+integrates both should not have to alias one of them.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stopline.domain.vocab import Cause
 
 __all__ = [
     "AlreadyAttached",
+    "ApprovalNeeded",
+    "ApprovalRequired",
     "CancelInDoubt",
+    "CommitInDoubt",
+    "GateInDoubt",
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidInput",
+    "LeaseExpired",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -48,17 +71,23 @@ __all__ = [
     "LedgerLocked",
     "LedgerReadOnly",
     "LedgerUnavailable",
+    "NoAnswer",
+    "NoRun",
     "NotFound",
     "NotPermitted",
     "NotReplayable",
     "OperationInDoubt",
+    "PlanError",
+    "Rejected",
     "RunCancelled",
     "RunEnded",
+    "RunFenced",
     "RunPaused",
     "SchemaTooNew",
     "StoplineError",
     "UnknownOperation",
     "UnknownRun",
+    "UnknownTool",
 ]
 
 
@@ -90,6 +119,13 @@ class UnknownOperation(NotFound):
     def __init__(self, op_id: str) -> None:
         self.op_id = op_id
         super().__init__(f"unknown operation id {op_id!r}")
+
+
+class UnknownTool(NotFound, LookupError):
+    def __init__(self, name: str, server: str) -> None:
+        self.name = name
+        self.server = server
+        super().__init__(f"MCP server {server!r} lists no tool named {name!r}")
 
 
 class InvalidInput(StoplineError, ValueError):
@@ -141,6 +177,49 @@ class NotReplayable(StoplineError):
 class NotPermitted(StoplineError):
     def __init__(self, what: str) -> None:
         super().__init__(what)
+
+
+class ApprovalNeeded(StoplineError):
+    """The operation needs a granted, unexpired approval and has none (S5)."""
+
+    def __init__(self, op_id: str, why: str) -> None:
+        self.op_id = op_id
+        self.why = why
+        super().__init__(f"operation {op_id!r} needs approval: {why}")
+
+
+class Rejected(StoplineError):
+    """Raised by a provider that refused the request before any effect.
+
+    This is the only way a failed call becomes ``not_committed``: any other
+    exception leaves the operation ``unknown`` (R3).
+    """
+
+    def __init__(self, reason: str, ref: str = "") -> None:
+        self.reason = reason
+        self.ref = ref
+        super().__init__(reason)
+
+
+class NoAnswer(StoplineError):
+    """Raised by a provider or integration that lost the answer, saying why.
+
+    The operation becomes ``unknown`` with ``cause`` recorded (R3): a timeout,
+    a broken transport and a server error are told apart in the ledger.
+    """
+
+    def __init__(self, cause: Cause, detail: str) -> None:
+        self.cause = cause
+        self.detail = detail
+        super().__init__(f"{cause.value}: {detail}")
+
+
+class NoRun(StoplineError):
+    """A gated framework tool was called outside a bound stopline run."""
+
+
+class PlanError(StoplineError):
+    """The plan file is not what ``stopline check-mcp`` can run (the message says why)."""
 
 
 class RunEnded(StoplineError):
@@ -227,7 +306,38 @@ class SchemaTooNew(LedgerError):
         )
 
 
-class RunCancelled(BaseException):
+class LeaseExpired(LedgerError):
+    """Fencing: this worker's lease expired, so it may not record a new intent.
+
+    Raised by the gate, which recorded nothing; the worker renews its lease
+    (its next heartbeat) before it dispatches again.
+    """
+
+    def __init__(self, worker: str, location: str = "ledger") -> None:
+        self.worker = worker
+        super().__init__(location, f"worker {worker!r} holds no live lease: intent refused")
+
+
+class CommitInDoubt(LedgerError):
+    """The connection was lost while a write's commit was on the wire, and it could not be
+    settled: the write may or may not be in the ledger. Read before acting on it."""
+
+
+class GateInDoubt(CommitInDoubt):
+    """The gate's intent commit is in doubt and the ledger stayed unreachable.
+
+    Nothing was dispatched (the caller never got ``PASSED``). The intent may be
+    recorded as ``requested``: the backend remembers it and, on its next
+    successful transaction, records it ``unknown`` (cause ``transport``), never
+    ``not_committed``; reconciliation then reads it back (R2, R3).
+    """
+
+    def __init__(self, location: str, op_id: str) -> None:
+        self.op_id = op_id
+        super().__init__(location, f"the intent of operation {op_id!r} may be recorded: in doubt")
+
+
+class RunFenced(BaseException):
     """Raised in a workflow whose run is fenced; ``ledger.run()`` absorbs it."""
 
     def __init__(self, run_id: str, op_id: str | None = None) -> None:
@@ -235,3 +345,8 @@ class RunCancelled(BaseException):
         self.op_id = op_id
         where = f" (operation {op_id!r} refused at the gate)" if op_id else ""
         super().__init__(f"run {run_id!r} is cancelled{where}")
+
+
+# Deprecated aliases (0.2, removed in 0.3): the old names are also Pydantic AI's.
+RunCancelled = RunFenced
+ApprovalRequired = ApprovalNeeded

@@ -48,7 +48,9 @@ from stopline.domain.vocab import (
     Policy,
     RunEvent,
 )
+from stopline.errors import IllegalTransition
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.forwarding import ForwardingBackend
 
 __all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
 
@@ -121,15 +123,14 @@ class Telemetry:
 
     def __call__(self, backend: Backend) -> Backend:
         self.open_backends += 1
-        return TracedBackend(backend, self)  # type: ignore[abstract]  # see _delegate
+        return TracedBackend(backend, self)
 
 
-class TracedBackend(Backend):
-    """Delegates every method unchanged; records spans and metrics of what was written."""
+class TracedBackend(ForwardingBackend):
+    """Forwards every call unchanged; records spans and metrics of what was written."""
 
     def __init__(self, inner: Backend, telemetry: Telemetry) -> None:
-        self.inner = inner
-        self.location = inner.location
+        super().__init__(inner)
         self._t = telemetry
         self._runs = telemetry.runs
         self._phases = telemetry.phases
@@ -139,25 +140,6 @@ class TracedBackend(Backend):
         self._cancels = telemetry.cancels
         self._doubted = telemetry.doubted
         self._linked = telemetry.linked
-        # an observer keeps every option of the backend it wraps (durable_outcomes=False
-        # needs defers_outcomes; the rest reaches the inner backend through __getattr__)
-        self.defers_outcomes = inner.defers_outcomes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def record_deferred(
-        self,
-        op_id: str,
-        update: OutcomeUpdate,
-        then: Callable[[Callable[[], OperationRecord]], None],
-    ) -> None:
-        def observed(outcome: Callable[[], OperationRecord]) -> None:
-            with contextlib.suppress(Exception):  # a failed record is the ledger's to handle
-                self._op_changed(outcome(), update.event, late=update.late)
-            then(outcome)
-
-        self.inner.record_deferred(op_id, update, observed)  # queued now, in order
 
     # -- helpers -------------------------------------------------------------------
     def _under_run(self, run_id: str) -> Context | None:
@@ -302,19 +284,57 @@ class TracedBackend(Backend):
         return result
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        update = self._with_span(op_id, update)
+        return self._recorded(await self.inner.record(op_id, update), update)
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        updates = [(op_id, self._with_span(op_id, update)) for op_id, update in items]
+        results = await self.inner.record_many(updates)
+        for (_op_id, update), result in zip(updates, results, strict=True):
+            if not isinstance(result, IllegalTransition):
+                self._recorded(result, update)
+        return results
+
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        """Deferred as the backend defers it (ADR 0022); traced once it commits."""
+        update = self._with_span(op_id, update)
+
+        def traced(outcome: Callable[[], OperationRecord]) -> None:
+            def observed() -> OperationRecord:
+                op = outcome()  # raises what record would: the ledger's to handle
+                with contextlib.suppress(Exception):  # tracing never breaks an outcome
+                    self._recorded(op, update)
+                return op
+
+            then(observed)
+
+        self.inner.record_deferred(op_id, update, traced)
+
+    def _resolving(self, update: OutcomeUpdate) -> bool:
+        return update.event not in (OpEvent.ACCEPTED, OpEvent.COMPENSATION_STARTED)
+
+    def _with_span(self, op_id: str, update: OutcomeUpdate) -> OutcomeUpdate:
+        """The outcome with a pointer to the operation's span among its evidence (once)."""
         span = self._ops.get(op_id)
-        resolving = update.event not in (OpEvent.ACCEPTED, OpEvent.COMPENSATION_STARTED)
-        if span is not None and resolving and op_id not in self._linked:
-            ctx = span.get_span_context()
-            if ctx.is_valid:
-                pointer = (
-                    f"{trace.format_trace_id(ctx.trace_id)}:{trace.format_span_id(ctx.span_id)}"
-                )
-                evidence = [Evidence(EvidenceKind.SPAN, pointer, "otel"), *update.evidence]
-                update = dataclasses.replace(update, evidence=evidence)
-        op = await self.inner.record(op_id, update)
-        if resolving:
-            self._linked.add(op_id)
+        if span is None or not self._resolving(update) or op_id in self._linked:
+            return update
+        ctx = span.get_span_context()
+        if not ctx.is_valid:
+            return update
+        pointer = f"{trace.format_trace_id(ctx.trace_id)}:{trace.format_span_id(ctx.span_id)}"
+        evidence = [Evidence(EvidenceKind.SPAN, pointer, "otel"), *update.evidence]
+        return dataclasses.replace(update, evidence=evidence)
+
+    def _recorded(self, op: OperationRecord, update: OutcomeUpdate) -> OperationRecord:
+        if self._resolving(update):
+            self._linked.add(op.id)
         self._op_changed(op, update.event, late=update.late)
         return op
 
@@ -375,18 +395,3 @@ class TracedBackend(Backend):
                 self._end(span, "unfinished")
             spans.clear()
         await self.inner.close()
-
-
-def _delegate(name: str) -> Any:
-    async def method(self: TracedBackend, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self.inner, name)(*args, **kwargs)
-
-    method.__name__ = name
-    return method
-
-
-# Every backend method that is not traced above passes straight through, so a
-# method added to the Backend seam (by any issue) needs no change here.
-for _name in Backend.__abstractmethods__ - set(vars(TracedBackend)):
-    setattr(TracedBackend, _name, _delegate(_name))
-TracedBackend.__abstractmethods__ = frozenset()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.client import Client
 
-from stopline.bench._temporal_server import _accepts, temporal_dev_server
+from stopline.integrations.temporal_server import _accepts, temporal_dev_server
 
 
 async def test_dev_server_serves_clients_then_stops() -> None:

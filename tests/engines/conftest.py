@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from anyio.from_thread import start_blocking_portal
 
-from stopline.bench._temporal_server import TemporalDevServer, temporal_dev_server
+from stopline.integrations.temporal_server import TemporalDevServer, temporal_dev_server
 
 
 @pytest.fixture(scope="session")

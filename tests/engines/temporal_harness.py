@@ -14,8 +14,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 import stopline
-from stopline.bench._temporal_server import TemporalDevServer
 from stopline.integrations.temporal import StoplinePlugin, call_context
+from stopline.integrations.temporal_server import TemporalDevServer
 from tests.conftest import FAST_VERIFY
 from tests.engines.provider import FileProvider
 from tests.engines.temporal_workflows import Pipeline, Plan

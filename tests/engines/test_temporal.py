@@ -16,8 +16,8 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 import stopline
 from stopline import Headline, OpStatus
-from stopline.bench._temporal_server import TemporalDevServer
 from stopline.cli import main as cli
+from stopline.integrations.temporal_server import TemporalDevServer
 from tests.conftest import FAST_VERIFY
 from tests.engines import subprocess_worker
 from tests.engines.temporal_harness import Harness, harness

@@ -201,10 +201,10 @@ def no_trace_export() -> None:
     set_tracing_disabled(True)
 
 
-def oa_agent(server: Server, tool: str, payload: str) -> OaAgent[Any]:
+def oa_agent(server: Server, tool: str, payload: str, call_id: str = "") -> OaAgent[Any]:
     model = ScriptedModel(
         [
-            [function_call(tool, {"payload": payload}, call_id=f"call_{tool}")],
+            [function_call(tool, {"payload": payload}, call_id=call_id or f"call_{tool}")],
             [assistant_message("done")],
         ]
     )
@@ -303,9 +303,12 @@ async def test_openai_agents_mcp_cancel_after_commit_then_replay_repeats_nothing
 
     await ledger.resume("oa-mcp-s03", by="user:1")
     async with oa.run(ledger, owner="user:1", run_id="oa-mcp-s03") as s:
-        result = await s.stream(oa_agent(server, "notify", "#finance"), "go")
+        # asked again from the prompt: a new call id, the same call
+        result = await s.stream(oa_agent(server, "notify", "#finance", "call_again"), "go")
     assert result.final_output == "done"
     assert len(await server.effects_of(key)) == 1  # not repeated
+    assert [o.id for o in await ledger.backend.operations("oa-mcp-s03")] == [key]
+    assert await server.effects_of("oa-mcp-s03/tool:call_again") == []
 
 
 # -- LangGraph ---------------------------------------------------------------------------

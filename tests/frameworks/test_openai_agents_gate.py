@@ -247,6 +247,23 @@ async def test_openai_agents_sdk_cancel_is_a_stopline_cancel(
     assert effect.lines() == []
 
 
+async def test_openai_agents_cancelling_the_task_is_a_stopline_cancel(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The task consuming the stream is cancelled: a stopline cancel, which also stops
+    the SDK's own run loop (it goes on beside the task otherwise)."""
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        agent, _ = agent_for(effect, [write_call("c1")], sync=False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(Session(effect), ledger, agent, "refund 9", "oa-g-task")
+            await effect.async_reached.wait()
+            tg.cancel_scope.cancel()
+        receipt = await ledger.wait_settled("oa-g-task", timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED]
+    assert effect.lines() == []
+
+
 async def test_openai_agents_cancel_after_turn_lets_the_call_finish(
     ledger: stopline.Ledger, tmp_path: Path
 ) -> None:
@@ -298,3 +315,24 @@ async def test_s05_openai_agents_needs_approval_pauses_the_run_until_approved(
     with pytest.raises(stopline.RunEnded):
         async with sl.run(ledger, owner="user:1", run_id="oa-g-s05"):
             pass
+
+
+async def test_s05_openai_agents_denied_in_stopline_is_rejected_in_the_sdk(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The approver denies in stopline: on resume the SDK state rejects the call, and the
+    tool never runs."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    steps = [write_call("c1"), [assistant_message("not refunded")]]
+    agent, _ = agent_for(effect, steps, sync=False, approval=True)
+    async with sl.run(ledger, owner="user:1", run_id="oa-g-deny", approver="manager:1") as s:
+        first = await s.stream(agent, "refund 9")
+    (approval,) = await ledger.backend.approvals("oa-g-deny")
+    await ledger.deny(approval.id, by="manager:1")
+    await ledger.resume("oa-g-deny", by="user:1")
+    async with sl.run(ledger, owner="user:1", run_id="oa-g-deny") as s:
+        done = await s.stream(agent, first.to_state())
+    assert done.final_output == "not refunded"
+    assert effect.lines() == []
+    assert await ledger.backend.operations("oa-g-deny") == []  # nothing reached the gate
+    assert (await ledger.receipt("oa-g-deny")).headline is Headline.COMPLETED

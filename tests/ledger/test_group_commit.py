@@ -26,7 +26,7 @@ async def test_a_deferred_write_rides_the_next_commit(tmp_path: Path) -> None:
     commits: list[str] = []
     done = anyio.Event()
     try:
-        await backend._tx(lambda conn: conn.set_trace_callback(_commits_into(commits)))
+        await backend.transact(lambda conn: conn.set_trace_callback(_commits_into(commits)))
         before = len(commits)
 
         def deferred(conn: sqlite3.Connection) -> int:
@@ -39,7 +39,7 @@ async def test_a_deferred_write_rides_the_next_commit(tmp_path: Path) -> None:
             done.set()
 
         backend._writer.enqueue(deferred, then)
-        await backend._tx(lambda conn: None)  # someone waits on this one
+        await backend.transact(lambda conn: None)  # someone waits on this one
         await done.wait()
         assert got == [1]
         assert len(commits) - before == 1  # both in one transaction: one fsync

@@ -11,7 +11,7 @@ import stopline
 from stopline import Cancellable, Headline, OpStatus, PhaseKind, RunState
 from stopline.domain.lifecycle import ApprovalStatus, Principal
 from stopline.errors import NotPermitted, UnknownRun
-from stopline.runtime.lifecycle import ApprovalRequired, Retry
+from stopline.runtime.lifecycle import ApprovalNeeded, Retry
 from stopline.testing import FakeProvider
 from tests.scenarios.workflows import Started, start
 
@@ -60,12 +60,12 @@ async def test_s05_cancel_after_an_approval_expired(ledger: stopline.Ledger) -> 
         started = start(tg, ledger, body)
         await asked.wait()
         await ledger.approve(approvals[0], by="manager:1", ttl=0)  # granted, and expired at once
-        with pytest.raises(ApprovalRequired, match="expired"):
+        with pytest.raises(ApprovalNeeded, match="expired"):
             await ledger.dispatch(started.run_id, pay.tool, 100, key="pay", needs_approval=True)
         await ledger.cancel(started.run_id, by="user:1")
         try:
             await ledger.dispatch(started.run_id, pay.tool, 100, key="pay", needs_approval=True)
-        except stopline.RunCancelled:
+        except stopline.RunFenced:
             outcomes.append("refused")
     (approval,) = await ledger.backend.approvals(started.run_id)
     assert approval.status is ApprovalStatus.WITHDRAWN
@@ -193,9 +193,9 @@ async def test_s14_queue_redelivery_after_cancel(ledger: stopline.Ledger) -> Non
         again = await ledger.dispatch(run.id, ship.tool, "order-1", key="msg-1")  # redelivered
         assert again == first and len(ship.effects) == 1
         await ledger.cancel(run.id, by="user:1")
-        with pytest.raises(stopline.RunCancelled):
+        with pytest.raises(stopline.RunFenced):
             await ledger.dispatch(run.id, ship.tool, "order-2", key="msg-2")
-        with pytest.raises(stopline.RunCancelled):  # redelivered after the cancel
+        with pytest.raises(stopline.RunFenced):  # redelivered after the cancel
             await ledger.dispatch(run.id, ship.tool, "order-2", key="msg-2")
     assert ship.requests == [f"{run.id}/msg-1"]
     ops = {op.id: op.status for op in await ledger.backend.operations(run.id)}
@@ -341,7 +341,7 @@ async def test_r10_approvals_that_expired_during_a_pause_are_asked_again(
         assert resumed.expired_approvals == (approval.id,)
         (record,) = await ledger.backend.approvals(run.id)
         assert record.status is ApprovalStatus.EXPIRED
-        with pytest.raises(ApprovalRequired, match="expired"):
+        with pytest.raises(ApprovalNeeded, match="expired"):
             await run.call(pay.tool, 5, key="pay", needs_approval=True)
         again = await run.request_approval("pay", approver="manager:1")
         await ledger.approve(again.id, by="manager:1")

@@ -39,12 +39,12 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
         text = statement.strip()
         if text.startswith("BEGIN"):
             lost_per_txn.append(0)
-        elif text.startswith("UPDATE operations SET status = 'unknown'"):
+        elif text.startswith("UPDATE operations SET status =") and "THEN 'unknown'" in text:
             lost_per_txn[-1] += 1
 
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
         assert isinstance(ledger.backend, SQLiteBackend)
-        await ledger.backend._tx(lambda conn: conn.set_trace_callback(trace))
+        await ledger.backend.transact(lambda conn: conn.set_trace_callback(trace))
         root_id: list[str] = []
 
         async def child(run: stopline.Run, n: int) -> None:
@@ -66,7 +66,7 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
             await all_in.wait()
             await ledger.cancel(root_id[0], by="u")
         receipt = await ledger.wait_settled(root_id[0], timeout=30)
-        await ledger.backend._tx(lambda conn: conn.set_trace_callback(None))
+        await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
     assert [n for n in lost_per_txn if n] == [CHILDREN]  # the whole tree, one transaction
     assert receipt.run_state is RunState.CANCELLED
     assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN

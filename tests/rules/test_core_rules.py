@@ -42,7 +42,7 @@ async def test_r1_no_requested_after_the_cancel_in_ledger_order(ledger: stopline
     assert all(e.seq < cancel for e in events if e.kind == "gate_passed")
     assert all(e.seq > cancel for e in events if e.kind == "gate_refused")
     assert set(received) <= passed  # nothing reached the provider without passing the gate
-    assert started.error is None  # RunCancelled inside the workflow's task group was absorbed
+    assert started.error is None  # RunFenced inside the workflow's task group was absorbed
     for op in await ledger.backend.operations(started.run_id):
         if op.status is OpStatus.NOT_COMMITTED:  # passed, then stopped before its first byte
             assert op.id not in received

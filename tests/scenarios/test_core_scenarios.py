@@ -191,7 +191,7 @@ async def test_s11_queued_retry_fires_after_cancel(ledger: stopline.Ledger) -> N
             try:
                 await run.call(charge, 5, key="charge")
                 retry_outcome.append("dispatched")
-            except stopline.RunCancelled:
+            except stopline.RunFenced:
                 retry_outcome.append("refused")
 
         tg_outer.start_soon(retry_later)

@@ -254,3 +254,20 @@ async def test_s08_compensation_span(traced: stopline.Ledger, otel: Otel) -> Non
     assert span.attributes is not None and span.attributes[ATTR_OP_ID] == op.id
     assert span.attributes[ATTR_STATUS] == OpStatus.COMPENSATED.value
     assert undone == [op.id]
+
+
+async def test_an_observer_keeps_deferred_outcomes_and_traces_them(
+    ledger_url: str, otel: Otel
+) -> None:
+    """``durable_outcomes=False`` (ADR 0006) survives an observer, and is still traced."""
+    send = FakeProvider("send")
+    async with stopline.open(
+        ledger_url, observers=[otel.telemetry], durable_outcomes=False
+    ) as ledger:
+        assert ledger.backend.defers_outcomes  # the observer did not drop the option
+        async with ledger.run("deferred", owner="user:1") as run:
+            await run.call(send.tool, "hello")
+        with anyio.fail_after(10):
+            await otel.signals.ended("stopline.operation").wait()
+    op = otel.one("stopline.operation")
+    assert op.attributes is not None and op.attributes[ATTR_STATUS] == "committed"

@@ -66,12 +66,14 @@ class Remote:
 
 
 async def quiesce(ledger: stopline.Ledger) -> None:
-    """Until every background step of the ledger (verify, settle, correct) is done."""
+    """Until every background step of the ledger (verify, settle, correct) is done.
+
+    ``wait_all_tasks_blocked`` lets a step that was spawned but not yet started
+    begin (and count itself busy); ``wait_idle`` then waits for the steps to end.
+    """
     with anyio.fail_after(10):
         while True:
             await wait_all_tasks_blocked()
-            if ledger._settler.busy == 0:
-                await wait_all_tasks_blocked()
-                if ledger._settler.busy == 0:
-                    return
-            await anyio.sleep(0.001)
+            if ledger.idle:
+                return
+            await ledger.wait_idle()

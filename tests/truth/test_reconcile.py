@@ -16,7 +16,7 @@ from stopline import Cause, EvidenceKind, Headline, OpStatus, ReadBack, Verdict,
 from stopline.domain.model import OperationSpec
 from stopline.domain.vocab import Cancellable
 from stopline.ledger.backend import RunSpec
-from stopline.ledger.sqlite_truth import _IN_FLIGHT_WHERE
+from stopline.ledger.engine.reads import in_flight_where
 from tests.truth.helpers import quiesce
 
 ONE_TRY = VerifyBudget(attempts=1)
@@ -154,7 +154,7 @@ async def test_recovery_reads_only_the_open_index(ledger_url: str) -> None:
     with sqlite3.connect(ledger_url.removeprefix("sqlite:///")) as conn:
         plan = conn.execute(
             "EXPLAIN QUERY PLAN SELECT id FROM operations INDEXED BY ops_open"
-            f" WHERE {_IN_FLIGHT_WHERE}"
+            f" WHERE {in_flight_where()}"
         ).fetchall()
     assert any("ops_open" in row[-1] for row in plan)
     assert not any(row[-1].startswith("SCAN operations") for row in plan)

@@ -37,7 +37,7 @@ async def _bare_txn_samples(path: Path, n: int) -> list[float]:
             conn.execute("CREATE TABLE IF NOT EXISTS bare_ops (id TEXT PRIMARY KEY, run TEXT)")
             conn.execute("INSERT OR IGNORE INTO bare_fence VALUES ('r', 0)")
 
-        await backend._tx(setup)  # the same writer thread
+        await backend.transact(setup)  # the same writer thread
         samples = []
         for _ in range(n):
             op_id = uuid.uuid4().hex
@@ -48,7 +48,7 @@ async def _bare_txn_samples(path: Path, n: int) -> list[float]:
                     conn.execute("INSERT INTO bare_ops VALUES (?, 'r')", (op_id,))
 
             start = time.perf_counter()
-            await backend._tx(txn)
+            await backend.transact(txn)
             samples.append(time.perf_counter() - start)
         return samples
     finally:
@@ -102,12 +102,12 @@ async def _bare_concurrent(path: Path, workers: int, per_worker: int) -> float:
         def setup(conn: sqlite3.Connection) -> None:
             conn.execute("CREATE TABLE IF NOT EXISTS bare_ops2 (id TEXT PRIMARY KEY)")
 
-        await backend._tx(setup)
+        await backend.transact(setup)
 
         async def one() -> None:
             for _ in range(per_worker * 2):  # intent and outcome: two writes per operation
                 op_id = uuid.uuid4().hex
-                await backend._tx(functools.partial(_insert_bare, op_id=op_id))
+                await backend.transact(functools.partial(_insert_bare, op_id=op_id))
 
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:

@@ -41,8 +41,8 @@ async def _temporal(workdir: Path, activities: int, rounds: int) -> Figure:
 
     import stopline
     from stopline.bench._engine_apps import Activities, noop
-    from stopline.bench._temporal_server import temporal_dev_server
     from stopline.integrations.temporal import StoplinePlugin
+    from stopline.integrations.temporal_server import temporal_dev_server
 
     async def timed(client: Client, plugins: list[Any]) -> list[float]:
         queue = f"bench-{uuid.uuid4().hex[:8]}"

@@ -113,7 +113,7 @@ async def _temporal_per_activity(n: int) -> float:
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
     from stopline.bench._engine_apps import Activities, noop
-    from stopline.bench._temporal_server import temporal_dev_server
+    from stopline.integrations.temporal_server import temporal_dev_server
 
     async with temporal_dev_server() as server:
         client = await Client.connect(server.address, namespace=server.namespace)
@@ -176,11 +176,11 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
 async def _our_postgres_call(postgres: str, n: int) -> float:
     import psycopg
 
-    from stopline.bench.postgres import _with_schema
+    from stopline.bench.postgres import with_schema
 
     schema = f"stopline_bench_{uuid.uuid4().hex[:12]}"
     try:
-        samples, _ = await core._gate_samples(_with_schema(postgres, schema), n)
+        samples, _ = await core._gate_samples(with_schema(postgres, schema), n)
     finally:
         async with await psycopg.AsyncConnection.connect(postgres, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

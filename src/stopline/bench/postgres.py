@@ -29,7 +29,7 @@ from stopline.bench.figures import Figure, median, percentile
 from stopline.domain.model import OperationSpec
 from stopline.ledger.backend import RunSpec
 
-__all__ = ["measure"]
+__all__ = ["measure", "with_schema"]
 
 
 @stopline.tool
@@ -37,7 +37,7 @@ async def _noop(ctx: stopline.CallContext, n: int) -> int:
     return n
 
 
-def _with_schema(url: str, schema: str) -> str:
+def with_schema(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}schema={schema}"
 
 
@@ -222,7 +222,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     import psycopg
 
     schema = f"stopline_bench_{uuid.uuid4().hex[:12]}"
-    url = _with_schema(postgres, schema)
+    url = with_schema(postgres, schema)
     n = 300 if quick else 3000
     try:
         bare = await _bare_samples(postgres, f"{schema}_bare", n)

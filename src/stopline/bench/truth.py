@@ -20,10 +20,17 @@ import anyio
 
 import stopline
 from stopline.bench.figures import Figure
-from stopline.ledger.schema import OPEN_STATUSES_SQL
+from stopline.domain.vocab import Cancellable, OpStatus, Policy, RunState
+from stopline.ledger.engine.guards import sql_values
+from stopline.ledger.engine.reads import in_flight_where
 from stopline.ledger.sqlite import SQLiteBackend
 
 __all__ = ["measure"]
+
+# the seeded rows' vocabulary, spelled from the domain's enums
+_COMPLETED, _RUNNING = sql_values([RunState.COMPLETED]), sql_values([RunState.RUNNING])
+_COMMITTED, _REQUESTED = sql_values([OpStatus.COMMITTED]), sql_values([OpStatus.REQUESTED])
+_NEVER, _VERIFY = sql_values([Cancellable.NEVER]), sql_values([Policy.VERIFY])
 
 PER_RUN = 100
 UNRESOLVED = 1_000
@@ -46,8 +53,8 @@ def _build(path: Path, resolved: int) -> str:
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
             " INSERT INTO runs (id, name, owner, tenant, state, fence, grants, policy,"
-            " created_at, updated_at) SELECT 'run_' || i, 'bench', 'bench', 't', 'completed',"
-            " 0, 15, 'verify', ? + i, ? + i FROM n",
+            f" created_at, updated_at) SELECT 'run_' || i, 'bench', 'bench', 't', {_COMPLETED},"
+            f" 0, 15, {_VERIFY}, ? + i, ? + i FROM n",
             (runs - 1, now, now),
         )
         conn.execute(
@@ -55,7 +62,7 @@ def _build(path: Path, resolved: int) -> str:
             " INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
             " cancellable, can_verify, can_compensate, evidence, created_at, updated_at)"
             " SELECT 'run_' || (i / ?) || '/' || (i % ?), 'run_' || (i / ?), 'pay', 'pay',"
-            " 'd', 'committed', 'never', 1, 0,"
+            f" 'd', {_COMMITTED}, {_NEVER}, 1, 0,"
             ' \'[{"kind":"local","ref":"gate"},{"kind":"response_digest","ref":"sha256:0"}]\','
             " ? + i / 1000.0, ? + i / 1000.0 FROM n",
             (resolved - 1, PER_RUN, PER_RUN, PER_RUN, now, now),
@@ -64,14 +71,15 @@ def _build(path: Path, resolved: int) -> str:
             "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
             " INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
             " cancellable, can_verify, can_compensate, evidence, created_at, updated_at, worker)"
-            " SELECT 'run_' || ? || '/open' || i, 'run_' || ?, 'pay', 'pay', 'd', 'requested',"
-            ' \'never\', 1, 0, \'[{"kind":"local","ref":"gate"}]\', ?, ?, \'w_dead\' FROM n',
+            f" SELECT 'run_' || ? || '/open' || i, 'run_' || ?, 'pay', 'pay', 'd', {_REQUESTED},"
+            f" {_NEVER}, 1, 0,"
+            '  \'[{"kind":"local","ref":"gate"}]\', ?, ?, \'w_dead\' FROM n',
             (UNRESOLVED - 1, runs, runs, now, now),
         )
         conn.execute(
             "INSERT INTO runs (id, name, owner, tenant, state, fence, grants, policy,"
-            " created_at, updated_at) VALUES (?, 'bench', 'bench', 't', 'running', 0, 15,"
-            " 'verify', ?, ?)",
+            f" created_at, updated_at) VALUES (?, 'bench', 'bench', 't', {_RUNNING}, 0, 15,"
+            f" {_VERIFY}, ?, ?)",
             (f"run_{runs}", now, now),
         )
         conn.execute(
@@ -111,10 +119,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     backend = await SQLiteBackend.open(path)  # the schema, migrated as the runtime does
     await backend.close()
     receipt_run = _build(path, resolved)
-    open_sql = (
-        "SELECT * FROM operations INDEXED BY ops_open WHERE status IN "
-        f"({OPEN_STATUSES_SQL}) AND status IN ('requested', 'accepted')"
-    )
+    open_sql = f"SELECT * FROM operations INDEXED BY ops_open WHERE {in_flight_where()}"
     bare_open = statistics.median(_bare(path, open_sql, (), 5))
 
     tool: stopline.Tool[Any] = stopline.Tool(_never, name="pay")

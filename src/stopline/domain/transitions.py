@@ -14,7 +14,15 @@ from typing import TypeVar
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
 
-__all__ = ["OPERATION_TABLE", "RUN_TABLE", "apply", "diagram", "events_from"]
+__all__ = [
+    "AGREES",
+    "CONTRADICTS",
+    "OPERATION_TABLE",
+    "RUN_TABLE",
+    "apply",
+    "diagram",
+    "events_from",
+]
 
 _S = OpStatus
 _E = OpEvent
@@ -86,6 +94,26 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     (_R.RUNNING, _V.ESCALATE): _R.NEEDS_REVIEW,
     # R10: a cancelled run resumes only from an evidenced checkpoint (checked in the ledger)
     (_R.CANCELLED, _V.RESUME): _R.RUNNING,
+}
+
+# Events that agree with an outcome already recorded: kept as evidence, no change.
+AGREES: dict[OpEvent, frozenset[OpStatus]] = {
+    OpEvent.COMMITTED: frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}),
+    OpEvent.VERIFIED_COMMITTED: frozenset(
+        {OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}
+    ),
+    OpEvent.REJECTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.NOT_SENT: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+}
+# Events that contradict a recorded outcome: a human decides.
+CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
+    OpEvent.COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.VERIFIED_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
+    OpEvent.REJECTED: frozenset({OpStatus.COMMITTED}),
+    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.COMMITTED}),
+    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.COMMITTED}),
 }
 
 _State = TypeVar("_State", OpStatus, RunState)

@@ -16,6 +16,7 @@ __all__ = [
     "EvidenceKind",
     "Grant",
     "Headline",
+    "LogKind",
     "OpEvent",
     "OpStatus",
     "PhaseKind",
@@ -80,8 +81,13 @@ class OpStatus(enum.StrEnum):
 
     @property
     def resolved(self) -> bool:
-        """An end state of R2 (or never dispatched)."""
+        """An end state of R2 (or never dispatched); ``needs_review`` is one (R2)."""
         return self in _RESOLVED
+
+    @property
+    def settled(self) -> bool:
+        """Resolved and waiting for nobody: what a checkpoint or a resume needs (R10)."""
+        return self in _RESOLVED and self is not OpStatus.NEEDS_REVIEW
 
 
 _IN_FLIGHT = frozenset({OpStatus.REQUESTED, OpStatus.ACCEPTED})
@@ -114,6 +120,21 @@ class OpEvent(enum.StrEnum):
     COMPENSATION_STARTED = "compensation_started"
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"
+
+
+class LogKind(enum.StrEnum):
+    """The ledger's log entries that are not a transition of the tables above."""
+
+    RUN_CREATED = "run_created"
+    PHASE = "phase"
+    OWNER_ADDED = "owner_added"
+    OWNER_RELEASED = "owner_released"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_GRANTED = "approval_granted"
+    APPROVAL_DENIED = "approval_denied"
+    CHECKPOINT = "checkpoint"
+    AUDIT = "audit"
+    DENIED = "denied"  # an audited action the access policy refused
 
 
 class Policy(enum.StrEnum):

@@ -220,7 +220,7 @@ class EngineGate:
     ) -> R:
         """Run ``body`` as the operation ``run_id/key`` through the gate.
 
-        Raises what ``Run.call`` raises (``RunCancelled`` when the gate refuses,
+        Raises what ``Run.call`` raises (``RunFenced`` when the gate refuses,
         ``OperationInDoubt``, ``Rejected``, ...), and ``asyncio.CancelledError``
         when the engine's cancel ended the call.
         """

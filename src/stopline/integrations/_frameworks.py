@@ -58,11 +58,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from stopline.domain.lifecycle import ApprovalRecord, Principal
+from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
 from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
-from stopline.errors import NotFound, RunCancelled, RunPaused, StoplineError
+from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -86,10 +86,6 @@ __all__ = [
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
-
-
-class NoRun(StoplineError):
-    """A gated framework tool was called outside a bound stopline run."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -126,6 +122,7 @@ class Bound:
             return  # stopline's own cancel, delivered through the framework
         with anyio.CancelScope(shield=True):
             await self.ledger.cancel(self.run.id, by=self.run.owner, reason=reason)
+        self.interrupt()  # and the framework's work that goes on beside the cancelled task
 
     @contextlib.asynccontextmanager
     async def native_cancels(self) -> AsyncIterator[None]:
@@ -135,6 +132,11 @@ class Bound:
         except anyio.get_cancelled_exc_class():
             await self.native_cancel("the task running the agent was cancelled")
             raise
+
+    @property
+    def resumed(self) -> bool:
+        """Earlier entries of this run recorded operations (this entry continues them)."""
+        return bool(self._recorded)
 
     async def load(self) -> None:
         """What earlier entries of the run recorded: calls to match, approvals asked for."""
@@ -173,8 +175,8 @@ class Bound:
         decided: dict[str, bool] = {}
         for approval in await self.ledger.backend.approvals(self.run.id):
             key = approval.scope.removeprefix(f"{self.run.id}/")
-            if key in keys and approval.status.value in ("granted", "denied"):
-                decided[key] = approval.status.value == "granted"
+            if key in keys and approval.status in (ApprovalStatus.GRANTED, ApprovalStatus.DENIED):
+                decided[key] = approval.status is ApprovalStatus.GRANTED
         return decided
 
 
@@ -276,6 +278,8 @@ async def mcp_call(
     """
     bound = current()
     run, ledger = bound.run, bound.ledger
+    # the key of the recorded call it repeats, as ``conn.call`` digests its arguments
+    key = bound.key_for(conn.tool(name).name, key, [(arguments,), {}])
     done = anyio.Event()
     outcome: list[tuple[bool, Any]] = []
 
@@ -292,7 +296,7 @@ async def mcp_call(
                     outcome.append(
                         (True, await conn.call(run, name, arguments, key=key, timeout=timeout))
                     )
-                except (Exception, RunCancelled) as exc:  # handed to the framework's task
+                except (Exception, RunFenced) as exc:  # handed to the framework's task
                     outcome.append((False, exc))
                 tg.cancel_scope.cancel()
         finally:
@@ -301,7 +305,7 @@ async def mcp_call(
     ledger.spawn(work)
     await done.wait()
     if not outcome:  # the ledger closed under it: what the server did is in the record
-        raise RunCancelled(run.id)
+        raise RunFenced(run.id)
     ok, value = outcome[0]
     if not ok:
         raise value

@@ -56,7 +56,7 @@ from dbos._error import DBOSWorkflowCancelledError
 
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, VerifyFn
@@ -149,7 +149,7 @@ class StoplineDBOS:
                         [list(args), kwargs],
                         policy=policy,
                     )
-                except RunCancelled as exc:  # refused at the gate: DBOS stops the workflow
+                except RunFenced as exc:  # refused at the gate: DBOS stops the workflow
                     await _cancel_in_dbos(run_id, str(exc))
                     raise DBOSWorkflowCancelledError(str(exc)) from None
 

@@ -60,7 +60,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -130,11 +130,13 @@ class GraphRun:
                 self._scope = None
             await self._pause_if_waiting(graph, merged)
             return result
-        raise RunCancelled(self.id)  # the graph was cancelled: leave the run's block
+        raise RunFenced(self.id)  # the graph was cancelled: leave the run's block
 
     async def _pause_if_waiting(self, graph: Any, config: Any) -> None:
         """The graph stopped before its end (an interrupt, a breakpoint): pause the run,
         asking approval for the tool calls it waits on."""
+        if getattr(graph, "checkpointer", None) is None:
+            return  # no checkpoints: nothing to resume from, nothing to wait on
         snapshot = await graph.aget_state(config)
         if not snapshot.next:
             return

@@ -63,7 +63,7 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import RunCancelled
+from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -75,7 +75,7 @@ from stopline.integrations._frameworks import (
     mcp_call,
     open_run,
 )
-from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import ReadBack, Tool, Verdict
@@ -83,7 +83,7 @@ from stopline.runtime.tool import ReadBack, Tool, Verdict
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
-__all__ = ["AgentSession", "NoRun", "gated", "mcp_tools", "run"]
+__all__ = ["AgentSession", "NoRun", "gate_agent", "gated", "mcp_tools", "run"]
 
 # the SDK's tool context, handed to the gated tool beside the arguments (the JSON
 # input is the operation's digest; the context is not)
@@ -343,7 +343,7 @@ class AgentSession:
         An SDK run stopped for approvals pauses the stopline run (``s.result`` keeps
         the interruptions; resume with ``s.stream(agent, s.result.to_state())``).
         """
-        if not isinstance(run_input, str | list):
+        if hasattr(run_input, "get_interruptions"):  # a RunState
             await self.apply_decisions(run_input)
         result = self.run_streamed(agent, run_input, **kwargs)
         async with self.bound.native_cancels():
@@ -351,7 +351,7 @@ class AgentSession:
                 pass
         if self._cancelled or self.bound.run.cancel_requested:
             await self.bound.native_cancel(f"Agents SDK run cancelled ({self._mode})")
-            raise RunCancelled(self.id)
+            raise RunFenced(self.id)
         if result.interruptions:
             keys = [f"tool:{item.call_id}" for item in result.interruptions]
             await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
@@ -388,6 +388,8 @@ class AgentSession:
         if user_filter is not None:
             filtered = user_filter(data)
             model_data = await filtered if hasattr(filtered, "__await__") else filtered
+        if not self.bound.resumed:
+            return model_data  # nothing recorded before this entry
         shown = {
             str(item.get("call_id"))
             for item in model_data.input

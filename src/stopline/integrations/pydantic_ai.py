@@ -70,7 +70,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import NotFound, RunCancelled
+from stopline.errors import NotFound, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -82,7 +82,7 @@ from stopline.integrations._frameworks import (
     mcp_call,
     open_run,
 )
-from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import ReadBack, Tool, Verdict
@@ -364,7 +364,7 @@ class AgentSession:
         except AgentRunCancelled as exc:
             self.cancelled = exc
             await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
-            raise RunCancelled(self.id) from exc
+            raise RunFenced(self.id) from exc
         finally:
             self._token = None
         if isinstance(result.output, DeferredToolRequests) and result.output.approvals:
@@ -387,7 +387,7 @@ class AgentSession:
         except AgentRunCancelled as exc:
             self.cancelled = exc
             await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
-            raise RunCancelled(self.id) from exc
+            raise RunFenced(self.id) from exc
         finally:
             self.bound.interrupt = self._interrupt
 

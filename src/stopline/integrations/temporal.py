@@ -13,7 +13,7 @@ The plugin adds an interceptor and three local activities (see
   tool's verifier first and re-sent only if that proves it never happened
   (R5); one whose outcome nobody can prove fails the activity without a retry
   (``OperationInDoubt``) and waits in review. A retry after the fence is
-  refused at the gate (``RunCancelled``, not retryable).
+  refused at the gate (``RunFenced``, not retryable).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
   run before the workflow's code hears of it; a stopline cancel (API, CLI,
   console) requests the Temporal cancel of the run and of the child workflows
@@ -53,10 +53,9 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from stopline.bench._temporal_server import temporal_dev_server
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import OperationInDoubt, RunCancelled
+from stopline.errors import OperationInDoubt, RunFenced
 from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
@@ -65,6 +64,7 @@ from stopline.integrations._temporal_workflow import (
     OPEN_RUN,
     StoplineWorkflowInbound,
 )
+from stopline.integrations.temporal_server import temporal_dev_server
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 
@@ -209,9 +209,9 @@ class _GatedActivity(ActivityInboundInterceptor):
                     input.args,
                     policy=policy,
                 )
-        except RunCancelled as exc:  # refused at the gate: a retry would be refused too
+        except RunFenced as exc:  # refused at the gate: a retry would be refused too
             self._plugin.gate.cancel_in_engine([run_id])
-            raise ApplicationError(str(exc), type="RunCancelled", non_retryable=True) from None
+            raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
         except OperationInDoubt as exc:
             raise ApplicationError(
                 str(exc),

@@ -1,9 +1,19 @@
-"""The storage seam: what a ledger backend must do, and nothing more.
+"""The storage seam, by role: what a ledger backend must do, and nothing more.
 
-A backend is a handful of async methods, each one transaction. The SQLite
-backend runs them on one writer thread with group commit; the PostgreSQL
-backend (a later release) implements the same methods, and the ledger
-contract suite in ``tests/ledger`` runs unchanged against both.
+Each role is a handful of async methods, each one transaction:
+
+- ``Gate``: the dispatch gate and a compensation's gate (R1, S8);
+- ``Journal``: what happened to an operation (outcomes, notes, the audit);
+- ``RunControl``: runs and their lifecycle (cancel, pause, resume, approvals,
+  checkpoints);
+- ``Queries``: reads;
+- ``Leases``: workers, their leases and crash recovery (R2).
+
+``Backend`` is all five plus ``close``. Both backends serve it with the
+engine's transaction bodies (``stopline.ledger.engine``); a wrapper that
+observes some calls subclasses ``stopline.ledger.forwarding.ForwardingBackend``
+and overrides only those. The contract suite in ``tests/ledger`` runs
+unchanged against every backend.
 """
 
 from __future__ import annotations
@@ -38,7 +48,18 @@ from stopline.domain.vocab import (
 from stopline.errors import IllegalTransition
 from stopline.ledger.leases import WorkerLease
 
-__all__ = ["Backend", "GateResult", "GateVerdict", "OutcomeUpdate", "RunSpec"]
+__all__ = [
+    "Backend",
+    "Gate",
+    "GateResult",
+    "GateVerdict",
+    "Journal",
+    "Leases",
+    "OutcomeUpdate",
+    "Queries",
+    "RunControl",
+    "RunSpec",
+]
 
 
 class GateVerdict(enum.Enum):
@@ -82,21 +103,34 @@ class OutcomeUpdate:
     late: bool = False
 
 
-class Backend(abc.ABC):
-    """One ledger store. Every method is one transaction."""
-
-    location: str
-
-    @abc.abstractmethod
-    async def create_run(self, spec: RunSpec) -> RunRecord: ...
+class Gate(abc.ABC):
+    """The dispatch gate: nothing is sent unless its intent is recorded first (R1)."""
 
     @abc.abstractmethod
     async def gate(self, spec: OperationSpec) -> GateResult:
-        """Check fence, state and ``initiate``, and record the intent, atomically."""
+        """Check fence, state, ``initiate`` and the lease, and record the intent, atomically."""
+
+    @abc.abstractmethod
+    async def begin_compensation(
+        self, spec: OperationSpec, evidence: Sequence[Evidence]
+    ) -> GateResult:
+        """Gate a compensation (``spec.compensates`` set, under the ``compensate`` grant)
+        and move the operation it corrects committed -> compensating, atomically.
+
+        Raises ``IllegalTransition`` (recording nothing) if that operation is not committed.
+        """
+
+
+class Journal(abc.ABC):
+    """What happened to an operation: its transitions, notes, and the audit trail."""
 
     # A backend whose writes from one process apply in order (one writer, FIFO) can take
     # an outcome without the caller waiting for its commit: see ``record_deferred``.
     defers_outcomes: bool = False
+
+    @abc.abstractmethod
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """Apply one transition (compare-and-set on the status read in the same txn)."""
 
     def record_deferred(
         self,
@@ -113,10 +147,6 @@ class Backend(abc.ABC):
         reads back (R2). The intent, which dispatch waits for, is never deferred.
         """
         raise NotImplementedError(f"{type(self).__name__} does not defer outcomes")
-
-    @abc.abstractmethod
-    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        """Apply one transition (compare-and-set on the status read in the same txn)."""
 
     async def record_many(
         self, items: Sequence[tuple[str, OutcomeUpdate]]
@@ -139,6 +169,18 @@ class Backend(abc.ABC):
         """Append an event that changes no status (progress, cancel asked, late copy)."""
 
     @abc.abstractmethod
+    async def audit(
+        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
+    ) -> None: ...
+
+
+class RunControl(abc.ABC):
+    """Runs and their lifecycle: ownership, cancel, pause, resume, approvals, checkpoints."""
+
+    @abc.abstractmethod
+    async def create_run(self, spec: RunSpec) -> RunRecord: ...
+
+    @abc.abstractmethod
     async def run_event(
         self,
         run_id: str,
@@ -155,39 +197,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord: ...
 
-    @abc.abstractmethod
-    async def get_run(self, run_id: str) -> RunRecord: ...
-
-    @abc.abstractmethod
-    async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
-        """The run's operations; with ``descendants``, its child runs' too (S4)."""
-
-    @abc.abstractmethod
-    async def get_operation(self, op_id: str) -> OperationRecord: ...
-
-    @abc.abstractmethod
-    async def events(self, run_id: str) -> list[EventRecord]: ...
-
-    @abc.abstractmethod
-    async def list_runs(
-        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
-    ) -> list[RunRecord]: ...
-
-    @abc.abstractmethod
-    async def unresolved(
-        self, limit: int = 10_000, statuses: Collection[OpStatus] | None = None
-    ) -> list[OperationRecord]:
-        """Open operations through an index, never a scan of resolved history.
-
-        ``statuses`` picks among the open ones (in flight, unknown, compensating,
-        needs_review, compensation_failed); the default is what crash recovery
-        and reconciliation look at: in flight, unknown and compensating.
-        """
-
-    @abc.abstractmethod
-    async def close(self) -> None: ...
-
-    # -- lifecycle (ownership, pause, approvals, checkpoints) ---------------------
     @abc.abstractmethod
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         """Fence the run and every run it owns exclusively, in one transaction (R1, R6)."""
@@ -217,23 +226,73 @@ class Backend(abc.ABC):
     ) -> ApprovalRecord: ...
 
     @abc.abstractmethod
+    async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint: ...
+
+    async def watch_cancels(
+        self,
+        on_cancel: Callable[[list[str]], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_cancel(run_ids)`` for every cancel committed by any process, until
+        cancelled; ``task_status.started()`` once listening.
+
+        Only speeds up the interruption of in-flight work: the gate reads the fence,
+        so a lost notification never lets a dispatch through (R1). The default
+        watches nothing (a backend serving one process needs nothing more).
+        """
+        task_status.started()
+
+
+class Queries(abc.ABC):
+    """Reads: one transaction each, never a write."""
+
+    @abc.abstractmethod
+    async def get_run(self, run_id: str) -> RunRecord: ...
+
+    @abc.abstractmethod
+    async def list_runs(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[RunRecord]: ...
+
+    @abc.abstractmethod
+    async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
+        """The run's operations; with ``descendants``, its child runs' too (S4)."""
+
+    @abc.abstractmethod
+    async def get_operation(self, op_id: str) -> OperationRecord: ...
+
+    @abc.abstractmethod
+    async def events(self, run_id: str) -> list[EventRecord]: ...
+
+    @abc.abstractmethod
+    async def unresolved(
+        self, limit: int = 10_000, statuses: Collection[OpStatus] | None = None
+    ) -> list[OperationRecord]:
+        """Open operations through an index, never a scan of resolved history.
+
+        ``statuses`` picks among the open ones (in flight, unknown, compensating,
+        needs_review, compensation_failed); the default is what crash recovery
+        and reconciliation look at: in flight, unknown and compensating.
+        """
+
+    @abc.abstractmethod
     async def approvals(self, run_id: str) -> list[ApprovalRecord]: ...
 
     @abc.abstractmethod
     async def get_approval(self, approval_id: str) -> ApprovalRecord: ...
 
     @abc.abstractmethod
-    async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint: ...
-
-    @abc.abstractmethod
     async def last_checkpoint(self, run_id: str) -> Checkpoint | None: ...
 
     @abc.abstractmethod
-    async def audit(
-        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
-    ) -> None: ...
+    async def compensations(self, op_id: str) -> list[OperationRecord]:
+        """The compensation operations linked to ``op_id``, oldest first."""
 
-    # -- truth (reconciliation, compensation, review, recovery) -------------------
+
+class Leases(abc.ABC):
+    """Workers and their leases, for crash recovery (R2) and fencing at the gate."""
+
     @abc.abstractmethod
     async def heartbeat(self, worker: str, *, host: str, pid: int, lease_until: float) -> None:
         """Register ``worker`` or renew its lease; ``lease_until=0`` retires it.
@@ -253,35 +312,14 @@ class Backend(abc.ABC):
         """Mark every requested or accepted operation of these dead workers ``unknown``
         (cause ``crash``) in one transaction, and forget dead workers holding nothing."""
 
-    @abc.abstractmethod
-    async def begin_compensation(
-        self, spec: OperationSpec, evidence: Sequence[Evidence]
-    ) -> GateResult:
-        """Gate a compensation (``spec.compensates`` set, under the ``compensate`` grant)
-        and move the operation it corrects committed -> compensating, atomically.
 
-        Raises ``IllegalTransition`` (recording nothing) if that operation is not committed.
-        """
+class Backend(Gate, Journal, RunControl, Queries, Leases):
+    """One ledger store: every role, each method one transaction."""
+
+    location: str
 
     @abc.abstractmethod
-    async def compensations(self, op_id: str) -> list[OperationRecord]:
-        """The compensation operations linked to ``op_id``, oldest first."""
-
-    # -- many processes (optional) ------------------------------------------------
-    async def watch_cancels(
-        self,
-        on_cancel: Callable[[list[str]], None],
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Call ``on_cancel(run_ids)`` for every cancel committed by any process, until
-        cancelled; ``task_status.started()`` once listening.
-
-        Only speeds up the interruption of in-flight work: the gate reads the fence,
-        so a lost notification never lets a dispatch through (R1). The default
-        watches nothing (a backend serving one process needs nothing more).
-        """
-        task_status.started()
+    async def close(self) -> None: ...
 
     async def __aenter__(self) -> Backend:
         return self

@@ -6,10 +6,11 @@ own parameters the URL takes ``schema`` (created if missing; the ledger's
 tables live there), ``pool_min``/``pool_max`` and ``retry_for`` (seconds a
 transaction is retried across connection loss or failover, default 10).
 
-Every public method is one transaction body (the gate in ``postgres_txn``,
-runs and outcomes in ``postgres_runs``, then ``postgres_lifecycle`` and
-``postgres_truth``) run by ``_tx``, which maps storage errors at this
-boundary (``postgres_errors``) and decides what a failure means:
+Every public method is one of the engine's transaction bodies
+(``stopline.ledger.engine``) on a pooled connection (``postgres_txn.Tx``, in
+PostgreSQL's dialect, ``postgres_dialect``), run by ``_tx``, which maps
+storage errors at this boundary (``postgres_errors``) and decides what a
+failure means:
 
 - a failure before any commit was sent (no connection, a statement failed, a
   serialization failure or deadlock) rolled back: retried until ``retry_for``;
@@ -33,7 +34,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -43,35 +44,31 @@ import psycopg.errors
 import sniffio
 from psycopg_pool import AsyncConnectionPool
 
-from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
-from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
+from stopline.domain.lifecycle import CancelResult
+from stopline.domain.model import Evidence, OperationSpec
 from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy, RunEvent, RunState
+from stopline.domain.vocab import Cause, OpEvent, OpStatus
 from stopline.errors import (
     CancelInDoubt,
+    CommitInDoubt,
+    GateInDoubt,
     IllegalTransition,
+    LeaseExpired,
     LedgerError,
     LedgerUnavailable,
     StoplineError,
 )
-from stopline.ledger import postgres_lifecycle as lc
-from stopline.ledger import postgres_runs as pr
-from stopline.ledger import postgres_truth as tt
-from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
-from stopline.ledger.leases import WorkerLease
-from stopline.ledger.postgres_errors import (
-    CommitInDoubt,
-    GateInDoubt,
-    LeaseExpired,
-    connection_lost,
-    map_error,
-    redact,
-    transient,
-)
+from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
+from stopline.ledger.engine import Db, SqlBackend, fence
+from stopline.ledger.engine.gate import gate, gate_committed
+from stopline.ledger.engine.reads import load_op
+from stopline.ledger.engine.record import record
+from stopline.ledger.engine.truth import begin_compensation
+from stopline.ledger.postgres_dialect import PostgresDialect
+from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
 from stopline.ledger.postgres_listen import Listener
 from stopline.ledger.postgres_schema import check, migrate
-from stopline.ledger.postgres_txn import Tx, events_of, gate_committed, gate_txn, load_op, load_run
-from stopline.ledger.schema import OPEN_STATUSES
+from stopline.ledger.postgres_txn import Tx
 
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
@@ -81,7 +78,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 _RETRY = object()  # a settle function's answer: the write did not land, run it again
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(SqlBackend):
     def __init__(
         self,
         conninfo: str,
@@ -98,6 +95,7 @@ class PostgresBackend(Backend):
         self.schema = schema
         self.retry_for = retry_for
         self.channel = "stopline_cancel" + (f"_{schema}" if schema else "")
+        self.dialect = PostgresDialect(self.channel)
         self._conninfo = conninfo
         self._kwargs: dict[str, Any] = {"autocommit": True}
         options = [f"-c search_path={schema}"] if schema else []
@@ -176,7 +174,7 @@ class PostgresBackend(Backend):
 
     async def _tx(
         self,
-        body: Callable[[Tx], Awaitable[T]],
+        body: Callable[[Tx], Awaitable[T]] | Callable[[Db], Awaitable[T]],
         *,
         safe: bool = False,
         settle: Callable[[Tx], Awaitable[Any]] | None = None,
@@ -198,7 +196,7 @@ class PostgresBackend(Backend):
                 tx: Tx | None = None
                 try:
                     async with self._pool.connection() as conn:
-                        tx = Tx(conn, self.location)
+                        tx = Tx(conn, self.location, self.dialect)
                         if self._doubts:
                             await self._settle_gate_doubts(tx)
                         if doubt and settle is not None:
@@ -242,180 +240,52 @@ class PostgresBackend(Backend):
                             )
                         ]
                         update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
-                        await pr.record_txn(tx, op_id, update)
+                        await record(tx, op_id, update)
             except BaseException:
                 self._doubts.setdefault(op_id, token)
                 raise
 
-    async def _atomic(self, body: Callable[[Tx], Awaitable[T]], *, safe: bool = False) -> T:
-        async def txn(tx: Tx) -> T:
-            async with tx.transaction():
-                return await body(tx)
+    async def _execute(
+        self,
+        body: Callable[[Db], Coroutine[Any, Any, T]],
+        *,
+        safe: bool = False,
+        outcome: tuple[str, OutcomeUpdate] | None = None,
+    ) -> T:
+        settle = None if outcome is None else _outcome_landed(*outcome)
+        return await self._tx(body, safe=safe, settle=settle)
 
-        return await self._tx(txn, safe=safe)
-
-    # -- runs ----------------------------------------------------------------
-    async def create_run(self, spec: RunSpec) -> RunRecord:
-        return await self._atomic(lambda tx: pr.create_run_txn(tx, spec))
-
-    async def run_event(
-        self, run_id: str, event: RunEvent, *, by: str, reason: str = ""
-    ) -> tuple[RunRecord, bool]:
-        if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
-            result = await self.cancel(run_id, by=by, reason=reason)
-            return result.run, result.first
-        return await self._atomic(lambda tx: pr.run_event_txn(tx, run_id, event, by, reason))
-
-    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
-        return await self._atomic(lambda tx: pr.set_phase_txn(tx, run_id, kind, policy), safe=True)
-
-    async def get_run(self, run_id: str) -> RunRecord:
-        return await self._tx(lambda tx: load_run(tx, run_id), safe=True)
-
-    async def list_runs(
-        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
-    ) -> list[RunRecord]:
-        return await self._tx(lambda tx: pr.list_runs_txn(tx, state, owner, limit), safe=True)
-
-    # -- operations ----------------------------------------------------------
+    # -- the writes whose lost reply is settled by reading back -----------------------
     async def gate(self, spec: OperationSpec) -> GateResult:
         token = uuid.uuid4().hex
-
-        async def settle(tx: Tx) -> Any:
-            fence = await gate_committed(tx, spec.id, token)
-            return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
 
         def in_doubt() -> LedgerError:
             self._doubts[spec.id] = token  # settled on the next transaction that connects
             return GateInDoubt(self.location, spec.id)
 
         return await self._tx(
-            lambda tx: gate_txn(tx, spec, token), settle=settle, in_doubt=in_doubt
+            lambda tx: gate(tx, spec, token), settle=_gate_landed(spec, token), in_doubt=in_doubt
         )
 
-    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        async def settle(tx: Tx) -> Any:
-            op = await load_op(tx, op_id)
-            try:
-                apply(OPERATION_TABLE, op.status, update.event)
-            except IllegalTransition:
-                return op  # the status moved on: the write landed
-            return _RETRY
-
-        return await self._tx(lambda tx: pr.record_txn(tx, op_id, update), settle=settle)
-
-    async def note(
-        self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
-    ) -> OperationRecord:
-        return await self._atomic(lambda tx: pr.note_txn(tx, op_id, kind, data, cancel_state))
-
-    async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
-        return await self._tx(lambda tx: pr.operations_txn(tx, run_id, descendants), safe=True)
-
-    async def get_operation(self, op_id: str) -> OperationRecord:
-        return await self._tx(lambda tx: load_op(tx, op_id), safe=True)
-
-    async def events(self, run_id: str) -> list[EventRecord]:
-        return await self._tx(lambda tx: events_of(tx, run_id), safe=True)
-
-    async def unresolved(
-        self, limit: int = 10_000, statuses: Collection[OpStatus] | None = None
-    ) -> list[OperationRecord]:
-        if statuses is not None and not frozenset(statuses) <= OPEN_STATUSES:
-            bad = sorted(s.value for s in frozenset(statuses) - OPEN_STATUSES)
-            raise ValueError(f"not open statuses: {bad}")  # before any connection
-        return await self._tx(lambda tx: pr.unresolved_txn(tx, limit, statuses), safe=True)
-
-    # -- lifecycle -----------------------------------------------------------------
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so; the
         # notification went out with the first commit
-        async def txn(tx: Tx) -> CancelResult:
-            async with tx.transaction():
-                return await lc.cancel_txn(tx, run_id, by, reason, self.channel)
-
         def in_doubt() -> LedgerError:
             lost = "the connection was lost after it was sent and the ledger stayed unreachable"
             return CancelInDoubt(self.location, run_id, lost)
 
-        return await self._tx(txn, safe=True, in_doubt=in_doubt)
-
-    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
-        await self._atomic(lambda tx: lc.add_owner_txn(tx, run_id, owner_run, exclusive), safe=True)
-
-    async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:
-        return await self._atomic(lambda tx: lc.pause_txn(tx, run_id, by, reason))
-
-    async def settle_pause(self, run_id: str) -> RunRecord:
-        return await self._atomic(lambda tx: lc.settle_pause_txn(tx, run_id), safe=True)
-
-    async def resume(self, run_id: str, *, by: str) -> tuple[RunRecord, list[str]]:
-        return await self._atomic(lambda tx: lc.resume_txn(tx, run_id, by))
-
-    async def request_approval(
-        self, approval_id: str, run_id: str, scope: str, *, approver: str, requested_by: str
-    ) -> ApprovalRecord:
-        return await self._atomic(
-            lambda tx: lc.request_approval_txn(
-                tx, approval_id, run_id, scope, approver, requested_by
-            )
+        return await self._tx(
+            lambda tx: fence.cancel(tx, run_id, by, reason), safe=True, in_doubt=in_doubt
         )
-
-    async def decide_approval(
-        self, approval_id: str, *, granted: bool, by: str, expires_at: float | None
-    ) -> ApprovalRecord:
-        return await self._atomic(
-            lambda tx: lc.decide_approval_txn(tx, approval_id, granted, by, expires_at)
-        )
-
-    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return await self._tx(lambda tx: lc.approvals_txn(tx, run_id), safe=True)
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord:
-        return await self._tx(lambda tx: lc.load_approval(tx, approval_id), safe=True)
-
-    async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
-        return await self._atomic(lambda tx: lc.checkpoint_txn(tx, run_id, name, state))
-
-    async def last_checkpoint(self, run_id: str) -> Checkpoint | None:
-        return await self._tx(lambda tx: lc.last_checkpoint_txn(tx, run_id), safe=True)
-
-    async def audit(
-        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
-    ) -> None:
-        # one appended line: repeated after a lost reply at worst, never lost
-        await self._tx(
-            lambda tx: lc.audit_txn(tx, run_id, principal, action, allowed, detail), safe=True
-        )
-
-    # -- truth -----------------------------------------------------------------------
-    async def heartbeat(self, worker: str, *, host: str, pid: int, lease_until: float) -> None:
-        await self._tx(lambda tx: tt.heartbeat_txn(tx, worker, host, pid, lease_until), safe=True)
-
-    async def in_flight_workers(self) -> list[WorkerLease]:
-        return await self._tx(tt.in_flight_workers_txn, safe=True)
-
-    async def recover_orphans(
-        self, workers: Collection[str], evidence: Sequence[Evidence]
-    ) -> list[OperationRecord]:
-        # a retry finds nothing left to mark: the first attempt's marks stand
-        return await self._tx(lambda tx: tt.recover_orphans_txn(tx, workers, evidence), safe=True)
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
     ) -> GateResult:
         token = uuid.uuid4().hex
-
-        async def settle(tx: Tx) -> Any:
-            fence = await gate_committed(tx, spec.id, token)
-            return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
-
         return await self._tx(
-            lambda tx: tt.begin_compensation_txn(tx, spec, evidence, token), settle=settle
+            lambda tx: begin_compensation(tx, spec, evidence, token),
+            settle=_gate_landed(spec, token),
         )
-
-    async def compensations(self, op_id: str) -> list[OperationRecord]:
-        return await self._tx(lambda tx: tt.compensations_txn(tx, op_id), safe=True)
 
     # -- many processes --------------------------------------------------------------
     async def watch_cancels(
@@ -425,3 +295,27 @@ class PostgresBackend(Backend):
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         await self.listener.run(on_cancel, task_status=task_status)
+
+
+def _gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the gate attempt ``token`` landed (``PASSED``) or not (retry)."""
+
+    async def settle(tx: Tx) -> Any:
+        fence = await gate_committed(tx, spec.id, token)
+        return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
+
+    return settle
+
+
+def _outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the outcome landed (the status moved on) or not (retry)."""
+
+    async def settle(tx: Tx) -> Any:
+        op = await load_op(tx, op_id)
+        try:
+            apply(OPERATION_TABLE, op.status, update.event)
+        except IllegalTransition:
+            return op  # the status moved on: the write landed
+        return _RETRY
+
+    return settle

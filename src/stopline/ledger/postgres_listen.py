@@ -1,6 +1,6 @@
 """Cancels committed by other processes, delivered through LISTEN/NOTIFY.
 
-A cancel's transaction notifies the fenced run ids (``postgres_lifecycle``);
+A cancel's transaction notifies the fenced run ids (``engine.fence``, through the dialect);
 the server sends them at commit. One dedicated connection per backend
 listens and hands each batch to the runtime, which interrupts the in-flight
 calls of those runs in this process.
@@ -26,6 +26,8 @@ import anyio
 import anyio.abc
 import psycopg
 
+from stopline.ledger.engine.guards import FENCED, sql_values
+
 if TYPE_CHECKING:
     from stopline.ledger.postgres import PostgresBackend
 
@@ -39,7 +41,7 @@ _KEEPALIVE: dict[str, Any] = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
 }
-_FENCED = "('cancelling', 'settling', 'cancelled', 'needs_review')"
+_FENCED = f"({sql_values(FENCED)})"
 log = logging.getLogger("stopline.ledger.postgres")
 
 

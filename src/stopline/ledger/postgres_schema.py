@@ -43,7 +43,7 @@ def translate(ddl: str) -> list[str]:
 async def migrate(tx: Tx, schema: str | None) -> None:
     """Create the schema if asked, then bring the tables to ``SCHEMA_VERSION``."""
     async with tx.transaction():
-        await tx.run("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"stopline:{schema or ''}",))
+        await tx.run("SELECT pg_advisory_xact_lock(hashtext(?))", (f"stopline:{schema or ''}",))
         if schema:
             await tx.run(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             await tx.run(f'SET LOCAL search_path = "{schema}"')
@@ -54,13 +54,13 @@ async def migrate(tx: Tx, schema: str | None) -> None:
             for statement in translate(step):
                 await tx.run(statement)
         if version != SCHEMA_VERSION:
-            await tx.run("UPDATE stopline_schema SET version = %s", (SCHEMA_VERSION,))
+            await tx.run("UPDATE stopline_schema SET version = ?", (SCHEMA_VERSION,))
 
 
 async def check(tx: Tx, schema: str | None) -> None:
     """Read-only: refuse anything but a stopline ledger at ``SCHEMA_VERSION``; write nothing."""
     if schema:
-        found = await tx.one("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,))
+        found = await tx.one("SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema,))
         if not found[0]:
             raise LedgerUnavailable(tx.location, f"no schema {schema!r}: not a stopline ledger")
         await tx.run(f'SET search_path = "{schema}"')

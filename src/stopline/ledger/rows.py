@@ -9,6 +9,7 @@ from typing import Any, overload
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
 from stopline.domain.model import CancelState, EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
+from stopline.ledger.leases import WorkerLease
 
 __all__ = [
     "APPROVAL_COLUMNS",
@@ -19,7 +20,9 @@ __all__ = [
     "dump_evidence",
     "dump_result",
     "event_from_row",
+    "lease_from_row",
     "list_runs_query",
+    "load_data",
     "op_from_row",
     "run_from_row",
 ]
@@ -184,3 +187,14 @@ def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
 
 def dump_data(data: Mapping[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"), default=str)
+
+
+def load_data(text: str) -> dict[str, Any]:
+    """An event's ``data`` column."""
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def lease_from_row(row: Sequence[Any]) -> WorkerLease:
+    """``(worker, last activity, in flight, host, pid, lease_until)``."""
+    return WorkerLease(row[0], row[3], row[4], row[5], last_activity=row[1], in_flight=row[2])

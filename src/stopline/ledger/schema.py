@@ -13,8 +13,11 @@ recovery never scans resolved history.
 
 from __future__ import annotations
 
-from stopline.domain.vocab import OpStatus, RunState
+from stopline.domain.model import CancelState
+from stopline.domain.vocab import OpStatus
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
+from stopline.ledger.engine import guards
+from stopline.ledger.engine.guards import sql_values
 
 __all__ = [
     "CANCELLABLE_STATES",
@@ -23,37 +26,24 @@ __all__ = [
     "NOTHING_TO_RESUME",
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
-    "RESOLVED_SQL",
     "SCHEMA_VERSION",
     "check_readable",
     "refuse_foreign",
 ]
 
-# Statuses in the partial index ops_open: everything not yet settled for good.
-OPEN_STATUSES = frozenset(
-    {
-        OpStatus.REQUESTED,
-        OpStatus.ACCEPTED,
-        OpStatus.UNKNOWN,
-        OpStatus.COMPENSATING,
-        OpStatus.NEEDS_REVIEW,
-        OpStatus.COMPENSATION_FAILED,
-    }
+# The status sets live with the engine's guards, generated from the domain; kept
+# here under their old names for readers of the schema.
+OPEN_STATUSES = guards.OPEN
+OPEN_STATUSES_SQL = guards.OPEN_SQL  # the partial index ops_open's condition, verbatim
+CANCELLABLE_STATES = guards.CANCELLABLE
+NOTHING_TO_RESUME = guards.NOTHING_TO_RESUME
+DEFAULT_UNRESOLVED = guards.DEFAULT_UNRESOLVED
+_IN_FLIGHT_V1 = sql_values(
+    (OpStatus.REQUESTED, OpStatus.ACCEPTED, OpStatus.UNKNOWN, OpStatus.COMPENSATING)
 )
-OPEN_STATUSES_SQL = (
-    "'requested', 'accepted', 'unknown', 'compensating', 'needs_review', 'compensation_failed'"
-)
-# Operations settled for good, as SQL (a checkpoint or a resume needs every one so).
-RESOLVED_SQL = "'prevented', 'committed', 'not_committed', 'compensated'"
-# Runs a cancel fences; runs a resume leaves as they are (running already, or ended).
-CANCELLABLE_STATES = ("running", "pausing", "paused")
-NOTHING_TO_RESUME = frozenset({RunState.RUNNING, RunState.COMPLETED, RunState.FAILED})
-# What crash recovery and reconciliation look at by default.
-DEFAULT_UNRESOLVED = frozenset(
-    {OpStatus.REQUESTED, OpStatus.ACCEPTED, OpStatus.UNKNOWN, OpStatus.COMPENSATING}
-)
+_CANCEL_NONE = sql_values([CancelState.NONE])
 
-_V1 = """
+_V1 = f"""
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -83,7 +73,7 @@ CREATE TABLE operations (
     cancellable TEXT NOT NULL,
     can_verify INTEGER NOT NULL,
     can_compensate INTEGER NOT NULL,
-    cancel_state TEXT NOT NULL DEFAULT 'none',
+    cancel_state TEXT NOT NULL DEFAULT {_CANCEL_NONE},
     attempts INTEGER NOT NULL DEFAULT 0,
     result TEXT,
     has_result INTEGER NOT NULL DEFAULT 0,
@@ -95,7 +85,7 @@ CREATE TABLE operations (
 );
 CREATE INDEX ops_run ON operations(run_id, created_at);
 CREATE INDEX ops_open ON operations(status)
-    WHERE status IN ('requested', 'accepted', 'unknown', 'compensating');
+    WHERE status IN ({_IN_FLIGHT_V1});
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -104,7 +94,7 @@ CREATE TABLE events (
     kind TEXT NOT NULL,
     from_state TEXT,
     to_state TEXT,
-    data TEXT NOT NULL DEFAULT '{}'
+    data TEXT NOT NULL DEFAULT '{{}}'
 );
 CREATE INDEX events_run ON events(run_id, seq);
 """

@@ -27,7 +27,7 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from stopline.errors import LedgerCorrupt, LedgerError, RunCancelled, SchemaTooNew, StoplineError
+from stopline.errors import LedgerCorrupt, LedgerError, RunFenced, SchemaTooNew, StoplineError
 
 __all__ = ["Backoff", "Boundary", "Health", "StepHealth", "only_cancels_of", "retryable", "typed"]
 
@@ -177,8 +177,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def only_cancels_of(exc: BaseException | None, run_id: str) -> bool:
-    """``RunCancelled`` of this run, alone or as every leaf of an exception group."""
-    if isinstance(exc, RunCancelled):
+    """``RunFenced`` of this run, alone or as every leaf of an exception group."""
+    if isinstance(exc, RunFenced):
         return exc.run_id == run_id
     if isinstance(exc, BaseExceptionGroup):
         cancel_class = anyio.get_cancelled_exc_class()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -22,11 +21,11 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
 from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.receipt import Receipt, build_receipt
+from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import (
     Cause,
     EvidenceKind,
@@ -34,50 +33,25 @@ from stopline.domain.vocab import (
     OpStatus,
     Policy,
     RunEvent,
-    RunState,
 )
 from stopline.errors import (
-    AlreadyAttached,
     IllegalTransition,
-    RunEnded,
     StoplineError,
-    UnknownRun,
 )
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
-from stopline.runtime.boundary import Boundary, Health, only_cancels_of, typed
+from stopline.runtime.boundary import Boundary, Health, typed
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import LifecycleMixin
 from stopline.runtime.outbox import Outbox
+from stopline.runtime.reads import Reads
 from stopline.runtime.run import INTERRUPTED, Run
+from stopline.runtime.scope import RunScope
 from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import TruthMixin
 
-__all__ = ["Ledger", "VerifyBudget", "open"]
-
-logger = logging.getLogger(__name__)
-
-
-# Events that agree with an outcome already recorded: kept as evidence, no change.
-_AGREES: dict[OpEvent, frozenset[OpStatus]] = {
-    OpEvent.COMMITTED: frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}),
-    OpEvent.VERIFIED_COMMITTED: frozenset(
-        {OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED}
-    ),
-    OpEvent.REJECTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.NOT_SENT: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-}
-# Events that contradict a recorded outcome: a human decides.
-_CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
-    OpEvent.COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.VERIFIED_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.REJECTED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.COMMITTED}),
-}
+__all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
 
 
 class Ledger(LifecycleMixin, TruthMixin):
@@ -123,6 +97,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         self._settler = Settler(self)
+        # runs, operations and the log, read under the access policy (R11)
+        self.reads = Reads(lambda: self.backend, lambda: self.access)
         # background work runs behind an error boundary; what it saw is `health`
         self.health = Health()
         self._boundary = Boundary(self.health)
@@ -205,7 +181,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         parent_id: str | None = None,
         shared: bool = False,
         policy: Policy = Policy.VERIFY,
-    ) -> RunContext:
+    ) -> RunScope:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``.
 
         Entering it with the ``run_id`` of a run that has ended raises ``RunEnded``
@@ -222,7 +198,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             shared=shared,
             policy=policy,
         )
-        return RunContext(self, spec, attach=run_id is not None)
+        return RunScope(self, spec, attach=run_id is not None)
 
     async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
@@ -315,9 +291,7 @@ class Ledger(LifecycleMixin, TruthMixin):
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.backend.get_run(check_id("run_id", run_id))
-        if by is not None and not self.access.visible(Principal.of(by), run):
-            raise UnknownRun(run_id)
+        run = await self.reads.run(check_id("run_id", run_id), by=by)
         ops = await self.backend.operations(run_id, descendants=True)
         # in hand, not durable yet: queued for the next group commit, or held by the
         # outbox until the ledger can take it
@@ -341,6 +315,15 @@ class Ledger(LifecycleMixin, TruthMixin):
             await event.wait()
         if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
             del self._changes[run_id]  # per-run state ends when nobody waits on it
+
+    @property
+    def idle(self) -> bool:
+        """No background step (verification, settling, correction) is running now."""
+        return self._settler.busy == 0
+
+    async def wait_idle(self) -> None:
+        """Until no background step is running (at once if none is)."""
+        await self._settler.wait_idle()
 
     def _changed(self, run_id: str) -> None:
         event = self._changes.pop(run_id, None)
@@ -386,7 +369,7 @@ class Ledger(LifecycleMixin, TruthMixin):
             op = await self.backend.record(op_id, update)
         except IllegalTransition:
             current = await self.backend.get_operation(op_id)
-            if current.status in _CONTRADICTS.get(update.event, ()):
+            if current.status in CONTRADICTS.get(update.event, ()):
                 op = await self.backend.record(
                     op_id,
                     dataclasses.replace(
@@ -461,70 +444,6 @@ def _lost_update(ctx: CallContext, cause: Cause, detail: str) -> OutcomeUpdate:
     if horizon > now:
         evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
     return OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
-
-
-_ENDED = frozenset(
-    {
-        RunState.COMPLETED,
-        RunState.FAILED,
-        RunState.CANCELLED,
-        RunState.NEEDS_REVIEW,
-        RunState.CANCELLING,
-        RunState.SETTLING,
-    }
-)
-
-
-class RunContext:
-    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly."""
-
-    def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
-        self._ledger = ledger
-        self._spec = spec
-        self._attach = attach
-        self._scope = anyio.CancelScope()
-        self._run: Run | None = None
-
-    async def __aenter__(self) -> Run:
-        backend = self._ledger.backend
-        if self._spec.id in self._ledger._local:
-            raise AlreadyAttached(self._spec.id)
-        record = None
-        if self._attach:
-            try:
-                record = await backend.get_run(self._spec.id)
-            except UnknownRun:
-                record = None
-        if record is None:
-            record = await backend.create_run(self._spec)
-        elif record.state.ended or record.state in _ENDED:  # nothing would run in it: say so
-            raise RunEnded(record.id, record.state, what_to_do(record))
-        run = self._run = Run(self._ledger, record)
-        self._ledger._local[run.id] = run
-        self._scope.__enter__()
-        run._scope = self._scope
-        if record.state is not RunState.RUNNING and record.state not in (
-            RunState.PAUSING,
-            RunState.PAUSED,
-        ):
-            run.cancel_requested = True
-        return run
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
-        run = self._run
-        assert run is not None
-        ours = only_cancels_of(exc, run.id)
-        if ours:
-            et, exc, tb = None, None, None
-        swallowed = bool(self._scope.__exit__(et, exc, tb))
-        run.cancelled_caught = ours or self._scope.cancelled_caught
-        del self._ledger._local[run.id]
-        ledger = self._ledger
-        with anyio.CancelScope(shield=True):
-            await ledger._outbox.end_run(run, None if swallowed else exc)
-        return ours or swallowed
 
 
 def open(

@@ -27,24 +27,21 @@ from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
-from stopline.errors import IllegalTransition, NotPermitted, RunEnded, StoplineError, UnknownRun
+from stopline.errors import (
+    ApprovalNeeded,
+    IllegalTransition,
+    NotPermitted,
+    RunEnded,
+    UnknownRun,
+)
 
 if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger
     from stopline.runtime.tool import Tool
 
-__all__ = ["ApprovalRequired", "LifecycleMixin", "Resumed", "Retry"]
+__all__ = ["ApprovalNeeded", "LifecycleMixin", "Resumed", "Retry"]
 
 R = TypeVar("R")
-
-
-class ApprovalRequired(StoplineError):
-    """The operation needs a granted, unexpired approval and has none (S5)."""
-
-    def __init__(self, op_id: str, why: str) -> None:
-        self.op_id = op_id
-        self.why = why
-        super().__init__(f"operation {op_id!r} needs approval: {why}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -237,7 +234,7 @@ class LifecycleMixin:
         """One gated call on an existing run, from outside its workflow.
 
         For queue consumers and retry timers: a message redelivered after the
-        cancel is refused at the gate (``RunCancelled``: ack it and drop it), and
+        cancel is refused at the gate (``RunFenced``: ack it and drop it), and
         a redelivery of one that already committed returns the recorded result.
         """
         from stopline.runtime.run import Run

@@ -33,16 +33,17 @@ from stopline.domain.model import (
     digest,
 )
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
-from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunCancelled
+from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
-from stopline.runtime.lifecycle import ApprovalRequired, Retry
+from stopline.runtime.lifecycle import ApprovalNeeded, Retry
 from stopline.runtime.tool import NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
     from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
     from stopline.domain.receipt import Receipt
-    from stopline.runtime.ledger import Ledger, RunContext
+    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.scope import RunScope
 
 __all__ = ["INTERRUPTED", "Run"]
 
@@ -225,9 +226,9 @@ class Run:
             gate = await self._ledger.backend.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
             self.cancel_requested = True
-            raise RunCancelled(self.id, spec.id)
+            raise RunFenced(self.id, spec.id)
         if gate.verdict is GateVerdict.NEEDS_APPROVAL:
-            raise ApprovalRequired(spec.id, await self._ledger.why_not_approved(self.id, spec.id))
+            raise ApprovalNeeded(spec.id, await self._ledger.why_not_approved(self.id, spec.id))
         if gate.verdict is GateVerdict.EXISTING:
             assert gate.operation is not None
             op = gate.operation
@@ -243,18 +244,18 @@ class Run:
             not_sent = Evidence.local("not_dispatched", "cancelled before sending")
             update = OutcomeUpdate(OpEvent.NOT_SENT, [not_sent], cause=Cause.USER_CANCEL)
             await self._ledger._resolve(spec.id, update)
-            raise RunCancelled(self.id, spec.id)
+            raise RunFenced(self.id, spec.id)
         self._inflight[spec.id] = ctx
         try:
             result = await self._dispatch(t, ctx, args, kwargs, timeout)
         except Exception as exc:
             if self.cancel_requested:  # the provider's answer to our cancel: unwind quietly
-                raise RunCancelled(self.id, spec.id) from exc
+                raise RunFenced(self.id, spec.id) from exc
             raise
         finally:
             del self._inflight[spec.id]
         if self.cancel_requested:
-            raise RunCancelled(self.id)  # the boundary after a recorded response
+            raise RunFenced(self.id)  # the boundary after a recorded response
         return result
 
     def _replay(self, op: OperationRecord) -> Any:
@@ -266,7 +267,7 @@ class Run:
             return op.result
         if op.status is OpStatus.PREVENTED:
             self.cancel_requested = True
-            raise RunCancelled(self.id, op.id)
+            raise RunFenced(self.id, op.id)
         raise OperationInDoubt(op.id, op.status)
 
     async def _dispatch(
@@ -333,7 +334,7 @@ class Run:
             self.phase_kind, self.policy = previous
         self.boundary()
 
-    def child(self, name: str, *, shared: bool = False, run_id: str | None = None) -> RunContext:
+    def child(self, name: str, *, shared: bool = False, run_id: str | None = None) -> RunScope:
         """A sub-agent's run, owned by this one (exclusively unless ``shared``)."""
         return self._ledger.run(
             name,
@@ -360,9 +361,9 @@ class Run:
         return await self._ledger.pause(self.id, by=self.owner, reason=reason)
 
     def boundary(self) -> None:
-        """A safe point: raise ``RunCancelled`` if a cancel was committed."""
+        """A safe point: raise ``RunFenced`` if a cancel was committed."""
         if self.cancel_requested:
-            raise RunCancelled(self.id)
+            raise RunFenced(self.id)
 
     async def receipt(self) -> Receipt:
         return await self._ledger.receipt(self.id)

@@ -82,16 +82,27 @@ class Settler:
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
-        self.busy = 0  # background steps running now (tests wait for quiescence on it)
+        self.busy = 0  # background steps running now
+        self._idle = anyio.Event()  # set while ``busy`` is 0
+        self._idle.set()
 
     @contextlib.asynccontextmanager
     async def working(self) -> AsyncIterator[None]:
         """Count a background step while it runs."""
+        if self.busy == 0:
+            self._idle = anyio.Event()
         self.busy += 1
         try:
             yield
         finally:
             self.busy -= 1
+            if self.busy == 0:
+                self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Until no background step runs (returns at once if none does)."""
+        while self.busy:
+            await self._idle.wait()
 
     # -- providers ---------------------------------------------------------------
     def ask_provider_cancel(self, ctx: CallContext) -> None:

@@ -17,8 +17,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from stopline.domain.vocab import Cancellable, Cause
-from stopline.errors import StoplineError
+from stopline.domain.vocab import Cancellable
+from stopline.errors import NoAnswer, Rejected
 
 if TYPE_CHECKING:
     from stopline.domain.model import CancelState
@@ -66,32 +66,6 @@ class ReadBack:
     detail: str = ""
     result: Any = None
     ended: bool = False
-
-
-class Rejected(StoplineError):
-    """Raised by a provider that refused the request before any effect.
-
-    This is the only way a failed call becomes ``not_committed``: any other
-    exception leaves the operation ``unknown`` (R3).
-    """
-
-    def __init__(self, reason: str, ref: str = "") -> None:
-        self.reason = reason
-        self.ref = ref
-        super().__init__(reason)
-
-
-class NoAnswer(StoplineError):
-    """Raised by a provider or integration that lost the answer, saying why.
-
-    The operation becomes ``unknown`` with ``cause`` recorded (R3): a timeout,
-    a broken transport and a server error are told apart in the ledger.
-    """
-
-    def __init__(self, cause: Cause, detail: str) -> None:
-        self.cause = cause
-        self.detail = detail
-        super().__init__(f"{cause.value}: {detail}")
 
 
 CancelFn = Callable[["CallContext"], Awaitable["bool | CancelState | None"]]

@@ -17,14 +17,12 @@ raises ``WorkerCrashed`` and writes nothing; only ``close`` still works.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 import anyio
 
 from stopline.domain.model import OperationRecord, OperationSpec
 from stopline.domain.vocab import OpEvent
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate
+from stopline.ledger.forwarding import ForwardingBackend
 from stopline.testing.barriers import Barriers
 
 __all__ = ["RUNTIME_POINTS", "HookedBackend", "Hooks", "WorkerCrashed"]
@@ -48,8 +46,7 @@ class Hooks:
         self.tools: dict[str, str] = {}  # op id -> tool name, as seen at the gate
 
     def wrap(self, backend: Backend) -> Backend:
-        # abstract to mypy only: the seam's other methods are forwarded below the class
-        return HookedBackend(backend, self)  # type: ignore[abstract]
+        return HookedBackend(backend, self)
 
     def crash(self) -> None:
         self.crashed = True
@@ -64,11 +61,17 @@ class Hooks:
         self.check()
 
 
-class HookedBackend(Backend):
+class HookedBackend(ForwardingBackend):
+    """Every call checks the crash switch first; the gate and ``record`` hold at the points."""
+
     def __init__(self, inner: Backend, hooks: Hooks) -> None:
-        self.inner = inner
-        self.location = inner.location
+        super().__init__(inner)
         self._hooks = hooks
+
+    @property
+    def inner(self) -> Backend:
+        self._hooks.check()  # a killed worker reaches the ledger no more
+        return self._inner
 
     async def gate(self, spec: OperationSpec) -> GateResult:
         hooks = self._hooks
@@ -90,25 +93,9 @@ class HookedBackend(Backend):
             await hooks.reach(RESPONSE_DELIVERED, hooks.tools.get(op_id, op.tool), op_id)
         return op
 
-    def __getattr__(self, name: str) -> Any:
-        # methods the backend seam gains later (review, recovery) pass straight through
-        return getattr(self.inner, name)
+    @property
+    def defers_outcomes(self) -> bool:  # type: ignore[override]
+        return False  # every outcome is awaited, so it passes the points in order
 
     async def close(self) -> None:
-        await self.inner.close()
-
-
-def _forwarder(name: str) -> Callable[..., Awaitable[Any]]:
-    async def forward(self: HookedBackend, *args: Any, **kwargs: Any) -> Any:
-        self._hooks.check()
-        return await getattr(self.inner, name)(*args, **kwargs)
-
-    forward.__name__ = forward.__qualname__ = name
-    return forward
-
-
-# Every other method of the seam, today's and those it gains later, is forwarded as is
-# (after the crash check); names the seam does not declare pass through ``__getattr__``.
-for _name in sorted(Backend.__abstractmethods__ - set(vars(HookedBackend))):
-    setattr(HookedBackend, _name, _forwarder(_name))
-HookedBackend.__abstractmethods__ = frozenset()
+        await self._inner.close()

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from stopline.domain import receipt as _receipt
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.vocab import Headline
-from stopline.ledger import sqlite as _sqlite
+from stopline.ledger.engine import gate as _gate
 
 __all__ = ["gate_ignores_fence", "receipt_overclaims"]
 
@@ -35,9 +36,14 @@ def _patched(module: object, name: str, value: object) -> Iterator[None]:
 
 
 def gate_ignores_fence() -> contextlib.AbstractContextManager[None]:
-    """The SQLite gate records intents without checking the run's state and ``initiate``."""
-    leaky = _sqlite._GATE_SQL.split("FROM runs WHERE id = ?")[0] + "FROM runs WHERE id = ?\n"
-    return _patched(_sqlite, "_GATE_SQL", leaky)
+    """The gate records intents without checking the run's state and ``initiate``."""
+    intent_sql = _gate.intent_sql
+
+    def leaky(dialect: Any, compensation: bool, approved: bool) -> tuple[str, str]:
+        _where, values = intent_sql(dialect, compensation, approved)
+        return "runs.id = :run", values
+
+    return _patched(_gate, "intent_sql", leaky)
 
 
 def receipt_overclaims() -> contextlib.AbstractContextManager[None]:

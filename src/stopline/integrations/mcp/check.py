@@ -49,7 +49,7 @@ from mcp_types import RequestParamsMeta
 import stopline
 from mcp import MCPError, StdioServerParameters
 from stopline.domain.vocab import Cancellable, OpStatus, PhaseKind, Policy
-from stopline.errors import RunCancelled, StoplineError
+from stopline.errors import PlanError, RunFenced
 from stopline.integrations.mcp._task_state import TaskIdParams
 from stopline.integrations.mcp._vocab import (
     CANCELLABLE_META,
@@ -66,10 +66,6 @@ from stopline.runtime.ledger import VerifyBudget
 from stopline.runtime.tool import ReadBack, Verdict
 
 __all__ = ["Plan", "PlanError", "ToolPlan", "check", "load_plan"]
-
-
-class PlanError(StoplineError):
-    """The plan file is not what ``stopline check-mcp`` can run (the message says why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +253,7 @@ class Checker:
                     ids.append(run.id)
                     ready.set()
                     await go.wait()
-                    with contextlib.suppress(RunCancelled, Exception):
+                    with contextlib.suppress(RunFenced, Exception):
                         async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE):
                             await self.conn.call(run, tool.name, dict(tool.arguments))
             finally:

@@ -57,6 +57,7 @@ from opentelemetry.trace import SpanKind
 from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
+from stopline.errors import UnknownTool
 from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
     KEY_META,
@@ -90,11 +91,6 @@ Verifier = Callable[[CallContext], Awaitable[ReadBack | Verdict]]
 _TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "stopline_mcp_timeout", default=None
 )
-
-
-class UnknownTool(LookupError):
-    def __init__(self, name: str, server: str) -> None:
-        super().__init__(f"MCP server {server!r} lists no tool named {name!r}")
 
 
 class StoplineMCP:

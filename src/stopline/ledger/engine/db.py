@@ -1,0 +1,65 @@
+"""The seam under the engine: one connection inside one transaction, and its dialect.
+
+The engine's transaction bodies are written once, as ``async def body(db)``,
+in SQL that both engines speak, with ``?`` (positional) or ``:name``
+(named) placeholders. A backend fills in two things:
+
+- ``Db``: run a statement and read rows. On SQLite the methods never suspend
+  (the body runs on the writer thread and ``run_sync`` drives it to its end
+  in one step); on PostgreSQL they await the server.
+- ``Dialect`` (in ``dialect``): the few spellings that differ.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from stopline.ledger.engine.dialect import Dialect
+
+__all__ = ["Db", "Params", "run_sync"]
+
+T = TypeVar("T")
+Params = Sequence[Any] | dict[str, Any]
+
+
+class Db(abc.ABC):
+    """One connection, inside (or about to open) one transaction."""
+
+    dialect: Dialect
+    location: str
+
+    @abc.abstractmethod
+    async def one(self, sql: str, params: Params = ()) -> Any: ...
+
+    @abc.abstractmethod
+    async def all(self, sql: str, params: Params = ()) -> list[Any]: ...
+
+    @abc.abstractmethod
+    async def run(self, sql: str, params: Params = ()) -> int:
+        """Execute; the number of rows changed."""
+
+    @abc.abstractmethod
+    async def many(self, sql: str, seq: Sequence[Params]) -> None: ...
+
+    async def commit_one(self, sql: str, params: Params = ()) -> Any:
+        """One statement that is the whole transaction (it commits by itself)."""
+        return await self.one(sql, params)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """The body's statements as one transaction (a no-op inside one already)."""
+        yield
+
+
+def run_sync(body: Coroutine[Any, Any, T]) -> T:
+    """Run a transaction body whose ``Db`` never suspends (SQLite's), to its end."""
+    try:
+        body.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    body.close()
+    raise RuntimeError("a SQLite transaction body suspended: it awaited something not its Db")

@@ -1,0 +1,109 @@
+"""What differs per SQL engine, and nothing more.
+
+The base class is the portable form (SQLite speaks it): no row locks (one
+writer is the lock), a list parameter as ``IN (?, ?)``, the local clock, and
+the hot statements (the gate's intent, ``record``) as a few statements each.
+A dialect may override a hot statement with a one-round-trip form, built
+from the same fragments (the eligibility ``WHERE`` of the gate, the guard
+and target of ``guards.transition_case``): a fused form re-spells how, never
+what. PostgreSQL's is in ``stopline.ledger.postgres_dialect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from stopline.domain.vocab import OpEvent
+from stopline.ledger import rows
+from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.guards import transition_case
+
+__all__ = ["OUTCOME_SET", "Dialect"]
+
+# The columns ``record`` sets besides the status (``{col}`` is the old row's alias).
+OUTCOME_SET = (
+    "updated_at = :now,"
+    " evidence = CASE WHEN CAST(:items AS TEXT) IS NULL THEN {old}evidence"
+    " WHEN {old}evidence = '[]' THEN '[' || :items || ']'"
+    " ELSE substr({old}evidence, 1, length({old}evidence) - 1) || ',' || :items || ']' END,"
+    " cause = COALESCE(:cause, {new}cause), error = COALESCE(:error, {new}error),"
+    " result = CASE WHEN :has_result = 1 THEN :result ELSE {new}result END,"
+    " has_result = CASE WHEN :has_result = 1 THEN 1 ELSE {new}has_result END,"
+    " cancel_state = COALESCE(:cancel_state, {new}cancel_state)"
+)
+_EVENT = (
+    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+class Dialect:
+    """The portable SQL forms; a backend's dialect overrides what its engine says better."""
+
+    name = "sqlite"
+    for_update = ""  # a row lock (with its leading space), where the engine has them
+    for_share = ""
+    # the ledger's clock for leases: the server's where there is one (fencing)
+    now = "((julianday('now') - 2440587.5) * 86400.0)"
+
+    def in_list(self, column: str, values: Collection[Any]) -> tuple[str, list[Any]]:
+        """``column`` is one of ``values``, with its positional parameters."""
+        return f"{column} IN ({', '.join('?' * len(values))})", list(values)
+
+    def json_int(self, column: str, key: str) -> str:
+        """The integer under ``key`` of a JSON text column."""
+        return f"json_extract({column}, '$.{key}')"
+
+    def text(self, placeholder: str) -> str:
+        """A parameter whose type the statement does not say (PostgreSQL must be told)."""
+        return placeholder
+
+    def indexed_by(self, index: str) -> str:
+        """Insist on a partial index (SQLite); the planner's own choice elsewhere."""
+        return f" INDEXED BY {index}"
+
+    async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
+        """Tell other processes these runs were fenced, at commit (nothing here)."""
+
+    async def record_intent(
+        self, db: Db, where: str, values: str, params: dict[str, Any]
+    ) -> int | None:
+        """The gate's conditional insert and its ``gate_passed`` event; the fence, if it passed.
+
+        ``where`` picks the run that may take the intent, ``values`` is the row.
+        """
+        inserted = await db.run(
+            f"INSERT INTO operations ({rows.OP_COLUMNS}) SELECT {values} FROM runs"
+            f" WHERE {where} ON CONFLICT (id) DO NOTHING",
+            params,
+        )
+        if inserted != 1:
+            return None
+        attempt = "" if params["token"] is None else ", 'attempt', :token"
+        row = await db.one(
+            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+            f" SELECT :now, id, :id, :passed, :from, :to, json_object('fence', fence{attempt})"
+            " FROM runs WHERE id = :run RETURNING data",
+            params,
+        )
+        return int(rows.load_data(row[0])["fence"])
+
+    async def apply_outcome(
+        self, db: Db, event: OpEvent, params: dict[str, Any]
+    ) -> tuple[str | None, Sequence[Any] | None]:
+        """``record``'s compare-and-set: (the status read, the updated row or None)."""
+        found = await db.one("SELECT status, run_id FROM operations WHERE id = :id", params)
+        if found is None:
+            return None, None
+        guard, target = transition_case(event, "status")
+        row = await db.one(
+            f"UPDATE operations SET status = {target}, {OUTCOME_SET.format(old='', new='')}"
+            f" WHERE id = :id AND {guard} RETURNING {rows.OP_COLUMNS}",
+            params,
+        )
+        if row is None:
+            return found[0], None
+        values = (params["now"], found[1], params["id"], params["kind"], found[0], row[5])
+        await db.run(_EVENT, (*values, params["data"]))
+        return found[0], row

@@ -1,0 +1,221 @@
+"""The subtree fence (cancel, R1, R6, R7), pause and resume, and ownership.
+
+A cancel computes its closure and fences it set-wise in one transaction, so
+no descendant can slip a dispatch in between two fences: exclusive children
+are fenced with their owner; a shared child loses the cancelled owner and is
+fenced only when its last owner is gone. Each level of the closure is locked
+(``FOR UPDATE`` where the engine has row locks; SQLite's one writer is the
+lock) before its children are read, so a child being created concurrently
+either lands before the fence and is fenced with it, or waits and sees it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from stopline.domain.lifecycle import ApprovalStatus, CancelResult
+from stopline.domain.model import RunRecord
+from stopline.domain.transitions import RUN_TABLE, apply
+from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
+from stopline.errors import NotPermitted
+from stopline.ledger import rows
+from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.guards import (
+    CANCELLABLE,
+    IN_FLIGHT,
+    NOTHING_TO_RESUME,
+    sql_values,
+)
+from stopline.ledger.engine.reads import event, first_unsettled, load_run
+
+__all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
+
+_CANCELLING = apply(RUN_TABLE, RunState.RUNNING, RunEvent.CANCEL)
+_LIVE_APPROVALS = sql_values({ApprovalStatus.PENDING, ApprovalStatus.GRANTED})
+
+
+async def add_owner(db: Db, run_id: str, owner_run: str, exclusive: bool) -> None:
+    async with db.transaction():
+        owner = await load_run(db, owner_run, lock=db.dialect.for_share)
+        child = await load_run(db, run_id, lock=db.dialect.for_share)
+        now = time.time()
+        await db.run(
+            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (run_id, owner_run) DO UPDATE SET released_at = NULL",
+            (child.id, owner.id, int(exclusive), now),
+        )
+        data = {"owner": owner.id, "exclusive": exclusive}
+        await event(db, now, child.id, None, LogKind.OWNER_ADDED, None, None, data)
+
+
+async def _children(
+    db: Db, parents: list[str], *, exclusive_only: bool
+) -> list[tuple[str, str, int]]:
+    """The live ownership links under ``parents``, each parent row locked first."""
+    dialect = db.dialect
+    if dialect.for_update:
+        locked, params = dialect.in_list("id", parents)
+        await db.all(f"SELECT id FROM runs WHERE {locked} ORDER BY id{dialect.for_update}", params)
+    owners, params = dialect.in_list("owner_run", parents)
+    only = " AND exclusive = 1" if exclusive_only else ""
+    return await db.all(
+        f"SELECT run_id, owner_run, exclusive FROM run_owners WHERE {owners}{only}"
+        " AND released_at IS NULL ORDER BY created_at, run_id",
+        params,
+    )
+
+
+async def _closure(db: Db, root: str, now: float) -> tuple[list[str], list[str]]:
+    """The runs a cancel of ``root`` fences, and the shared children it lets go."""
+    fenced, released = [root], []
+    seen = {root}  # membership in O(1): a tree of 10,000 children is a normal case
+    frontier = [root]
+    while frontier:
+        children = await _children(db, frontier, exclusive_only=False)
+        frontier = []
+        for child, owner, exclusive in children:
+            if child in seen:
+                continue
+            if not exclusive:
+                await db.run(
+                    "UPDATE run_owners SET released_at = ? WHERE run_id = ? AND owner_run = ?",
+                    (now, child, owner),
+                )
+                released.append(child)
+                remaining = await db.one(
+                    "SELECT count(*) FROM run_owners WHERE run_id = ? AND released_at IS NULL",
+                    (child,),
+                )
+                if remaining[0]:
+                    continue  # another owner still holds it
+            seen.add(child)
+            fenced.append(child)
+            frontier.append(child)
+    return fenced, released
+
+
+async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
+    """Fence the run and every run it owns exclusively, in one transaction (R1, R6)."""
+    async with db.transaction():
+        root = await load_run(db, run_id, lock=db.dialect.for_update)
+        if root.state not in CANCELLABLE:
+            return CancelResult(root, False, (), ())  # R7: the first cancel wins
+        now = time.time()
+        fenced, released = await _closure(db, run_id, now)
+        ids, params = db.dialect.in_list("id", fenced)
+        states = dict(
+            await db.all(
+                f"SELECT id, state FROM runs WHERE {ids}"
+                f" AND state IN ({sql_values(CANCELLABLE)}){db.dialect.for_update}",
+                params,
+            )
+        )
+        live = [r for r in fenced if r in states]  # in closure order, root first
+        ids, params = db.dialect.in_list("id", live)
+        await db.run(
+            "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
+            " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
+            f" cancelled_at = ?, updated_at = ? WHERE {ids}",
+            (
+                _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, run_id, reason,
+                f"owner {run_id} cancelled" + (f": {reason}" if reason else ""), now, now,
+                *params,
+            ),
+        )  # fmt: skip
+        data = rows.dump_data({"by": by, "reason": reason, "root": run_id})
+        await db.many(
+            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+            " VALUES (?, ?, NULL, ?, ?, ?, ?)",
+            [(now, r, RunEvent.CANCEL, states[r], _CANCELLING, data) for r in live],
+        )
+        runs, params = db.dialect.in_list("run_id", live)
+        await db.run(
+            "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
+            f" WHERE {runs} AND status IN ({_LIVE_APPROVALS})",
+            (ApprovalStatus.WITHDRAWN, now, by, *params),
+        )
+        for child in released:
+            data_released = {"owner_cancelled": run_id}
+            await event(db, now, child, None, LogKind.OWNER_RELEASED, None, None, data_released)
+        await db.dialect.notify_cancel(db, live)  # sent at commit, never for a rollback
+        return CancelResult(await load_run(db, run_id), True, tuple(live), tuple(released))
+
+
+async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
+    """running -> pausing for the run and what it owns exclusively; paused at once if idle."""
+    async with db.transaction():
+        root = await load_run(db, run_id, lock=db.dialect.for_update)
+        apply(RUN_TABLE, root.state, RunEvent.PAUSE)
+        now = time.time()
+        subtree, frontier = [run_id], [run_id]
+        while frontier:
+            frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
+            subtree.extend(frontier)
+        paused = []
+        for rid in subtree:
+            run = await load_run(db, rid)
+            if run.state is not RunState.RUNNING:
+                continue
+            target = apply(RUN_TABLE, run.state, RunEvent.PAUSE)
+            await db.run(
+                "UPDATE runs SET state = ?, updated_at = ? WHERE id = ?", (target, now, rid)
+            )
+            data = {"by": by, "reason": reason}
+            await event(db, now, rid, None, RunEvent.PAUSE, run.state, target, data)
+            await settle_pause(db, rid)
+            paused.append(rid)
+        return paused
+
+
+async def settle_pause(db: Db, run_id: str) -> RunRecord:
+    """pausing -> paused once nothing of the run is in flight."""
+    async with db.transaction():
+        run = await load_run(db, run_id, lock=db.dialect.for_update)
+        if run.state is not RunState.PAUSING:
+            return run
+        busy = await db.one(
+            "SELECT count(*) FROM operations WHERE run_id = ?"
+            f" AND status IN ({sql_values(IN_FLIGHT)})",
+            (run_id,),
+        )
+        if busy[0]:
+            return run
+        now = time.time()
+        target = apply(RUN_TABLE, run.state, RunEvent.PAUSED)
+        await db.run(
+            "UPDATE runs SET state = ?, updated_at = ? WHERE id = ?", (target, now, run_id)
+        )
+        await event(db, now, run_id, None, RunEvent.PAUSED, run.state, target, {})
+        return await load_run(db, run_id)
+
+
+async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
+    """paused/pausing/cancelled -> running; R10: only when every operation is settled."""
+    async with db.transaction():
+        run = await load_run(db, run_id, lock=db.dialect.for_update)
+        if run.state in NOTHING_TO_RESUME:
+            return run, []  # running already, or ended on its own: like a second cancel, a no-op
+        target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
+        now = time.time()
+        if run.state is RunState.CANCELLED:
+            open_op = await first_unsettled(db, run_id)
+            if open_op is not None:
+                raise NotPermitted(
+                    f"run {run_id!r} cannot resume: operation {open_op[0]!r} is not resolved "
+                    "(verify or review it first)"
+                )
+        expired = [
+            r[0]
+            for r in await db.all(
+                "UPDATE approvals SET status = ? WHERE run_id = ? AND status = ?"
+                " AND expires_at IS NOT NULL AND expires_at <= ? RETURNING id",
+                (ApprovalStatus.EXPIRED, run_id, ApprovalStatus.GRANTED, now),
+            )
+        ]
+        await db.run(
+            "UPDATE runs SET state = ?, grants = grants | ?, updated_at = ? WHERE id = ?",
+            (target, int(Grant.INITIATE), now, run_id),
+        )
+        data = {"by": by, "expired_approvals": expired}
+        await event(db, now, run_id, None, RunEvent.RESUME, run.state, target, data)
+        return await load_run(db, run_id), expired

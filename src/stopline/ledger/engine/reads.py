@@ -1,0 +1,198 @@
+"""Loads and reads, and the one way an event is appended to the log.
+
+Orderings are the same on both engines: operations and approvals by
+``created_at, id``, events by ``seq``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any
+
+from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
+from stopline.domain.model import EventRecord, OperationRecord, RunRecord
+from stopline.domain.vocab import LogKind, OpEvent, OpStatus, RunState
+from stopline.errors import NotFound, UnknownOperation, UnknownRun
+from stopline.ledger import rows
+from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.guards import (
+    DEFAULT_UNRESOLVED,
+    IN_FLIGHT,
+    OPEN,
+    OPEN_SQL,
+    SETTLED,
+    sql_values,
+)
+from stopline.ledger.leases import WorkerLease
+
+__all__ = [
+    "approvals",
+    "compensations",
+    "event",
+    "events",
+    "first_unsettled",
+    "in_flight_where",
+    "in_flight_workers",
+    "last_checkpoint",
+    "list_runs",
+    "load_approval",
+    "load_op",
+    "load_run",
+    "operations",
+    "unresolved",
+    "wanted_open",
+]
+
+_EVENT_SQL = (
+    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def in_flight_where(column: str = "status") -> str:
+    """The open index's own condition, verbatim (so it is used), then the in-flight statuses."""
+    return f"{column} IN ({OPEN_SQL}) AND {column} IN ({sql_values(IN_FLIGHT)})"
+
+
+async def load_run(db: Db, run_id: str, *, lock: str = "") -> RunRecord:
+    row = await db.one(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?{lock}", (run_id,))
+    if row is None:
+        raise UnknownRun(run_id)
+    return rows.run_from_row(row)
+
+
+async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
+    row = await db.one(f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?{lock}", (op_id,))
+    if row is None:
+        raise UnknownOperation(op_id)
+    return rows.op_from_row(row)
+
+
+async def load_approval(db: Db, approval_id: str, *, lock: str = "") -> ApprovalRecord:
+    sql = f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE id = ?{lock}"
+    row = await db.one(sql, (approval_id,))
+    if row is None:
+        raise NotFound(f"unknown approval id {approval_id!r}")
+    return rows.approval_from_row(row)
+
+
+async def event(
+    db: Db,
+    at: float,
+    run_id: str,
+    op_id: str | None,
+    kind: str,
+    from_state: str | None,
+    to_state: str | None,
+    data: dict[str, Any],
+) -> None:
+    await db.run(_EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data)))
+
+
+async def events(db: Db, run_id: str) -> list[EventRecord]:
+    await load_run(db, run_id)
+    sql = (
+        "SELECT seq, at, run_id, op_id, kind, from_state, to_state, data FROM events"
+        " WHERE run_id = ? ORDER BY seq"
+    )
+    return [rows.event_from_row(r) for r in await db.all(sql, (run_id,))]
+
+
+async def list_runs(
+    db: Db, state: RunState | None, owner: str | None, limit: int
+) -> list[RunRecord]:
+    sql, params = rows.list_runs_query(state, owner, limit, "?")
+    return [rows.run_from_row(r) for r in await db.all(sql, params)]
+
+
+async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
+    await load_run(db, run_id)
+    if not descendants:
+        sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id"
+        return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
+    sql = (
+        f"WITH RECURSIVE tree(id) AS (SELECT {db.dialect.text('?')} UNION"
+        " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
+        # exclusive ownership is never released; saying so lets the partial index serve
+        " WHERE o.exclusive = 1 AND o.released_at IS NULL)"
+        f" SELECT {rows.OP_COLUMNS} FROM operations"
+        " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, id"
+    )
+    return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
+
+
+def wanted_open(statuses: Collection[OpStatus] | None) -> list[OpStatus]:
+    """The open statuses asked for (the default: what recovery looks at); else ``ValueError``."""
+    chosen = DEFAULT_UNRESOLVED if statuses is None else frozenset(statuses)
+    if not chosen <= OPEN:
+        raise ValueError(f"not open statuses: {sorted(s.value for s in chosen - OPEN)}")
+    return sorted(chosen)
+
+
+async def unresolved(
+    db: Db, limit: int, statuses: Collection[OpStatus] | None
+) -> list[OperationRecord]:
+    """Open operations through the partial index ``ops_open``, never resolved history."""
+    wanted, params = db.dialect.in_list("status", [s.value for s in wanted_open(statuses)])
+    sql = (
+        f"SELECT {rows.OP_COLUMNS} FROM operations{db.dialect.indexed_by('ops_open')}"
+        f" WHERE status IN ({OPEN_SQL}) AND {wanted} ORDER BY created_at, id LIMIT ?"
+    )
+    return [rows.op_from_row(r) for r in await db.all(sql, (*params, limit))]
+
+
+async def first_unsettled(db: Db, run_id: str) -> tuple[str, str] | None:
+    """The run's oldest operation not yet settled, as ``(id, status)``: R10 needs none."""
+    row = await db.one(
+        "SELECT id, status FROM operations WHERE run_id = ?"
+        f" AND status NOT IN ({sql_values(SETTLED)}) ORDER BY created_at, id LIMIT 1",
+        (run_id,),
+    )
+    return None if row is None else (row[0], row[1])
+
+
+async def compensations(db: Db, op_id: str) -> list[OperationRecord]:
+    sql = (
+        f"SELECT {rows.OP_COLUMNS} FROM operations{db.dialect.indexed_by('ops_compensates')}"
+        " WHERE compensates IS NOT NULL AND compensates = ? ORDER BY created_at, id"
+    )
+    return [rows.op_from_row(r) for r in await db.all(sql, (op_id,))]
+
+
+async def in_flight_workers(db: Db) -> list[WorkerLease]:
+    sql = (
+        "SELECT o.worker, max(o.updated_at), count(*), w.host, w.pid, w.lease_until"
+        f" FROM operations AS o{db.dialect.indexed_by('ops_open')}"
+        " LEFT JOIN workers AS w ON w.id = o.worker"
+        f" WHERE {in_flight_where('o.status')} GROUP BY o.worker, w.host, w.pid, w.lease_until"
+        " ORDER BY o.worker"
+    )
+    return [rows.lease_from_row(row) for row in await db.all(sql)]
+
+
+async def approvals(db: Db, run_id: str) -> list[ApprovalRecord]:
+    await load_run(db, run_id)
+    sql = f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE run_id = ? ORDER BY created_at, id"
+    return [rows.approval_from_row(r) for r in await db.all(sql, (run_id,))]
+
+
+async def last_checkpoint(db: Db, run_id: str) -> Checkpoint | None:
+    await load_run(db, run_id)
+    row = await db.one(
+        "SELECT seq, name, at, state FROM checkpoints WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+        (run_id,),
+    )
+    if row is None:
+        return None
+    # the operations that passed the gate before the checkpoint was taken
+    ops = [
+        r[0]
+        for r in await db.all(
+            "SELECT op_id FROM events WHERE run_id = ? AND kind = ? AND seq <"
+            " (SELECT seq FROM events WHERE run_id = ? AND kind = ?"
+            f" AND {db.dialect.json_int('data', 'seq')} = ?) ORDER BY seq",
+            (run_id, OpEvent.GATE_PASSED, run_id, LogKind.CHECKPOINT, row[0]),
+        )
+    ]
+    return Checkpoint(run_id, row[0], row[1], row[2], json.loads(row[3]), tuple(ops))

@@ -1,0 +1,77 @@
+"""``record``: one operation's transition, the compare-and-set derived from the table.
+
+The guard is the operation table's row for the event (``status IN (sources)``)
+and the target a ``CASE`` over the same rows (``guards.transition_case``), on
+both engines: storage and domain cannot disagree. The dialect may run it as
+one statement (PostgreSQL); the portable form reads, updates and logs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from stopline.domain.model import OperationRecord
+from stopline.domain.transitions import OPERATION_TABLE, apply
+from stopline.domain.vocab import OpStatus
+from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.ledger import rows
+from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.engine.db import Db
+
+__all__ = ["record", "record_many", "record_params"]
+
+
+def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, Any]:
+    result_text, has_result = rows.dump_result(update.result, update.has_result)
+    items = ",".join(rows.dump_data(e.to_json()) for e in update.evidence) or None
+    data: dict[str, Any] = {"evidence": [e.to_json() for e in update.evidence]}
+    if update.cause is not None:
+        data["cause"] = update.cause.value
+    if update.error is not None:
+        data["error"] = update.error
+    if update.late:
+        data["late"] = True
+    return {
+        "id": op_id,
+        "now": now,
+        "items": items,
+        "cause": update.cause.value if update.cause else None,
+        "error": update.error,
+        "has_result": int(has_result),
+        "result": result_text,
+        "cancel_state": update.cancel_state,
+        "kind": update.event.value,
+        "data": rows.dump_data(data),
+    }
+
+
+async def record(
+    db: Db, op_id: str, update: OutcomeUpdate, now: float | None = None
+) -> OperationRecord:
+    """Apply one transition (compare-and-set on the status read in the same transaction)."""
+    params = record_params(op_id, update, time.time() if now is None else now)
+    source, row = await db.dialect.apply_outcome(db, update.event, params)
+    if source is None:
+        raise UnknownOperation(op_id)
+    if row is None:
+        apply(OPERATION_TABLE, OpStatus(source), update.event)  # raises IllegalTransition
+        raise AssertionError(f"record of {op_id}: the table allows it but nothing changed")
+    return rows.op_from_row(row)
+
+
+async def record_many(
+    db: Db, items: Sequence[tuple[str, OutcomeUpdate]]
+) -> list[OperationRecord | IllegalTransition]:
+    """``record`` for many operations in one transaction, at one instant; an illegal
+    transition is refused before anything is written and returned in its place."""
+    now = time.time()
+    out: list[OperationRecord | IllegalTransition] = []
+    async with db.transaction():
+        for op_id, update in items:
+            try:
+                out.append(await record(db, op_id, update, now))
+            except IllegalTransition as exc:
+                out.append(exc)
+    return out

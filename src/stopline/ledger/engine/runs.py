@@ -1,0 +1,93 @@
+"""Runs and notes: create (a child of a fenced parent is born fenced), transitions, phases."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stopline.domain.model import OperationRecord, RunRecord
+from stopline.domain.transitions import RUN_TABLE, apply
+from stopline.domain.vocab import Grant, LogKind, PhaseKind, Policy, RunEvent, RunState
+from stopline.errors import UnknownRun
+from stopline.ledger import rows
+from stopline.ledger.backend import RunSpec
+from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.reads import event, load_op, load_run
+
+__all__ = ["create_run", "note", "run_event", "set_phase"]
+
+
+async def create_run(db: Db, spec: RunSpec) -> RunRecord:
+    async with db.transaction():
+        now = time.time()
+        state, grants = RunState.RUNNING, spec.grants
+        if spec.parent_id is not None:
+            # locked: a cancel of the parent either fenced it already or waits for this one
+            parent = await load_run(db, spec.parent_id, lock=db.dialect.for_share)
+            if not parent.grants & Grant.INITIATE:
+                grants &= ~Grant.INITIATE  # born fenced
+                state = RunState.CANCELLING
+        await db.run(
+            f"INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES"
+            " (?, ?, ?, ?, ?, ?, 0, ?, NULL, ?, ?, ?, NULL, NULL, NULL)",
+            (
+                spec.id, spec.name, spec.owner, spec.tenant, spec.parent_id, state.value,
+                int(grants), spec.policy.value, now, now,
+            ),
+        )  # fmt: skip
+        if spec.parent_id is not None:
+            await db.run(
+                "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+                " VALUES (?, ?, ?, ?)",
+                (spec.id, spec.parent_id, int(not spec.shared), now),
+            )
+        data = {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id}
+        await event(db, now, spec.id, None, LogKind.RUN_CREATED, None, state.value, data)
+        return await load_run(db, spec.id)
+
+
+async def run_event(
+    db: Db, run_id: str, kind: RunEvent, by: str, reason: str
+) -> tuple[RunRecord, bool]:
+    """A run transition other than cancel (which is the subtree fence, in ``fence``)."""
+    async with db.transaction():
+        run = await load_run(db, run_id, lock=db.dialect.for_update)
+        target = apply(RUN_TABLE, run.state, kind)
+        now = time.time()
+        await db.run(
+            "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
+            (target.value, now, run_id, run.state.value),
+        )
+        data = {"by": by, "reason": reason}
+        await event(db, now, run_id, None, kind.value, run.state.value, target.value, data)
+        return await load_run(db, run_id), True
+
+
+async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+    async with db.transaction():
+        now = time.time()
+        changed = await db.run(
+            "UPDATE runs SET phase = ?, policy = ?, updated_at = ? WHERE id = ?",
+            (kind.value, policy.value, now, run_id),
+        )
+        if not changed:
+            raise UnknownRun(run_id)
+        data = {"phase": kind.value, "policy": policy.value}
+        await event(db, now, run_id, None, LogKind.PHASE, None, None, data)
+        return await load_run(db, run_id)
+
+
+async def note(
+    db: Db, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None
+) -> OperationRecord:
+    """An event that changes no status (progress, cancel asked, a late copy)."""
+    async with db.transaction():
+        op = await load_op(db, op_id, lock=db.dialect.for_update)
+        now = time.time()
+        if cancel_state is not None:
+            await db.run(
+                "UPDATE operations SET cancel_state = ?, updated_at = ? WHERE id = ?",
+                (cancel_state, now, op_id),
+            )
+        await event(db, now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
+        return await load_op(db, op_id)

@@ -1,0 +1,68 @@
+"""What a ledger holds, read under its access policy (R11): ``ledger.reads``.
+
+The public way to read runs, operations and the log; ``ledger.backend`` is the
+storage seam, for integrations and tools, and checks nobody. With ``by``, a
+run the principal may not see is answered as unknown (``UnknownRun``: its
+existence is not disclosed); without ``by`` the caller is this process itself,
+as for ``Ledger.receipt``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stopline.domain.lifecycle import AccessPolicy, Principal
+from stopline.domain.model import EventRecord, OperationRecord, RunRecord
+from stopline.domain.vocab import RunState
+from stopline.errors import UnknownOperation, UnknownRun
+from stopline.ledger.backend import Queries
+
+__all__ = ["Reads"]
+
+
+class Reads:
+    """Reads of one ledger, each checked against its access policy when ``by`` is given."""
+
+    def __init__(self, queries: Callable[[], Queries], access: Callable[[], AccessPolicy]) -> None:
+        self._queries = queries  # the backend once the ledger is open
+        self._access = access
+
+    async def run(self, run_id: str, *, by: str | Principal | None = None) -> RunRecord:
+        run = await self._queries().get_run(run_id)
+        if by is not None and not self._access().visible(Principal.of(by), run):
+            raise UnknownRun(run_id)
+        return run
+
+    async def runs(
+        self,
+        *,
+        by: str | Principal | None = None,
+        state: RunState | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Newest first: the runs ``by`` may see, among the ``limit`` newest that match."""
+        found = await self._queries().list_runs(state=state, owner=owner, limit=limit)
+        if by is None:
+            return found
+        principal, access = Principal.of(by), self._access()
+        return [run for run in found if access.visible(principal, run)]
+
+    async def operations(
+        self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
+    ) -> list[OperationRecord]:
+        await self.run(run_id, by=by)
+        return await self._queries().operations(run_id, descendants=descendants)
+
+    async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:
+        op = await self._queries().get_operation(op_id)
+        if by is not None:
+            try:
+                await self.run(op.run_id, by=by)
+            except UnknownRun:
+                raise UnknownOperation(op_id) from None
+        return op
+
+    async def events(self, run_id: str, *, by: str | Principal | None = None) -> list[EventRecord]:
+        await self.run(run_id, by=by)
+        return await self._queries().events(run_id)

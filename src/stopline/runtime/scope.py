@@ -1,0 +1,86 @@
+"""``async with ledger.run(...) as run``: the scope of one run in this process.
+
+A cancel of the run ends the block quietly (``RunFenced`` of this run is
+absorbed, alone or as every leaf of an exception group); leaving the block
+either advances the cancelled run's settling or ends the run.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+
+from stopline.domain.guidance import what_to_do
+from stopline.domain.vocab import RunState
+from stopline.errors import AlreadyAttached, RunEnded, UnknownRun
+from stopline.ledger.backend import RunSpec
+from stopline.runtime.boundary import only_cancels_of
+from stopline.runtime.run import Run
+
+if TYPE_CHECKING:
+    from stopline.runtime.ledger import Ledger
+
+__all__ = ["RunContext", "RunScope"]
+
+
+_SETTLING = frozenset({RunState.CANCELLING, RunState.SETTLING})
+
+
+class RunScope:
+    """``async with ledger.run(...) as run``: a cancel of the run ends the block quietly.
+
+    (Named ``RunContext`` before 0.2, which is also Pydantic AI's name for the context
+    its tools receive; the old name stays an alias for one release.)"""
+
+    def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
+        self._ledger = ledger
+        self._spec = spec
+        self._attach = attach
+        self._scope = anyio.CancelScope()
+        self._run: Run | None = None
+
+    async def __aenter__(self) -> Run:
+        backend = self._ledger.backend
+        if self._spec.id in self._ledger._local:
+            raise AlreadyAttached(self._spec.id)
+        record = None
+        if self._attach:
+            try:
+                record = await backend.get_run(self._spec.id)
+            except UnknownRun:
+                record = None
+        if record is None:
+            record = await backend.create_run(self._spec)
+        elif record.state.ended or record.state in _SETTLING:  # nothing would run in it
+            raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
+        run = self._run = Run(self._ledger, record)
+        self._ledger._local[run.id] = run
+        self._scope.__enter__()
+        run._scope = self._scope
+        if record.state is not RunState.RUNNING and record.state not in (
+            RunState.PAUSING,
+            RunState.PAUSED,
+        ):
+            run.cancel_requested = True
+        return run
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        run = self._run
+        assert run is not None
+        ours = only_cancels_of(exc, run.id)
+        if ours:
+            et, exc, tb = None, None, None
+        swallowed = bool(self._scope.__exit__(et, exc, tb))
+        run.cancelled_caught = ours or self._scope.cancelled_caught
+        del self._ledger._local[run.id]
+        ledger = self._ledger
+        with anyio.CancelScope(shield=True):
+            await ledger._outbox.end_run(run, None if swallowed else exc)
+        return ours or swallowed
+
+
+RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)
