@@ -7,6 +7,7 @@
     │   ├── UnknownOperation
     │   └── UnknownTool                an MCP server lists no such tool (also LookupError)
     ├── InvalidInput (also ValueError) an id or argument the ledger cannot take
+    │   └── UnstableValue              an argument with no digest stable across processes
     ├── IdempotencyConflict            an operation id reused with other arguments
     ├── AlreadyAttached                a run already attached in this process
     ├── OperationInDoubt               a replayed operation whose outcome is unknown
@@ -88,6 +89,7 @@ __all__ = [
     "UnknownOperation",
     "UnknownRun",
     "UnknownTool",
+    "UnstableValue",
 ]
 
 
@@ -135,6 +137,15 @@ class InvalidInput(StoplineError, ValueError):
         self.what = what
         self.problem = problem
         super().__init__(f"invalid {what}: {problem}")
+
+
+class UnstableValue(InvalidInput):
+    """An argument whose digest would differ from one process to the next."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(f"argument {path}", why)
 
 
 class IdempotencyConflict(StoplineError):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -300,7 +301,9 @@ LedgerMachine.TestCase.settings = settings(
     deadline=None,
     database=None,
 )
-test_state_machine = LedgerMachine.TestCase
+# 60 derandomized examples of 25 steps take one to two minutes on a quiet
+# 2-core machine: more than the suite's 60 s default, so this test has its own bound.
+test_state_machine = pytest.mark.timeout(600)(LedgerMachine.TestCase)
 
 
 def test_expected_headline_matches_the_docs() -> None:

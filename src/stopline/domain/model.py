@@ -28,6 +28,7 @@ from stopline.domain.vocab import (
     Policy,
     RunState,
 )
+from stopline.errors import UnstableValue
 
 __all__ = [
     "CancelState",
@@ -50,15 +51,6 @@ def digest(value: Any) -> str:
     """
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-class UnstableValue(ValueError):
-    """A value whose digest would differ from one process to the next."""
-
-    def __init__(self, path: str, why: str) -> None:
-        self.path = path
-        self.why = why
-        super().__init__(f"{path}: {why}")
 
 
 def args_digest(value: Any) -> str:

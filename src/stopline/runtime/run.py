@@ -183,7 +183,7 @@ class Run:
         try:  # equal arguments, equal digest, in every process; or refused now
             arguments = args_digest([list(args), kwargs])
         except UnstableValue as exc:
-            raise InvalidInput("arguments", str(exc)) from exc
+            raise InvalidInput("arguments", f"{exc.path}: {exc.why}") from exc
         self._seq += 1
         op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._ledger.register_tool(t)

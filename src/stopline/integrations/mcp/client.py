@@ -23,8 +23,7 @@ proves (see ``_call``). Around it:
   its outcome comes from a read-back after its horizon (R13: the tool's
   ``settles_within``, else the call's progress cap), unless its policy says
   the server cannot cancel (``cancellable=never``: never asked);
-- when the server offers ``stopline_verify``, it is every tool's read-back
-  and makes a cancel confirmable; otherwise pass ``verifiers={name: fn}``;
+- ``stopline_verify``, when offered, is every tool's read-back (else ``verifiers=``);
 - a connection that broke is re-opened on next use (a stdio server is
   started again), so verification and reads go on after a crash. The
   supervisor (``_keep``) re-opens with capped exponential backoff and
@@ -48,7 +47,7 @@ from mcp.client import ClientExtension
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, CallToolResult, ErrorData, RequestParamsMeta
+from mcp_types import CONNECTION_CLOSED, CallToolResult, RequestParamsMeta
 from mcp_types import Tool as McpTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
@@ -61,12 +60,11 @@ from stopline.errors import UnknownTool
 from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
     KEY_META,
-    OUTCOME_DATA,
     VERIFY_TOOL,
     ToolPolicy,
     policy_from_listing,
 )
-from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap
+from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
 from stopline.integrations.mcp.tasks_client import (
     CURRENT_CALL,
     TaskOutcome,
@@ -500,24 +498,3 @@ class StoplineMCP:
             await ledger.late_response(late.key, verdict, result=result, ref=ref, detail=detail)
         except Exception:
             logger.exception("stopline: could not attach a late MCP answer to %s", late.key)
-
-
-def classify_late(late: LateAnswer) -> tuple[Verdict, Any, str]:
-    """What a late answer proves: a success commits; a refusal by stopline's rule does not."""
-    why = f"late answer after {late.reason or 'abandon'}" + (" (raced)" if late.raced else "")
-    if late.result is not None:
-        if late.result.get("isError"):
-            return Verdict.UNKNOWN, late.result, f"{why}: tool error"
-        structured = late.result.get("structuredContent")
-        if structured is not None:
-            return Verdict.COMMITTED, structured, why
-        texts = [
-            c.get("text", "") for c in late.result.get("content", []) if c.get("type") == "text"
-        ]
-        return Verdict.COMMITTED, "\n".join(texts), why
-    error: ErrorData | None = late.error
-    assert error is not None
-    data = error.data if isinstance(error.data, dict) else {}
-    if data.get(OUTCOME_DATA) == "not_committed":
-        return Verdict.NOT_COMMITTED, None, f"{why}: {error.message}"
-    return Verdict.UNKNOWN, None, f"{why}: error {error.code} {error.message!r} proves nothing"

@@ -33,9 +33,10 @@ from mcp.shared.dispatcher import as_request_id, coerce_request_id
 from mcp.shared.message import SessionMessage
 from mcp_types import ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse
 
-from stopline.integrations.mcp._vocab import KEY_META
+from stopline.integrations.mcp._vocab import KEY_META, OUTCOME_DATA
+from stopline.runtime.tool import Verdict
 
-__all__ = ["LateAnswer", "LateResponseTap"]
+__all__ = ["LateAnswer", "LateResponseTap", "classify_late"]
 
 logger = logging.getLogger(__name__)
 
@@ -190,3 +191,24 @@ class _Write:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._inner.aclose()
+
+
+def classify_late(late: LateAnswer) -> tuple[Verdict, Any, str]:
+    """What a late answer proves: a success commits; a refusal by stopline's rule does not."""
+    why = f"late answer after {late.reason or 'abandon'}" + (" (raced)" if late.raced else "")
+    if late.result is not None:
+        if late.result.get("isError"):
+            return Verdict.UNKNOWN, late.result, f"{why}: tool error"
+        structured = late.result.get("structuredContent")
+        if structured is not None:
+            return Verdict.COMMITTED, structured, why
+        texts = [
+            c.get("text", "") for c in late.result.get("content", []) if c.get("type") == "text"
+        ]
+        return Verdict.COMMITTED, "\n".join(texts), why
+    error: ErrorData | None = late.error
+    assert error is not None
+    data = error.data if isinstance(error.data, dict) else {}
+    if data.get(OUTCOME_DATA) == "not_committed":
+        return Verdict.NOT_COMMITTED, None, f"{why}: {error.message}"
+    return Verdict.UNKNOWN, None, f"{why}: error {error.code} {error.message!r} proves nothing"
