@@ -154,11 +154,15 @@ class PostgresBackend(SqlBackend):
     async def _start(self) -> None:
         try:
             # the schema must exist before pooled connections put it on their search path
-            async with await psycopg.AsyncConnection.connect(
+            conn = await psycopg.AsyncConnection.connect(
                 self._conninfo, autocommit=True, connect_timeout=max(2, int(self.retry_for))
-            ) as conn:
+            )
+            try:
                 start = check if self.read_only else migrate
                 await start(Tx(conn, self.location), self.schema)
+            finally:  # shielded: a cancelled start must not leak the connection
+                with anyio.move_on_after(5, shield=True):
+                    await conn.close()
             await self._pool.open(wait=True, timeout=self.retry_for)
         except StoplineError:
             raise

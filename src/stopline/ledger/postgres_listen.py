@@ -99,6 +99,12 @@ class Listener:
                 if not started:
                     raise backend._map(exc) from exc
                 log.warning("cancel listener: connection lost (%s); re-listening", exc)
+            finally:
+                # A cancelled listener's ``async with`` exit is itself cancelled at
+                # its rollback (anyio re-delivers the cancel at every await), which
+                # skips psycopg's close: close here, shielded, so no connection leaks.
+                with anyio.move_on_after(5, shield=True):
+                    await conn.close()
             self.connected = anyio.Event()
             since = time.time() - CATCH_UP_SLACK
             if self.before_reconnect is not None:
