@@ -202,7 +202,7 @@ def test_a_review_item_is_resolved_from_the_console(tmp_path: Path) -> None:
             action[1], data={"csrf": csrf[1], "decision": "committed", "note": "card statement"}
         )
         assert done.status_code == 200
-        assert "Stopped. 1 actions had already completed and were kept." in done.text
+        assert "Stopped. 1 action had already completed and was kept." in done.text
         assert "nothing waits for review" in client.get("/review").text
 
     async def evidence() -> list[tuple[str, str]]:
