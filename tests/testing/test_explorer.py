@@ -130,3 +130,33 @@ async def test_pause_resume_during_the_last_step_settles() -> None:
         out=None,
     )
     assert matrix.ok, matrix.report()
+
+
+async def _play_alone(only: str) -> tuple[Demo, Demo, str]:
+    """Play one cell; the discovery run's providers, the cell's own, and the cell's run id."""
+    made: list[Demo] = []
+
+    def recording() -> Demo:
+        made.append(Demo())
+        return made[-1]
+
+    matrix = await explore(report_upload_notify, recording, actions=ACTIONS, only=only, out=None)
+    assert matrix.ok, matrix.report()
+    (played,) = matrix
+    discovery, cell = made
+    return discovery, cell, played.run_id
+
+
+async def test_drop_connection_drops_the_cells_own_provider() -> None:
+    discovery, cell, run_id = await _play_alone(
+        "point=accepted/upload action=drop_connection seed=0"
+    )
+    assert [k.partition("/")[0] for k in cell.upload.dropped] == [run_id]
+    assert discovery.upload.dropped == []
+
+
+async def test_refuse_cancel_refuses_in_the_cells_own_provider() -> None:
+    discovery, cell, run_id = await _play_alone("point=received/upload action=refuse_cancel seed=0")
+    assert [k.partition("/")[0] for k in cell.upload.refused] == [run_id]
+    assert cell.upload.refused == cell.upload.cancel_requests
+    assert discovery.upload.cancel_requests == []

@@ -57,6 +57,8 @@ class Point:
     source: str  # the provider or tool it belongs to ("" for a workflow's own point)
     occurrence: int  # 1 for the first time the workflow passes it
     kind: str = "provider"  # "provider", "runtime" or "workflow"
+    # the discovery run's provider: what it declares (cancellable, cancel_fn), for
+    # ``applies``; a fault goes into the cell's own provider (``ActionContext.provider``)
     provider: FakeProvider | None = None
 
     @property
@@ -91,6 +93,11 @@ class ActionContext:
         self.cancels: list[tuple[Receipt, frozenset[str]]] = []
         self.late: list[str] = []  # operation ids a late response was delivered for
         self.crashed = False
+
+    @property
+    def provider(self) -> FakeProvider:
+        """This cell's provider at the point (each cell has fresh ones), to inject a fault into."""
+        return self.providers[self.point.source]
 
     def release(self) -> None:
         """Let the workflow go on from the held point."""
@@ -207,8 +214,7 @@ class DropConnection(Action):
         return None
 
     async def at_point(self, ctx: ActionContext) -> None:
-        assert ctx.point.provider is not None
-        ctx.point.provider.drop_response = True
+        ctx.provider.drop_response = True
 
 
 class RefuseCancel(Action):
@@ -227,8 +233,7 @@ class RefuseCancel(Action):
         return "the provider is not asked to cancel at this point"
 
     async def at_point(self, ctx: ActionContext) -> None:
-        assert ctx.point.provider is not None
-        ctx.point.provider.on_cancel = CancelBehaviour.REFUSE
+        ctx.provider.on_cancel = CancelBehaviour.REFUSE
         await ctx.cancel()
 
 

@@ -49,6 +49,8 @@ class FakeProvider:
         self.committed: dict[str, Any] = {}  # ground truth: key -> what was done
         self.effects: list[str] = []  # every commit, so a duplicate effect shows
         self.cancel_requests: list[str] = []
+        self.refused: list[str] = []  # keys whose cancel this provider refused
+        self.dropped: list[str] = []  # keys whose response the dropped connection lost
         self.in_progress: set[str] = set()
         self._cancelled: dict[str, anyio.Event] = {}
         self.late: list[tuple[str, Any]] = []  # responses nobody was waiting for
@@ -87,6 +89,7 @@ class FakeProvider:
             self.effects.append(key)
             await self.barriers.reach("committed", key)
             if self.drop_response:
+                self.dropped.append(key)
                 raise ConnectionResetError("connection dropped before the response")
             await self.barriers.reach("responding", key)
             return {"id": key, "value": payload}
@@ -97,6 +100,7 @@ class FakeProvider:
         key = ctx.key
         self.cancel_requests.append(key)
         if self.on_cancel is CancelBehaviour.REFUSE or key in self.committed:
+            self.refused.append(key)
             return False
         self._cancelled.setdefault(key, anyio.Event()).set()
         return True
