@@ -83,6 +83,7 @@ __all__ = [
     "mcp_call",
     "open_run",
     "stopline_tool",
+    "verify_answer",
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
@@ -373,6 +374,17 @@ def detached_tool(
     tool.wants_context = spec.effects
     tool.verify_fn = detached.verify
     return tool
+
+
+def verify_answer(status: Any, server: str, key: str) -> ReadBack:
+    """What a server's ``stopline_verify`` answer for ``key`` proves; anything but
+    its status record proves nothing."""
+    from stopline.integrations.mcp import VERIFY_TOOL
+
+    if not isinstance(status, dict):
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
+    ref = f"{VERIFY_TOOL}:{server}:{key}"
+    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:

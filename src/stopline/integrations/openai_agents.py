@@ -74,6 +74,7 @@ from stopline.integrations._frameworks import (
     gated_call,
     mcp_call,
     open_run,
+    verify_answer,
 )
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
@@ -202,10 +203,7 @@ async def _mcp_verify(server: MCPServer, ctx: CallContext) -> ReadBack:
     except Exception as exc:  # a read that failed proves nothing
         return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
     status = result.structured_content if not result.is_error else None
-    if not isinstance(status, dict):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: no answer")
-    ref = f"{VERIFY_TOOL}:{server.name}:{ctx.key}"
-    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
+    return verify_answer(status, server.name, ctx.key)
 
 
 def gate_agent(

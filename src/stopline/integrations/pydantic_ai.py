@@ -81,6 +81,7 @@ from stopline.integrations._frameworks import (
     gated_call,
     mcp_call,
     open_run,
+    verify_answer,
 )
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
@@ -242,10 +243,7 @@ async def _mcp_verify(server: NativeMCPToolset[Any], ctx: CallContext) -> ReadBa
         status = await server.direct_call_tool(VERIFY_TOOL, {"key": ctx.key})
     except Exception as exc:  # a read that failed proves nothing
         return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
-    if not isinstance(status, dict):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
-    ref = f"{VERIFY_TOOL}:{server.label}:{ctx.key}"
-    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
+    return verify_answer(status, server.label, ctx.key)
 
 
 def gated(
