@@ -14,6 +14,7 @@ from stopline.errors import AlreadyAttached
 from stopline.telemetry import Telemetry
 from stopline.testing import FakeProvider
 from tests.conftest import FAST_VERIFY
+from tests.truth.helpers import quiesce
 
 
 async def test_attaching_a_run_twice_in_one_process_is_a_typed_error(tmp_path: Path) -> None:
@@ -59,8 +60,7 @@ async def test_per_run_state_is_dropped_when_runs_settle(tmp_path: Path) -> None
                 if i % 2 == 0:
                     await ledger.cancel(run_id, by="u")
             await ledger.wait_settled(run_id, timeout=30)
-        while ledger._settler.busy:  # background steps still finishing their bookkeeping
-            await ledger.wait_for_change("run_0", poll=0.05)
+        await quiesce(ledger)  # background steps still finishing their bookkeeping
         settler = ledger._settler
         maps: dict[str, Sized] = {
             "local runs": ledger._local,

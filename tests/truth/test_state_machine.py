@@ -11,10 +11,13 @@ provider's truth.
 from __future__ import annotations
 
 import functools
+import itertools
+import re
 import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,6 +32,7 @@ from stopline import Headline, OpStatus, Principal, ReadBack, RunState, Verdict,
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec
 from stopline.domain.vocab import Cancellable, OpEvent
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate, RunSpec
+from tests.domain.test_receipt import op as record
 from tests.truth.helpers import quiesce
 
 OWNER = Principal("user:1", tenant="t")  # the runs' owner, in their tenant (R11)
@@ -306,6 +310,32 @@ LedgerMachine.TestCase.settings = settings(
 test_state_machine = pytest.mark.timeout(600)(LedgerMachine.TestCase)
 
 
+# The statuses of a cancelled run's operation that justify each headline of R8.
+_JUSTIFIES = {
+    Headline.NEEDS_REVIEW: OpStatus.NEEDS_REVIEW,
+    Headline.VERIFYING: OpStatus.UNKNOWN,
+    Headline.AWAITING_CONFIRMATION: OpStatus.ACCEPTED,
+    Headline.CORRECTION_QUEUED: OpStatus.COMPENSATING,
+    Headline.STOPPED_WITH_COMPLETED_ACTIONS: OpStatus.COMMITTED,
+    Headline.CORRECTED: OpStatus.COMPENSATED,
+    Headline.CANCELED_BEFORE_EXTERNAL_ACTION: OpStatus.NOT_COMMITTED,
+}
+
+
+def _documented_precedence() -> list[Headline]:
+    """R8's precedence as docs/contract.md writes it ("worst first: a > b > ...")."""
+    text = " ".join((Path(__file__).parents[2] / "docs" / "contract.md").read_text().split())
+    found = re.search(r"\*\*R8 .*?worst first: (.*?)\.\s", text)
+    assert found is not None, "R8's precedence is no longer in docs/contract.md"
+    return [Headline(word.strip()) for word in found.group(1).split(">")]
+
+
 def test_expected_headline_matches_the_docs() -> None:
-    assert anyio is not None
-    assert expected_headline(RunState.CANCELLED, []) is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+    """The machine's own R8 oracle follows the documented precedence: of any two
+    outcomes on a cancelled run, the one written first in the contract wins."""
+    precedence = _documented_precedence()
+    assert set(precedence) == set(_JUSTIFIES)
+    for worse, better in itertools.combinations(precedence, 2):
+        ops = [record(_JUSTIFIES[headline], n=n) for n, headline in enumerate((better, worse))]
+        assert expected_headline(RunState.CANCELLED, ops) is worse, (worse, better)
+    assert expected_headline(RunState.CANCELLED, []) is precedence[-1]
