@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import pytest
 
 import stopline
 from stopline import Cause, Headline, OpStatus, PhaseKind, Policy, Verdict
@@ -213,3 +214,76 @@ async def test_deferred_outcomes_are_read_in_order(ledger_url: str) -> None:
         ops = await reopened.backend.operations(run.id)
     assert [op.status for op in ops] == [OpStatus.COMMITTED] * 20
     assert len(send.effects) == 20
+
+
+@pytest.mark.parametrize("policy", [Policy.VERIFY, Policy.AT_BOUNDARY])
+async def test_r2_a_sibling_refused_at_the_gate_lets_the_call_in_flight_finish(
+    ledger: stopline.Ledger, policy: Policy
+) -> None:
+    """Under ``verify`` and ``at_boundary`` a call in flight finishes (R2): a sibling call
+    refused at the gate raises ``RunFenced`` only after it, so the workflow's own task
+    group does not interrupt it (an interrupted call would be ``unknown``)."""
+    first = FakeProvider("first", cancellable=stopline.Cancellable.NEVER)
+    second = FakeProvider("second")
+    held = first.hold("received")
+    cancelled = anyio.Event()
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        async with run.phase(PhaseKind.CALLING_EXTERNAL, policy), anyio.create_task_group() as tg:
+            tg.start_soon(run.call, first.tool, "a")
+            await cancelled.wait()
+            await run.call(second.tool, "b")  # refused at the gate, after the cancel
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, body)
+        await held.reached.wait()
+        await ledger.cancel(started.run_id, by="user:1")
+        cancelled.set()
+        events = ledger.backend.events
+        while not any(e.kind == "gate_refused" for e in await events(started.run_id)):
+            await ledger.wait_for_change(started.run_id, poll=0.02)
+        held.release()
+    receipt = await ledger.wait_settled(started.run_id, timeout=10)
+    assert [(line.what, line.status) for line in receipt.lines] == [
+        ("first", OpStatus.COMMITTED),
+        ("second", OpStatus.PREVENTED),
+    ]
+    assert second.requests == []
+    assert started.error is None
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+
+
+async def test_r2_a_tool_calling_run_call_is_not_waited_for_by_its_own_fence(
+    ledger: stopline.Ledger,
+) -> None:
+    """A call made inside a tool (a sub-step) meets the fence at once: the fence does not
+    wait for the call it is inside of, which could never end first."""
+    inner = FakeProvider("inner")
+    inside = anyio.Event()
+    go_on = anyio.Event()
+    holder: list[stopline.Run] = []
+
+    @stopline.tool
+    async def outer(ctx: stopline.CallContext) -> str:
+        inside.set()
+        await go_on.wait()
+        with pytest.raises(stopline.RunFenced):
+            await holder[0].call(inner.tool, "x")
+        return "outer done"
+
+    async def body(run: stopline.Run, started: Started) -> None:
+        holder.append(run)
+        async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.VERIFY):
+            await run.call(outer)
+
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, body)
+        await inside.wait()
+        await ledger.cancel(started.run_id, by="user:1")
+        go_on.set()
+    receipt = await ledger.wait_settled(started.run_id, timeout=10)
+    assert [(line.what, line.status) for line in receipt.lines] == [
+        ("outer", OpStatus.COMMITTED),
+        ("inner", OpStatus.PREVENTED),
+    ]
+    assert inner.requests == []

@@ -17,6 +17,7 @@ import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -53,6 +54,9 @@ R = TypeVar("R")
 
 
 NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
+
+# the operations this task is inside of (a tool that calls run.call, and its child tasks)
+_CALLING: ContextVar[frozenset[str]] = ContextVar("stopline_calling", default=frozenset())
 
 
 def _parameters(t: Tool[Any]) -> list[str]:
@@ -112,6 +116,7 @@ class Run:
         self._seq = 0
         self._scope: anyio.CancelScope | None = None
         self._inflight: dict[str, CallContext] = {}
+        self._call_ended: anyio.Event | None = None  # set (and dropped) when a call leaves
         # "a cancel was asked for" (committed to the ledger) ...
         self.cancel_requested = False
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
@@ -225,8 +230,7 @@ class Run:
             await self._ledger.wait_for_change(self.id)
             gate = await self._ledger.backend.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
-            self.cancel_requested = True
-            raise RunFenced(self.id, spec.id)
+            raise await self._fence(spec.id)
         if gate.verdict is GateVerdict.NEEDS_APPROVAL:
             raise ApprovalNeeded(spec.id, await self._ledger.why_not_approved(self.id, spec.id))
         if gate.verdict is GateVerdict.EXISTING:
@@ -237,6 +241,8 @@ class Run:
                 op = await self._ledger.verify(op.id)
                 if op.status is OpStatus.NOT_COMMITTED:
                     return await self._gated(t, spec, args, kwargs, timeout, replayed=True)
+            if op.status is OpStatus.PREVENTED:
+                raise await self._fence(op.id)
             return self._replay(op)  # type: ignore[no-any-return]
         ctx = CallContext(self._ledger, self.id, spec.id, t)  # type: ignore[arg-type]
         if self.cancel_requested:
@@ -244,19 +250,38 @@ class Run:
             not_sent = Evidence.local("not_dispatched", "cancelled before sending")
             update = OutcomeUpdate(OpEvent.NOT_SENT, [not_sent], cause=Cause.USER_CANCEL)
             await self._ledger._resolve(spec.id, update)
-            raise RunFenced(self.id, spec.id)
+            raise await self._fence(spec.id)
         self._inflight[spec.id] = ctx
+        inside = _CALLING.set(_CALLING.get() | {spec.id})
         try:
             result = await self._dispatch(t, ctx, args, kwargs, timeout)
         except Exception as exc:
             if self.cancel_requested:  # the provider's answer to our cancel: unwind quietly
-                raise RunFenced(self.id, spec.id) from exc
+                raise await self._fence(spec.id) from exc
             raise
         finally:
+            _CALLING.reset(inside)
             del self._inflight[spec.id]
+            if self._call_ended is not None:
+                self._call_ended.set()
+                self._call_ended = None
         if self.cancel_requested:
-            raise RunFenced(self.id)  # the boundary after a recorded response
+            raise await self._fence(None)  # the boundary after a recorded response
         return result
+
+    async def _fence(self, op_id: str | None) -> RunFenced:
+        """The fence, raised where a call meets it: under ``verify`` and ``at_boundary``
+        only once every other call of this run in flight has left (R2: the policy lets
+        them finish; a ``RunFenced`` leaving first would have the caller's task group
+        interrupt them, and an interrupted call is ``unknown``). Calls this task is
+        inside of (a tool calling ``run.call``) are not waited for."""
+        self.cancel_requested = True
+        mine = _CALLING.get()
+        while self.policy is not Policy.IMMEDIATE and any(o not in mine for o in self._inflight):
+            if self._call_ended is None:
+                self._call_ended = anyio.Event()
+            await self._call_ended.wait()
+        return RunFenced(self.id, op_id)
 
     def _replay(self, op: OperationRecord) -> Any:
         """R10: a committed operation is never repeated; its recorded result is returned
