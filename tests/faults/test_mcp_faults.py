@@ -76,14 +76,14 @@ async def test_a_crash_looping_server_is_relaunched_with_backoff(
             await kill(mcp)
             before = server.launches
             with pytest.raises((NoAnswer, TimeoutError)):  # bounded by its deadline
-                await mcp.call(run, "lookup", {"key": "k"}, timeout=2.0)
+                await mcp.call(run, "lookup", {"key": "k"}, idle_timeout=2.0)
             with pytest.raises(stopline.Rejected, match="not sent"):  # never left: not committed
-                await mcp.call(run, "echo", {"payload": "p"}, key="while_down", timeout=1.0)
+                await mcp.call(run, "echo", {"payload": "p"}, key="while_down", idle_timeout=1.0)
             relaunched = server.launches - before
             server.crash_loop(False)
             # the fault clears: the read re-opens the connection and the work goes on
-            assert await mcp.call(run, "lookup", {"key": "k"}, timeout=30.0) == {"effects": []}
-            assert await mcp.call(run, "echo", {"payload": "p"}, key="after", timeout=30.0)
+            assert await mcp.call(run, "lookup", {"key": "k"}, idle_timeout=30.0) == {"effects": []}
+            assert await mcp.call(run, "echo", {"payload": "p"}, key="after", idle_timeout=30.0)
         ops = {op.id: op.status for op in await ledger.backend.operations("run_1")}
         receipt = await ledger.receipt("run_1")
     assert relaunched <= 12  # capped exponential backoff, not ~110 launches a second
@@ -101,7 +101,7 @@ async def test_reads_reopen_the_connection_after_a_crash(
     ):
         for _ in range(3):
             await kill(mcp)  # the server dies; nobody calls an effect in between
-            assert await mcp.call(run, "lookup", {"key": "k"}, timeout=30.0) == {"effects": []}
+            assert await mcp.call(run, "lookup", {"key": "k"}, idle_timeout=30.0) == {"effects": []}
     assert mcp.connections == 4 and server.launches == 4
 
 
@@ -115,7 +115,7 @@ async def test_every_verifier_error_is_kept_as_evidence(
             await mcp.client.call_tool("ctl_fault", {"tool": "upload", "fault": "die"})
             server.crash_loop(True)  # it commits, dies, and cannot come back for now
             with pytest.raises(NoAnswer):
-                await mcp.call(run, "upload", {"payload": "x"}, key="up", timeout=30.0)
+                await mcp.call(run, "upload", {"payload": "x"}, key="up", idle_timeout=30.0)
         mcp.connect_timeout = 1.0  # a verifier's look gives up soon while it is down
         op = await ledger.verify("run_1/up")
         assert op.status is OpStatus.UNKNOWN

@@ -374,3 +374,20 @@ async def test_langgraph_mcp_cancel_while_the_server_holds_the_call(
     assert op.status is OpStatus.NOT_COMMITTED and op.cancel_state == "confirmed"
     assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
     assert await server.effects_of(key) == []
+
+
+def test_the_adapters_mcp_tools_take_idle_timeout_and_warn_on_timeout() -> None:
+    """ADR 0030: the silence allowed in each call is ``idle_timeout``; ``timeout=`` is
+    its deprecated name (still the silence in 0.2)."""
+    from stopline.integrations.mcp import StoplineMCP
+
+    conn = StoplineMCP("http://127.0.0.1:9/mcp")  # never opened: no tools are listed
+    assert pai.mcp_toolset(conn, idle_timeout=5).idle_timeout == 5
+    with pytest.warns(DeprecationWarning, match=r"mcp_toolset\(timeout=\)"):
+        assert pai.mcp_toolset(conn, timeout=7).idle_timeout == 7
+    with pytest.warns(DeprecationWarning, match=r"MCPToolset\(timeout=\)"):
+        assert pai.MCPToolset(conn, timeout=8).idle_timeout == 8
+    for adapter in (lg, oa):
+        assert adapter.mcp_tools(conn, idle_timeout=5) == []
+        with pytest.warns(DeprecationWarning, match=r"mcp_tools\(timeout=\)"):
+            adapter.mcp_tools(conn, timeout=5)

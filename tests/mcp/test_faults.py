@@ -223,7 +223,7 @@ async def test_mcp_causes_are_told_apart(ledger: stopline.Ledger, plain: Server)
         with pytest.raises(stopline.NoAnswer) as server_error:
             await plain.conn.call(run, "upload", {"wrong": "arguments"}, key="bad")
         with pytest.raises(stopline.NoAnswer) as timeout:
-            await plain.conn.call(run, "notify", {"payload": "x"}, key="slow", timeout=0.05)
+            await plain.conn.call(run, "notify", {"payload": "x"}, key="slow", idle_timeout=0.05)
     await plain.release("received:notify")
     ops = {op.id.split("/", 1)[1]: op for op in await ledger.backend.operations(run.id)}
     assert ops["refused"].status is OpStatus.NOT_COMMITTED
@@ -231,6 +231,41 @@ async def test_mcp_causes_are_told_apart(ledger: stopline.Ledger, plain: Server)
     assert ops["bad"].cause is Cause.SERVER_ERROR
     assert timeout.value.cause is Cause.TIMEOUT
     assert ops["slow"].cause is Cause.TIMEOUT
+
+
+async def test_mcp_call_timeout_is_the_deprecated_name_of_the_allowed_silence(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    """ADR 0030: ``timeout=`` on ``StoplineMCP.call`` still means the silence, and warns."""
+    await plain.hold("received:notify")
+    async with ledger.run("renamed", owner="user:1") as run:
+        with pytest.raises(TypeError, match="idle_timeout"):
+            await plain.conn.call(run, "notify", {}, key="both", timeout=1, idle_timeout=1)
+        with (
+            pytest.warns(DeprecationWarning, match=r"StoplineMCP\.call\(timeout=\)") as warned,
+            pytest.raises(stopline.NoAnswer) as silent,
+        ):
+            await plain.conn.call(run, "notify", {"payload": "x"}, key="old", timeout=0.05)
+    await plain.release("received:notify")
+    assert [w.filename for w in warned] == [__file__]  # it points at the caller
+    assert silent.value.cause is Cause.TIMEOUT
+    assert "idle_timeout 0.05s" in silent.value.detail
+
+
+async def test_mcp_call_takes_the_options_of_run_call(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    """``needs_approval`` and ``retry`` reach the gate as they do from ``run.call``."""
+    async with ledger.run("options", owner="user:1") as run:
+        with pytest.raises(stopline.ApprovalNeeded):
+            await plain.conn.call(run, "upload", {"payload": "x"}, key="ask", needs_approval=True)
+        await plain.fault("upload", "reject")  # one refusal, then the retry commits
+        retry = stopline.Retry(attempts=2, backoff=0.0)
+        await plain.conn.call(run, "upload", {"payload": "y"}, key="again", retry=retry)
+    events = await ledger.backend.events(run.id)
+    assert await plain.effects_of(f"{run.id}/ask") == []
+    assert [e.kind for e in events if e.op_id == f"{run.id}/again"].count("gate_passed") == 2
+    assert len(await plain.effects_of(f"{run.id}/again")) == 1
 
 
 async def test_mcp_server_idempotency_by_key(plain: Server) -> None:

@@ -159,7 +159,7 @@ async def test_mcp_progress_is_recorded_never_a_commit(
     ledger: stopline.Ledger, server: Server
 ) -> None:
     async with ledger.run("work", owner="user:1") as run:
-        result = await server.conn.call(run, "work", {"payload": "p", "steps": 3}, timeout=30)
+        result = await server.conn.call(run, "work", {"payload": "p", "steps": 3}, idle_timeout=30)
     op = await only_op(ledger, run.id)
     events = [e for e in await ledger.backend.events(run.id) if e.op_id == op.id]
     progress = [e.data["message"] for e in events if e.kind == "progress"]

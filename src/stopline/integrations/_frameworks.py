@@ -215,8 +215,8 @@ class ToolSpec:
 
 async def gated_call(
     tool: Tool[Any],
-    key: str | None,
     *args: Any,
+    key: str | None,
     needs_approval: bool = False,
     **kwargs: Any,
 ) -> Any:
@@ -265,9 +265,9 @@ async def mcp_call(
     conn: StoplineMCP,
     name: str,
     arguments: dict[str, Any],
-    key: str | None,
     *,
-    timeout: float | None = None,
+    key: str | None,
+    idle_timeout: float | None = None,
 ) -> Any:
     """``conn.call(run, name, arguments, key=key)`` in the current run, beside the framework.
 
@@ -294,9 +294,10 @@ async def mcp_call(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(follow_cancel, tg.cancel_scope)
                 try:
-                    outcome.append(
-                        (True, await conn.call(run, name, arguments, key=key, timeout=timeout))
+                    result = await conn.call(
+                        run, name, arguments, key=key, idle_timeout=idle_timeout
                     )
+                    outcome.append((True, result))
                 except (Exception, RunFenced) as exc:  # handed to the framework's task
                     outcome.append((False, exc))
                 tg.cancel_scope.cancel()

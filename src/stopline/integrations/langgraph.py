@@ -74,6 +74,7 @@ from stopline.integrations._frameworks import (
     open_run,
     stopline_tool,
 )
+from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected
@@ -242,7 +243,7 @@ def gate(
         )
         key = f"tool:{call['id']}" if call.get("id") else None
         try:
-            content = await gated_call(gated_tool, key, call["args"])
+            content = await gated_call(gated_tool, call["args"], key=key)
         except _Interrupted as paused:
             if key is not None:
                 _current_graph_run().interrupted.append(key)
@@ -310,7 +311,7 @@ def node(
         t = stopline_tool(f, label, ToolSpec(description=description, verify=verify))
 
         async def gated_node(state: Any) -> Any:
-            return await gated_call(t, _task_key(), state)
+            return await gated_call(t, state, key=_task_key())
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__
@@ -359,7 +360,7 @@ def tool(
 
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
-        return await gated_call(t, f"tool:{call_id}" if call_id else None, **kwargs)
+        return await gated_call(t, key=f"tool:{call_id}" if call_id else None, **kwargs)
 
     return _GatedTool(
         name=base.name,
@@ -375,6 +376,7 @@ def mcp_tools(
     *,
     include: Collection[str] | None = None,
     exclude: Collection[str] = (),
+    idle_timeout: float | None = None,
     timeout: float | None = None,
 ) -> list[BaseTool]:
     """LangChain tools (for ``ToolNode``) for the tools ``conn`` lists.
@@ -385,22 +387,21 @@ def mcp_tools(
     """
     from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
 
+    idle = renamed_idle_timeout("mcp_tools", idle_timeout, timeout)
     skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
     return [
-        _mcp_tool(
-            conn, name, listed.description or listed.title or name, listed.input_schema, timeout
-        )
+        _mcp_tool(conn, name, listed.description or listed.title or name, listed.input_schema, idle)
         for name, listed in conn.listing.items()
         if name not in skip and (include is None or name in include)
     ]
 
 
 def _mcp_tool(
-    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], timeout: float | None
+    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], idle: float | None
 ) -> BaseTool:
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
         key = f"tool:{call_id}" if call_id else None
-        return await mcp_call(conn, name, kwargs, key, timeout=timeout)
+        return await mcp_call(conn, name, kwargs, key=key, idle_timeout=idle)
 
     return _GatedTool(name=name, description=description, args_schema=dict(schema), coroutine=call)

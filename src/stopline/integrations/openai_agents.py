@@ -76,6 +76,7 @@ from stopline.integrations._frameworks import (
     open_run,
     verify_answer,
 )
+from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -145,7 +146,7 @@ def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionT
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set(ctx)
         try:
-            return await gated_call(stopline_tool, f"tool:{ctx.tool_call_id}", arguments)
+            return await gated_call(stopline_tool, arguments, key=f"tool:{ctx.tool_call_id}")
         except Exception as exc:
             if body is invoke:
                 raise
@@ -245,6 +246,7 @@ def mcp_tools(
     *,
     include: Collection[str] | None = None,
     exclude: Collection[str] = (),
+    idle_timeout: float | None = None,
     timeout: float | None = None,
 ) -> list[AgentsTool]:
     """Function tools for the tools ``conn`` lists (``include``/``exclude`` by name).
@@ -256,22 +258,22 @@ def mcp_tools(
     """
     from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
 
+    idle = renamed_idle_timeout("mcp_tools", idle_timeout, timeout)
     skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
     return [
-        _mcp_tool(
-            conn, name, listed.description or listed.title or name, listed.input_schema, timeout
-        )
+        _mcp_tool(conn, name, listed.description or listed.title or name, listed.input_schema, idle)
         for name, listed in conn.listing.items()
         if name not in skip and (include is None or name in include)
     ]
 
 
 def _mcp_tool(
-    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], timeout: float | None
+    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], idle: float | None
 ) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         args = json.loads(arguments) if arguments else {}
-        result = await mcp_call(conn, name, args, f"tool:{ctx.tool_call_id}", timeout=timeout)
+        key = f"tool:{ctx.tool_call_id}"
+        result = await mcp_call(conn, name, args, key=key, idle_timeout=idle)
         return result if isinstance(result, str) else json.dumps(result)
 
     setattr(on_invoke_tool, _GATED, True)  # StoplineMCP gates each call itself

@@ -83,6 +83,7 @@ from stopline.integrations._frameworks import (
     open_run,
     verify_answer,
 )
+from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -136,7 +137,7 @@ class StoplineToolset(WrapperToolset[Any]):
         key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
         token = _CALL.set((ctx, tool))
         try:
-            return await gated_call(gated_tool, key, tool_args)
+            return await gated_call(gated_tool, tool_args, key=key)
         finally:
             _CALL.reset(token)
 
@@ -277,15 +278,16 @@ class MCPToolset(AbstractToolset[Any]):
         *,
         include: Collection[str] | None = None,
         exclude: Collection[str] = (),
-        timeout: float | None = None,
+        idle_timeout: float | None = None,
         id: str | None = None,
+        timeout: float | None = None,
     ) -> None:
         from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
 
         self.conn = conn
         self.include = None if include is None else frozenset(include)
         self.exclude = frozenset({VERIFY_TOOL, *exclude})  # stopline's read-back, not the model's
-        self.timeout = timeout
+        self.idle_timeout = renamed_idle_timeout("MCPToolset", idle_timeout, timeout)
         self._id = id
 
     @property
@@ -318,7 +320,7 @@ class MCPToolset(AbstractToolset[Any]):
     ) -> Any:
         """``conn.call`` in the bound run, keyed by the model's ``tool_call_id``."""
         key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
-        return await mcp_call(self.conn, name, tool_args, key, timeout=self.timeout)
+        return await mcp_call(self.conn, name, tool_args, key=key, idle_timeout=self.idle_timeout)
 
 
 def mcp_toolset(
@@ -326,10 +328,13 @@ def mcp_toolset(
     *,
     include: Collection[str] | None = None,
     exclude: Collection[str] = (),
+    idle_timeout: float | None = None,
     timeout: float | None = None,
 ) -> MCPToolset:
-    """A toolset of ``conn``'s tools (``include``/``exclude`` by name); calls pass the gate."""
-    return MCPToolset(conn, include=include, exclude=exclude, timeout=timeout)
+    """A toolset of ``conn``'s tools (``include``/``exclude`` by name); calls pass the gate.
+    ``idle_timeout``: the silence allowed in each call (``timeout=``: its old name)."""
+    idle = renamed_idle_timeout("mcp_toolset", idle_timeout, timeout)
+    return MCPToolset(conn, include=include, exclude=exclude, idle_timeout=idle)
 
 
 class AgentSession:

@@ -141,6 +141,9 @@ class Run:
         ``key`` names the operation (its idempotency key; by default the call's
         position in the run, so a replay recognises it). ``needs_approval``: the
         gate lets it pass only with a granted, unexpired approval for ``key``.
+        ``timeout``: the deadline of the whole call, in seconds; past it the call is
+        cut and recorded ``unknown`` (cause ``timeout``), then read back (R3). (The
+        silence an MCP call may keep is ``StoplineMCP.call``'s ``idle_timeout``.)
         ``retry``: further attempts after a refusal, each through the gate.
 
         These four names are stopline's: a tool with an argument of the same name

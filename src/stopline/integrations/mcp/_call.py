@@ -43,6 +43,7 @@ from stopline.domain.vocab import Cause, RunState
 from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
+from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
@@ -51,27 +52,27 @@ __all__ = ["Deadline", "McpCall", "plain_result"]
 
 
 class Deadline:
-    """A timeout that progress may extend, never past a hard cap.
+    """A deadline that progress may extend, never past a hard cap.
 
-    ``timeout`` is the silence allowed between signs of life; ``cap`` bounds
-    the whole call, however much progress the server reports.
+    ``idle_timeout`` is the silence allowed between signs of life; ``cap``
+    bounds the whole call, however much progress the server reports.
     """
 
-    def __init__(self, start: float, timeout: float | None, cap: float | None) -> None:
+    def __init__(self, start: float, idle_timeout: float | None, cap: float | None) -> None:
         self.start = start
-        self.timeout = timeout
+        self.idle_timeout = idle_timeout
         self.cap = cap
 
     def initial(self) -> float:
-        if self.timeout is None:
+        if self.idle_timeout is None:
             return self.start + self.cap if self.cap is not None else math.inf
-        return self._bounded(self.start + self.timeout)
+        return self._bounded(self.start + self.idle_timeout)
 
     def extended(self, now: float) -> float:
         """The deadline after a progress notification at ``now``."""
-        if self.timeout is None:
+        if self.idle_timeout is None:
             return self.initial()
-        return self._bounded(now + self.timeout)
+        return self._bounded(now + self.idle_timeout)
 
     def _bounded(self, at: float) -> float:
         return at if self.cap is None else min(at, self.start + self.cap)
@@ -114,6 +115,18 @@ class McpCall:
         self.refused = False
 
     @property
+    def attributes(self) -> dict[str, Any]:
+        """The MCP SDK's own span attributes, plus stopline's operation and run."""
+        return {
+            "mcp.method.name": "tools/call",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": self.mcp_name,
+            "mcp.server.name": self.conn.name,
+            ATTR_OP_ID: self.ctx.op_id,
+            ATTR_RUN_ID: self.ctx.run_id,
+        }
+
+    @property
     def ref(self) -> str:
         return f"mcp:{self.conn.name}:{self.ctx.key}"
 
@@ -121,10 +134,10 @@ class McpCall:
         self,
         arguments: dict[str, Any],
         meta: dict[str, Any],
-        timeout: float | None,
+        idle_timeout: float | None,
         cap: float | None,
     ) -> Any:
-        deadline = Deadline(anyio.current_time(), timeout, cap)
+        deadline = Deadline(anyio.current_time(), idle_timeout, cap)
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             if message == ACCEPTED_MESSAGE:
@@ -170,7 +183,8 @@ class McpCall:
                     raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
                 return plain_result(result)
         if not self.cancel_asked:
-            raise NoAnswer(Cause.TIMEOUT, f"no answer within the deadline (timeout {timeout}s)")
+            why = f"no answer within the deadline (idle_timeout {idle_timeout}s, cap {cap}s)"
+            raise NoAnswer(Cause.TIMEOUT, why)
         return await self._after_cancel()
 
     async def _attempt(

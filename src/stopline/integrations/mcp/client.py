@@ -57,6 +57,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import UnknownTool
+from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp._call import McpCall, plain_result
 from stopline.integrations.mcp._vocab import (
     KEY_META,
@@ -74,9 +75,9 @@ from stopline.integrations.mcp.tasks_client import (
 from stopline.runtime.boundary import Backoff
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
+from stopline.runtime.lifecycle import Retry
 from stopline.runtime.run import Run
 from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
-from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -86,9 +87,7 @@ Target = StdioServerParameters | str
 Verifier = Callable[[CallContext], Awaitable[ReadBack | Verdict]]
 
 
-_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "stopline_mcp_timeout", default=None
-)
+_IDLE: contextvars.ContextVar[float | None] = contextvars.ContextVar("stopline_mcp_idle")
 
 
 class StoplineMCP:
@@ -271,11 +270,11 @@ class StoplineMCP:
         what = listed.title or (listed.description or "").strip().split("\n")[0] or name
 
         async def invoke(ctx: CallContext, arguments: dict[str, Any] | None = None) -> Any:
-            return await self._invoke(name, policy, ctx, arguments, _TIMEOUT.get())
+            return await self._invoke(name, policy, ctx, arguments, _IDLE.get(None))
 
         async def read(arguments: dict[str, Any] | None = None) -> Any:
-            with anyio.fail_after(_TIMEOUT.get()):
-                result = await self._read(name, arguments or {}, _TIMEOUT.get())
+            with anyio.fail_after(idle := _IDLE.get(None)):  # a read: silence ends it
+                result = await self._read(name, arguments or {}, idle)
             if result.is_error:
                 raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
             return plain_result(result)
@@ -328,19 +327,22 @@ class StoplineMCP:
         arguments: dict[str, Any] | None = None,
         *,
         key: str | None = None,
+        idle_timeout: float | None = None,
+        needs_approval: bool = False,
+        retry: Retry | None = None,
         timeout: float | None = None,
     ) -> Any:
-        """``run.call`` for the MCP tool ``name``.
-
-        ``timeout`` is the silence allowed: each progress notification extends it,
-        never past ``progress_cap`` from the start. It is not part of the call's
-        identity (a retry with another timeout is the same operation).
+        """``run.call`` for the MCP tool ``name``: ``key``, ``needs_approval`` and ``retry``
+        as there. ``idle_timeout`` is the silence allowed: each progress notification
+        extends it, never past ``progress_cap`` from the start; it is not part of the
+        call's identity. ``timeout=`` is its old name (deprecated, ADR 0030).
         """
-        token = _TIMEOUT.set(timeout)
+        token = _IDLE.set(renamed_idle_timeout("StoplineMCP.call", idle_timeout, timeout))
         try:
-            return await run.call(self.tool(name), arguments or {}, key=key)
+            tool, args = self.tool(name), arguments or {}
+            return await run.call(tool, args, key=key, needs_approval=needs_approval, retry=retry)
         finally:
-            _TIMEOUT.reset(token)
+            _IDLE.reset(token)
 
     async def _invoke(
         self,
@@ -348,7 +350,7 @@ class StoplineMCP:
         policy: ToolPolicy,
         ctx: CallContext,
         arguments: dict[str, Any] | None,
-        timeout: float | None,
+        idle_timeout: float | None,
     ) -> Any:
         args = dict(arguments or {})
         if policy.key_argument:
@@ -363,26 +365,15 @@ class StoplineMCP:
         # The span is current while the SDK sends: its own "MCP send" span nests under it
         # and every request of this call (tools/call, tasks/*) carries its traceparent.
         with self._tracer.start_as_current_span(
-            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=self._attributes(name, ctx)
+            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=call.attributes
         ) as span:
             self._spans[ctx.op_id] = span
             try:
-                return await call.run(args, meta, timeout, self.progress_cap)
+                return await call.run(args, meta, idle_timeout, self.progress_cap)
             finally:
                 CURRENT_CALL.reset(token)
                 del self._calls[ctx.op_id]
                 del self._spans[ctx.op_id]
-
-    def _attributes(self, name: str, ctx: CallContext) -> dict[str, Any]:
-        """The MCP SDK's own span attributes, plus stopline's operation and run."""
-        return {
-            "mcp.method.name": "tools/call",
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": name,
-            "mcp.server.name": self.name,
-            ATTR_OP_ID: ctx.op_id,
-            ATTR_RUN_ID: ctx.run_id,
-        }
 
     # -- the provider's cancel and read-back ---------------------------------------------
     def _cancel_channel(self) -> str:
