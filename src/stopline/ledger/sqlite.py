@@ -20,6 +20,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
+import anyio.abc
+
 from stopline.domain.model import OperationRecord
 from stopline.errors import (
     LedgerError,
@@ -35,6 +38,7 @@ from stopline.ledger.engine.db import Params
 from stopline.ledger.engine.record import record
 from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
 from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
+from stopline.ledger.sqlite_watch import CancelWatch
 
 __all__ = ["SQLiteBackend", "SQLiteDb"]
 
@@ -70,11 +74,11 @@ class SQLiteBackend(SqlBackend):
             begin=begin,
             linger=group_commit,
         )
+        # cancels committed by other processes on this file, noticed by polling
+        self.watch = CancelWatch(self.path, busy_timeout)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
-        import anyio
-
         backend = cls(path, **options)
         await anyio.to_thread.run_sync(backend._writer.start)
         return backend
@@ -172,6 +176,17 @@ class SQLiteBackend(SqlBackend):
 
     async def close(self) -> None:
         await self._writer.close()
+
+    async def watch_cancels(
+        self,
+        on_cancel: Callable[[list[str]], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if self.read_only:  # a reader runs no calls: nothing to interrupt
+            task_status.started()
+            return
+        await self.watch.run(on_cancel, task_status=task_status)
 
     async def _execute(
         self,
