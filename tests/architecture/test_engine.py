@@ -23,7 +23,18 @@ _QUOTED = re.compile(r"'([a-z_]+)'")
 _OTHER_STORES = {"stopline.integrations.mcp._store"}
 _BACKENDS = ("stopline.ledger.sqlite", "stopline.ledger.postgres")
 # The seams a backend fills in: one implementation per backend is the point.
-_SEAM_METHODS = {"one", "all", "run", "many", "transaction", "_execute", "close", "open"}
+# the seam each backend fills in: its connections and its way of hearing other processes' cancels
+_SEAM_METHODS = {
+    "one",
+    "all",
+    "run",
+    "many",
+    "transaction",
+    "_execute",
+    "close",
+    "open",
+    "watch_cancels",
+}
 
 
 def _normalised(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:

@@ -118,10 +118,10 @@ async def test_a_broken_watch_connection_is_replaced_and_no_cancel_is_lost(
         assert isinstance(backend, SQLiteBackend)
         delivered = Delivered()
         remove = ledger.on_cancel(delivered)
-        conn = backend.watch._conn
+        conn = backend.watch.connection
         assert conn is not None
         # the next poll meets a closed connection (closed on the watch's own thread slot)
-        await anyio.to_thread.run_sync(conn.close, limiter=backend.watch._limiter)
+        await backend.watch.on_thread(conn.close)
         async with stopline.open(f"sqlite:///{path}") as other:
             async with other.run("job", owner="user:1", run_id="r-2"):
                 await other.cancel("r-2", by="user:1")
@@ -140,14 +140,14 @@ async def test_a_cancel_seen_after_its_run_was_resumed_is_not_delivered(tmp_path
         backend = ledger.backend
         assert isinstance(backend, SQLiteBackend)
         watch = CancelWatch(path, busy_timeout=5.0)  # driven by hand: one look, when we say
-        await anyio.to_thread.run_sync(watch._start)
+        await watch.on_thread(watch.baseline)
         for run_id in ("resumed", "left"):
             async with ledger.run("job", owner="user:1", run_id=run_id):
                 await ledger.cancel(run_id, by="user:1")
             await ledger.wait_settled(run_id, timeout=10)
         await ledger.resume("resumed", by="user:1")
         try:
-            seen = await anyio.to_thread.run_sync(watch._poll)
+            seen = await watch.on_thread(watch.poll)
         finally:
-            await anyio.to_thread.run_sync(watch._drop)
+            await watch.on_thread(watch.drop)
     assert seen == ["left"]

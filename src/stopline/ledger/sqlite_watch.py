@@ -59,26 +59,33 @@ class CancelWatch:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         try:
-            await self._thread(self._start)  # the first look: errors here are the caller's
+            await self.on_thread(self.baseline)  # the first look: errors here are the caller's
             task_status.started()
             delay = self.interval
             while True:
                 await anyio.sleep(delay)
                 try:
-                    run_ids = await self._thread(self._poll)
+                    run_ids = await self.on_thread(self.poll)
                 except (sqlite3.Error, OSError) as exc:
                     log.warning("cancel watch on %s: %s; retrying", self._path, exc)
                     delay = min(delay * 2, 1.0)
-                    await self._thread(self._drop)
+                    await self.on_thread(self.drop)
                     continue
                 delay = self.interval
                 if run_ids:
                     on_cancel(run_ids)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._thread(self._drop)
+                await self.on_thread(self.drop)
 
-    async def _thread(self, fn: Callable[[], object]) -> list[str]:
+    @property
+    def connection(self) -> sqlite3.Connection | None:
+        """The watch's read connection, if open."""
+        return self._conn
+
+    async def on_thread(self, fn: Callable[[], object]) -> list[str]:
+        """Run ``fn`` on the one thread slot that owns the connection (a look's
+        run ids, else ``[]``); ``baseline``, ``poll`` and ``drop`` are its steps."""
         result = await anyio.to_thread.run_sync(fn, limiter=self._limiter)
         return result if isinstance(result, list) else []
 
@@ -93,12 +100,14 @@ class CancelWatch:
             self._version = -1  # data_version is per connection: a new one starts afresh
         return self._conn
 
-    def _start(self) -> None:
+    def baseline(self) -> None:
+        """Start from now: cancels committed before the first look are not delivered."""
         conn = self._connection()
         self._version = conn.execute("PRAGMA data_version").fetchone()[0]
         self._seq = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
 
-    def _poll(self) -> list[str]:
+    def poll(self) -> list[str]:
+        """One look: the runs cancelled by commits since the last look, still fenced."""
         conn = self._connection()
         self.polls += 1
         version = conn.execute("PRAGMA data_version").fetchone()[0]
@@ -115,7 +124,8 @@ class CancelWatch:
         # a run resumed since its cancel is not fenced any more: its cancel is stale
         return list(dict.fromkeys(str(run_id) for _, run_id, state in rows if state in _FENCED))
 
-    def _drop(self) -> None:
+    def drop(self) -> None:
+        """Close the connection; the next look opens another."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
