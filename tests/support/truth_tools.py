@@ -103,9 +103,25 @@ class Provider:
         with anyio.fail_after(BARRIER_LIMIT):
             await self._jobs[key].ended.wait()
 
+    async def outcome(self, key: str) -> int:
+        """The effects of ``key`` once its request has ended: a request still held (no
+        cancel stopped it) is let go first, so an effect that would land later counts."""
+        job = self._jobs.get(key)
+        if job is not None and not job.ended.is_set():
+            for (held, _), hold in self._holds.items():
+                if held == key:
+                    hold.released.set()
+            await self.ended(key)
+        return self.commits(key)
+
     # -- the ground truth ----------------------------------------------------------------
     def commits(self, key: str) -> int:
         return sum(1 for e in self.log if e["event"] == "commit" and e["key"] == key)
+
+    def pending(self, key: str) -> bool:
+        """A request with this key is still at work here (the provider's status API)."""
+        job = self._jobs.get(key)
+        return job is not None and not job.ended.is_set()
 
     def find(self, key: str) -> dict[str, Any] | None:
         found = [e for e in self.log if e["event"] == "commit" and e["key"] == key]
@@ -252,7 +268,7 @@ async def run_cell(ledger: stopline.Ledger, tools: Tools, cell: Cell, n: int) ->
             if not _stops_when_asked(cell.mode):  # it goes on whatever: let it
                 provider.release(key, point)
     receipt = await ledger.wait_settled(run_id, timeout=60)
-    truth = provider.commits(key)
+    truth = await provider.outcome(key)
     claim = receipt.lines[0].status.value if receipt.lines else "nothing sent"
     verdict = judge(claim, truth)
     if point and not await said_as_asked(ledger, key, key in provider.cancel_requests):
