@@ -19,7 +19,7 @@ from agents.tool_context import ToolContext
 
 import stopline
 from stopline.integrations import openai_agents as sl
-from tests.support.truth_frameworks import TOOL, Thinking, by_key, check_family
+from tests.support.truth_frameworks import Thinking, check_family
 from tests.support.truth_tools import Provider
 
 FULL = os.environ.get("STOPLINE_TRUTH_MATRIX") == "full"
@@ -35,12 +35,14 @@ def no_trace_export() -> None:
 class OpenAIAgents:
     name = "openai-agents"
 
-    def agent(self, provider: Provider, mode: str, run_id: str, thinking: Thinking) -> Any:
+    def agent(
+        self, provider: Provider, mode: str, tool: str, run_id: str, thinking: Thinking
+    ) -> Any:
         async def think(call: Any) -> Any:
             await thinking()
-            return [function_call(TOOL, {"amount": 5}, call_id="c1")]
+            return [function_call(tool, {"amount": 5}, call_id="c1")]
 
-        @function_tool(name_override=TOOL)
+        @function_tool(name_override=tool)
         async def pay(ctx: ToolContext[Any], amount: int) -> str:
             """Pay."""
             paid = await provider.pay(f"{run_id}/tool:{ctx.tool_call_id}", amount, mode)
@@ -55,12 +57,9 @@ class OpenAIAgents:
         ledger: stopline.Ledger,
         run_id: str,
         policy: stopline.Policy,
-        provider: Provider,
-        verifier: str,
+        settings: dict[str, Any],
     ) -> AsyncIterator[Any]:
-        async with sl.run(
-            ledger, owner="user:1", run_id=run_id, policy=policy, **by_key(provider, verifier)
-        ) as s:
+        async with sl.run(ledger, owner="user:1", run_id=run_id, policy=policy, **settings) as s:
             yield s
 
     async def run(self, session: Any, agent: Any) -> None:

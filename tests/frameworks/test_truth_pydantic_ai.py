@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, RunContext, Tool
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -26,7 +26,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import stopline
 from stopline.integrations import pydantic_ai as sl
-from tests.support.truth_frameworks import TOOL, Thinking, by_key, check_family
+from tests.support.truth_frameworks import Thinking, check_family
 from tests.support.truth_tools import Provider
 
 FULL = os.environ.get("STOPLINE_TRUTH_MATRIX") == "full"
@@ -36,7 +36,9 @@ pytestmark = pytest.mark.timeout(600 if FULL else 120)
 class PydanticAI:
     name = "pydantic-ai"
 
-    def agent(self, provider: Provider, mode: str, run_id: str, thinking: Thinking) -> Any:
+    def agent(
+        self, provider: Provider, mode: str, tool: str, run_id: str, thinking: Thinking
+    ) -> Any:
         async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             answered = any(
                 isinstance(part, ToolReturnPart)
@@ -47,13 +49,13 @@ class PydanticAI:
             if answered:
                 return ModelResponse(parts=[TextPart("paid")])
             await thinking()
-            return ModelResponse(parts=[ToolCallPart(TOOL, {"amount": 5}, tool_call_id="c1")])
+            return ModelResponse(parts=[ToolCallPart(tool, {"amount": 5}, tool_call_id="c1")])
 
         async def pay(ctx: RunContext[None], amount: int) -> dict[str, Any]:
             """Pay."""
             return await provider.pay(f"{run_id}/tool:{ctx.tool_call_id}", amount, mode)
 
-        return Agent(FunctionModel(model), tools=[pay])
+        return Agent(FunctionModel(model), tools=[Tool(pay, name=tool)])
 
     @asynccontextmanager
     async def session(
@@ -61,12 +63,9 @@ class PydanticAI:
         ledger: stopline.Ledger,
         run_id: str,
         policy: stopline.Policy,
-        provider: Provider,
-        verifier: str,
+        settings: dict[str, Any],
     ) -> AsyncIterator[Any]:
-        async with sl.run(
-            ledger, owner="user:1", run_id=run_id, policy=policy, **by_key(provider, verifier)
-        ) as s:
+        async with sl.run(ledger, owner="user:1", run_id=run_id, policy=policy, **settings) as s:
             yield s
 
     async def run(self, session: Any, agent: Any) -> None:

@@ -36,7 +36,6 @@ from tests.support.truth_tools import MODES, POINTS, Provider, said_as_asked
 
 __all__ = [
     "PATHS",
-    "TOOL",
     "Family",
     "Framework",
     "Thinking",
@@ -46,11 +45,17 @@ __all__ = [
     "framework_cells",
     "run_bare",
     "run_cell",
+    "tool_name",
 ]
 
 PATHS = ("stopline-cancel", "task-cancel")
 CANCEL_POINTS = ("before", *POINTS, "never")
-TOOL = "pay"
+
+
+def tool_name(mode: str, verifier: str) -> str:
+    """The tool's name: one per mode and verifier, as the ledger knows a tool (and its
+    read-back) by name."""
+    return f"{mode}_{verifier}"
 
 
 class Thinking:
@@ -70,19 +75,20 @@ class Thinking:
 class Framework(Protocol):
     name: str
 
-    def agent(self, provider: Provider, mode: str, run_id: str, thinking: Thinking) -> Any:
-        """An agent whose model asks for ``pay(amount=5)`` once (call id ``c1``), then
-        answers; its tool pays under ``<run_id>/tool:<call id>``."""
+    def agent(
+        self, provider: Provider, mode: str, tool: str, run_id: str, thinking: Thinking
+    ) -> Any:
+        """An agent whose model asks for ``tool(amount=5)`` once (call id ``c1``), then
+        answers; the tool pays in ``mode`` under ``<run_id>/tool:<call id>``."""
 
     def session(
         self,
         ledger: stopline.Ledger,
         run_id: str,
         policy: Policy,
-        provider: Provider,
-        verifier: str,
+        settings: dict[str, Any],
     ) -> AbstractAsyncContextManager[Any]:
-        """The adapter's ``sl.run(...)`` with the tool's read-back and canceller."""
+        """The adapter's ``sl.run(...)`` with ``settings`` (``verify=``, ``cancel=``)."""
 
     async def run(self, session: Any, agent: Any) -> None:
         """The agent run through the adapter."""
@@ -91,7 +97,7 @@ class Framework(Protocol):
         """The agent run without stopline."""
 
 
-def by_key(provider: Provider, verifier: str) -> dict[str, Any]:
+def by_key(provider: Provider, tool: str, verifier: str) -> dict[str, Any]:
     """The adapter's ``verify=`` and ``cancel=`` for the tool."""
     verify: dict[str, Callable[[str], Awaitable[stopline.ReadBack]]] = {}
     if verifier == "read_tool":
@@ -107,8 +113,8 @@ def by_key(provider: Provider, verifier: str) -> dict[str, Any]:
             )
             return stopline.ReadBack(verdict, ref=f"provider:{key}", result=found)
 
-        verify[TOOL] = find
-    return {"verify": verify, "cancel": {TOOL: provider.cancel}}
+        verify[tool] = find
+    return {"verify": verify, "cancel": {tool: provider.cancel}}
 
 
 def framework_cells(framework: str, full: bool) -> list[Cell]:
@@ -164,12 +170,15 @@ async def run_cell(
     run_id = f"{framework.name}{n}"
     key = f"{run_id}/tool:c1"
     thinking = Thinking(held=cell.point == "before")
-    agent = framework.agent(provider, cell.mode, run_id, thinking)
+    agent = framework.agent(
+        provider, cell.mode, tool_name(cell.mode, cell.verifier), run_id, thinking
+    )
     sessions: list[Any] = []
     entered = anyio.Event()
+    settings = by_key(provider, tool_name(cell.mode, cell.verifier), cell.verifier)
 
     async def workflow() -> None:
-        async with framework.session(ledger, run_id, cell.policy, provider, cell.verifier) as s:
+        async with framework.session(ledger, run_id, cell.policy, settings) as s:
             sessions.append(s)
             entered.set()
             await framework.run(s, agent)
@@ -199,8 +208,9 @@ async def run_cell(
         verdict, claim = "FALSE", f"{claim}: asked?"  # R14: the record says what was sent
     if receipt.run_state is RunState.CANCELLED:  # R14: the resume path repeats nothing
         await ledger.resume(run_id, by="user:1")
-        again = framework.agent(provider, cell.mode, run_id, Thinking(held=False))
-        async with framework.session(ledger, run_id, cell.policy, provider, cell.verifier) as s:
+        tool = tool_name(cell.mode, cell.verifier)
+        again = framework.agent(provider, cell.mode, tool, run_id, Thinking(held=False))
+        async with framework.session(ledger, run_id, cell.policy, settings) as s:
             await framework.run(s, again)
     duplicates = max(0, provider.commits(key) - 1)
     return Row(cell, "stopline", truth, claim, verdict, duplicates)
@@ -211,7 +221,9 @@ async def run_bare(framework: Framework, provider: Provider, cell: Cell, n: int)
     run_id = f"{framework.name}-bare{n}"
     key = f"{run_id}/tool:c1"
     thinking = Thinking(held=cell.point == "before")
-    agent = framework.agent(provider, cell.mode, run_id, thinking)
+    agent = framework.agent(
+        provider, cell.mode, tool_name(cell.mode, cell.verifier), run_id, thinking
+    )
     if cell.point in POINTS:
         provider.hold(key, cell.point)
     async with anyio.create_task_group() as tg:
