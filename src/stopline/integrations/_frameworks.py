@@ -88,8 +88,7 @@ __all__ = [
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
-# how to ask a tool's provider to cancel the call with this idempotency key; it returns
-# what the provider answered, as a ``Tool.canceller`` does
+# asks a tool's provider to cancel the call with this key; answers as ``Tool.canceller``
 CancelByKey = Callable[[str], Awaitable["bool | CancelState | None"]]
 
 
@@ -221,17 +220,9 @@ class ToolSpec:
         """Give an async ``tool`` this spec's read-back and canceller (by the call's key)."""
         verify, cancel = self.verify, self.cancel
         if verify is not None:
-
-            async def read_back(ctx: CallContext) -> ReadBack | Verdict:
-                return await verify(ctx.key)
-
-            tool.verify_fn = read_back
+            tool.verifier(lambda ctx: verify(ctx.key))
         if cancel is not None:
-
-            async def ask(ctx: CallContext) -> bool | CancelState | None:
-                return await cancel(ctx.key)
-
-            tool.canceller(ask)
+            tool.canceller(lambda ctx: cancel(ctx.key))
         return tool
 
 
