@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
-from stopline.domain.model import digest
+from stopline.domain.model import CancelState, digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Bound",
+    "CancelByKey",
     "NoRun",
     "RunPaused",
     "ToolSpec",
@@ -87,6 +88,8 @@ __all__ = [
 ]
 
 VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
+# asks a tool's provider to cancel the call with this key; answers as ``Tool.canceller``
+CancelByKey = Callable[[str], Awaitable["bool | CancelState | None"]]
 
 
 @dataclasses.dataclass(eq=False)
@@ -210,7 +213,17 @@ class ToolSpec:
     effects: bool = True
     cancellable: Cancellable = Cancellable.NEVER
     verify: VerifyByKey | None = None  # a read-back of the destination by idempotency key
+    cancel: CancelByKey | None = None  # a cancel request to the provider, by idempotency key
     description: str = ""
+
+    def declare(self, tool: Tool[Any]) -> Tool[Any]:
+        """Give an async ``tool`` this spec's read-back and canceller (by the call's key)."""
+        verify, cancel = self.verify, self.cancel
+        if verify is not None:
+            tool.verifier(lambda ctx: verify(ctx.key))
+        if cancel is not None:
+            tool.canceller(lambda ctx: cancel(ctx.key))
+        return tool
 
 
 async def gated_call(
@@ -337,9 +350,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
             cancellable=spec.cancellable,
         )
         tool.wants_context = spec.effects
-        if spec.verify is not None:
-            tool.verify_fn = _by_key(spec.verify)
-        return tool
+        return spec.declare(tool)
     sync_fn = fn
 
     def in_thread(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
@@ -394,13 +405,6 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
-
-
-def _by_key(verify: VerifyByKey) -> Callable[[CallContext], Awaitable[ReadBack | Verdict]]:
-    async def read_back(ctx: CallContext) -> ReadBack | Verdict:
-        return await verify(ctx.key)
-
-    return read_back
 
 
 class _Outcome:

@@ -228,9 +228,10 @@ class Ledger(LifecycleMixin, TruthMixin):
             run = self._local.get(fenced)
             if run is not None and not run.cancel_requested:
                 inflight = list(run._inflight.values())
+                at_providers = run._at_providers()
                 if run._deliver_cancel():
                     interrupted.extend(inflight)
-                for ctx in inflight:
+                for ctx in at_providers:
                     self._settler.ask_provider_cancel(ctx)
             self._changed(fenced)
         if interrupted:
