@@ -193,6 +193,8 @@ async def run_cell(
             if tool != "pay_cancellable":
                 await ctl(conn.client, "ctl_release", tool=tool, at=point, idempotency_key=key)
     receipt = await ledger.wait_settled(run_id, timeout=60)
+    if point:  # the truth once the server's call has ended (a receipt in review may come first)
+        await ctl(conn.client, "ctl_ended", idempotency_key=key)
     truth = len(commits(log, key))
     claim = receipt.lines[0].status.value if receipt.lines else "nothing sent"
     if cell.point == "never":
