@@ -65,6 +65,7 @@ from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
+from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
 from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
 
@@ -427,24 +428,24 @@ class _Detached:
         self.calls: dict[str, _Outcome] = {}
 
     async def call(self, ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
-        ledger = ctx._ledger
+        core = ctx.core
         outcome = self.calls[ctx.key] = _Outcome()
         work = self.start(ctx, args, kwargs)
-        ledger.spawn(self._work, ledger, ctx.key, outcome, work)
+        core.spawn(self._work, core.outcomes, ctx.key, outcome, work)
         try:
             await outcome.done.wait()
         except anyio.get_cancelled_exc_class():
             # the framework stopped waiting: the thread goes on; its answer is kept (R4)
             outcome.abandoned = True
             if outcome.done.is_set():
-                ledger.spawn(self._report, ledger, ctx.key, outcome)
+                core.spawn(self._report, core.outcomes, ctx.key, outcome)
             raise
         outcome.settled.set()
         if outcome.error is not None:
             raise outcome.error
         return outcome.result
 
-    async def _work(self, ledger: Ledger, key: str, outcome: _Outcome, work: Work) -> None:
+    async def _work(self, outcomes: Outcomes, key: str, outcome: _Outcome, work: Work) -> None:
         with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
             try:
                 outcome.result = await work()
@@ -452,22 +453,22 @@ class _Detached:
                 outcome.error = exc
             outcome.done.set()
             if outcome.abandoned:
-                await self._report(ledger, key, outcome)
+                await self._report(outcomes, key, outcome)
 
-    async def _report(self, ledger: Ledger, key: str, outcome: _Outcome) -> None:
+    async def _report(self, outcomes: Outcomes, key: str, outcome: _Outcome) -> None:
         """Attach the late answer to its operation: committed, refused, or kept only."""
         try:
             if outcome.error is None:
-                await ledger.late_response(
+                await outcomes.late_response(
                     key, Verdict.COMMITTED, result=outcome.result, detail="late: worker thread"
                 )
             elif isinstance(outcome.error, Rejected):
-                await ledger.late_response(
+                await outcomes.late_response(
                     key, Verdict.NOT_COMMITTED, ref=outcome.error.ref, detail=outcome.error.reason
                 )
             else:
                 detail = f"late: {type(outcome.error).__name__}: {outcome.error}"
-                await ledger.late_response(key, Verdict.UNKNOWN, detail=detail)
+                await outcomes.late_response(key, Verdict.UNKNOWN, detail=detail)
         finally:
             outcome.settled.set()
 

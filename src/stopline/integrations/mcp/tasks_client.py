@@ -234,7 +234,7 @@ class TasksClient(ClientExtension):
         except MCPError as exc:
             detail = f"tasks/cancel failed: {exc.message}"
         if call is not None:  # a request, not an outcome
-            await call._ledger.backend.note(
+            await call.core.backend.note(
                 call.op_id, "task_cancel_requested", {"task_id": task_id, "detail": detail}
             )
 
