@@ -24,7 +24,7 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
-from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, OpEvent, OpStatus
+from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, OpEvent, OpStatus
 from stopline.errors import IllegalTransition, NotPermitted
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
@@ -243,5 +243,5 @@ class Compensator:
                 # the approval hook: until approvals of corrections exist, the proposal
                 # is recorded on the operation and its receipt line offers the correction
                 self._proposed.add(op.id)
-                await core.backend.note(op.id, "compensation_proposed", {"policy": "ask"})
+                await core.backend.note(op.id, NoteKind.COMPENSATION_PROPOSED, {"policy": "ask"})
         return queued

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from stopline.domain.model import Evidence
-from stopline.domain.vocab import EvidenceKind, OpEvent
+from stopline.domain.vocab import EvidenceKind, NoteKind, OpEvent
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
@@ -103,5 +103,7 @@ class CallContext:
     ) -> None:
         """Progress is advisory: it is recorded and never proves a commit."""
         await self.core.backend.note(
-            self.op_id, "progress", {"progress": progress, "total": total, "message": message}
+            self.op_id,
+            NoteKind.PROGRESS,
+            {"progress": progress, "total": total, "message": message},
         )

@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.transitions import CONTRADICTS
-from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, RunEvent
+from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.context import CallContext
@@ -84,7 +84,7 @@ class Outcomes:
             else:
                 op = await backend.note(
                     op_id,
-                    f"evidence_{update.event.value}",
+                    f"evidence_{update.event.value}",  # derived from the OpEvent
                     {
                         "evidence": [e.to_json() for e in update.evidence],
                         "late": update.late,
@@ -160,7 +160,7 @@ class Outcomes:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
         if verdict is Verdict.UNKNOWN:
             op = await self._core.backend.note(
-                op_id, "late_response", {"evidence": [e.to_json() for e in evidence]}
+                op_id, NoteKind.LATE_RESPONSE, {"evidence": [e.to_json() for e in evidence]}
             )
             self._core.changed(op.run_id)
             return op

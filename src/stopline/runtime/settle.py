@@ -21,7 +21,15 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord
-from stopline.domain.vocab import Cancellable, EvidenceKind, OpEvent, OpStatus, RunEvent, RunState
+from stopline.domain.vocab import (
+    Cancellable,
+    EvidenceKind,
+    NoteKind,
+    OpEvent,
+    OpStatus,
+    RunEvent,
+    RunState,
+)
 from stopline.errors import IllegalTransition
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.compensate import context_for
@@ -137,7 +145,8 @@ class Settler:
         data: dict[str, object] = {"answer": state.value, "detail": detail}
         if channel:
             data["channel"] = channel
-        await core.backend.note(ctx.op_id, f"cancel_{state.value}", data, cancel_state=state)
+        kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported
+        await core.backend.note(ctx.op_id, kind, data, cancel_state=state)
         core.changed(ctx.run_id)
 
     async def _ask(self, ctx: CallContext) -> None:
@@ -167,7 +176,9 @@ class Settler:
 
         at = time.time()
         data = {"channel": channel, "at": at}
-        await core.backend.note(ctx.op_id, "cancel_asked", data, cancel_state=CancelState.ASKED)
+        await core.backend.note(
+            ctx.op_id, NoteKind.CANCEL_ASKED, data, cancel_state=CancelState.ASKED
+        )
         core.changed(ctx.run_id)
         answered, answer, detail = False, None, ""
         try:
@@ -190,7 +201,7 @@ class Settler:
         elif state is CancelState.UNANSWERED:
             data = {"channel": channel, "after_s": core.cancel_answer_timeout}
             await core.backend.note(
-                ctx.op_id, "cancel_unanswered", data, cancel_state=CancelState.UNANSWERED
+                ctx.op_id, NoteKind.CANCEL_UNANSWERED, data, cancel_state=CancelState.UNANSWERED
             )
             core.changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
         elif state is not CancelState.ASKED:
@@ -294,14 +305,16 @@ class Settler:
         except Exception as exc:
             # kept as evidence: a verifier's error is part of why the outcome is in doubt
             failed = Evidence.local("verify_error", f"{type(exc).__name__}: {exc}")
-            return await core.backend.note(op.id, "verify_failed", {"evidence": [failed.to_json()]})
+            return await core.backend.note(
+                op.id, NoteKind.VERIFY_FAILED, {"evidence": [failed.to_json()]}
+            )
         if read.verdict is Verdict.UNKNOWN:
             if not read.detail:
                 return await core.backend.get_operation(op.id)
             # kept as evidence: why this look found no answer (a verifier's transport error)
             looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
             return await core.backend.note(
-                op.id, "verify_unknown", {"evidence": [looked.to_json()]}
+                op.id, NoteKind.VERIFY_UNKNOWN, {"evidence": [looked.to_json()]}
             )
         horizon = self.horizon_of(op)
         early = horizon is not None and horizon > time.time()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from stopline.domain.lifecycle import Action, Principal
 from stopline.domain.model import OperationRecord
-from stopline.domain.vocab import RunState
+from stopline.domain.vocab import NoteKind, RunState
 from stopline.runtime.reconcile import Reconciler, ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport, Workers
 from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
@@ -98,7 +98,7 @@ class Truth:
     async def stop_compensation(self, op_id: str, *, by: str | Principal, reason: str = "") -> bool:
         who = await self._authorize(by, Action.STOP_COMPENSATION, op_id)
         await self._core.backend.note(
-            op_id, "compensation_stop_asked", {"by": who, "reason": reason}
+            op_id, NoteKind.COMPENSATION_STOP_ASKED, {"by": who, "reason": reason}
         )
         return self._core.compensator.stop(op_id)
 

@@ -39,7 +39,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from mcp import Client, MCPError
-from stopline.domain.vocab import Cause, RunState
+from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
@@ -171,7 +171,7 @@ class McpCall:
                     attempt += 1  # 2026-07-28: a broken stream lost the request; re-issue it
                     await self.ctx.core.backend.note(
                         self.ctx.op_id,
-                        "mcp_reissued",
+                        NoteKind.MCP_REISSUED,
                         {"attempt": attempt, "after": exc.detail, "key": self.ctx.key},
                     )
                     try:
