@@ -63,11 +63,12 @@ from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
+from stopline.integrations._verify import VerifyByKey, as_verifier, verify_answer, wants_context
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -77,6 +78,8 @@ __all__ = [
     "NoRun",
     "RunPaused",
     "ToolSpec",
+    "VerifyByKey",
+    "as_verifier",
     "bind",
     "current",
     "detached_tool",
@@ -86,8 +89,6 @@ __all__ = [
     "stopline_tool",
     "verify_answer",
 ]
-
-VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
 
 
 @dataclasses.dataclass(eq=False)
@@ -210,7 +211,7 @@ class ToolSpec:
 
     effects: bool = True
     cancellable: Cancellable = Cancellable.NEVER
-    verify: VerifyByKey | None = None  # a read-back of the destination by idempotency key
+    verify: Verifier | None = None  # a read-back of the destination (``as_verifier``)
     description: str = ""
 
 
@@ -324,7 +325,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
     """
     if isinstance(fn, Tool):
         return fn
-    takes_ctx = _wants_context(fn)
+    takes_ctx = wants_context(fn)
     if inspect.iscoroutinefunction(fn):
 
         async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
@@ -338,8 +339,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
             cancellable=spec.cancellable,
         )
         tool.wants_context = spec.effects
-        if spec.verify is not None:
-            tool.verify_fn = _by_key(spec.verify)
+        tool.verify_fn = spec.verify
         return tool
     sync_fn = fn
 
@@ -378,32 +378,6 @@ def detached_tool(
     return tool
 
 
-def verify_answer(status: Any, server: str, key: str) -> ReadBack:
-    """What a server's ``stopline_verify`` answer for ``key`` proves; anything but
-    its status record proves nothing."""
-    from stopline.integrations.mcp import VERIFY_TOOL
-
-    if not isinstance(status, dict):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
-    ref = f"{VERIFY_TOOL}:{server}:{key}"
-    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
-
-
-def _wants_context(fn: Callable[..., Any]) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
-
-
-def _by_key(verify: VerifyByKey) -> Callable[[CallContext], Awaitable[ReadBack | Verdict]]:
-    async def read_back(ctx: CallContext) -> ReadBack | Verdict:
-        return await verify(ctx.key)
-
-    return read_back
-
-
 class _Outcome:
     """One call of a sync function in its worker thread."""
 
@@ -421,7 +395,7 @@ class _Detached:
     def __init__(
         self,
         start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
-        verify: VerifyByKey | None,
+        verify: Verifier | None,
     ) -> None:
         self.start = start
         self.user_verify = verify
@@ -477,7 +451,7 @@ class _Detached:
         outcome = self.calls.get(ctx.key)
         if outcome is None:  # not run here (another process, before a restart)
             if self.user_verify is not None:
-                return await self.user_verify(ctx.key)
+                return await self.user_verify(ctx)
             return ReadBack(Verdict.UNKNOWN, detail="not run in this process")
         await outcome.settled.wait()
         if outcome.error is None:
@@ -487,5 +461,5 @@ class _Detached:
         if isinstance(outcome.error, Rejected):
             return ReadBack(Verdict.NOT_COMMITTED, outcome.error.ref, outcome.error.reason)
         if self.user_verify is not None:
-            return await self.user_verify(ctx.key)
+            return await self.user_verify(ctx)
         return ReadBack(Verdict.UNKNOWN, detail=f"{type(outcome.error).__name__}")

@@ -70,6 +70,7 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
+    as_verifier,
     detached_tool,
     gated_call,
     mcp_call,
@@ -80,7 +81,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -99,7 +100,7 @@ _OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _GATED = "__stopline_gated__"  # marks an invoker that passes the gate
 
 
-def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionTool:
+def gated(tool: FunctionTool, *, verify: Verifier | VerifyByKey | None = None) -> FunctionTool:
     """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
 
     The gated call is the tool's own body, before the SDK's error handling: an
@@ -113,7 +114,7 @@ def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionT
     server = _mcp_server_of(body)
     if server is not None:
         _key_in_meta(server)
-    spec = ToolSpec(verify=verify)  # the receipt names it by its tool name
+    spec = ToolSpec(verify=as_verifier(verify))  # the receipt names it by its tool name
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
         tool_ctx = _CALL.get()
@@ -134,12 +135,8 @@ def gated(tool: FunctionTool, *, verify: VerifyByKey | None = None) -> FunctionT
 
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
-        if verify is not None:
-
-            async def read_back(ctx: CallContext) -> Any:
-                return await verify(ctx.key)
-
-            stopline_tool.verify_fn = read_back
+        if spec.verify is not None:
+            stopline_tool.verify_fn = spec.verify
         elif server is not None:
             stopline_tool.verify_fn = functools.partial(_mcp_verify, server)
 
@@ -211,7 +208,7 @@ def gate_agent(
     agent: Agent[Any],
     *,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
     """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
@@ -296,7 +293,7 @@ class AgentSession:
     """One stopline run carrying Agents SDK runs."""
 
     def __init__(
-        self, bound: Bound, reads: Collection[str], verify: Mapping[str, VerifyByKey]
+        self, bound: Bound, reads: Collection[str], verify: Mapping[str, Verifier | VerifyByKey]
     ) -> None:
         self.bound = bound
         self.id = bound.run.id
@@ -423,13 +420,13 @@ async def run(
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.stream``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by key; ``approver`` is asked for ``needs_approval``.
+    tool's destination back by ``ctx.key``; ``approver`` is asked for ``needs_approval``.
     """
     async with open_run(
         ledger,

@@ -29,7 +29,8 @@ return. Here:
 - a sync tool's call runs to its end in the ledger's task group: the
   operation is ``unknown`` when the run is cancelled, then ``committed`` with
   the late result (R4); an interrupted async tool is ``unknown`` until
-  verified (``verify={name: fn}`` reads the destination back by key);
+  verified (``verify={name: fn}``, ``async fn(ctx)`` reading the destination back
+  by ``ctx.key``);
 - resume: with the history Pydantic AI kept (``s.cancelled.all_messages()``),
   ``s.history(...)`` adds the recorded result of every call that committed but
   has no return. Without it, the model asked again issues its calls under new
@@ -77,6 +78,7 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
+    as_verifier,
     detached_tool,
     gated_call,
     mcp_call,
@@ -87,7 +89,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -125,7 +127,7 @@ class StoplineToolset(WrapperToolset[Any]):
     """A toolset whose side-effecting calls pass the stopline gate."""
 
     reads: Collection[str] = ()
-    verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
+    verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
     async def call_tool(
@@ -147,17 +149,13 @@ class StoplineToolset(WrapperToolset[Any]):
         found = self._tools.get((name, is_async, id(mcp)))
         if found is not None:
             return found
-        spec = ToolSpec(verify=self.verify.get(name))  # the receipt names it by its tool name
+        # the receipt names it by its tool name
+        spec = ToolSpec(verify=as_verifier(self.verify.get(name)))
         if is_async:  # a cancel interrupts it: unknown until verified
             made: Tool[Any] = Tool(self._direct(name), name=name, description=spec.description)
             made.wants_context = True
-            verify = spec.verify
-            if verify is not None:
-
-                async def read_back(ctx: CallContext) -> Any:
-                    return await verify(ctx.key)
-
-                made.verify_fn = read_back
+            if spec.verify is not None:
+                made.verify_fn = spec.verify
             elif mcp is not None:
                 made.verify_fn = functools.partial(_mcp_verify, mcp)
         else:  # a def tool: its executor thread finishes whoever waits (R4)
@@ -251,7 +249,7 @@ def gated(
     toolset: AbstractToolset[Any],
     *,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate."""
     toolset.apply(_key_in_meta)
@@ -263,7 +261,7 @@ class Gate(AbstractCapability[Any]):
     """The capability that gates every tool of the agent: its whole toolset, per run."""
 
     reads: Collection[str] = ()
-    verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
+    verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return gated(toolset, reads=self.reads, verify=self.verify)
@@ -466,13 +464,13 @@ async def run(
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.run``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by key; ``approver`` is asked for deferred approvals.
+    tool's destination back by ``ctx.key``; ``approver`` is asked for deferred approvals.
     """
     gate = Gate(reads=frozenset(reads), verify=dict(verify or {}))
     async with open_run(

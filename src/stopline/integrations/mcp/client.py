@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -77,14 +77,13 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import Retry
 from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict, Verifier
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
 logger = logging.getLogger(__name__)
 
 Target = StdioServerParameters | str
-Verifier = Callable[[CallContext], Awaitable[ReadBack | Verdict]]
 
 
 _IDLE: contextvars.ContextVar[float | None] = contextvars.ContextVar("stopline_mcp_idle")
