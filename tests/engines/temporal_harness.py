@@ -69,11 +69,13 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    server: TemporalDevServer, tmp_path: Path, *, worker: bool = True
+    server: TemporalDevServer, tmp_path: Path, *, worker: bool = True, watched: bool = True
 ) -> AsyncIterator[Harness]:
+    """``watched=False``: the worker's ledger does not watch for cancels committed by
+    other processes (``cancel_poll_ms=0``); they reach it at its next gate only."""
     client = await Client.connect(server.address, namespace=server.namespace)
     provider = FileProvider(tmp_path / "effects.jsonl")
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}" + ("" if watched else "?cancel_poll_ms=0")
     queue = f"q-{uuid.uuid4().hex[:12]}"
     async with stopline.open(url, verify=FAST_VERIFY) as ledger:
         h = Harness(client, ledger, provider, queue, url)

@@ -47,8 +47,9 @@ async def test_temporal_activities_pass_the_gate_once(
 async def test_s1_temporal_cancel_before_dispatch_from_the_cli_is_prevented(
     temporal_server: TemporalDevServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The CLI fences the run from outside (no notification reaches the worker on SQLite);
-    the activity Temporal then dispatches is refused at the gate and never retried."""
+    """The CLI fences the run from another process while the workflow waits; the
+    worker's ledger notices the cancel on the file and carries it into Temporal's
+    cancel, so the activity is never dispatched: nothing reaches the provider."""
     async with harness(temporal_server, tmp_path) as h:
         handle = await h.start(Plan(["upload"], wait_for_go=True))
         await h.ledger.wait_for_change(handle.id)  # the workflow opened its run
@@ -59,19 +60,44 @@ async def test_s1_temporal_cancel_before_dispatch_from_the_cli_is_prevented(
             ["--ledger", h.ledger_url, "cancel", handle.id, "--reason", "pressed stop", "--wait"],
         )
         assert code == 0
-        await handle.signal(Pipeline.go)
-        with pytest.raises(WorkflowFailureError):
+        with anyio.fail_after(60), pytest.raises(WorkflowFailureError):  # no "go" is sent
             await handle.result()
         receipt = await h.ledger.wait_settled(handle.id, timeout=10)
         status = (await handle.describe()).status
     assert h.provider.effects() == []
     assert h.provider.barriers.passed == []  # the provider never saw a request
-    assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+    assert receipt.lines == ()  # the activity was never scheduled
     assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
     assert status in CLOSED_UNSUCCESSFULLY
     capsys.readouterr()
     assert await anyio.to_thread.run_sync(cli, ["--ledger", h.ledger_url, "show", handle.id]) == 0
     assert "Canceled before external action." in capsys.readouterr().out
+
+
+async def test_s1_temporal_unwatched_worker_meets_the_cli_cancel_at_the_gate(
+    temporal_server: TemporalDevServer, tmp_path: Path
+) -> None:
+    """A worker that does not watch for other processes' cancels (``cancel_poll_ms=0``):
+    the workflow goes on, and the activity Temporal dispatches is refused at the gate
+    and never retried."""
+    async with harness(temporal_server, tmp_path, watched=False) as h:
+        handle = await h.start(Plan(["upload"], wait_for_go=True))
+        await h.ledger.wait_for_change(handle.id)  # the workflow opened its run
+        while (await h.ledger.backend.list_runs(limit=10)) == []:
+            await h.ledger.wait_for_change(handle.id)
+        code = await anyio.to_thread.run_sync(
+            cli,
+            ["--ledger", h.ledger_url, "cancel", handle.id, "--reason", "pressed stop", "--wait"],
+        )
+        assert code == 0
+        await handle.signal(Pipeline.go)
+        with anyio.fail_after(60), pytest.raises(WorkflowFailureError):
+            await handle.result()
+        receipt = await h.ledger.wait_settled(handle.id, timeout=10)
+    assert h.provider.effects() == []
+    assert h.provider.barriers.passed == []  # the provider never saw a request
+    assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+    assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
 
 
 async def test_s3_temporal_cancel_after_commit_before_response_is_verified_committed(
@@ -131,9 +157,10 @@ async def test_s11_temporal_retry_after_the_fence_is_refused_at_the_gate(
     temporal_server: TemporalDevServer, tmp_path: Path
 ) -> None:
     """The first attempt is refused by the provider; the fence lands (from another
-    process, unheard by the worker) before Temporal's retry fires: the retry is
-    refused at the gate and never reaches the provider."""
-    async with harness(temporal_server, tmp_path) as h:
+    process, unheard by a worker that does not watch: ``cancel_poll_ms=0``) before
+    Temporal's retry fires: the retry is refused at the gate and never reaches the
+    provider."""
+    async with harness(temporal_server, tmp_path, watched=False) as h:
         hold = h.provider.barriers.hold("received")
         handle = await h.start(Plan(["upload"], heartbeat_timeout=30))
         await hold.reached.wait()

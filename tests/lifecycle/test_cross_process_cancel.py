@@ -118,10 +118,12 @@ async def test_a_broken_watch_connection_is_replaced_and_no_cancel_is_lost(
         assert isinstance(backend, SQLiteBackend)
         delivered = Delivered()
         remove = ledger.on_cancel(delivered)
-        conn = backend.watch.connection
+        watch = backend.watch
+        assert watch is not None
+        conn = watch.connection
         assert conn is not None
         # the next poll meets a closed connection (closed on the watch's own thread slot)
-        await backend.watch.on_thread(conn.close)
+        await watch.on_thread(conn.close)
         async with stopline.open(f"sqlite:///{path}") as other:
             async with other.run("job", owner="user:1", run_id="r-2"):
                 await other.cancel("r-2", by="user:1")
@@ -151,3 +153,38 @@ async def test_a_cancel_seen_after_its_run_was_resumed_is_not_delivered(tmp_path
         finally:
             await watch.on_thread(watch.drop)
     assert seen == ["left"]
+
+
+async def test_an_unwatched_ledger_meets_another_process_cancel_at_its_gate(
+    tmp_path: Path,
+) -> None:
+    """``cancel_poll_ms=0`` turns the watch off: a cancel committed elsewhere reaches
+    this process at its next gate, which refuses the call (R1 holds without the watch)."""
+    path = tmp_path / "ledger.db"
+    sent: list[str] = []
+
+    @stopline.tool
+    async def upload(name: str) -> str:
+        sent.append(name)
+        return name
+
+    async with stopline.open(f"sqlite:///{path}?cancel_poll_ms=0") as ledger:
+        backend = ledger.backend
+        assert isinstance(backend, SQLiteBackend) and backend.watch is None
+        async with ledger.run("upload", owner="user:1", run_id="r-3") as run:
+            async with stopline.open(f"sqlite:///{path}") as other:
+                await other.cancel("r-3", by="user:1")
+            with pytest.raises(stopline.RunCancelled):
+                await run.call(upload, "report.pdf")
+        receipt = await ledger.wait_settled("r-3", timeout=10)
+    assert sent == []
+    assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "60001"])
+async def test_a_bad_cancel_poll_is_refused_by_name(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "ledger.db"
+    with pytest.raises(stopline.LedgerUnavailable, match=f"cancel_poll_ms={value!r}"):
+        async with stopline.open(f"sqlite:///{path}?cancel_poll_ms={value}"):
+            pass
+    assert not path.exists()  # refused before anything was created

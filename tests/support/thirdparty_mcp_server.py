@@ -14,6 +14,12 @@ Run it::
 or from a test: ``stdio_params(log)`` and ``async with http_server(log) as url``.
 Both protocol eras are served on both transports (the client chooses).
 
+``--stopline-effects PATH`` builds the same tools the way stopline's
+server-side helpers advise (tests/support/stopline_keeper.py: each effect
+recorded by key in PATH, ``stopline_verify`` offered, each tool's ``_meta``
+saying how it cancels), for the matrix's stopline read-back column. Without
+it, nothing in the process knows of stopline.
+
 **Ground truth.** ``--log`` is an append-only JSON-lines file the server
 writes (and fsyncs) as things really happen, whichever process or transport:
 ``{"event": "commit" | "stopped" | "cancel_ignored", "tool", "key", "amount",
@@ -174,15 +180,25 @@ class _Holds:
 
 
 # -- the server -----------------------------------------------------------------------
-def build_server(log_path: str, *, dedupe: bool = True) -> tuple[MCPServer[Any], set[str]]:
+def build_server(
+    log_path: str, *, dedupe: bool = True, keeper: Any = None
+) -> tuple[MCPServer[Any], set[str]]:
     """The server, and the names of tools whose cancels it ignores (for the stream filter).
 
     ``dedupe=False`` (``--no-dedupe``): a server that is not idempotent by key, every
-    call commits again.
+    call commits again. ``keeper`` (``--stopline-effects``, a
+    ``tests.support.stopline_keeper.Keeper``): the same tools kept through stopline's
+    server-side helpers, with ``stopline_verify``; without it nothing here knows of
+    stopline.
     """
     log = _Log(log_path)
     holds = _Holds()
     server: MCPServer[Any] = MCPServer("thirdparty-payments")
+    if keeper is not None:
+        keeper.install(server)
+
+    def meta(shielded: bool) -> dict[str, Any] | None:
+        return None if keeper is None else dict(keeper.meta(shielded))
 
     def ended(key: str) -> anyio.Event:
         return log.ended.setdefault(key, anyio.Event())
@@ -203,13 +219,19 @@ def build_server(log_path: str, *, dedupe: bool = True) -> tuple[MCPServer[Any],
         log.write("commit", tool, key, amount=amount)
         return {"payment_id": key, "amount": amount, "replayed": False}
 
-    async def pay(ctx: Context[Any] | None, tool: str, key: str, amount: int) -> dict[str, Any]:
+    async def pay(
+        ctx: Context[Any] | None, tool: str, key: str, amount: int, keep: Any = None
+    ) -> dict[str, Any]:
+        """The call's points, then the commit (through ``keep``, the keeper's, if any)."""
         reached = "received"
         try:
             for at in POINTS:
                 reached = at
                 await point(ctx, tool, key, at)
-            result = commit(tool, key, amount)
+            if keep is None:
+                result = commit(tool, key, amount)
+            else:
+                result = await keep(lambda: commit(tool, key, amount))
             ended(key).set()
             reached = "done"
             await point(ctx, tool, key, "done")
@@ -224,46 +246,63 @@ def build_server(log_path: str, *, dedupe: bool = True) -> tuple[MCPServer[Any],
         if not key:
             raise MCPError(code=-32602, message="idempotency_key must not be empty")
 
-    @server.tool(title="charge a card (stops on cancel)")
+    async def kept(
+        ctx: Context[Any], tool: str, key: str, amount: int, *, shielded: bool
+    ) -> dict[str, Any]:
+        if keeper is None:
+            return await pay(ctx, tool, key, amount)
+
+        async def body(keep: Any) -> dict[str, Any]:
+            return await pay(ctx, tool, key, amount, keep)
+
+        result: dict[str, Any] = await keeper.keep(ctx, tool, body, shielded=shielded)
+        return result
+
+    @server.tool(title="charge a card (stops on cancel)", meta=meta(False))
     async def pay_cancellable(
         idempotency_key: str, amount: int, ctx: Context[Any]
     ) -> dict[str, Any]:
         """Charge ``amount``; a cancel before the charge stops it."""
         require(idempotency_key)
-        return await pay(ctx, "pay_cancellable", idempotency_key, amount)
+        return await kept(ctx, "pay_cancellable", idempotency_key, amount, shielded=False)
 
-    @server.tool(title="charge a card (cannot be stopped once received)")
+    @server.tool(title="charge a card (cannot be stopped once received)", meta=meta(True))
     async def pay_uncancellable(
         idempotency_key: str, amount: int, ctx: Context[Any]
     ) -> dict[str, Any]:
         """Charge ``amount``; the charge finishes whatever happens to the request."""
         require(idempotency_key)
         with anyio.CancelScope(shield=True):  # a cancel is seen only once it has committed
-            result = await pay(ctx, "pay_uncancellable", idempotency_key, amount)
+            result = await kept(ctx, "pay_uncancellable", idempotency_key, amount, shielded=True)
         return result
 
-    @server.tool(title="charge a card (synchronous)")
-    def pay_sync(idempotency_key: str, amount: int) -> dict[str, Any]:
+    @server.tool(title="charge a card (synchronous)", meta=meta(True))
+    def pay_sync(idempotency_key: str, amount: int, ctx: Context[Any]) -> dict[str, Any]:
         """Charge ``amount`` in a plain function: it cannot be interrupted."""
         require(idempotency_key)
         tool = "pay_sync"
-        for at in POINTS:
-            hold = anyio.from_thread.run_sync(holds.take, tool, at, idempotency_key)
-            if hold is not None:
-                hold.thread_gate.wait()
-        result = commit(tool, idempotency_key, amount)
+
+        def body() -> dict[str, Any]:
+            for at in POINTS:
+                hold = anyio.from_thread.run_sync(holds.take, tool, at, idempotency_key)
+                if hold is not None:
+                    hold.thread_gate.wait()
+            return commit(tool, idempotency_key, amount)
+
+        result = body() if keeper is None else keeper.keep_sync(ctx, tool, body)
         anyio.from_thread.run_sync(lambda: ended(idempotency_key).set())
         hold = anyio.from_thread.run_sync(holds.take, tool, "done", idempotency_key)
         if hold is not None:
             hold.thread_gate.wait()
+        assert isinstance(result, dict)
         return result
 
-    @server.tool(title="charge a card (answers even when cancelled)")
+    @server.tool(title="charge a card (answers even when cancelled)", meta=meta(True))
     async def pay_late(idempotency_key: str, amount: int, ctx: Context[Any]) -> dict[str, Any]:
         """Charge ``amount``; a cancel is ignored and the answer is sent anyway."""
         require(idempotency_key)
         with anyio.CancelScope(shield=True):  # a 2026 HTTP stream close cancels the handler
-            result = await pay(ctx, "pay_late", idempotency_key, amount)
+            result = await kept(ctx, "pay_late", idempotency_key, amount, shielded=True)
         return result
 
     @server.tool(annotations=_READ)
@@ -387,14 +426,14 @@ def stdio_params(log: str | Path, *extra: str) -> StdioServerParameters:
 
 
 @contextlib.contextmanager
-def http_server(log: str | Path) -> Iterator[str]:
+def http_server(log: str | Path, *extra: str) -> Iterator[str]:
     """This server over Streamable HTTP on 127.0.0.1, listening before it starts; its URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, str(_HERE), "--log", str(log), "--fd", str(sock.fileno())],
+        [sys.executable, str(_HERE), "--log", str(log), "--fd", str(sock.fileno()), *extra],
         pass_fds=[sock.fileno()],
         stderr=subprocess.DEVNULL,
     )
@@ -416,8 +455,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1")
     parser.add_argument("--fd", type=int, help="Streamable HTTP on this listening socket")
     parser.add_argument("--no-dedupe", action="store_true", help="not idempotent by key")
+    parser.add_argument(
+        "--stopline-effects",
+        metavar="PATH",
+        help="keep the tools through stopline's server-side helpers (record in PATH)",
+    )
     args = parser.parse_args(argv)
-    server, _ = build_server(args.log, dedupe=not args.no_dedupe)
+    keeper = None
+    if args.stopline_effects:
+        sys.path.insert(0, str(_HERE.parent.parent.parent))  # the repository: tests.support
+        from tests.support.stopline_keeper import Keeper
+
+        keeper = Keeper(args.stopline_effects)
+    server, _ = build_server(args.log, dedupe=not args.no_dedupe, keeper=keeper)
     if args.http or args.fd is not None:
         import uvicorn
 

@@ -3,7 +3,9 @@
 Each cell calls one tool of tests/support/thirdparty_mcp_server.py through
 ``StoplineMCP``, cancels the run at one point of the call (before dispatch,
 at 25/50/75/95 % of it, or never) under one phase policy, with one verifier
-(none, or the server's found/not-found read tool mapped to a verifier), waits
+(none; the server's found/not-found read tool mapped to a verifier; or, on the
+same server built with stopline's server-side helpers, its ``stopline_verify``
+read-back), waits
 for the settled receipt, compares every line with the server's own
 ground-truth log, then resumes the run and checks that nothing happened twice.
 
@@ -36,7 +38,7 @@ from tests.support.thirdparty_mcp_server import EFFECT_TOOLS, POINTS, commits
 TRANSPORTS = ("stdio-legacy", "stdio-2026", "http-legacy", "http-2026")
 CANCEL_POINTS = ("before", *POINTS, "never")
 POLICIES = (Policy.VERIFY, Policy.AT_BOUNDARY, Policy.IMMEDIATE)
-VERIFIERS = ("none", "read_tool")
+VERIFIERS = ("none", "read_tool", "stopline_verify")
 # R13: how long after dispatch each tool's effect may still land. The cancellable
 # tool stops on a cancel (held at a barrier, it cannot run past it); the others
 # finish once released, well within their bound.
@@ -94,6 +96,16 @@ def subset() -> list[Cell]:
         for j, m in enumerate(EFFECT_TOOLS):
             point = CANCEL_POINTS[1 + (i + j) % len(POINTS)]
             cells.append(Cell(transport, m, point, POLICIES[(i + j) % len(POLICIES)]))
+    # the server-side stopline read-back: every mode at two points, and two other transports
+    cells += [
+        Cell("stdio-legacy", m, p, verifier="stopline_verify")
+        for m in EFFECT_TOOLS
+        for p in ("50", "95")
+    ]
+    cells += [
+        Cell("http-2026", "pay_late", "75", verifier="stopline_verify"),
+        Cell("stdio-2026", "pay_uncancellable", "25", Policy.IMMEDIATE, "stopline_verify"),
+    ]
     return cells
 
 

@@ -36,6 +36,9 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+_SQLITE_OPTIONS = frozenset({"busy_timeout", "synchronous", "group_commit_ms", "cancel_poll_ms"})
+
+
 async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:
     """The backend for ``url``. ``read_only``: open an existing ledger without changing
     anything (no file created, no journal switched, no schema migrated, no write
@@ -46,14 +49,15 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
-        unknown = set(options) - {"busy_timeout", "synchronous", "group_commit_ms"}
+        unknown = set(options) - _SQLITE_OPTIONS
         if unknown:
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
         return await SQLiteBackend.open(
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
-            group_commit=_milliseconds(url, options.get("group_commit_ms", "2")),
+            group_commit=_milliseconds(url, "group_commit_ms", options.get("group_commit_ms", "2")),
+            cancel_poll=_milliseconds(url, "cancel_poll_ms", options.get("cancel_poll_ms", "50")),
             read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
@@ -67,11 +71,11 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
 
 
-def _milliseconds(url: str, text: str) -> float:
+def _milliseconds(url: str, name: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not 0 <= value <= 60_000:
-        raise LedgerUnavailable(url, f"group_commit_ms={text!r} is not 0-60000 milliseconds")
+        raise LedgerUnavailable(url, f"{name}={text!r} is not 0-60000 milliseconds")
     return value / 1000

@@ -38,7 +38,7 @@ from stopline.ledger.engine.db import Params
 from stopline.ledger.engine.record import record
 from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
 from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
-from stopline.ledger.sqlite_watch import CancelWatch
+from stopline.ledger.sqlite_watch import POLL_INTERVAL, CancelWatch
 
 __all__ = ["SQLiteBackend", "SQLiteDb"]
 
@@ -53,6 +53,7 @@ class SQLiteBackend(SqlBackend):
         synchronous: str = "FULL",
         busy_timeout: float = 10.0,
         group_commit: float = 0.002,
+        cancel_poll: float = POLL_INTERVAL,
         read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
@@ -74,8 +75,9 @@ class SQLiteBackend(SqlBackend):
             begin=begin,
             linger=group_commit,
         )
-        # cancels committed by other processes on this file, noticed by polling
-        self.watch = CancelWatch(self.path, busy_timeout)
+        # cancels committed by other processes on this file, noticed by polling every
+        # ``cancel_poll`` s; 0: not watched, they reach this process at its next gate
+        self.watch = CancelWatch(self.path, busy_timeout, cancel_poll) if cancel_poll else None
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -183,7 +185,7 @@ class SQLiteBackend(SqlBackend):
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        if self.read_only:  # a reader runs no calls: nothing to interrupt
+        if self.read_only or self.watch is None:  # a reader runs no calls; or not watched
             task_status.started()
             return
         await self.watch.run(on_cancel, task_status=task_status)
