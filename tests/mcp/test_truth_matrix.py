@@ -9,7 +9,7 @@ transports and eras, the stopline read-back at two points); ``STOPLINE_TRUTH_MAT
 runs the whole cross-product (4 transports x 4 modes x 6 points x 3 policies x
 3 verifiers):
 
-    STOPLINE_TRUTH_MATRIX=full pytest tests/mcp/test_truth_matrix.py -s -p no:timeout
+    STOPLINE_TRUTH_MATRIX=full pytest tests/mcp/test_truth_matrix.py -s
 """
 
 from __future__ import annotations

@@ -242,10 +242,10 @@ def totals(rows: Sequence[Row]) -> tuple[int, int, int]:
 
 
 def render(rows: Sequence[Row], summary: Mapping[str, Sequence[Row]]) -> str:
-    out = [f"{'cell':<58} {'client':<9} {'truth':>5}  {'claim':<14} {'verdict':<7} dup"]
+    out = [f"{'cell':<70} {'client':<9} {'truth':>5}  {'claim':<14} {'verdict':<7} dup"]
     for r in rows:
         out.append(
-            f"{r.cell.name:<58} {r.client:<9} {r.truth:>5}  {r.claim:<14} {r.verdict:<7} "
+            f"{r.cell.name:<70} {r.client:<9} {r.truth:>5}  {r.claim:<14} {r.verdict:<7} "
             f"{r.duplicates}"
         )
     out.append("")

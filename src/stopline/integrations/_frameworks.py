@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
-from stopline.domain.model import digest
+from stopline.domain.model import CancelState, digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Bound",
+    "CancelByKey",
     "NoRun",
     "RunPaused",
     "ToolSpec",
@@ -89,6 +90,9 @@ __all__ = [
     "stopline_tool",
     "verify_answer",
 ]
+
+# asks a tool's provider to cancel the call with this key; answers as ``Tool.canceller``
+CancelByKey = Callable[[str], Awaitable["bool | CancelState | None"]]
 
 
 @dataclasses.dataclass(eq=False)
@@ -212,7 +216,17 @@ class ToolSpec:
     effects: bool = True
     cancellable: Cancellable = Cancellable.NEVER
     verify: Verifier | None = None  # a read-back of the destination (``as_verifier``)
+    cancel: CancelByKey | None = None  # a cancel request to the provider, by idempotency key
     description: str = ""
+
+    def declare(self, tool: Tool[Any]) -> Tool[Any]:
+        """Give an async ``tool`` this spec's read-back and canceller (by the call's key)."""
+        verify, cancel = self.verify, self.cancel
+        if verify is not None:
+            tool.verifier(verify)
+        if cancel is not None:
+            tool.canceller(lambda ctx: cancel(ctx.key))
+        return tool
 
 
 async def gated_call(
@@ -339,8 +353,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
             cancellable=spec.cancellable,
         )
         tool.wants_context = spec.effects
-        tool.verify_fn = spec.verify
-        return tool
+        return spec.declare(tool)
     sync_fn = fn
 
     def in_thread(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:

@@ -66,6 +66,7 @@ from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
+    CancelByKey,
     NoRun,
     ToolSpec,
     VerifyByKey,
@@ -100,7 +101,12 @@ _OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _GATED = "__stopline_gated__"  # marks an invoker that passes the gate
 
 
-def gated(tool: FunctionTool, *, verify: Verifier | VerifyByKey | None = None) -> FunctionTool:
+def gated(
+    tool: FunctionTool,
+    *,
+    verify: Verifier | VerifyByKey | None = None,
+    cancel: CancelByKey | None = None,
+) -> FunctionTool:
     """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
 
     The gated call is the tool's own body, before the SDK's error handling: an
@@ -114,7 +120,9 @@ def gated(tool: FunctionTool, *, verify: Verifier | VerifyByKey | None = None) -
     server = _mcp_server_of(body)
     if server is not None:
         _key_in_meta(server)
-    spec = ToolSpec(verify=as_verifier(verify))  # the receipt names it by its tool name
+    spec = ToolSpec(
+        verify=as_verifier(verify), cancel=cancel
+    )  # the receipt names it by its tool name
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
         tool_ctx = _CALL.get()
@@ -135,9 +143,8 @@ def gated(tool: FunctionTool, *, verify: Verifier | VerifyByKey | None = None) -
 
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
-        if spec.verify is not None:
-            stopline_tool.verify_fn = spec.verify
-        elif server is not None:
+        spec.declare(stopline_tool)
+        if spec.verify is None and server is not None:
             stopline_tool.verify_fn = functools.partial(_mcp_verify, server)
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
@@ -209,6 +216,7 @@ def gate_agent(
     *,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
+    cancel: Mapping[str, CancelByKey] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
     """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
@@ -216,17 +224,19 @@ def gate_agent(
     seen = {} if _seen is None else _seen
     if id(agent) in seen:
         return seen[id(agent)]
-    verify = dict(verify or {})
+    verify, cancel = dict(verify or {}), dict(cancel or {})
 
     def gate(tool: AgentsTool) -> AgentsTool:
         if not isinstance(tool, FunctionTool) or tool.name in reads:
             return tool
-        return gated(tool, verify=verify.get(tool.name))
+        return gated(tool, verify=verify.get(tool.name), cancel=cancel.get(tool.name))
 
     copy = agent.clone(tools=[gate(t) for t in agent.tools])
     seen[id(agent)] = copy
     copy.handoffs = [
-        gate_agent(h, reads=reads, verify=verify, _seen=seen) if isinstance(h, Agent) else h
+        gate_agent(h, reads=reads, verify=verify, cancel=cancel, _seen=seen)
+        if isinstance(h, Agent)
+        else h
         for h in agent.handoffs
     ]
     listed = copy.get_mcp_tools
@@ -293,12 +303,17 @@ class AgentSession:
     """One stopline run carrying Agents SDK runs."""
 
     def __init__(
-        self, bound: Bound, reads: Collection[str], verify: Mapping[str, Verifier | VerifyByKey]
+        self,
+        bound: Bound,
+        reads: Collection[str],
+        verify: Mapping[str, Verifier | VerifyByKey],
+        cancel: Mapping[str, CancelByKey] | None = None,
     ) -> None:
         self.bound = bound
         self.id = bound.run.id
         self.reads = reads
         self.verify = verify
+        self.cancels = dict(cancel or {})
         self.result: RunResultStreaming | None = None
         bound.interrupt = self._interrupt
         self._mode: Literal["immediate", "after_turn"] = "immediate"
@@ -310,7 +325,7 @@ class AgentSession:
         ``run_input`` may be a ``RunState``: the recorded approval decisions are
         applied to it first (``apply_decisions``).
         """
-        gated_agent = gate_agent(agent, reads=self.reads, verify=self.verify)
+        gated_agent = gate_agent(agent, reads=self.reads, verify=self.verify, cancel=self.cancels)
         config = kwargs.pop("run_config", None) or RunConfig()
         user_filter = config.call_model_input_filter
         config = dataclasses.replace(
@@ -421,16 +436,19 @@ async def run(
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
+    cancel: Mapping[str, CancelByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.stream``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by ``ctx.key``; ``approver`` is asked for ``needs_approval``.
+    tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
+    cancel the call with that key (a cancel of the run asks every call in flight
+    that has one); ``approver`` is asked for ``needs_approval``.
     """
     async with open_run(
         ledger,
-        lambda bound: AgentSession(bound, frozenset(reads), dict(verify or {})),
+        lambda bound: AgentSession(bound, frozenset(reads), dict(verify or {}), cancel),
         name=name,
         owner=owner,
         run_id=run_id,

@@ -74,6 +74,7 @@ from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import NotFound, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
+    CancelByKey,
     NoRun,
     ToolSpec,
     VerifyByKey,
@@ -128,6 +129,7 @@ class StoplineToolset(WrapperToolset[Any]):
 
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
+    cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
     async def call_tool(
@@ -150,13 +152,12 @@ class StoplineToolset(WrapperToolset[Any]):
         if found is not None:
             return found
         # the receipt names it by its tool name
-        spec = ToolSpec(verify=as_verifier(self.verify.get(name)))
+        spec = ToolSpec(verify=as_verifier(self.verify.get(name)), cancel=self.cancel.get(name))
         if is_async:  # a cancel interrupts it: unknown until verified
             made: Tool[Any] = Tool(self._direct(name), name=name, description=spec.description)
             made.wants_context = True
-            if spec.verify is not None:
-                made.verify_fn = spec.verify
-            elif mcp is not None:
+            spec.declare(made)
+            if spec.verify is None and mcp is not None:
                 made.verify_fn = functools.partial(_mcp_verify, mcp)
         else:  # a def tool: its executor thread finishes whoever waits (R4)
             made = detached_tool(name, spec, self._framework_call(name))
@@ -250,10 +251,15 @@ def gated(
     *,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
+    cancel: Mapping[str, CancelByKey] | None = None,
 ) -> StoplineToolset:
-    """Wrap a toolset: calls of its tools (except ``reads``) pass the gate."""
+    """Wrap a toolset: calls of its tools (except ``reads``) pass the gate. ``verify``
+    reads a tool's destination back by ``ctx.key``; ``cancel`` asks its provider to cancel the
+    call with that key (an async tool's canceller: a cancel of the run asks it)."""
     toolset.apply(_key_in_meta)
-    return StoplineToolset(toolset, reads=frozenset(reads), verify=dict(verify or {}))
+    return StoplineToolset(
+        toolset, reads=frozenset(reads), verify=dict(verify or {}), cancel=dict(cancel or {})
+    )
 
 
 @dataclasses.dataclass
@@ -262,9 +268,10 @@ class Gate(AbstractCapability[Any]):
 
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
+    cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
-        return gated(toolset, reads=self.reads, verify=self.verify)
+        return gated(toolset, reads=self.reads, verify=self.verify, cancel=self.cancel)
 
 
 class MCPToolset(AbstractToolset[Any]):
@@ -465,14 +472,17 @@ async def run(
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
+    cancel: Mapping[str, CancelByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.run``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by ``ctx.key``; ``approver`` is asked for deferred approvals.
+    tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
+    cancel the call with that key (a cancel of the run asks every call in flight
+    that has one); ``approver`` is asked for deferred approvals.
     """
-    gate = Gate(reads=frozenset(reads), verify=dict(verify or {}))
+    gate = Gate(reads=frozenset(reads), verify=dict(verify or {}), cancel=dict(cancel or {}))
     async with open_run(
         ledger,
         lambda bound: AgentSession(bound, gate),

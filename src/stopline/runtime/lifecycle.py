@@ -163,9 +163,10 @@ class Lifecycle:
             run = core.runs.get(fenced)
             if run is not None and not run.cancel_requested:
                 inflight = run.in_flight
+                at_providers = run.at_providers()  # in flight, and cut just before
                 if run.deliver_cancel():
                     interrupted.extend(inflight)
-                for ctx in inflight:
+                for ctx in at_providers:
                     core.settler.ask_provider_cancel(ctx)
             core.changed(fenced)
         if interrupted:

@@ -122,6 +122,8 @@ class Run:
         self._seq = 0
         self._scope = scope  # the block's, cancelled to interrupt its work
         self._inflight: dict[str, CallContext] = {}
+        # calls cut locally before any cancel of the run: a cancel that follows asks them too
+        self._cut: dict[str, CallContext] = {}
         self._call_ended: anyio.Event | None = None  # set (and dropped) when a call leaves
         # "a cancel was asked for" (committed to the ledger) ...
         self.cancel_requested = False
@@ -264,6 +266,12 @@ class Run:
         inside = _CALLING.set(_CALLING.get() | {spec.id})
         try:
             result = await self._dispatch(t, ctx, args, kwargs, timeout)
+        except anyio.get_cancelled_exc_class():
+            if not self.cancel_requested:
+                # cut by its caller's own cancel (a framework's native cancel cuts the
+                # tool's task before it fences the run): its provider may be at work still
+                self._cut[spec.id] = ctx
+            raise
         except Exception as exc:
             if self.cancel_requested:  # the provider's answer to our cancel: unwind quietly
                 raise await self._fence(spec.id) from exc
@@ -404,6 +412,13 @@ class Run:
     def in_flight(self) -> tuple[CallContext, ...]:
         """The calls of this run in flight in this process now."""
         return tuple(self._inflight.values())
+
+    def at_providers(self) -> list[CallContext]:
+        """The calls a cancel of this run asks providers about: those in flight here,
+        and those cut locally just before (their provider may not have stopped)."""
+        calls = [*self._inflight.values(), *self._cut.values()]
+        self._cut.clear()
+        return calls
 
     def ask_providers_to_cancel(self) -> None:
         """Ask the provider of each call in flight to cancel it, as a committed cancel
