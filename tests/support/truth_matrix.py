@@ -103,7 +103,9 @@ def subset() -> list[Cell]:
         for p in ("50", "95")
     ]
     cells += [
-        Cell("http-2026", "pay_late", "75", verifier="stopline_verify"),
+        # a cut on 2026 HTTP: the shielded tool is slowed by its closed stream, its
+        # record says "in progress" past the read-back budget (the read long-polls)
+        Cell("http-2026", "pay_late", "25", Policy.IMMEDIATE, "stopline_verify"),
         Cell("stdio-2026", "pay_uncancellable", "25", Policy.IMMEDIATE, "stopline_verify"),
     ]
     return cells

@@ -416,7 +416,9 @@ class StoplineMCP:
 
     async def _read_back(self, ctx: CallContext) -> ReadBack:
         try:
-            status = await self.status(ctx.key)
+            # an attempt still running at the server is waited for (a long poll): its
+            # "in progress" proves nothing, and the budget may end before it does (R13)
+            status = await self.status(ctx.key, wait_seconds=self.poll_wait)
         except NoAnswer as exc:
             if exc.cause is Cause.TRANSPORT:
                 self.mark_broken()
