@@ -71,6 +71,7 @@ EXPECTED = {
     "UnknownOperation",
     "UnknownRun",
     "Verdict",
+    "Verifier",  # the one verifier signature: async (ctx: CallContext) -> ReadBack | Verdict
     "VerifyBudget",
     "__version__",
     "open",

@@ -72,6 +72,7 @@ from stopline.runtime.tool import (
     Rejected,
     Tool,
     Verdict,
+    Verifier,
     tool,
 )
 
@@ -143,6 +144,7 @@ __all__ = [
     "UnknownOperation",
     "UnknownRun",
     "Verdict",
+    "Verifier",
     "VerifyBudget",
     "__version__",
     "open",

@@ -60,7 +60,7 @@ async def test_a_fault_in_background_work_cancels_no_run(
                 responding.release()  # the outcome cannot be written: it is held
                 while not ledger.health.degraded:
                     await ledger.health.changed()
-                recording = ledger._recording | ledger._outbox.held.keys()
+                recording = ledger.core.outcomes.in_hand()
                 assert "run_a/x" in recording  # in hand, not durable: the receipt says so
             fault_cleared.set()
         a = await ledger.wait_settled("run_a", timeout=30)

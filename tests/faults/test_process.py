@@ -61,11 +61,12 @@ async def test_per_run_state_is_dropped_when_runs_settle(tmp_path: Path) -> None
                     await ledger.cancel(run_id, by="u")
             await ledger.wait_settled(run_id, timeout=30)
         await quiesce(ledger)  # background steps still finishing their bookkeeping
-        settler = ledger._settler
+        core = ledger.core
+        settler = core.settler
         maps: dict[str, Sized] = {
-            "local runs": ledger._local,
-            "change events": ledger._changes,
-            "held outcomes": ledger._outbox.held,
+            "local runs": core.runs,
+            "change events": core._changes,
+            "held outcomes": core.outbox.held,
             "settler locks": settler._locks,
             "verifying": settler._verifying,
             "asking": settler._asking,

@@ -16,7 +16,6 @@ from typing import Any
 import anyio
 
 import stopline
-from stopline.integrations._frameworks import VerifyByKey
 
 BARRIER_LIMIT = 20.0  # a safety net for a broken test, never a synchronisation
 
@@ -121,12 +120,12 @@ class FileEffect:
         """Until the def body is at the barrier in its thread (the event loop stays free)."""
         await anyio.to_thread.run_sync(self.reached.wait, BARRIER_LIMIT)
 
-    def read_back(self) -> VerifyByKey:
+    def read_back(self) -> stopline.Verifier:
         """A verifier for a test's one effect: the file has its line, or provably not.
 
         Sound once the call can no longer write (its async body was cancelled)."""
 
-        async def verify(key: str) -> stopline.ReadBack:
+        async def verify(ctx: stopline.CallContext) -> stopline.ReadBack:
             verdict = stopline.Verdict.COMMITTED if self.lines() else stopline.Verdict.NOT_COMMITTED
             return stopline.ReadBack(verdict, f"file:{self.path.name}", "read back")
 

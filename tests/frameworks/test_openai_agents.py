@@ -136,10 +136,14 @@ async def test_s01_openai_agents_cancel_before_the_tool_call(
     assert receipt.message == "Canceled before external action."
 
 
+@pytest.mark.parametrize("verifier_form", ["ctx", "key"])
 async def test_s03_openai_agents_cancel_after_commit_before_response(
-    ledger: stopline.Ledger,
+    ledger: stopline.Ledger, verifier_form: str
 ) -> None:
-    """The provider committed; the run is cancelled before the answer: unknown, verified."""
+    """The provider committed; the run is cancelled before the answer: unknown, verified.
+
+    The verifier takes the call's context (the one signature); the earlier form
+    taking the key alone still works in 0.2, with a ``DeprecationWarning``."""
     truth: dict[str, str] = {}
     committed = anyio.Event()
 
@@ -151,12 +155,22 @@ async def test_s03_openai_agents_cancel_after_commit_before_response(
         await anyio.sleep_forever()  # the answer never comes back
         return "unreachable"
 
-    async def read_back(key: str) -> ReadBack:
+    async def read_back(ctx: stopline.CallContext) -> ReadBack:
+        found = "notify" in truth
+        return ReadBack(Verdict.COMMITTED if found else Verdict.NOT_COMMITTED, "notify:1")
+
+    async def read_back_by_key(key: str) -> ReadBack:  # the form deprecated in 0.2
+        assert key == "oa-s03/tool:call_notify"
         found = "notify" in truth
         return ReadBack(Verdict.COMMITTED if found else Verdict.NOT_COMMITTED, "notify:1")
 
     model = ScriptedModel([calls("notify"), [assistant_message("done")]])
-    agent = Agent(name="support", model=model, tools=[sl.gated(notify, verify=read_back)])
+    if verifier_form == "ctx":
+        gated = sl.gated(notify, verify=read_back)
+    else:
+        with pytest.warns(DeprecationWarning, match="take the call's context"):
+            gated = sl.gated(notify, verify=read_back_by_key)
+    agent = Agent(name="support", model=model, tools=[gated])
     session = Session()
     async with anyio.create_task_group() as tg:
         tg.start_soon(session, ledger, agent, "notify", "oa-s03")
@@ -181,7 +195,7 @@ async def test_s09_openai_agents_late_success_after_cancel(ledger: stopline.Ledg
         await anyio.sleep_forever()
         return "unreachable"
 
-    async def still_processing(key: str) -> ReadBack:
+    async def still_processing(ctx: stopline.CallContext) -> ReadBack:
         return ReadBack(Verdict.UNKNOWN, detail="the PSP has not answered yet")
 
     model = ScriptedModel([calls("pay"), [assistant_message("done")]])

@@ -182,7 +182,7 @@ async def test_s03_pydantic_ai_cancel_after_commit_before_response(
         await anyio.sleep_forever()  # the answer never comes back
         return "unreachable"
 
-    async def read_back(key: str) -> ReadBack:
+    async def read_back(ctx: stopline.CallContext) -> ReadBack:
         found = "notify" in truth
         return ReadBack(Verdict.COMMITTED if found else Verdict.NOT_COMMITTED, "notify:1")
 
@@ -211,7 +211,7 @@ async def test_s09_pydantic_ai_late_success_after_cancel(ledger: stopline.Ledger
         await anyio.sleep_forever()  # the local side waits; the cancel aborts this wait
         return "unreachable"
 
-    async def still_processing(key: str) -> ReadBack:
+    async def still_processing(ctx: stopline.CallContext) -> ReadBack:
         return ReadBack(Verdict.UNKNOWN, detail="the PSP has not answered yet")
 
     tools = sl.gated(FunctionToolset([pay]), verify={"pay": still_processing})

@@ -92,7 +92,7 @@ async def test_paused_worker_whose_lease_expired_cannot_dispatch(pg_url: str) ->
 
     async with stopline.open(pg_url, tools=[pay]) as a:
         a.lease = 3600.0  # renewal far away: the test expires the lease itself
-        await a._workers.register()
+        await a._truth.workers.register()
         outcome: dict[str, Any] = {}
 
         async def workflow() -> None:
@@ -246,7 +246,7 @@ async def test_connection_killed_by_the_server_is_retried(backend: PostgresBacke
         return int((await tx.one("SELECT pg_backend_pid()"))[0])
 
     victim = await backend._tx(pid, safe=True)
-    with psycopg.connect(backend._conninfo, autocommit=True) as admin:
+    with psycopg.connect(backend.conninfo, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
     assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED  # settled, then passed
     assert (await backend.get_run("run_a")).state is stopline.RunState.RUNNING

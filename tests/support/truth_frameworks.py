@@ -99,10 +99,11 @@ class Framework(Protocol):
 
 def by_key(provider: Provider, tool: str, verifier: str) -> dict[str, Any]:
     """The adapter's ``verify=`` and ``cancel=`` for the tool."""
-    verify: dict[str, Callable[[str], Awaitable[stopline.ReadBack]]] = {}
+    verify: dict[str, stopline.Verifier] = {}
     if verifier == "read_tool":
 
-        async def find(key: str) -> stopline.ReadBack:
+        async def find(ctx: stopline.CallContext) -> stopline.ReadBack:
+            key = ctx.key
             # a framework tool states no horizon (R13): a read-back that says "pending"
             # while the request is at work, rather than "not found"
             if provider.pending(key):

@@ -146,7 +146,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _resolve(self, op_id: str, event: OpEvent, **kw: Any) -> None:
         update = OutcomeUpdate(event, [Evidence.local(event.value)], **kw)
-        self.call(self.ledger._resolve, op_id, update)
+        self.call(self.ledger.core.outcomes.resolve, op_id, update)
 
     # -- the runtime's side -----------------------------------------------------
     @rule()

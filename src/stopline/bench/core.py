@@ -55,7 +55,7 @@ async def _bare_txn_samples(path: Path, n: int) -> list[float]:
         await backend.close()
 
 
-async def _gate_samples(
+async def gate_samples(
     url: str, n: int, *, durable_outcomes: bool = False
 ) -> tuple[list[float], list[float]]:
     """Whole gated calls (intent + outcome), and the part before the provider is invoked."""
@@ -182,8 +182,8 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     n = 300 if quick else 3000
     url = f"sqlite:///{workdir / 'core.db'}"
     bare = await _bare_txn_samples(workdir / "bare.db", n)
-    gated, before_dispatch = await _gate_samples(url, n)
-    strict, _ = await _gate_samples(f"sqlite:///{workdir / 'strict.db'}", n, durable_outcomes=True)
+    gated, before_dispatch = await gate_samples(url, n)
+    strict, _ = await gate_samples(f"sqlite:///{workdir / 'strict.db'}", n, durable_outcomes=True)
     runs, per_run = (100, 5) if quick else (100, 50)
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)

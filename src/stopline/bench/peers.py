@@ -139,7 +139,7 @@ async def _temporal_per_activity(n: int) -> float:
 
 async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) -> list[Figure]:
     n = 200 if quick else 1000
-    ours, _ = await core._gate_samples(f"sqlite:///{workdir / 'peers-ours.db'}", n)
+    ours, _ = await core.gate_samples(f"sqlite:///{workdir / 'peers-ours.db'}", n)
     gate = median(ours) * 1e6
     bare = median(await anyio.to_thread.run_sync(_sqlite3_samples, workdir / "peer.db", n)) * 1e6
     dbos_sqlite = median(await _dbos_samples(f"sqlite:///{workdir / 'dbos.db'}", n)) * 1e6
@@ -180,7 +180,7 @@ async def _our_postgres_call(postgres: str, n: int) -> float:
 
     schema = f"stopline_bench_{uuid.uuid4().hex[:12]}"
     try:
-        samples, _ = await core._gate_samples(with_schema(postgres, schema), n)
+        samples, _ = await core.gate_samples(with_schema(postgres, schema), n)
     finally:
         async with await psycopg.AsyncConnection.connect(postgres, autocommit=True) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -129,7 +129,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     await ledger.__aenter__()  # register, find the dead worker's 1,000, mark, queue
     started = time.perf_counter() - start
     try:
-        queued = len(ledger._settler._verifying)
+        queued = ledger.core.settler.verifying
         samples = []
         for _ in range(30 if quick else 100):
             t0 = time.perf_counter()

@@ -21,13 +21,13 @@ from stopline.cli import _common as c
 from stopline.cli.views import fmt_seconds, parse_age, recent_runs
 from stopline.domain.model import EventRecord
 from stopline.domain.receipt import headline_for
-from stopline.domain.vocab import OpEvent, OpStatus
+from stopline.domain.vocab import OpEvent, OpStatus, RunEvent
 from stopline.ledger.backend import Backend
 from stopline.telemetry import resolved_by
 
 __all__ = ["Stats", "compute_stats", "percentile", "register"]
 
-_SETTLED_KINDS = frozenset({"settled", "escalate"})
+_SETTLED_KINDS = frozenset({RunEvent.SETTLED, RunEvent.ESCALATE})
 _DECIDED = frozenset({OpStatus.COMMITTED.value, OpStatus.NOT_COMMITTED.value})
 _DOUBT = frozenset({OpStatus.UNKNOWN.value, OpStatus.NEEDS_REVIEW.value})
 
@@ -77,7 +77,7 @@ class Stats:
 
 
 def _settle_time(events: Sequence[EventRecord]) -> float | None:
-    start = next((e.at for e in events if e.kind == "cancel"), None)
+    start = next((e.at for e in events if e.kind == RunEvent.CANCEL), None)
     if start is None:
         return None
     end = next((e.at for e in events if e.kind in _SETTLED_KINDS and e.at >= start), None)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
-from stopline.domain.vocab import OpStatus, RunState
+from stopline.domain.vocab import LogKind, NoteKind, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import StoplineError
 from stopline.ledger.backend import Backend
 from stopline.runtime.review import ReviewItem
@@ -117,39 +117,39 @@ def event_to_json(event: EventRecord) -> dict[str, Any]:
 
 # -- the timeline ------------------------------------------------------------------
 _WORDS: dict[str, str] = {
-    "run_created": "run started",
-    "phase": "phase entered",
-    "cancel": "cancel committed: the fence is raised, initiate revoked",
-    "settle": "settling: waiting for in-flight operations",
-    "settled": "settled: every operation resolved",
-    "escalate": "needs review: an outcome cannot be determined",
-    "reviewed": "review finished",
-    "complete": "run completed",
-    "fail": "run failed",
-    "pause": "pause requested",
-    "paused": "paused",
-    "resume": "resumed",
-    "gate_passed": "passed the dispatch gate: intent recorded",
-    "gate_refused": "refused at the dispatch gate",
-    "accepted": "accepted by the provider",
-    "committed": "response proves it committed",
-    "rejected": "provider refused before commit",
-    "not_sent": "abandoned before the first byte left",
-    "lost": "no answer: outcome unknown",
-    "cancel_confirmed": "provider confirmed the cancel",
-    "cancel_asked": "provider asked to cancel",
-    "cancel_refused": "provider refused the cancel",
-    "verified_committed": "read-back found it committed",
-    "verified_not_committed": "read-back found it did not happen",
-    "escalated": "handed to human review",
-    "conflict": "evidence contradicts the recorded outcome",
-    "reviewed_committed": "reviewer decided: committed",
-    "reviewed_not_committed": "reviewer decided: not committed",
-    "compensation_started": "correction started",
-    "compensated": "corrected",
-    "compensation_failed": "correction failed",
-    "progress": "progress reported",
-    "late_response": "late response kept as evidence",
+    LogKind.RUN_CREATED: "run started",
+    LogKind.PHASE: "phase entered",
+    RunEvent.CANCEL: "cancel committed: the fence is raised, initiate revoked",
+    RunEvent.SETTLE: "settling: waiting for in-flight operations",
+    RunEvent.SETTLED: "settled: every operation resolved",
+    RunEvent.ESCALATE: "needs review: an outcome cannot be determined",
+    RunEvent.REVIEWED: "review finished",
+    RunEvent.COMPLETE: "run completed",
+    RunEvent.FAIL: "run failed",
+    RunEvent.PAUSE: "pause requested",
+    RunEvent.PAUSED: "paused",
+    RunEvent.RESUME: "resumed",
+    OpEvent.GATE_PASSED: "passed the dispatch gate: intent recorded",
+    OpEvent.GATE_REFUSED: "refused at the dispatch gate",
+    OpEvent.ACCEPTED: "accepted by the provider",
+    OpEvent.COMMITTED: "response proves it committed",
+    OpEvent.REJECTED: "provider refused before commit",
+    OpEvent.NOT_SENT: "abandoned before the first byte left",
+    OpEvent.LOST: "no answer: outcome unknown",
+    OpEvent.CANCEL_CONFIRMED: "provider confirmed the cancel",
+    NoteKind.CANCEL_ASKED: "provider asked to cancel",
+    NoteKind.CANCEL_REFUSED: "provider refused the cancel",
+    OpEvent.VERIFIED_COMMITTED: "read-back found it committed",
+    OpEvent.VERIFIED_NOT_COMMITTED: "read-back found it did not happen",
+    OpEvent.ESCALATED: "handed to human review",
+    OpEvent.CONFLICT: "evidence contradicts the recorded outcome",
+    OpEvent.REVIEWED_COMMITTED: "reviewer decided: committed",
+    OpEvent.REVIEWED_NOT_COMMITTED: "reviewer decided: not committed",
+    OpEvent.COMPENSATION_STARTED: "correction started",
+    OpEvent.COMPENSATED: "corrected",
+    OpEvent.COMPENSATION_FAILED: "correction failed",
+    NoteKind.PROGRESS: "progress reported",
+    NoteKind.LATE_RESPONSE: "late response kept as evidence",
 }
 
 
@@ -182,7 +182,7 @@ class TimelineEntry:
 def _detail(event: EventRecord) -> str:
     data: Mapping[str, Any] = event.data
     parts = []
-    if event.kind == "phase":
+    if event.kind == LogKind.PHASE:
         parts.append(f"{data.get('phase')} ({data.get('policy')})")
     for key in ("by", "reason", "cause", "error", "detail", "message"):
         value = data.get(key)

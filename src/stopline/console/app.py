@@ -181,7 +181,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     async def runs_page(request: Request) -> Response:
         ledger = the_ledger(request)
         state_arg = request.query_params.get("state", "")
-        state = RunState(state_arg) if state_arg in RunState._value2member_map_ else None
+        state = RunState(state_arg) if state_arg in {s.value for s in RunState} else None
         runs = await ledger.backend.list_runs(state=state, limit=200)
         rows = [(run, await ledger.receipt(run.id)) for run in runs]
         partial = request.query_params.get("partial") == "1"

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 
 from stopline.cli.views import TimelineEntry, fmt_seconds
 from stopline.domain.model import OperationRecord
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import LogKind, OpStatus, RunEvent
 
 __all__ = ["run_timeline", "settle_chart"]
 
@@ -45,7 +45,7 @@ _TEXT = {
     "axis": f'{_FONT} font-size="11" fill="#67717b"',
 }
 _GRID = 'stroke="#e3e7eb" stroke-width="1"'
-_SETTLE_KINDS = {"settled": "settled", "escalate": "needs review"}
+_SETTLE_KINDS: dict[str, str] = {RunEvent.SETTLED: "settled", RunEvent.ESCALATE: "needs review"}
 
 
 def _svg(height: int, testid: str, title: str, body: list[str]) -> Markup:
@@ -107,7 +107,7 @@ def run_timeline(entries: Sequence[TimelineEntry], ops: Sequence[OperationRecord
         label = f"+{fmt_seconds(at - start)}"
         body.append(_text(x(at), height - 8, label, "axis", _tick_anchor(i)))
     # phases: each from its event to the next phase (or the end)
-    phases = [e for e in entries if e.kind == "phase"]
+    phases = [e for e in entries if e.kind == LogKind.PHASE]
     body.append(_text(8, top + 17, "phases"))
     for n, entry in enumerate(phases):
         end = phases[n + 1].at if n + 1 < len(phases) else entries[-1].at
@@ -145,7 +145,7 @@ def run_timeline(entries: Sequence[TimelineEntry], ops: Sequence[OperationRecord
             )
     # the cancel and the settle, across every row
     for e in entries:
-        mark = "cancel" if e.kind == "cancel" else _SETTLE_KINDS.get(e.kind)
+        mark = "cancel" if e.kind == RunEvent.CANCEL else _SETTLE_KINDS.get(e.kind)
         if mark is None:
             continue
         name = "cancel" if mark == "cancel" else "settled"

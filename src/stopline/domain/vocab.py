@@ -17,6 +17,7 @@ __all__ = [
     "Grant",
     "Headline",
     "LogKind",
+    "NoteKind",
     "OpEvent",
     "OpStatus",
     "PhaseKind",
@@ -135,6 +136,27 @@ class LogKind(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     AUDIT = "audit"
     DENIED = "denied"  # an audited action the access policy refused
+
+
+class NoteKind(enum.StrEnum):
+    """The log entries that add to an operation without moving it (``Backend.note``):
+    what was asked of its provider, what was seen, what a person asked for. (A repeat
+    of a recorded outcome is noted as ``evidence_<OpEvent>``, derived from the event.)
+    """
+
+    CANCEL_ASKED = "cancel_asked"  # a cancel request was sent to the provider
+    CANCEL_REFUSED = "cancel_refused"  # ... and the provider will not cancel
+    CANCEL_UNANSWERED = "cancel_unanswered"  # ... and no answer came within the wait
+    CANCEL_NOT_ASKED = "cancel_not_asked"  # the tool's policy: never asked (R12)
+    CANCEL_NOT_SUPPORTED = "cancel_not_supported"  # the interface offers no way to ask
+    LATE_RESPONSE = "late_response"  # an answer after the fact that proves nothing (R4)
+    VERIFY_FAILED = "verify_failed"  # a read-back raised
+    VERIFY_UNKNOWN = "verify_unknown"  # a read-back that could not tell, and why
+    PROGRESS = "progress"  # advisory: never proves a commit
+    COMPENSATION_PROPOSED = "compensation_proposed"  # compensation=ask, on cancel
+    COMPENSATION_STOP_ASKED = "compensation_stop_asked"
+    MCP_REISSUED = "mcp_reissued"  # a broken stream lost the request: sent again
+    TASK_CANCEL_REQUESTED = "task_cancel_requested"  # tasks/cancel sent (MCP tasks)
 
 
 class Policy(enum.StrEnum):

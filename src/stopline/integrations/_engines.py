@@ -225,7 +225,7 @@ class EngineGate:
         when the engine's cancel ended the call.
         """
         record = await self.open_run(run_id, workflow)
-        run = Run(self.ledger, record)
+        run = Run(self.ledger, self.ledger.core, record)
         run.policy = policy
         sent: list[bool] = []  # set when this call dispatched the body (not a replay)
         task = asyncio.create_task(run.call(_bound(tool, body, sent), *args, key=key))
@@ -243,8 +243,7 @@ class EngineGate:
 
     async def _cancelled(self, run: Run, task: asyncio.Task[R], policy: Policy) -> R:
         """The engine cancelled the awaiting task while the body runs."""
-        for ctx in list(run._inflight.values()):
-            self.ledger._settler.ask_provider_cancel(ctx)
+        run.ask_providers_to_cancel()
         if policy is Policy.IMMEDIATE:
             run.cancel_requested = True  # the body's abort is recorded as the user's cancel
             task.cancel()

@@ -63,10 +63,12 @@ from stopline.domain.model import CancelState, digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
+from stopline.integrations._verify import VerifyByKey, as_verifier, verify_answer, wants_context
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
+from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -77,6 +79,8 @@ __all__ = [
     "NoRun",
     "RunPaused",
     "ToolSpec",
+    "VerifyByKey",
+    "as_verifier",
     "bind",
     "current",
     "detached_tool",
@@ -87,7 +91,6 @@ __all__ = [
     "verify_answer",
 ]
 
-VerifyByKey = Callable[[str], Awaitable["ReadBack | Verdict"]]
 # asks a tool's provider to cancel the call with this key; answers as ``Tool.canceller``
 CancelByKey = Callable[[str], Awaitable["bool | CancelState | None"]]
 
@@ -212,7 +215,7 @@ class ToolSpec:
 
     effects: bool = True
     cancellable: Cancellable = Cancellable.NEVER
-    verify: VerifyByKey | None = None  # a read-back of the destination by idempotency key
+    verify: Verifier | None = None  # a read-back of the destination (``as_verifier``)
     cancel: CancelByKey | None = None  # a cancel request to the provider, by idempotency key
     description: str = ""
 
@@ -220,7 +223,7 @@ class ToolSpec:
         """Give an async ``tool`` this spec's read-back and canceller (by the call's key)."""
         verify, cancel = self.verify, self.cancel
         if verify is not None:
-            tool.verifier(lambda ctx: verify(ctx.key))
+            tool.verifier(verify)
         if cancel is not None:
             tool.canceller(lambda ctx: cancel(ctx.key))
         return tool
@@ -336,7 +339,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
     """
     if isinstance(fn, Tool):
         return fn
-    takes_ctx = _wants_context(fn)
+    takes_ctx = wants_context(fn)
     if inspect.iscoroutinefunction(fn):
 
         async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
@@ -388,25 +391,6 @@ def detached_tool(
     return tool
 
 
-def verify_answer(status: Any, server: str, key: str) -> ReadBack:
-    """What a server's ``stopline_verify`` answer for ``key`` proves; anything but
-    its status record proves nothing."""
-    from stopline.integrations.mcp import VERIFY_TOOL
-
-    if not isinstance(status, dict):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
-    ref = f"{VERIFY_TOOL}:{server}:{key}"
-    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
-
-
-def _wants_context(fn: Callable[..., Any]) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
-
-
 class _Outcome:
     """One call of a sync function in its worker thread."""
 
@@ -424,31 +408,31 @@ class _Detached:
     def __init__(
         self,
         start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
-        verify: VerifyByKey | None,
+        verify: Verifier | None,
     ) -> None:
         self.start = start
         self.user_verify = verify
         self.calls: dict[str, _Outcome] = {}
 
     async def call(self, ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
-        ledger = ctx._ledger
+        core = ctx.core
         outcome = self.calls[ctx.key] = _Outcome()
         work = self.start(ctx, args, kwargs)
-        ledger.spawn(self._work, ledger, ctx.key, outcome, work)
+        core.spawn(self._work, core.outcomes, ctx.key, outcome, work)
         try:
             await outcome.done.wait()
         except anyio.get_cancelled_exc_class():
             # the framework stopped waiting: the thread goes on; its answer is kept (R4)
             outcome.abandoned = True
             if outcome.done.is_set():
-                ledger.spawn(self._report, ledger, ctx.key, outcome)
+                core.spawn(self._report, core.outcomes, ctx.key, outcome)
             raise
         outcome.settled.set()
         if outcome.error is not None:
             raise outcome.error
         return outcome.result
 
-    async def _work(self, ledger: Ledger, key: str, outcome: _Outcome, work: Work) -> None:
+    async def _work(self, outcomes: Outcomes, key: str, outcome: _Outcome, work: Work) -> None:
         with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
             try:
                 outcome.result = await work()
@@ -456,22 +440,22 @@ class _Detached:
                 outcome.error = exc
             outcome.done.set()
             if outcome.abandoned:
-                await self._report(ledger, key, outcome)
+                await self._report(outcomes, key, outcome)
 
-    async def _report(self, ledger: Ledger, key: str, outcome: _Outcome) -> None:
+    async def _report(self, outcomes: Outcomes, key: str, outcome: _Outcome) -> None:
         """Attach the late answer to its operation: committed, refused, or kept only."""
         try:
             if outcome.error is None:
-                await ledger.late_response(
+                await outcomes.late_response(
                     key, Verdict.COMMITTED, result=outcome.result, detail="late: worker thread"
                 )
             elif isinstance(outcome.error, Rejected):
-                await ledger.late_response(
+                await outcomes.late_response(
                     key, Verdict.NOT_COMMITTED, ref=outcome.error.ref, detail=outcome.error.reason
                 )
             else:
                 detail = f"late: {type(outcome.error).__name__}: {outcome.error}"
-                await ledger.late_response(key, Verdict.UNKNOWN, detail=detail)
+                await outcomes.late_response(key, Verdict.UNKNOWN, detail=detail)
         finally:
             outcome.settled.set()
 
@@ -480,7 +464,7 @@ class _Detached:
         outcome = self.calls.get(ctx.key)
         if outcome is None:  # not run here (another process, before a restart)
             if self.user_verify is not None:
-                return await self.user_verify(ctx.key)
+                return await self.user_verify(ctx)
             return ReadBack(Verdict.UNKNOWN, detail="not run in this process")
         await outcome.settled.wait()
         if outcome.error is None:
@@ -490,5 +474,5 @@ class _Detached:
         if isinstance(outcome.error, Rejected):
             return ReadBack(Verdict.NOT_COMMITTED, outcome.error.ref, outcome.error.reason)
         if self.user_verify is not None:
-            return await self.user_verify(ctx.key)
+            return await self.user_verify(ctx)
         return ReadBack(Verdict.UNKNOWN, detail=f"{type(outcome.error).__name__}")

@@ -59,7 +59,7 @@ from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import CancelFn, CompensateFn, Tool, VerifyFn
+from stopline.runtime.tool import CancelFn, CompensateFn, Tool, Verifier
 
 __all__ = ["StoplineDBOS", "call_context", "cancel"]
 
@@ -115,7 +115,7 @@ class StoplineDBOS:
         effects: bool = True,
         cancellable: Cancellable = Cancellable.NEVER,
         policy: Policy = Policy.IMMEDIATE,
-        verify: VerifyFn | None = None,
+        verify: Verifier | None = None,
         cancel: CancelFn | None = None,
         compensate: CompensateFn | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:

@@ -67,6 +67,7 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
+    as_verifier,
     current,
     detached_tool,
     gated_call,
@@ -81,7 +82,7 @@ from stopline.runtime.tool import Rejected
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
-from stopline.runtime.tool import Tool
+from stopline.runtime.tool import Tool, Verifier
 
 __all__ = ["GraphRun", "NoRun", "gate", "mcp_tools", "node", "run", "tool"]
 
@@ -207,13 +208,13 @@ class _Raised(Exception):
 
 
 def gate(
-    *, reads: Collection[str] = (), verify: Mapping[str, VerifyByKey] | None = None
+    *, reads: Collection[str] = (), verify: Mapping[str, Verifier | VerifyByKey] | None = None
 ) -> Callable[[ToolCallRequest, _Execute], Awaitable[Any]]:
     """A ``ToolNode(awrap_tool_call=...)`` hook: every tool call of the node is gated.
 
     Each call is an operation keyed ``tool:<tool_call_id>``; tools named in
-    ``reads`` skip the gate; ``verify={name: async (key) -> ReadBack}`` reads a
-    destination back. A ``def`` tool runs to its end whoever stops waiting (R4).
+    ``reads`` skip the gate; ``verify={name: async (ctx) -> ReadBack}`` reads a
+    destination back by ``ctx.key``. A ``def`` tool runs to its end whoever stops waiting (R4).
     """
     verify = dict(verify or {})
 
@@ -222,7 +223,7 @@ def gate(
         if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
             return await execute(request)  # a read, unknown, or gated by itself
         is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
-        spec = ToolSpec(verify=verify.get(tool.name))
+        spec = ToolSpec(verify=as_verifier(verify.get(tool.name)))
 
         def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
             async def work() -> Any:
@@ -288,7 +289,7 @@ def node(fn: F, /) -> Callable[..., Any]: ...
 
 @overload
 def node(
-    *, name: str | None = None, description: str = "", verify: VerifyByKey | None = None
+    *, name: str | None = None, description: str = "", verify: Verifier | VerifyByKey | None = None
 ) -> Callable[[F], Callable[..., Any]]: ...
 
 
@@ -298,17 +299,18 @@ def node(
     *,
     name: str | None = None,
     description: str = "",
-    verify: VerifyByKey | None = None,
+    verify: Verifier | VerifyByKey | None = None,
 ) -> Callable[..., Any]:
     """A graph node whose body is one side effect, gated and keyed by its task.
 
     The wrapped node is async (LangGraph awaits it); a ``def`` body runs in a
-    worker thread the adapter owns. ``verify(key)`` reads the destination back.
+    worker thread the adapter owns. ``verify(ctx)`` reads the destination back.
     """
+    verifier = as_verifier(verify)
 
     def wrap(f: F) -> Callable[..., Any]:
         label = name or (f.name if isinstance(f, Tool) else f.__name__)
-        t = stopline_tool(f, label, ToolSpec(description=description, verify=verify))
+        t = stopline_tool(f, label, ToolSpec(description=description, verify=verifier))
 
         async def gated_node(state: Any) -> Any:
             return await gated_call(t, state, key=_task_key())
@@ -342,7 +344,7 @@ def tool(
     *,
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
-    verify: VerifyByKey | None = None,
+    verify: Verifier | VerifyByKey | None = None,
 ) -> BaseTool:
     """A LangChain tool (for ``ToolNode`` and prebuilt agents) whose calls are gated.
 
@@ -355,7 +357,7 @@ def tool(
     body = base.coroutine or base.func
     if body is None:
         raise TypeError(f"tool {base.name!r} has no function to wrap")
-    spec = ToolSpec(effects=effects, cancellable=cancellable, verify=verify)
+    spec = ToolSpec(effects=effects, cancellable=cancellable, verify=as_verifier(verify))
     t = stopline_tool(body, base.name, spec)
 
     async def call(**kwargs: Any) -> Any:

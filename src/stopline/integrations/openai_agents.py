@@ -71,6 +71,7 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
+    as_verifier,
     detached_tool,
     gated_call,
     mcp_call,
@@ -81,7 +82,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -101,7 +102,10 @@ _GATED = "__stopline_gated__"  # marks an invoker that passes the gate
 
 
 def gated(
-    tool: FunctionTool, *, verify: VerifyByKey | None = None, cancel: CancelByKey | None = None
+    tool: FunctionTool,
+    *,
+    verify: Verifier | VerifyByKey | None = None,
+    cancel: CancelByKey | None = None,
 ) -> FunctionTool:
     """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
 
@@ -116,7 +120,9 @@ def gated(
     server = _mcp_server_of(body)
     if server is not None:
         _key_in_meta(server)
-    spec = ToolSpec(verify=verify, cancel=cancel)  # the receipt names it by its tool name
+    spec = ToolSpec(
+        verify=as_verifier(verify), cancel=cancel
+    )  # the receipt names it by its tool name
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
         tool_ctx = _CALL.get()
@@ -138,7 +144,7 @@ def gated(
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
         spec.declare(stopline_tool)
-        if verify is None and server is not None:
+        if spec.verify is None and server is not None:
             stopline_tool.verify_fn = functools.partial(_mcp_verify, server)
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
@@ -209,7 +215,7 @@ def gate_agent(
     agent: Agent[Any],
     *,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelByKey] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
@@ -300,7 +306,7 @@ class AgentSession:
         self,
         bound: Bound,
         reads: Collection[str],
-        verify: Mapping[str, VerifyByKey],
+        verify: Mapping[str, Verifier | VerifyByKey],
         cancel: Mapping[str, CancelByKey] | None = None,
     ) -> None:
         self.bound = bound
@@ -429,14 +435,14 @@ async def run(
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.stream``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by key; ``cancel`` asks an async tool's provider to
+    tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
     cancel the call with that key (a cancel of the run asks every call in flight
     that has one); ``approver`` is asked for ``needs_approval``.
     """

@@ -29,7 +29,8 @@ return. Here:
 - a sync tool's call runs to its end in the ledger's task group: the
   operation is ``unknown`` when the run is cancelled, then ``committed`` with
   the late result (R4); an interrupted async tool is ``unknown`` until
-  verified (``verify={name: fn}`` reads the destination back by key);
+  verified (``verify={name: fn}``, ``async fn(ctx)`` reading the destination back
+  by ``ctx.key``);
 - resume: with the history Pydantic AI kept (``s.cancelled.all_messages()``),
   ``s.history(...)`` adds the recorded result of every call that committed but
   has no return. Without it, the model asked again issues its calls under new
@@ -78,6 +79,7 @@ from stopline.integrations._frameworks import (
     ToolSpec,
     VerifyByKey,
     Work,
+    as_verifier,
     detached_tool,
     gated_call,
     mcp_call,
@@ -88,7 +90,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict
+from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -126,7 +128,7 @@ class StoplineToolset(WrapperToolset[Any]):
     """A toolset whose side-effecting calls pass the stopline gate."""
 
     reads: Collection[str] = ()
-    verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
+    verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
@@ -150,7 +152,7 @@ class StoplineToolset(WrapperToolset[Any]):
         if found is not None:
             return found
         # the receipt names it by its tool name
-        spec = ToolSpec(verify=self.verify.get(name), cancel=self.cancel.get(name))
+        spec = ToolSpec(verify=as_verifier(self.verify.get(name)), cancel=self.cancel.get(name))
         if is_async:  # a cancel interrupts it: unknown until verified
             made: Tool[Any] = Tool(self._direct(name), name=name, description=spec.description)
             made.wants_context = True
@@ -248,11 +250,11 @@ def gated(
     toolset: AbstractToolset[Any],
     *,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelByKey] | None = None,
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate. ``verify``
-    reads a tool's destination back by key; ``cancel`` asks its provider to cancel the
+    reads a tool's destination back by ``ctx.key``; ``cancel`` asks its provider to cancel the
     call with that key (an async tool's canceller: a cancel of the run asks it)."""
     toolset.apply(_key_in_meta)
     return StoplineToolset(
@@ -265,7 +267,7 @@ class Gate(AbstractCapability[Any]):
     """The capability that gates every tool of the agent: its whole toolset, per run."""
 
     reads: Collection[str] = ()
-    verify: Mapping[str, VerifyByKey] = dataclasses.field(default_factory=dict)
+    verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
@@ -469,14 +471,14 @@ async def run(
     tenant: str = "default",
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
-    verify: Mapping[str, VerifyByKey] | None = None,
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelByKey] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.run``) have every tool gated.
 
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
-    tool's destination back by key; ``cancel`` asks an async tool's provider to
+    tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
     cancel the call with that key (a cancel of the run asks every call in flight
     that has one); ``approver`` is asked for deferred approvals.
     """

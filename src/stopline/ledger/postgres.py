@@ -96,18 +96,18 @@ class PostgresBackend(SqlBackend):
         self.retry_for = retry_for
         self.channel = "stopline_cancel" + (f"_{schema}" if schema else "")
         self.dialect = PostgresDialect(self.channel)
-        self._conninfo = conninfo
-        self._kwargs: dict[str, Any] = {"autocommit": True}
+        self.conninfo = conninfo
+        self.connect_kwargs: dict[str, Any] = {"autocommit": True}
         options = [f"-c search_path={schema}"] if schema else []
         if read_only:
             options.append("-c default_transaction_read_only=on")
         if options:
-            self._kwargs["options"] = " ".join(options)
+            self.connect_kwargs["options"] = " ".join(options)
         self._pool = AsyncConnectionPool(
             conninfo,
             min_size=pool_min,
             max_size=pool_max,
-            kwargs=self._kwargs,
+            kwargs=self.connect_kwargs,
             open=False,
             timeout=retry_for,
             name="stopline",
@@ -155,7 +155,7 @@ class PostgresBackend(SqlBackend):
         try:
             # the schema must exist before pooled connections put it on their search path
             conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=max(2, int(self.retry_for))
+                self.conninfo, autocommit=True, connect_timeout=max(2, int(self.retry_for))
             )
             try:
                 start = check if self.read_only else migrate
@@ -167,13 +167,14 @@ class PostgresBackend(SqlBackend):
         except StoplineError:
             raise
         except (psycopg.Error, OSError) as exc:
-            raise self._map(exc) from exc
+            raise self.map_error(exc) from exc
 
     async def close(self) -> None:
         await self._pool.close()
 
     # -- errors and the retrying transaction --------------------------------------
-    def _map(self, exc: BaseException) -> BaseException:
+    def map_error(self, exc: BaseException) -> BaseException:
+        """A psycopg error as the ledger's own (the pool's and the LISTEN connection's)."""
         return map_error(self.location, exc, retried_for=self.retry_for)
 
     async def _tx(
@@ -219,7 +220,7 @@ class PostgresBackend(SqlBackend):
                             raise (in_doubt() if in_doubt else CommitInDoubt(
                                 self.location, f"commit in doubt: {exc}"
                             )) from exc  # fmt: skip
-                        raise self._map(exc) from exc
+                        raise self.map_error(exc) from exc
                 await anyio.sleep(delay)  # back off before the next attempt
                 delay = min(delay * 2, 0.25)
         raise AssertionError("unreachable: a shielded scope swallows nothing")

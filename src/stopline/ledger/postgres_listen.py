@@ -69,14 +69,14 @@ class Listener:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    backend._conninfo,
+                    backend.conninfo,
                     application_name="stopline-listen",
-                    **backend._kwargs,
+                    **backend.connect_kwargs,
                     **_KEEPALIVE,
                 )
             except (psycopg.Error, OSError) as exc:
                 if not started:
-                    raise backend._map(exc) from exc
+                    raise backend.map_error(exc) from exc
                 log.warning("cancel listener: reconnect failed (%s); retrying", exc)
                 await anyio.sleep(delay)  # back off before the next attempt
                 delay = min(delay * 2, 1.0)
@@ -97,7 +97,7 @@ class Listener:
                         _deliver(note.payload, on_cancel)
             except (psycopg.Error, OSError) as exc:
                 if not started:
-                    raise backend._map(exc) from exc
+                    raise backend.map_error(exc) from exc
                 log.warning("cancel listener: connection lost (%s); re-listening", exc)
             finally:
                 # A cancelled listener's ``async with`` exit is itself cancelled at

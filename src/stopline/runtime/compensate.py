@@ -24,16 +24,16 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
-from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, OpEvent, OpStatus
+from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, OpEvent, OpStatus
 from stopline.errors import IllegalTransition, NotPermitted
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Compensation, NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
 
-__all__ = ["CompensationContext", "Compensator", "compensation_id"]
+__all__ = ["CompensationContext", "Compensator", "compensation_id", "context_for"]
 
 
 def compensation_id(op_id: str, attempt: int) -> str:
@@ -48,16 +48,24 @@ class CompensationContext(CallContext):
     __slots__ = ("compensates", "original")
 
     def __init__(
-        self, ledger: Ledger, original: OperationRecord, op_id: str, tool: Tool[object]
+        self, core: Core, original: OperationRecord, op_id: str, tool: Tool[object]
     ) -> None:
-        super().__init__(ledger, original.run_id, op_id, tool)
+        super().__init__(core, original.run_id, op_id, tool)
         self.compensates = original.id
         self.original = original
 
 
+async def context_for(core: Core, op: OperationRecord, tool: Tool[Any]) -> CallContext:
+    """The context a verifier (or compensator) of ``op`` receives."""
+    if op.compensates is None:
+        return CallContext(core, op.run_id, op.id, tool)
+    original = await core.backend.get_operation(op.compensates)
+    return CompensationContext(core, original, op.id, tool)
+
+
 class Compensator:
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, core: Core) -> None:
+        self._core = core
         self._scopes: dict[str, anyio.CancelScope] = {}  # original id -> its running correction
         self._done: dict[str, anyio.Event] = {}
         self._proposed: set[str] = set()
@@ -67,7 +75,7 @@ class Compensator:
         """The registered tool that can correct ``op``, or ``NotPermitted`` saying why not."""
         if op.compensates is not None:
             raise NotPermitted(f"operation {op.id!r} is itself a correction; it is not corrected")
-        tool = self._ledger._tools.get(op.tool)
+        tool = self._core.tools.get(op.tool)
         if not op.can_compensate or (tool is not None and tool.compensate_fn is None):
             raise NotPermitted(
                 f"operation {op.id!r} cannot be corrected: tool {op.tool!r} declares no compensator"
@@ -80,13 +88,16 @@ class Compensator:
         return tool
 
     async def start(self, op_id: str, *, by: str, reason: str = "") -> OperationRecord:
-        """Queue the correction of a committed operation; returns the compensation's record."""
-        ledger = self._ledger
-        op = await ledger.backend.get_operation(op_id)
+        """Queue the correction of a committed operation; returns the compensation's record.
+
+        (The approval hook: a policy requiring an approval for corrections checks it here.)
+        """
+        core = self._core
+        op = await core.backend.get_operation(op_id)
         tool = self.tool_for(op)
         if op.status is not OpStatus.COMMITTED:
             raise IllegalTransition(op.status, OpEvent.COMPENSATION_STARTED)
-        attempt = len(await ledger.backend.compensations(op_id)) + 1
+        attempt = len(await core.backend.compensations(op_id)) + 1
         comp_id = compensation_id(op_id, attempt)
         spec = OperationSpec(
             id=comp_id,
@@ -98,11 +109,11 @@ class Compensator:
             can_verify=tool.compensation_verify_fn is not None,
             can_compensate=False,
             compensates=op_id,
-            worker=ledger.worker_id,
+            worker=core.worker_id,
         )
         why = f"correction asked by {by}" + (f": {reason}" if reason else "")
         asked = Evidence.local(comp_id, why)
-        gate = await ledger.backend.begin_compensation(spec, [asked])
+        gate = await core.backend.begin_compensation(spec, [asked])
         if gate.verdict is GateVerdict.PAUSED:
             raise NotPermitted(f"run {op.run_id!r} is paused; resume it to correct {op_id!r}")
         if gate.verdict is not GateVerdict.PASSED:
@@ -110,11 +121,11 @@ class Compensator:
                 f"run {op.run_id!r} may not compensate (gate: {gate.verdict.value}); "
                 f"{op_id!r} stays committed"
             )
-        ledger._changed(op.run_id)
+        core.changed(op.run_id)
         self._done[op_id] = anyio.Event()
         self._scopes[op_id] = anyio.CancelScope()
-        comp = await ledger.backend.get_operation(comp_id)
-        ledger.spawn(self._run, op, comp, tool)
+        comp = await core.backend.get_operation(comp_id)
+        core.spawn(self._run, op, comp, tool)
         return comp
 
     async def wait(self, op_id: str) -> None:
@@ -132,8 +143,8 @@ class Compensator:
         return True
 
     async def _run(self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]) -> None:
-        ledger = self._ledger
-        settler = ledger._settler
+        core = self._core
+        settler = core.settler
         scope = self._scopes[original.id]
         try:
             async with settler.working():
@@ -141,11 +152,11 @@ class Compensator:
                     await self._dispatch(original, comp, tool)
                 if scope.cancelled_caught:
                     stopped = Evidence.local(Cause.USER_CANCEL.value, "stopped on request")
-                    await ledger._resolve(
+                    await core.outcomes.resolve(
                         comp.id,
                         OutcomeUpdate(OpEvent.LOST, [stopped], cause=Cause.USER_CANCEL),
                     )
-                await self.link(await ledger.backend.get_operation(comp.id))
+                await self.link(await core.backend.get_operation(comp.id))
         finally:
             self._scopes.pop(original.id, None)
             done = self._done.pop(original.id, None)
@@ -155,9 +166,9 @@ class Compensator:
     async def _dispatch(
         self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]
     ) -> None:
-        ledger = self._ledger
+        core = self._core
         assert tool.compensate_fn is not None
-        ctx = CompensationContext(ledger, original, comp.id, tool)
+        ctx = CompensationContext(core, original, comp.id, tool)
         try:
             result = await tool.compensate_fn(ctx)
         except Rejected as exc:
@@ -176,24 +187,24 @@ class Compensator:
             response = Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))
             update = OutcomeUpdate(OpEvent.COMMITTED, [response], result=result, has_result=True)
         with anyio.CancelScope(shield=True):
-            await ledger._resolve(comp.id, update)
+            await core.outcomes.resolve(comp.id, update)
 
     # -- the link --------------------------------------------------------------
     async def link(self, comp: OperationRecord) -> None:
         """Carry a correction's outcome to the operation it corrects."""
-        ledger = self._ledger
+        core = self._core
         if comp.compensates is None:
             return
         corrected = comp.compensates
         lock = self._links.setdefault(corrected, anyio.Lock())
-        async with ledger._settler.working(), lock:
-            comp = await ledger.backend.get_operation(comp.id)  # as it is now, under the lock
-            original = await ledger.backend.get_operation(corrected)
+        async with core.settler.working(), lock:
+            comp = await core.backend.get_operation(comp.id)  # as it is now, under the lock
+            original = await core.backend.get_operation(corrected)
             if original.status is not OpStatus.COMPENSATING:
                 return
             linked = Evidence.local(comp.id, f"correction {comp.status.value}")
             if comp.status is OpStatus.COMMITTED:
-                await ledger._resolve(
+                await core.outcomes.resolve(
                     original.id,
                     OutcomeUpdate(OpEvent.COMPENSATED, [linked, *comp.evidence[-1:]]),
                 )
@@ -201,9 +212,10 @@ class Compensator:
                 failed = OutcomeUpdate(
                     OpEvent.COMPENSATION_FAILED, [linked], error=comp.error or "correction failed"
                 )
-                await ledger._resolve(original.id, failed)
+                await core.outcomes.resolve(original.id, failed)
                 escalate = Evidence.local("compensation_failed", "a reviewer decides what now")
-                await ledger._resolve(original.id, OutcomeUpdate(OpEvent.ESCALATED, [escalate]))
+                escalated = OutcomeUpdate(OpEvent.ESCALATED, [escalate])
+                await core.outcomes.resolve(original.id, escalated)
 
     # -- the per-tool policy on cancel ---------------------------------------------
     async def on_cancel(self, ops: list[OperationRecord]) -> bool:
@@ -211,21 +223,19 @@ class Compensator:
 
         Returns whether a correction was queued.
         """
-        ledger = self._ledger
+        core = self._core
         queued = False
         for op in ops:
             if op.status is not OpStatus.COMMITTED or op.compensates is not None:
                 continue
-            tool = ledger._tools.get(op.tool)
+            tool = core.tools.get(op.tool)
             if tool is None or tool.compensate_fn is None or not op.can_compensate:
                 continue
             if tool.compensation is Compensation.ALWAYS:
-                if await ledger.backend.compensations(op.id):
+                if await core.backend.compensations(op.id):
                     continue  # corrected before, or a reviewer decided after a failed one
                 try:
-                    await ledger._start_compensation(
-                        op.id, by=SYSTEM.id, reason="compensation=always on cancel"
-                    )
+                    await self.start(op.id, by=SYSTEM.id, reason="compensation=always on cancel")
                     queued = True
                 except (NotPermitted, IllegalTransition):
                     continue  # moved meanwhile, or the run may not compensate
@@ -233,5 +243,5 @@ class Compensator:
                 # the approval hook: until approvals of corrections exist, the proposal
                 # is recorded on the operation and its receipt line offers the correction
                 self._proposed.add(op.id)
-                await ledger.backend.note(op.id, "compensation_proposed", {"policy": "ask"})
+                await core.backend.note(op.id, NoteKind.COMPENSATION_PROPOSED, {"policy": "ask"})
         return queued

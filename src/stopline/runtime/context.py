@@ -7,11 +7,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from stopline.domain.model import Evidence
-from stopline.domain.vocab import EvidenceKind, OpEvent
+from stopline.domain.vocab import EvidenceKind, NoteKind, OpEvent
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
     from stopline.runtime.tool import Tool
 
 __all__ = ["CallContext"]
@@ -22,9 +22,9 @@ class CallContext:
 
     __slots__ = (
         "_accepted",
-        "_ledger",
         "attempt",
         "canceller",
+        "core",
         "lost_recorded",
         "op_id",
         "provider_ref",
@@ -35,9 +35,11 @@ class CallContext:
     )
 
     def __init__(
-        self, ledger: Ledger, run_id: str, op_id: str, tool: Tool[object], attempt: int = 1
+        self, core: Core, run_id: str, op_id: str, tool: Tool[object], attempt: int = 1
     ) -> None:
-        self._ledger = ledger
+        # the runtime of the ledger this call runs in (for stopline's integrations: its
+        # backend, its background work, its outcomes; not a stable API)
+        self.core = core
         self.run_id = run_id
         self.op_id = op_id
         self.tool = tool
@@ -51,6 +53,11 @@ class CallContext:
         self.canceller: tuple[str, Callable[[], Awaitable[object]]] | None = None
         # interrupted by a cancel that recorded it already, with the rest of its tree
         self.lost_recorded = False
+
+    @property
+    def is_accepted(self) -> bool:
+        """The provider acknowledged the request (``accepted`` was called)."""
+        return self._accepted
 
     @property
     def key(self) -> str:
@@ -89,12 +96,14 @@ class CallContext:
         if ref:
             self.provider_ref = ref
         evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, ref or "accepted", detail)]
-        await self._ledger._outbox.record(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
+        await self.core.outbox.record(self.op_id, OutcomeUpdate(OpEvent.ACCEPTED, evidence))
 
     async def progress(
         self, progress: float, total: float | None = None, message: str = ""
     ) -> None:
         """Progress is advisory: it is recorded and never proves a commit."""
-        await self._ledger.backend.note(
-            self.op_id, "progress", {"progress": progress, "total": total, "message": message}
+        await self.core.backend.note(
+            self.op_id,
+            NoteKind.PROGRESS,
+            {"progress": progress, "total": total, "message": message},
         )

@@ -5,56 +5,58 @@ group for background work that outlives a workflow's own scope: asking
 providers to cancel, verifying unknown outcomes, settling cancelled runs.
 Closing the ledger stops that work; what it had not finished stays truthful
 in the ledger (``unknown``, ``cancel asked``) for the next start to pick up.
+
+``Ledger`` is a facade: its methods delegate to named components sharing one
+``Core`` (``runtime/core.py``): ``Lifecycle`` (authority, cancel, pause,
+resume, approvals), ``Truth`` (recovery, reconciliation, compensation,
+review), ``Outcomes`` (recording what calls proved), the ``Settler`` and the
+``Outbox`` (docs/decisions/0031).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import dataclasses
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 
-from stopline.domain.lifecycle import AccessPolicy, Action, OwnerOrTenantAdmin, Principal
-from stopline.domain.limits import check_id, sanitise
-from stopline.domain.model import Evidence, OperationRecord, digest
+from stopline.domain.lifecycle import (
+    AccessPolicy,
+    Action,
+    ApprovalRecord,
+    OwnerOrTenantAdmin,
+    Principal,
+)
+from stopline.domain.limits import check_id
+from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt, build_receipt
-from stopline.domain.transitions import CONTRADICTS
-from stopline.domain.vocab import (
-    Cause,
-    EvidenceKind,
-    OpEvent,
-    OpStatus,
-    Policy,
-    RunEvent,
-)
-from stopline.errors import (
-    IllegalTransition,
-    StoplineError,
-)
+from stopline.domain.vocab import OpStatus, Policy
 from stopline.ledger import open_backend, resolve_url
-from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
-from stopline.runtime.boundary import Boundary, Health, typed
-from stopline.runtime.context import CallContext
-from stopline.runtime.lifecycle import LifecycleMixin
+from stopline.ledger.backend import Backend, RunSpec
+from stopline.runtime.boundary import Health, typed
+from stopline.runtime.compensate import Compensator
+from stopline.runtime.core import Core
+from stopline.runtime.lifecycle import Lifecycle, Resumed
 from stopline.runtime.outbox import Outbox
+from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.reads import Reads
-from stopline.runtime.run import INTERRUPTED, Run
+from stopline.runtime.reconcile import ReconcileSummary
+from stopline.runtime.recovery import RecoveryReport
+from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
+from stopline.runtime.run import Run
 from stopline.runtime.scope import RunScope
 from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
-from stopline.runtime.truth import TruthMixin
+from stopline.runtime.truth import Truth
 
 __all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
 
+R = TypeVar("R")
 
-class Ledger(LifecycleMixin, TruthMixin):
+
+class Ledger:
     """Open with ``async with stopline.open(url) as ledger``."""
 
     def __init__(
@@ -68,65 +70,99 @@ class Ledger(LifecycleMixin, TruthMixin):
         tools: Sequence[Tool[Any]] = (),
         durable_outcomes: bool = False,
     ) -> None:
-        self.url = resolve_url(url)
-        # R11: who may cancel, pause, resume, approve and resolve; the default lets the
-        # owner, a tenant admin and an operator act
-        self.access: AccessPolicy = access or OwnerOrTenantAdmin()
-        # False (default): the outcome commits with the next group commit, within a few
-        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
-        # returns once its outcome is durable (ADR 0022, revisiting 0006)
-        self.durable_outcomes = durable_outcomes
-        # outcomes this process holds whose record has not committed yet: "recording"
-        self._recording: set[str] = set()
-        # ... and those whose record has committed, waiting for ``_finish_outcomes``
-        self._committed: collections.deque[
-            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
-        ] = collections.deque()
-        self._committed_ready = anyio.Event()
-        # how long the settler waits for a provider's answer to a cancel request before
-        # it records "cancel_unanswered" and lets the operation's own outcome decide
-        self.cancel_answer_timeout = 30.0
+        core = self._core = Core(
+            resolve_url(url),
+            # R11: who may cancel, pause, resume, approve and resolve; the default lets
+            # the owner, a tenant admin and an operator act
+            access=access or OwnerOrTenantAdmin(),
+            verify_budget=verify or VerifyBudget(),
+            durable_outcomes=durable_outcomes,
+            backend=backend,
+            tools={t.name: t for t in reversed(tools)},
+        )
+        # the components, each over the core; those others call are set on it
+        core.outcomes = Outcomes(core)
+        core.settler = Settler(core)
+        core.outbox = Outbox(core)
+        core.compensator = Compensator(core)
+        self._lifecycle = Lifecycle(core)
+        self._truth = Truth(core, self._lifecycle)
         # each observer wraps the backend to see every durable write (stopline.telemetry)
         self._observers = tuple(observers)
-        self.verify_budget = verify or VerifyBudget()
-        self._backend = backend
-        self._tg: TaskGroup | None = None
-        self._closing = False
-        self._local: dict[str, Run] = {}
-        self._tools: dict[str, Tool[Any]] = {t.name: t for t in reversed(tools)}
-        self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
-        self._changes: dict[str, anyio.Event] = {}
-        self._settler = Settler(self)
         # runs, operations and the log, read under the access policy (R11)
         self.reads = Reads(lambda: self.backend, lambda: self.access)
-        # background work runs behind an error boundary; what it saw is `health`
-        self.health = Health()
-        self._boundary = Boundary(self.health)
-        self._outbox = Outbox(self)
-        # called with the fenced run ids of every cancel this process learns of
-        self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
-        # this process's identity in the ledger: operations record the worker that
-        # passed the gate, so crash recovery can tell a dead worker's from a live one's
-        self.worker_id = f"worker_{uuid.uuid4().hex[:16]}"
+
+    # -- what the components share, read (and a few set) through the facade -----------
+    @property
+    def core(self) -> Core:
+        """The runtime's shared state, for stopline's integrations (not a stable API)."""
+        return self._core
+
+    @property
+    def url(self) -> str:
+        return self._core.url
+
+    @property
+    def access(self) -> AccessPolicy:
+        """R11: who may cancel, pause, resume, approve and resolve."""
+        return self._core.access
+
+    @property
+    def durable_outcomes(self) -> bool:
+        """True: a call returns once its outcome is durable (ADR 0022)."""
+        return self._core.durable_outcomes
+
+    @property
+    def verify_budget(self) -> VerifyBudget:
+        return self._core.verify_budget
+
+    @property
+    def cancel_answer_timeout(self) -> float:
+        """Seconds the settler waits for a provider's answer to a cancel request."""
+        return self._core.cancel_answer_timeout
+
+    @cancel_answer_timeout.setter
+    def cancel_answer_timeout(self, seconds: float) -> None:
+        self._core.cancel_answer_timeout = seconds
+
+    @property
+    def worker_id(self) -> str:
+        """This process's identity in the ledger (operations record who passed the gate)."""
+        return self._core.worker_id
+
+    @property
+    def health(self) -> Health:
+        """What background work saw, behind its error boundary."""
+        return self._core.health
 
     @property
     def backend(self) -> Backend:
-        if self._backend is None:
-            raise RuntimeError("the ledger is not open: use 'async with stopline.open(...)'")
-        return self._backend
+        return self._core.backend
 
+    @property
+    def lease(self) -> float:
+        """Seconds a worker's lease lasts; renewed at a third of it."""
+        return self._truth.workers.lease
+
+    @lease.setter
+    def lease(self, seconds: float) -> None:
+        self._truth.workers.lease = seconds
+
+    # -- open and close ------------------------------------------------------------
     async def __aenter__(self) -> Ledger:
-        if self._backend is None:
-            self._backend = await open_backend(self.url)
-        raw = self._backend  # observers wrap the seam's methods, not the notification hook
+        core = self._core
+        if not core.opened:
+            core.use_backend(await open_backend(core.url))
+        raw = core.backend  # observers wrap the seam's methods, not the notification hook
         for observe in self._observers:
-            self._backend = observe(self._backend)
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+            core.use_backend(observe(core.backend))
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        core.start(tg)
         try:
             # cancels committed by other processes reach this one's in-flight calls
-            await self._tg.start(raw.watch_cancels, self._on_remote_cancel)
-            await self._tg.start(self._finish_outcomes)
+            await tg.start(raw.watch_cancels, self._lifecycle.on_remote_cancel)
+            await tg.start(core.outcomes.finish)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:
             await self.__aexit__(None, None, None)
@@ -136,7 +172,7 @@ class Ledger(LifecycleMixin, TruthMixin):
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        tg, self._tg, self._closing = self._tg, None, True
+        tg = self._core.stop()
         try:
             if tg is not None:
                 tg.cancel_scope.cancel()
@@ -146,29 +182,22 @@ class Ledger(LifecycleMixin, TruthMixin):
                     raise typed(group) from group
         finally:
             with anyio.CancelScope(shield=True):
-                await self._outbox.flush()
-                await self._retire()
+                await self._core.outbox.flush()
+                await self._truth.retire()
                 await self.backend.close()
 
-    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         """Start background work that outlives the caller's scope."""
-        if self._tg is None:
-            if self._closing:
-                return  # closing: background work stops with the ledger (see the module doc)
-            raise RuntimeError("the ledger is not open")
-        self._tg.start_soon(self._boundary.run, fn, *args)
+        self._core.spawn(fn, *args)
 
     # -- tools -------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
         """Known tools can be verified and cancelled from this process."""
-        self._tools.setdefault(tool.name, tool)
+        self._core.register_tool(tool)
 
     def adopt(self, fn: Callable[..., Awaitable[Any]]) -> Tool[Any]:
         """A plain async function used as a tool: effectful, with no capabilities."""
-        tool = self._adopted.get(fn)
-        if tool is None:
-            tool = self._adopted[fn] = Tool(fn)
-        return tool
+        return self._core.adopt(fn)
 
     # -- runs ----------------------------------------------------------------------
     def run(
@@ -198,7 +227,28 @@ class Ledger(LifecycleMixin, TruthMixin):
             shared=shared,
             policy=policy,
         )
-        return RunScope(self, spec, attach=run_id is not None)
+        return RunScope(self, self._core, spec, attach=run_id is not None)
+
+    def local_run(self, run_id: str) -> Run | None:
+        """This process's run of that id while its block is open, else None."""
+        return self._core.runs.get(run_id)
+
+    async def dispatch(
+        self,
+        run_id: str,
+        tool: Tool[R] | Callable[..., Awaitable[R]],
+        *args: Any,
+        key: str,
+        **kwargs: Any,
+    ) -> R:
+        """One gated call on an existing run, from outside its workflow.
+
+        For queue consumers and retry timers: a message redelivered after the
+        cancel is refused at the gate (``RunFenced``: ack it and drop it), and
+        a redelivery of one that already committed returns the recorded result.
+        """
+        run = Run(self, self._core, await self.backend.get_run(run_id))
+        return await run.call(tool, *args, key=key, **kwargs)
 
     async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
@@ -207,40 +257,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
         the final one. Checked against ``access`` (R11).
         """
-        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
-        # a reason that cannot be stored never stands between a cancel and its fence
-        reason = sanitise(reason)
-        result = await self.backend.cancel(run_id, by=principal.id, reason=reason)
-        interrupted = self._interrupt_local(result.fenced)
-        for released in result.released:
-            self._changed(released)
-        rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
-        if rest:
-            self.spawn(self._advance_all, rest)
+        await self._lifecycle.cancel(run_id, by=by, reason=reason)
         return await self.receipt(run_id)
-
-    def _interrupt_local(self, run_ids: Sequence[str]) -> set[str]:
-        """Deliver a committed cancel to this process's runs: interrupt by phase policy
-        and ask providers that can to cancel what is in flight. Once per run: the
-        cancel's own return and its notification may both bring it."""
-        interrupted: list[CallContext] = []
-        for fenced in run_ids:
-            run = self._local.get(fenced)
-            if run is not None and not run.cancel_requested:
-                inflight = list(run._inflight.values())
-                at_providers = run._at_providers()
-                if run._deliver_cancel():
-                    interrupted.extend(inflight)
-                for ctx in at_providers:
-                    self._settler.ask_provider_cancel(ctx)
-            self._changed(fenced)
-        if interrupted:
-            for ctx in interrupted:
-                ctx.lost_recorded = True  # their own unwinding records nothing more
-            self.spawn(self._record_interrupted, interrupted)
-        for listener in self._cancel_listeners:
-            listener(run_ids)
-        return {ctx.run_id for ctx in interrupted}
 
     def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
         """Call ``listener(run_ids)`` for every cancel this process commits or is notified
@@ -248,44 +266,12 @@ class Ledger(LifecycleMixin, TruthMixin):
         integration carries a stopline cancel into its own cancel. May be called twice
         for one cancel (its own return and its notification): make it idempotent.
         Returns a function that removes the listener."""
-        self._cancel_listeners.append(listener)
-        return lambda: self._cancel_listeners.remove(listener)
+        return self._lifecycle.on_cancel(listener)
 
     async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
-        event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
-        reason = "" if error is None else f"{type(error).__name__}: {error}"
-        with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
-            await self.backend.run_event(run_id, event, by=by, reason=reason)
-        self._changed(run_id)
-        await self._settler.advance(run_id)
-
-    def _on_remote_cancel(self, run_ids: list[str]) -> None:
-        """A cancel committed by any process (the backend's notification; our own too)."""
-        self._interrupt_local(run_ids)
-
-    async def _record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
-        """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
-        for the whole tree instead of one per call."""
-        updates = [(ctx.op_id, _lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED)) for ctx in ctxs]
-        with anyio.CancelScope(shield=True):
-            results = await self.backend.record_many(updates)
-        runs: dict[str, None] = {}
-        for (op_id, update), result in zip(updates, results, strict=True):
-            if isinstance(result, IllegalTransition):
-                self.spawn(self._resolve, op_id, update)  # it ended meanwhile: evidence
-                continue
-            runs[result.run_id] = None
-            self._changed(result.run_id)
-            self._after_truth_change(result)
-            if result.status is OpStatus.UNKNOWN:
-                self._settler.verify_soon(result)
-        await self._advance_all(list(runs))  # what _resolve would have done, run by run
-
-    async def _advance_all(self, run_ids: Sequence[str]) -> None:
-        for run_id in run_ids:
-            await self._settler.advance(run_id)
+        await self._core.outcomes.end(run_id, by, error)
 
     async def receipt(self, run_id: str, *, by: str | Principal | None = None) -> Receipt:
         """What happened: this run's operations and those of the runs it owns exclusively.
@@ -294,9 +280,7 @@ class Ledger(LifecycleMixin, TruthMixin):
         """
         run = await self.reads.run(check_id("run_id", run_id), by=by)
         ops = await self.backend.operations(run_id, descendants=True)
-        # in hand, not durable yet: queued for the next group commit, or held by the
-        # outbox until the ledger can take it
-        return build_receipt(run, ops, recording=self._recording | self._outbox.held.keys())
+        return build_receipt(run, ops, recording=self._core.outcomes.in_hand())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it."""
@@ -309,27 +293,16 @@ class Ledger(LifecycleMixin, TruthMixin):
 
     async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
         """Until this process changes the run, or ``poll`` s for other processes' changes."""
-        event = self._changes.get(run_id)
-        if event is None:
-            event = self._changes[run_id] = anyio.Event()
-        with anyio.move_on_after(poll):
-            await event.wait()
-        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
-            del self._changes[run_id]  # per-run state ends when nobody waits on it
+        await self._core.wait_for_change(run_id, poll=poll)
 
     @property
     def idle(self) -> bool:
         """No background step (verification, settling, correction) is running now."""
-        return self._settler.busy == 0
+        return self._core.settler.busy == 0
 
     async def wait_idle(self) -> None:
         """Until no background step is running (at once if none is)."""
-        await self._settler.wait_idle()
-
-    def _changed(self, run_id: str) -> None:
-        event = self._changes.pop(run_id, None)
-        if event is not None:
-            event.set()
+        await self._core.settler.wait_idle()
 
     # -- outcomes --------------------------------------------------------------
     async def late_response(
@@ -340,21 +313,8 @@ class Ledger(LifecycleMixin, TruthMixin):
         ``verdict`` says what the response proves: ``committed`` (a success),
         ``not_committed`` (the provider's refusal), ``unknown`` (kept only).
         """
-        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
-        if ref:
-            evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
-        if verdict is Verdict.UNKNOWN:
-            op = await self.backend.note(
-                op_id, "late_response", {"evidence": [e.to_json() for e in evidence]}
-            )
-            self._changed(op.run_id)
-            return op
-        event = OpEvent.COMMITTED if verdict is Verdict.COMMITTED else OpEvent.REJECTED
-        return await self._resolve(
-            op_id,
-            OutcomeUpdate(
-                event, evidence, result=result, has_result=verdict is Verdict.COMMITTED, late=True
-            ),
+        return await self._core.outcomes.late_response(
+            op_id, verdict, result=result, ref=ref, detail=detail
         )
 
     async def verify(self, op_id: str) -> OperationRecord:
@@ -362,89 +322,119 @@ class Ledger(LifecycleMixin, TruthMixin):
         op = await self.backend.get_operation(op_id)
         if op.status not in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW):
             return op
-        return await self._settler.read_back(op)
+        return await self._core.settler.read_back(op)
 
-    async def _resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
-        try:
-            op = await self.backend.record(op_id, update)
-        except IllegalTransition:
-            current = await self.backend.get_operation(op_id)
-            if current.status in CONTRADICTS.get(update.event, ()):
-                op = await self.backend.record(
-                    op_id,
-                    dataclasses.replace(
-                        update,
-                        event=OpEvent.CONFLICT,
-                        error=f"{update.event.value} contradicts recorded {current.status.value}",
-                    ),
-                )
-            else:
-                op = await self.backend.note(
-                    op_id,
-                    f"evidence_{update.event.value}",
-                    {
-                        "evidence": [e.to_json() for e in update.evidence],
-                        "late": update.late,
-                    },
-                    cancel_state=update.cancel_state,
-                )
-        self._after_change(op)
-        return op
+    # -- lifecycle: authority, pause and resume, owners, approvals ---------------------
+    async def authorize(
+        self, who: str | Principal, action: Action, run_id: str
+    ) -> tuple[Principal, RunRecord]:
+        """Check ``who`` may do ``action`` to the run; a denial is audited, then raised."""
+        return await self._lifecycle.authorize(who, action, run_id)
 
-    def _recorded(
-        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
-    ) -> None:
-        """A deferred outcome has committed (``Backend.record_deferred``), called on the
-        loop outside any task: hand it to the one task that finishes outcomes."""
-        self._recording.discard(op_id)
-        self._committed.append((op_id, update, outcome))
-        self._committed_ready.set()
+    async def pause(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
+        """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
+        await self._lifecycle.pause(run_id, by=by, reason=reason)
+        return await self.receipt(run_id)
 
-    async def _finish_outcomes(self, *, task_status: TaskStatus[None]) -> None:
-        """What ``_resolve`` does after its write, for deferred outcomes: one task for
-        all of them, woken once per group commit, instead of a task per call."""
-        task_status.started()
-        while True:
-            await self._committed_ready.wait()
-            self._committed_ready = anyio.Event()
-            while self._committed:
-                op_id, update, outcome = self._committed.popleft()
-                try:
-                    op = outcome()
-                except IllegalTransition:
-                    self.spawn(self._resolve, op_id, update)  # agreeing or contradicting
-                    continue
-                except StoplineError:  # not taken: held, retried behind the boundary
-                    self.spawn(self._outbox.record, op_id, update)
-                    continue
-                self._after_change(op)
+    async def resume(self, run_id: str, *, by: str | Principal) -> Resumed:
+        """Back to running with ``initiate`` re-granted by a principal allowed to resume.
 
-    async def _lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
-        """R3: no answer is ``unknown``, never ``not_committed``. R13: when the effect can
-        still land after now, the horizon is recorded with it."""
-        await self._outbox.record(ctx.op_id, _lost_update(ctx, cause, detail))
+        A cancelled run resumes only when every operation is resolved; approvals that
+        expired meanwhile are marked so and must be asked for again (R10).
+        """
+        return await self._lifecycle.resume(run_id, by=by)
 
-    def _after_change(self, op: OperationRecord) -> None:
-        self._changed(op.run_id)
-        self._after_truth_change(op)
-        if op.status is OpStatus.UNKNOWN:
-            self._settler.verify_soon(op)
-        run = self._local.get(op.run_id)
-        if run is None or run.cancel_requested:
-            self.spawn(self._settler.advance, op.run_id)
-        elif run.pause_requested and not run._inflight:
-            self.spawn(self._settle_pause, op.run_id)
+    async def share(self, run_id: str, *, with_owner: str) -> None:
+        """Add ``with_owner`` as another owner of a shared run (reference-counted)."""
+        await self._lifecycle.share(run_id, with_owner=with_owner)
 
+    async def request_approval(
+        self, run_id: str, key: str, *, approver: str, by: str | Principal
+    ) -> ApprovalRecord:
+        """Ask ``approver`` to approve the operation ``key`` of the run."""
+        return await self._lifecycle.request_approval(run_id, key, approver=approver, by=by)
 
-def _lost_update(ctx: CallContext, cause: Cause, detail: str) -> OutcomeUpdate:
-    """R3: a lost answer, with its horizon when the effect can still land after now (R13)."""
-    evidence = [Evidence.local(cause.value, detail)]
-    now = time.time()
-    horizon = ctx.horizon(now)
-    if horizon > now:
-        evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
-    return OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
+    async def approve(
+        self, approval_id: str, *, by: str | Principal, ttl: float | None = None
+    ) -> ApprovalRecord:
+        """Grant an approval, valid for ``ttl`` seconds (forever when None)."""
+        return await self._lifecycle.decide(approval_id, by, granted=True, ttl=ttl)
+
+    async def deny(self, approval_id: str, *, by: str | Principal) -> ApprovalRecord:
+        return await self._lifecycle.decide(approval_id, by, granted=False, ttl=None)
+
+    async def why_not_approved(self, run_id: str, op_id: str) -> str:
+        return await self._lifecycle.why_not_approved(run_id, op_id)
+
+    # -- truth: recovery, reconciliation, compensation, review ---------------------------
+    async def recover(self) -> RecoveryReport:
+        """Register this worker, mark what dead workers left in flight ``unknown``,
+        queue every unknown operation for verification, and keep the lease alive.
+
+        ``Ledger.__aenter__`` calls it; it reads only the open-operations index.
+        """
+        return await self._truth.recover()
+
+    async def reconcile(
+        self,
+        *,
+        tools: Iterable[Tool[Any]] = (),
+        budget: VerifyBudget | None = None,
+        accepted_after: float = 300.0,
+        limit: int = 10_000,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> ReconcileSummary:
+        """One pass over every operation in doubt: read back, never re-send.
+
+        ``tools`` are registered first (an operation whose tool is not registered
+        here is left for a process that has it, and counted as ``not_here``).
+        ``on_progress(done, total)`` is called as operations are checked.
+        """
+        return await self._truth.reconcile(
+            tools=tools,
+            budget=budget,
+            accepted_after=accepted_after,
+            limit=limit,
+            on_progress=on_progress,
+        )
+
+    async def compensate(
+        self, op_id: str, *, by: str | Principal, reason: str = "", wait: bool = True
+    ) -> OperationRecord:
+        """Correct a committed operation with its tool's compensator (R7: a cancel of
+        the run does not stop it). Returns the corrected operation: ``compensated``,
+        ``compensating`` (``wait=False``, or the correction's outcome is in doubt), or
+        ``needs_review`` (the correction failed)."""
+        return await self._truth.compensate(op_id, by=by, reason=reason, wait=wait)
+
+    async def stop_compensation(self, op_id: str, *, by: str | Principal, reason: str = "") -> bool:
+        """Interrupt the correction of ``op_id`` running in this process (R7's explicit ask).
+
+        The ask is recorded either way; returns whether a running correction was
+        interrupted here. Its outcome becomes ``unknown`` and is verified as usual.
+        """
+        return await self._truth.stop_compensation(op_id, by=by, reason=reason)
+
+    async def review_items(self, *, limit: int = 1000) -> list[ReviewItem]:
+        """Operations waiting for a human (``needs_review``, failed corrections)."""
+        return await self._truth.review_items(limit=limit)
+
+    async def inspect_review(self, op_id: str) -> ReviewCase:
+        """One item with its run, all its evidence, its events and its corrections."""
+        return await self._truth.inspect_review(op_id)
+
+    async def resolve_review(
+        self,
+        op_id: str,
+        verdict: str | ReviewVerdict,
+        *,
+        by: str | Principal,
+        note: str = "",
+    ) -> Receipt:
+        """Decide an item as ``committed``, ``not_committed`` or ``compensate``; the
+        reviewer and the note are recorded as ``review`` evidence. Returns the receipt."""
+        op = await self._truth.resolve_review(op_id, verdict, by=by, note=note)
+        return await self.receipt(op.run_id)
 
 
 def open(

@@ -1,10 +1,12 @@
-"""Lifecycle: child runs and ownership, pause and resume, approvals, authority.
+"""Lifecycle: authority, cancel and its delivery, pause and resume, approvals, owners.
 
-``LifecycleMixin`` gives ``Ledger`` its methods for trees of runs and for
-stopping without cancelling (CONTRACT.md R1, R6, R7, R9, R10, R11). Every
-governed action is checked against ``ledger.access`` (an ``AccessPolicy``)
-and lands in the audit trail: an allowed one as its own event (which records
-who), a denied one as a ``denied`` event, then ``NotPermitted``.
+``Lifecycle`` is the component of ``Ledger`` that stops runs and lets them go
+on (CONTRACT.md R1, R6, R7, R9, R10, R11). Every governed action is checked
+against the access policy (``ledger.access``) and lands in the audit trail:
+an allowed one as its own event (which records who), a denied one as a
+``denied`` event, then ``NotPermitted``. A committed cancel, this process's
+own or another's (the backend's notification), is delivered here to the runs
+of this process by their phase policy.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import (
@@ -25,7 +27,6 @@ from stopline.domain.lifecycle import (
 )
 from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import RunRecord
-from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
 from stopline.errors import (
     ApprovalNeeded,
@@ -36,12 +37,10 @@ from stopline.errors import (
 )
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
-    from stopline.runtime.tool import Tool
+    from stopline.runtime.context import CallContext
+    from stopline.runtime.core import Core
 
-__all__ = ["ApprovalNeeded", "LifecycleMixin", "Resumed", "Retry"]
-
-R = TypeVar("R")
+__all__ = ["ApprovalNeeded", "Lifecycle", "Resumed", "Retry"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,27 +96,28 @@ class Resumed:
         return f"Resumed run {self.run.id}: continue from {where}{expired}."
 
 
-class LifecycleMixin:
-    """Methods of ``Ledger`` about the shape and the pauses of runs."""
+class Lifecycle:
+    """Authority, cancel, pause, resume and approvals, over the runtime's ``Core``."""
 
-    @property
-    def _host(self) -> Ledger:
-        """This object as the ``Ledger`` it is mixed into."""
-        return cast("Ledger", self)
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        # called with the fenced run ids of every cancel this process learns of
+        self._cancel_listeners: list[Callable[[Sequence[str]], None]] = []
 
     # -- authority (R11) ------------------------------------------------------------
     async def authorize(
         self, who: str | Principal, action: Action, run_id: str
     ) -> tuple[Principal, RunRecord]:
         """Check ``who`` may do ``action`` to the run; a denial is audited, then raised."""
+        core = self._core
         principal = Principal.of(who)
         check_id("by", principal.id)
         check_id("run_id", run_id)
-        local = self._host._local.get(run_id)
+        local = core.runs.get(run_id)
         # a run of this process: owner and tenant never change, so no read before the fence
-        run = local.record if local is not None else await self._host.backend.get_run(run_id)
-        if not self._host.access.visible(principal, run):
-            await self._host.backend.audit(
+        run = local.record if local is not None else await core.backend.get_run(run_id)
+        if not core.access.visible(principal, run):
+            await core.backend.audit(
                 run_id,
                 principal=principal.id,
                 action=action.value,
@@ -125,8 +125,8 @@ class LifecycleMixin:
                 detail="other tenant",
             )
             raise UnknownRun(run_id)  # another tenant never learns the run exists
-        if not self._host.access.allows(principal, action, run):
-            await self._host.backend.audit(
+        if not core.access.allows(principal, action, run):
+            await core.backend.audit(
                 run_id,
                 principal=principal.id,
                 action=action.value,
@@ -136,17 +136,68 @@ class LifecycleMixin:
             raise NotPermitted(f"{principal.id} may not {action.value} run {run_id!r}")
         return principal, run
 
-    # -- pause and resume (R9, R10) ---------------------------------------------------
-    async def pause(self, run_id: str, *, by: str | Principal, reason: str = "") -> Receipt:
-        """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
-        principal, _ = await self._host.authorize(by, Action.PAUSE, run_id)
+    # -- cancel (R1, R2, R7) -------------------------------------------------------------
+    async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> None:
+        """Fence the run and what it owns exclusively (durably, first, in one transaction),
+        then deliver the cancel to this process's runs."""
+        core = self._core
+        principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
+        # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
-        for paused in await self._host.backend.pause(run_id, by=principal.id, reason=reason):
-            local = self._host._local.get(paused)
+        result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
+        interrupted = self.deliver_cancel(result.fenced)
+        for released in result.released:
+            core.changed(released)
+        rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
+        if rest:
+            core.spawn(core.outcomes.advance_all, rest)
+
+    def deliver_cancel(self, run_ids: Sequence[str]) -> set[str]:
+        """Deliver a committed cancel to this process's runs: interrupt by phase policy
+        and ask providers that can to cancel what is in flight. Once per run: the
+        cancel's own return and its notification may both bring it. Returns the runs
+        whose calls it interrupted."""
+        core = self._core
+        interrupted: list[CallContext] = []
+        for fenced in run_ids:
+            run = core.runs.get(fenced)
+            if run is not None and not run.cancel_requested:
+                inflight = run.in_flight
+                at_providers = run.at_providers()  # in flight, and cut just before
+                if run.deliver_cancel():
+                    interrupted.extend(inflight)
+                for ctx in at_providers:
+                    core.settler.ask_provider_cancel(ctx)
+            core.changed(fenced)
+        if interrupted:
+            for ctx in interrupted:
+                ctx.lost_recorded = True  # their own unwinding records nothing more
+            core.spawn(core.outcomes.record_interrupted, interrupted)
+        for listener in self._cancel_listeners:
+            listener(run_ids)
+        return {ctx.run_id for ctx in interrupted}
+
+    def on_remote_cancel(self, run_ids: list[str]) -> None:
+        """A cancel committed by any process (the backend's notification; our own too)."""
+        self.deliver_cancel(run_ids)
+
+    def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
+        """Call ``listener(run_ids)`` for every cancel this process learns of; returns a
+        function that removes it."""
+        self._cancel_listeners.append(listener)
+        return lambda: self._cancel_listeners.remove(listener)
+
+    # -- pause and resume (R9, R10) ---------------------------------------------------
+    async def pause(self, run_id: str, *, by: str | Principal, reason: str = "") -> None:
+        """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
+        core = self._core
+        principal, _ = await self.authorize(by, Action.PAUSE, run_id)
+        reason = sanitise(reason)
+        for paused in await core.backend.pause(run_id, by=principal.id, reason=reason):
+            local = core.runs.get(paused)
             if local is not None:
                 local.pause_requested = True
-            self._host._changed(paused)
-        return await self._host.receipt(run_id)
+            core.changed(paused)
 
     async def resume(self, run_id: str, *, by: str | Principal) -> Resumed:
         """Back to running with ``initiate`` re-granted by a principal allowed to resume.
@@ -154,30 +205,27 @@ class LifecycleMixin:
         A cancelled run resumes only when every operation is resolved; approvals that
         expired meanwhile are marked so and must be asked for again (R10).
         """
-        principal, current = await self._host.authorize(by, Action.RESUME, run_id)
+        core = self._core
+        principal, current = await self.authorize(by, Action.RESUME, run_id)
         try:
-            run, expired = await self._host.backend.resume(run_id, by=principal.id)
+            run, expired = await core.backend.resume(run_id, by=principal.id)
         except IllegalTransition as exc:
-            state = (await self._host.backend.get_run(run_id)).state
+            state = (await core.backend.get_run(run_id)).state
             if state is RunState.RUNNING:
                 raise
             latest = dataclasses.replace(current, state=state)
             raise RunEnded(run_id, state, what_to_do(latest)) from exc
-        local = self._host._local.get(run_id)
+        local = core.runs.get(run_id)
         if local is not None:
             local.pause_requested = False
             local.cancel_requested = False
-        self._host._changed(run_id)
-        return Resumed(run, await self._host.backend.last_checkpoint(run_id), tuple(expired))
-
-    async def _settle_pause(self, run_id: str) -> None:
-        await self._host.backend.settle_pause(run_id)
-        self._host._changed(run_id)
+        core.changed(run_id)
+        return Resumed(run, await core.backend.last_checkpoint(run_id), tuple(expired))
 
     # -- ownership (R6) -------------------------------------------------------------
     async def share(self, run_id: str, *, with_owner: str) -> None:
         """Add ``with_owner`` as another owner of a shared run (reference-counted)."""
-        await self._host.backend.add_owner(run_id, with_owner, exclusive=False)
+        await self._core.backend.add_owner(run_id, with_owner, exclusive=False)
 
     # -- approvals (S5) ---------------------------------------------------------------
     async def request_approval(
@@ -186,58 +234,31 @@ class LifecycleMixin:
         """Ask ``approver`` to approve the operation ``key`` of the run."""
         scope = f"{run_id}/{key}"
         approval_id = f"approval_{uuid.uuid4().hex[:12]}"
-        return await self._host.backend.request_approval(
+        return await self._core.backend.request_approval(
             approval_id, run_id, scope, approver=approver, requested_by=Principal.of(by).id
         )
 
-    async def approve(
-        self, approval_id: str, *, by: str | Principal, ttl: float | None = None
-    ) -> ApprovalRecord:
-        """Grant an approval, valid for ``ttl`` seconds (forever when None)."""
-        return await self._host._decide(approval_id, by, granted=True, ttl=ttl)
-
-    async def deny(self, approval_id: str, *, by: str | Principal) -> ApprovalRecord:
-        return await self._host._decide(approval_id, by, granted=False, ttl=None)
-
-    async def _decide(
+    async def decide(
         self, approval_id: str, who: str | Principal, *, granted: bool, ttl: float | None
     ) -> ApprovalRecord:
+        """Grant or deny an approval; a grant is valid for ``ttl`` seconds (None: forever)."""
+        core = self._core
         principal = Principal.of(who)
-        approval = await self._host.backend.get_approval(approval_id)
+        approval = await core.backend.get_approval(approval_id)
         if principal.id != approval.approver:
-            await self._host.authorize(principal, Action.APPROVE, approval.run_id)
+            await self.authorize(principal, Action.APPROVE, approval.run_id)
         expires_at = None if ttl is None else time.time() + ttl
-        decided = await self._host.backend.decide_approval(
+        decided = await core.backend.decide_approval(
             approval_id, granted=granted, by=principal.id, expires_at=expires_at
         )
-        self._host._changed(approval.run_id)
+        core.changed(approval.run_id)
         return decided
 
     async def why_not_approved(self, run_id: str, op_id: str) -> str:
-        approvals = [a for a in await self._host.backend.approvals(run_id) if a.scope == op_id]
+        approvals = [a for a in await self._core.backend.approvals(run_id) if a.scope == op_id]
         if not approvals:
             return "no approval was asked for"
         latest = approvals[-1]
         if latest.status is ApprovalStatus.GRANTED:
             return "the approval expired; ask for it again"
         return f"the approval is {latest.status.value}"
-
-    # -- queues and timers (R1, S11, S14) -----------------------------------------------
-    async def dispatch(
-        self,
-        run_id: str,
-        tool: Tool[R] | Callable[..., Awaitable[R]],
-        *args: Any,
-        key: str,
-        **kwargs: Any,
-    ) -> R:
-        """One gated call on an existing run, from outside its workflow.
-
-        For queue consumers and retry timers: a message redelivered after the
-        cancel is refused at the gate (``RunFenced``: ack it and drop it), and
-        a redelivery of one that already committed returns the recorded result.
-        """
-        from stopline.runtime.run import Run
-
-        run = Run(self._host, await self._host.backend.get_run(run_id))
-        return await run.call(tool, *args, key=key, **kwargs)

@@ -22,15 +22,15 @@ from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.boundary import retryable
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
     from stopline.runtime.run import Run
 
 __all__ = ["Outbox"]
 
 
 class Outbox:
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, core: Core) -> None:
+        self._core = core
         self.held: dict[str, list[OutcomeUpdate]] = {}  # op id -> outcomes in order
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> None:
@@ -40,18 +40,18 @@ class Outbox:
             queue.append(update)
             return
         try:
-            await self._ledger._resolve(op_id, update)
+            await self._core.outcomes.resolve(op_id, update)
         except Exception as exc:
             if not retryable(exc):
                 raise
             self.held[op_id] = [update]
-            self._ledger.spawn(self.drain, op_id)
+            self._core.spawn(self.drain, op_id)
 
     async def drain(self, op_id: str) -> None:
         """Write what is held for one operation, in order (the boundary retries a failure)."""
         queue = self.held.get(op_id, [])
         while queue:
-            await self._ledger._resolve(op_id, queue[0])
+            await self._core.outcomes.resolve(op_id, queue[0])
             queue.pop(0)
         self.held.pop(op_id, None)
 
@@ -60,22 +60,22 @@ class Outbox:
         cannot take it, the end is held and retried. A cancelled run's settlement is
         background work; for a run that ended by itself the block's own error, if any,
         goes on (never hidden behind the ledger's), else its caller gets the typed error."""
-        ledger = self._ledger
+        core = self._core
         # cancelled: it settles; suspended (waiting for a person): it stays paused
         settles = run.cancel_requested or (run.suspended and error is None)
         try:
             if settles:
-                ledger._changed(run.id)
-                await ledger._settler.advance(run.id)
+                core.changed(run.id)
+                await core.settler.advance(run.id)
             else:
-                await ledger.end(run.id, by=run.owner, error=error)
+                await core.outcomes.end(run.id, by=run.owner, error=error)
         except Exception as failed:
             if not retryable(failed):
                 raise
             if settles:
-                ledger.spawn(ledger._settler.advance, run.id)
+                core.spawn(core.settler.advance, run.id)
                 return
-            ledger.spawn(ledger.end, run.id, run.owner, error)
+            core.spawn(core.outcomes.end, run.id, run.owner, error)
             if error is None:
                 raise
 

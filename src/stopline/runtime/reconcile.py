@@ -27,10 +27,13 @@ import anyio
 from stopline.domain.model import Evidence, OperationRecord
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.compensate import context_for
 from stopline.runtime.tool import ReadBack, Tool, Verdict
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger, VerifyBudget
+    from stopline.runtime.core import Core
+    from stopline.runtime.recovery import Workers
+    from stopline.runtime.settle import VerifyBudget
 
 __all__ = ["ReconcileSummary", "Reconciler"]
 
@@ -78,8 +81,9 @@ class ReconcileSummary:
 
 
 class Reconciler:
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, core: Core, workers: Workers) -> None:
+        self._core = core
+        self._workers = workers
 
     async def run(
         self,
@@ -90,14 +94,15 @@ class Reconciler:
         limit: int = 10_000,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> ReconcileSummary:
-        ledger = self._ledger
+        core = self._core
+        settler = core.settler
         for tool in tools:
-            ledger.register_tool(tool)
-        async with ledger._settler.working():
-            _, recovered = await ledger._workers.sweep()
-            open_ops = await ledger.backend.unresolved(limit)
+            core.register_tool(tool)
+        async with settler.working():
+            _, recovered = await self._workers.sweep()
+            open_ops = await core.backend.unresolved(limit)
             for op in recovered:
-                ledger._changed(op.run_id)
+                core.changed(op.run_id)
             now = time.time()
             unknown = [op for op in open_ops if op.status is OpStatus.UNKNOWN]
             accepted = [
@@ -114,7 +119,7 @@ class Reconciler:
             async def one(op: OperationRecord) -> None:
                 async with limiter:
                     if op.status is OpStatus.UNKNOWN:
-                        finals[op.id] = await ledger._settler.verify_with_budget(op, budget)
+                        finals[op.id] = await settler.verify_with_budget(op, budget)
                     else:
                         finals[op.id] = await self.peek_accepted(op)
                 if on_progress is not None:
@@ -124,17 +129,17 @@ class Reconciler:
                 for op in [*unknown, *accepted]:
                     tg.start_soon(one, op)
             for run_id in {op.run_id for op in finals.values()}:
-                await ledger._settler.advance(run_id)
-        return _summary(recovered, finals, ledger._settler.can_verify_here)
+                await settler.advance(run_id)
+        return _summary(recovered, finals, settler.can_verify_here)
 
     async def peek_accepted(self, op: OperationRecord) -> OperationRecord:
         """One read-back of an operation accepted long ago; recorded only if it proves."""
-        ledger = self._ledger
-        tool = ledger._tools.get(op.tool)
+        core = self._core
+        tool = core.tools.get(op.tool)
         verify_fn = None if tool is None else tool.verify_fn
         if tool is None or verify_fn is None or op.compensates is not None:
             return op
-        ctx = await ledger._call_context(op, tool)
+        ctx = await context_for(core, op, tool)
         try:
             answer = await verify_fn(ctx)
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
@@ -149,7 +154,7 @@ class Reconciler:
             )
         else:  # "never will": the provider dropped it
             update = OutcomeUpdate(OpEvent.REJECTED, evidence, error="read-back: not committed")
-        return await ledger._resolve(op.id, update)
+        return await core.outcomes.resolve(op.id, update)
 
 
 def _summary(

@@ -35,7 +35,7 @@ from stopline.errors import StoplineError
 from stopline.ledger.leases import WorkerLease
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
 
 __all__ = ["RecoveryReport", "Workers", "is_dead", "pid_alive"]
 
@@ -90,8 +90,8 @@ class RecoveryReport:
 class Workers:
     """This runtime's worker record, its lease, and the sweep for dead ones."""
 
-    def __init__(self, ledger: Ledger, *, lease: float = DEFAULT_LEASE) -> None:
-        self._ledger = ledger
+    def __init__(self, core: Core, *, lease: float = DEFAULT_LEASE) -> None:
+        self._core = core
         self.lease = lease
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -99,8 +99,8 @@ class Workers:
         self._renewed_at = 0.0  # monotonic time of the last lease renewal that committed
 
     async def register(self) -> None:
-        await self._ledger.backend.heartbeat(
-            self._ledger.worker_id,
+        await self._core.backend.heartbeat(
+            self._core.worker_id,
             host=self.host,
             pid=self.pid,
             lease_until=time.time() + self.lease,
@@ -114,19 +114,19 @@ class Workers:
             return
         self.registered = False
         with contextlib.suppress(StoplineError):  # the ledger is gone: the lease expires
-            await self._ledger.backend.heartbeat(
-                self._ledger.worker_id, host=self.host, pid=self.pid, lease_until=0.0
+            await self._core.backend.heartbeat(
+                self._core.worker_id, host=self.host, pid=self.pid, lease_until=0.0
             )
 
     async def sweep(self) -> tuple[list[str], list[OperationRecord]]:
         """Find dead workers holding in-flight operations; mark those unknown."""
-        backend = self._ledger.backend
+        backend = self._core.backend
         now = time.time()
         dead = [
             lease.worker
             for lease in await backend.in_flight_workers()
             if is_dead(
-                lease, now=now, host=self.host, me=self._ledger.worker_id, lease_seconds=self.lease
+                lease, now=now, host=self.host, me=self._core.worker_id, lease_seconds=self.lease
             )
         ]
         if not dead:
@@ -136,21 +136,19 @@ class Workers:
 
     async def recover(self) -> RecoveryReport:
         """Register, sweep, and queue every unknown operation for verification."""
-        ledger = self._ledger
+        core = self._core
         await self.register()
         dead, recovered = await self.sweep()
-        unknown = await ledger.backend.unresolved(statuses={OpStatus.UNKNOWN})
+        unknown = await core.backend.unresolved(statuses={OpStatus.UNKNOWN})
         queued = self.queue(unknown)
         for op in recovered:
-            ledger._changed(op.run_id)
+            core.changed(op.run_id)
         for run_id in {op.run_id for op in recovered}:
-            ledger.spawn(ledger._settler.advance, run_id)
-        return RecoveryReport(
-            ledger.worker_id, tuple(dead), tuple(op.id for op in recovered), queued
-        )
+            core.spawn(core.settler.advance, run_id)
+        return RecoveryReport(core.worker_id, tuple(dead), tuple(op.id for op in recovered), queued)
 
     def queue(self, ops: Sequence[OperationRecord]) -> int:
-        settler = self._ledger._settler
+        settler = self._core.settler
         queued = 0
         for op in ops:
             if op.status is OpStatus.UNKNOWN and settler.can_verify_here(op):
@@ -168,6 +166,6 @@ class Workers:
             await self.register()
             _, recovered = await self.sweep()
             # unknown operations whose tool was registered since, and the newly orphaned
-            self.queue(await self._ledger.backend.unresolved(statuses={OpStatus.UNKNOWN}))
+            self.queue(await self._core.backend.unresolved(statuses={OpStatus.UNKNOWN}))
             for run_id in {op.run_id for op in recovered}:
-                self._ledger.spawn(self._ledger._settler.advance, run_id)
+                self._core.spawn(self._core.settler.advance, run_id)

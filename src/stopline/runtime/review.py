@@ -20,8 +20,7 @@ from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
-    from stopline.domain.receipt import Receipt
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
 
 __all__ = ["REVIEW_STATUSES", "ReviewCase", "ReviewItem", "ReviewVerdict", "inspect", "items"]
 
@@ -84,36 +83,36 @@ class ReviewCase:
         }
 
 
-async def items(ledger: Ledger, *, limit: int = 1000) -> list[ReviewItem]:
+async def items(core: Core, *, limit: int = 1000) -> list[ReviewItem]:
     """The queue, oldest first, read through the open-operations index."""
-    ops = await ledger.backend.unresolved(limit, statuses=REVIEW_STATUSES)
+    ops = await core.backend.unresolved(limit, statuses=REVIEW_STATUSES)
     runs: dict[str, RunRecord] = {}
     out = []
     for op in sorted(ops, key=lambda o: (o.updated_at, o.id)):
         if op.run_id not in runs:
-            runs[op.run_id] = await ledger.backend.get_run(op.run_id)
+            runs[op.run_id] = await core.backend.get_run(op.run_id)
         out.append(ReviewItem(runs[op.run_id], op))
     return out
 
 
-async def inspect(ledger: Ledger, op_id: str) -> ReviewCase:
-    op = await ledger.backend.get_operation(op_id)
-    run = await ledger.backend.get_run(op.run_id)
-    events = tuple(e for e in await ledger.backend.events(op.run_id) if e.op_id == op_id)
-    corrections = tuple(await ledger.backend.compensations(op_id))
+async def inspect(core: Core, op_id: str) -> ReviewCase:
+    op = await core.backend.get_operation(op_id)
+    run = await core.backend.get_run(op.run_id)
+    events = tuple(e for e in await core.backend.events(op.run_id) if e.op_id == op_id)
+    corrections = tuple(await core.backend.compensations(op_id))
     return ReviewCase(run, op, events, corrections)
 
 
 async def resolve(
-    ledger: Ledger, op_id: str, verdict: ReviewVerdict, *, by: str, note: str
-) -> Receipt:
+    core: Core, op_id: str, verdict: ReviewVerdict, *, by: str, note: str
+) -> OperationRecord:
     """Record a reviewer's decision (``by`` already authorized) and settle what follows."""
-    op = await ledger.backend.get_operation(op_id)
+    op = await core.backend.get_operation(op_id)
     if verdict is ReviewVerdict.COMPENSATE:
-        ledger._compensator.tool_for(op)  # refuse before writing anything
+        core.compensator.tool_for(op)  # refuse before writing anything
     if op.status is OpStatus.COMPENSATION_FAILED:  # escalation interrupted: finish it first
         escalated = Evidence.local("compensation_failed", "a reviewer decides what now")
-        op = await ledger.backend.record(op_id, OutcomeUpdate(OpEvent.ESCALATED, [escalated]))
+        op = await core.backend.record(op_id, OutcomeUpdate(OpEvent.ESCALATED, [escalated]))
     event = (
         OpEvent.REVIEWED_NOT_COMMITTED
         if verdict is ReviewVerdict.NOT_COMMITTED
@@ -121,9 +120,9 @@ async def resolve(
     )
     decision = Evidence(EvidenceKind.REVIEW, by, f"{verdict.value}: {note}" if note else verdict)
     # IllegalTransition (nothing written) unless the item is still in review
-    op = await ledger.backend.record(op_id, OutcomeUpdate(event, [decision]))
-    ledger._after_change(op)
+    op = await core.backend.record(op_id, OutcomeUpdate(event, [decision]))
+    core.outcomes.after_change(op)
     if verdict is ReviewVerdict.COMPENSATE:
-        await ledger._start_compensation(op_id, by=by, reason=f"review: {note}".rstrip(": "))
-    await ledger._settler.advance(op.run_id)
-    return await ledger.receipt(op.run_id)
+        await core.compensator.start(op_id, by=by, reason=f"review: {note}".rstrip(": "))
+    await core.settler.advance(op.run_id)
+    return op

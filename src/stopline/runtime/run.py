@@ -13,7 +13,6 @@ can).
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -38,17 +37,17 @@ from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFe
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import ApprovalNeeded, Retry
+from stopline.runtime.outcomes import INTERRUPTED
 from stopline.runtime.tool import NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
     from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
     from stopline.domain.receipt import Receipt
+    from stopline.runtime.core import Core
     from stopline.runtime.ledger import Ledger
     from stopline.runtime.scope import RunScope
 
 __all__ = ["INTERRUPTED", "Run"]
-
-INTERRUPTED = "local abort: the call was interrupted"
 
 R = TypeVar("R")
 
@@ -77,7 +76,7 @@ def _json_able(value: Any) -> bool:
 
 
 async def _record_exit(
-    ledger: Ledger, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
+    core: Core, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
 ) -> None:
     """What a tool's exception proves, recorded (shielded: the caller may be cancelled)."""
     with anyio.CancelScope(shield=True):
@@ -86,26 +85,33 @@ async def _record_exit(
             update = OutcomeUpdate(
                 OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
             )
-            await ledger._outbox.record(ctx.op_id, update)
+            await core.outbox.record(ctx.op_id, update)
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
             if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
                 cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
-                await ledger._lost(ctx, cause, INTERRUPTED)
+                await core.outcomes.lost(ctx, cause, INTERRUPTED)
         elif isinstance(exc, NoAnswer):
-            await ledger._lost(ctx, exc.cause, exc.detail)
+            await core.outcomes.lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
-            await ledger._lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
+            await core.outcomes.lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
         elif isinstance(exc, ConnectionError | OSError):
-            await ledger._lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
+            await core.outcomes.lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
         else:  # any other exception, or a BaseException (KeyboardInterrupt, SystemExit, ...)
-            await ledger._lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
+            await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
 
 
 class Run:
     """Handle on one run inside ``async with ledger.run(...) as run``."""
 
-    def __init__(self, ledger: Ledger, record: RunRecord) -> None:
-        self._ledger = ledger
+    def __init__(
+        self,
+        ledger: Ledger,
+        core: Core,
+        record: RunRecord,
+        scope: anyio.CancelScope | None = None,
+    ) -> None:
+        self._ledger = ledger  # the facade: what a workflow may ask of it
+        self._core = core  # the runtime's shared state
         self.id = record.id
         self.name = record.name
         self.owner = record.owner
@@ -114,7 +120,7 @@ class Run:
         self.policy = record.policy
         self.phase_kind: PhaseKind | None = record.phase
         self._seq = 0
-        self._scope: anyio.CancelScope | None = None
+        self._scope = scope  # the block's, cancelled to interrupt its work
         self._inflight: dict[str, CallContext] = {}
         # calls cut locally before any cancel of the run: a cancel that follows asks them too
         self._cut: dict[str, CallContext] = {}
@@ -153,7 +159,7 @@ class Run:
         ``call_with(tool, args, kwargs, key=...)``, which takes the tool's
         arguments apart from stopline's options.
         """
-        t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
+        t: Tool[R] = tool if isinstance(tool, Tool) else self._core.adopt(tool)
         given = {
             "key": key is not None,
             "timeout": timeout is not None,
@@ -184,7 +190,7 @@ class Run:
         retry: Retry | None = None,
     ) -> R:
         """``call`` with the tool's arguments passed apart from stopline's options."""
-        t: Tool[R] = tool if isinstance(tool, Tool) else self._ledger.adopt(tool)
+        t: Tool[R] = tool if isinstance(tool, Tool) else self._core.adopt(tool)
         args, kwargs = tuple(args), dict(kwargs or {})
         if not t.effects:
             return await t.fn(*args, **kwargs)
@@ -196,7 +202,7 @@ class Run:
             raise InvalidInput("arguments", f"{exc.path}: {exc.why}") from exc
         self._seq += 1
         op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
-        self._ledger.register_tool(t)
+        self._core.register_tool(t)
         spec = OperationSpec(
             id=op_id,
             run_id=self.id,
@@ -206,7 +212,7 @@ class Run:
             cancellable=t.cancellable,
             can_verify=t.verify_fn is not None,
             can_compensate=t.compensate_fn is not None,
-            worker=self._ledger.worker_id,
+            worker=self._core.worker_id,
             needs_approval=needs_approval,
         )
         if retry is None:
@@ -230,10 +236,10 @@ class Run:
         *,
         replayed: bool,
     ) -> R:
-        gate = await self._ledger.backend.gate(spec)
+        gate = await self._core.backend.gate(spec)
         while gate.verdict is GateVerdict.PAUSED:
-            await self._ledger.wait_for_change(self.id)
-            gate = await self._ledger.backend.gate(spec)
+            await self._core.wait_for_change(self.id)
+            gate = await self._core.backend.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
             raise await self._fence(spec.id)
         if gate.verdict is GateVerdict.NEEDS_APPROVAL:
@@ -249,12 +255,12 @@ class Run:
             if op.status is OpStatus.PREVENTED:
                 raise await self._fence(op.id)
             return self._replay(op)  # type: ignore[no-any-return]
-        ctx = CallContext(self._ledger, self.id, spec.id, t)  # type: ignore[arg-type]
+        ctx = CallContext(self._core, self.id, spec.id, t)  # type: ignore[arg-type]
         if self.cancel_requested:
             # the cancel landed between our gate and our first byte: nothing left
             not_sent = Evidence.local("not_dispatched", "cancelled before sending")
             update = OutcomeUpdate(OpEvent.NOT_SENT, [not_sent], cause=Cause.USER_CANCEL)
-            await self._ledger._resolve(spec.id, update)
+            await self._core.outcomes.resolve(spec.id, update)
             raise await self._fence(spec.id)
         self._inflight[spec.id] = ctx
         inside = _CALLING.set(_CALLING.get() | {spec.id})
@@ -315,7 +321,7 @@ class Run:
         timeout: float | None,
     ) -> R:
         """Run the tool; every way out of it records an outcome (R2) before it leaves."""
-        ledger = self._ledger
+        core = self._core
         call_args = (ctx, *args) if t.wants_context else args
         try:
             if timeout is None:
@@ -324,16 +330,16 @@ class Run:
                 with anyio.fail_after(timeout):
                     result = await t.fn(*call_args, **kwargs)
         except BaseException as exc:
-            await _record_exit(ledger, ctx, exc, timeout, cancelled=self.cancel_requested)
+            await _record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
             raise
         try:
             evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
         except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
                 detail = f"the result could not be digested: {type(exc).__name__}: {exc}"
-                await ledger._lost(ctx, Cause.LOCAL_ERROR, detail)
+                await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, detail)
             return result
-        if ctx.provider_ref and not ctx._accepted:  # else recorded at acceptance already
+        if ctx.provider_ref and not ctx.is_accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
         replayable = _json_able(result)
         if not replayable:  # refused now, at record time, rather than a None on replay
@@ -345,15 +351,12 @@ class Run:
             result=result if replayable else None,
             has_result=replayable,
         )
-        if not ledger.durable_outcomes and ledger.backend.defers_outcomes:
+        if not core.durable_outcomes and core.backend.defers_outcomes:
             # queued in order now, committed with the next group commit (ADR 0022)
-            ledger._recording.add(ctx.op_id)
-            ledger.backend.record_deferred(
-                ctx.op_id, update, functools.partial(ledger._recorded, ctx.op_id, update)
-            )
+            core.outcomes.defer(ctx.op_id, update)
         else:
             with anyio.CancelScope(shield=True):  # held if the ledger cannot take it
-                await ledger._outbox.record(ctx.op_id, update)
+                await core.outbox.record(ctx.op_id, update)
         return result
 
     # -- phases and boundaries -------------------------------------------------
@@ -363,7 +366,7 @@ class Run:
         self.boundary()
         previous = (self.phase_kind, self.policy)
         self.phase_kind, self.policy = kind, policy or kind.default_policy
-        await self._ledger.backend.set_phase(self.id, kind, self.policy)
+        await self._core.backend.set_phase(self.id, kind, self.policy)
         try:
             yield
         finally:
@@ -383,7 +386,7 @@ class Run:
 
     async def checkpoint(self, name: str, state: Any = None) -> Checkpoint:
         """An evidenced checkpoint (R10): refused while any operation is unresolved."""
-        return await self._ledger.backend.checkpoint(self.id, name, state)
+        return await self._core.backend.checkpoint(self.id, name, state)
 
     async def request_approval(self, key: str, *, approver: str) -> ApprovalRecord:
         """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
@@ -405,14 +408,25 @@ class Run:
         return await self._ledger.receipt(self.id)
 
     # -- delivery of a committed cancel (called by the ledger) -----------------
-    def _at_providers(self) -> list[CallContext]:
+    @property
+    def in_flight(self) -> tuple[CallContext, ...]:
+        """The calls of this run in flight in this process now."""
+        return tuple(self._inflight.values())
+
+    def at_providers(self) -> list[CallContext]:
         """The calls a cancel of this run asks providers about: those in flight here,
         and those cut locally just before (their provider may not have stopped)."""
         calls = [*self._inflight.values(), *self._cut.values()]
         self._cut.clear()
         return calls
 
-    def _deliver_cancel(self) -> bool:
+    def ask_providers_to_cancel(self) -> None:
+        """Ask the provider of each call in flight to cancel it, as a committed cancel
+        does (for an engine whose own cancel reaches the calls before stopline's)."""
+        for ctx in self.in_flight:
+            self._core.settler.ask_provider_cancel(ctx)
+
+    def deliver_cancel(self) -> bool:
         """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
         (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
         """

@@ -20,6 +20,7 @@ from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.run import Run
 
 if TYPE_CHECKING:
+    from stopline.runtime.core import Core
     from stopline.runtime.ledger import Ledger
 
 __all__ = ["RunContext", "RunScope"]
@@ -34,16 +35,17 @@ class RunScope:
     (Named ``RunContext`` before 0.2, which is also Pydantic AI's name for the context
     its tools receive; the old name stays an alias for one release.)"""
 
-    def __init__(self, ledger: Ledger, spec: RunSpec, *, attach: bool) -> None:
+    def __init__(self, ledger: Ledger, core: Core, spec: RunSpec, *, attach: bool) -> None:
         self._ledger = ledger
+        self._core = core
         self._spec = spec
         self._attach = attach
         self._scope = anyio.CancelScope()
         self._run: Run | None = None
 
     async def __aenter__(self) -> Run:
-        backend = self._ledger.backend
-        if self._spec.id in self._ledger._local:
+        backend = self._core.backend
+        if self._spec.id in self._core.runs:
             raise AlreadyAttached(self._spec.id)
         record = None
         if self._attach:
@@ -55,10 +57,9 @@ class RunScope:
             record = await backend.create_run(self._spec)
         elif record.state.ended or record.state in _SETTLING:  # nothing would run in it
             raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
-        run = self._run = Run(self._ledger, record)
-        self._ledger._local[run.id] = run
+        run = self._run = Run(self._ledger, self._core, record, self._scope)
+        self._core.runs[run.id] = run
         self._scope.__enter__()
-        run._scope = self._scope
         if record.state is not RunState.RUNNING and record.state not in (
             RunState.PAUSING,
             RunState.PAUSED,
@@ -76,10 +77,9 @@ class RunScope:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
         run.cancelled_caught = ours or self._scope.cancelled_caught
-        del self._ledger._local[run.id]
-        ledger = self._ledger
+        del self._core.runs[run.id]
         with anyio.CancelScope(shield=True):
-            await ledger._outbox.end_run(run, None if swallowed else exc)
+            await self._core.outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
 
 

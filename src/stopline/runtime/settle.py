@@ -21,14 +21,23 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord
-from stopline.domain.vocab import Cancellable, EvidenceKind, OpEvent, OpStatus, RunEvent, RunState
+from stopline.domain.vocab import (
+    Cancellable,
+    EvidenceKind,
+    NoteKind,
+    OpEvent,
+    OpStatus,
+    RunEvent,
+    RunState,
+)
 from stopline.errors import IllegalTransition
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
-    from stopline.runtime.ledger import Ledger
+    from stopline.runtime.core import Core
 
 __all__ = ["Settler", "VerifyBudget"]
 
@@ -73,8 +82,8 @@ class VerifyBudget:
 
 
 class Settler:
-    def __init__(self, ledger: Ledger) -> None:
-        self._ledger = ledger
+    def __init__(self, core: Core) -> None:
+        self._core = core
         self._locks: dict[str, anyio.Lock] = {}
         # runs with an advance waiting to start: another request for one is redundant,
         # as the waiting one reads the state when it starts (a cancelled tree asks often)
@@ -99,6 +108,11 @@ class Settler:
             if self.busy == 0:
                 self._idle.set()
 
+    @property
+    def verifying(self) -> int:
+        """Operations this process is verifying now (or has queued to)."""
+        return len(self._verifying)
+
     async def wait_idle(self) -> None:
         """Until no background step runs (returns at once if none does)."""
         while self.busy:
@@ -112,27 +126,28 @@ class Settler:
         tool = ctx.tool
         if tool.cancellable is Cancellable.NEVER:
             why = "its policy says the provider cannot cancel it: never asked (R12)"
-            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
+            self._core.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
             return
-        if ctx._accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
+        if ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
             why = "the provider accepted it and cancels only until then: not asked"
-            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
+            self._core.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
             return
         if ctx.canceller is None and tool.cancel_fn is None:
             why = "the call's interface offers no way to ask its provider to cancel"
-            self._ledger.spawn(self._note_answer, ctx, CancelState.NOT_SUPPORTED, why, "")
+            self._core.spawn(self._note_answer, ctx, CancelState.NOT_SUPPORTED, why, "")
             return
-        self._ledger.spawn(self._ask, ctx)
+        self._core.spawn(self._ask, ctx)
 
     async def _note_answer(
         self, ctx: CallContext, state: CancelState, detail: str, channel: str
     ) -> None:
-        ledger = self._ledger
+        core = self._core
         data: dict[str, object] = {"answer": state.value, "detail": detail}
         if channel:
             data["channel"] = channel
-        await ledger.backend.note(ctx.op_id, f"cancel_{state.value}", data, cancel_state=state)
-        ledger._changed(ctx.run_id)
+        kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported
+        await core.backend.note(ctx.op_id, kind, data, cancel_state=state)
+        core.changed(ctx.run_id)
 
     async def _ask(self, ctx: CallContext) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer
@@ -149,7 +164,7 @@ class Settler:
         await self.advance(ctx.run_id)
 
     async def _ask_provider(self, ctx: CallContext) -> None:
-        ledger = self._ledger
+        core = self._core
         if ctx.canceller is not None:
             channel, ask = ctx.canceller
         else:
@@ -161,19 +176,21 @@ class Settler:
 
         at = time.time()
         data = {"channel": channel, "at": at}
-        await ledger.backend.note(ctx.op_id, "cancel_asked", data, cancel_state=CancelState.ASKED)
-        ledger._changed(ctx.run_id)
+        await core.backend.note(
+            ctx.op_id, NoteKind.CANCEL_ASKED, data, cancel_state=CancelState.ASKED
+        )
+        core.changed(ctx.run_id)
         answered, answer, detail = False, None, ""
         try:
             # a provider that never answers must not hold the run open forever
-            with anyio.move_on_after(ledger.cancel_answer_timeout):
+            with anyio.move_on_after(core.cancel_answer_timeout):
                 answer = await ask()
                 answered = True
         except Exception as exc:
             answered, answer, detail = True, False, f"{type(exc).__name__}: {exc}"
         state = _answer_state(answer) if answered else CancelState.UNANSWERED
         if state is CancelState.CONFIRMED:
-            await ledger._resolve(
+            await core.outcomes.resolve(
                 ctx.op_id,
                 OutcomeUpdate(
                     OpEvent.CANCEL_CONFIRMED,
@@ -182,24 +199,24 @@ class Settler:
                 ),
             )
         elif state is CancelState.UNANSWERED:
-            data = {"channel": channel, "after_s": ledger.cancel_answer_timeout}
-            await ledger.backend.note(
-                ctx.op_id, "cancel_unanswered", data, cancel_state=CancelState.UNANSWERED
+            data = {"channel": channel, "after_s": core.cancel_answer_timeout}
+            await core.backend.note(
+                ctx.op_id, NoteKind.CANCEL_UNANSWERED, data, cancel_state=CancelState.UNANSWERED
             )
-            ledger._changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
+            core.changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
         elif state is not CancelState.ASKED:
             await self._note_answer(ctx, state, detail, channel)
 
     # -- verification (R5: reads only) -----------------------------------------------
     def can_verify_here(self, op: OperationRecord) -> bool:
         """A read-back (or, with no verifier declared, an escalation) is possible here."""
-        return op.tool in self._ledger._tools or not op.can_verify
+        return op.tool in self._core.tools or not op.can_verify
 
     def verify_soon(self, op: OperationRecord) -> None:
         if op.id in self._verifying or not self.can_verify_here(op):
             return  # in hand already; or not verifiable from this process: a reconcile takes it
         self._verifying[op.id] = anyio.Event()
-        self._ledger.spawn(self._verify, op, None)
+        self._core.spawn(self._verify, op, None)
 
     async def verify_with_budget(
         self, op: OperationRecord, budget: VerifyBudget | None = None
@@ -208,19 +225,19 @@ class Settler:
         running = self._verifying.get(op.id)
         if running is not None:
             await running.wait()
-            return await self._ledger.backend.get_operation(op.id)
+            return await self._core.backend.get_operation(op.id)
         if not self.can_verify_here(op):
             return op
         self._verifying[op.id] = anyio.Event()
         return await self._verify(op, budget)
 
     async def _verify(self, op: OperationRecord, budget: VerifyBudget | None) -> OperationRecord:
-        ledger = self._ledger
+        core = self._core
         current = op
         try:
             async with self.working():
-                delays = (budget or ledger.verify_budget).delays()
-                current = await ledger.backend.get_operation(op.id)  # read after a stale list
+                delays = (budget or core.verify_budget).delays()
+                current = await core.backend.get_operation(op.id)  # read after a stale list
                 reads = 0
                 for delay in delays:
                     await anyio.sleep(delay)  # a provider still finishing gets this long
@@ -238,8 +255,7 @@ class Settler:
                     if done:
                         return current
                 spent = Evidence.local("verify_budget_spent", f"{reads} read-backs found no answer")
-                current = await ledger._resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
-                return current
+                return await core.outcomes.resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
         finally:
             self._not_yet.discard(op.id)
             done_event = self._verifying.pop(op.id, None)
@@ -248,7 +264,7 @@ class Settler:
 
     async def _one_read(self, op: OperationRecord) -> tuple[OperationRecord, bool]:
         """One read-back unless something else settled it; whether it is settled now."""
-        current = await self._ledger.backend.get_operation(op.id)
+        current = await self._core.backend.get_operation(op.id)
         if current.status is not OpStatus.UNKNOWN:
             return current, True
         current = await self.read_back(current)
@@ -258,15 +274,15 @@ class Settler:
         """R13: the recorded horizon, else the one its tool declares from the dispatch."""
         if op.horizon is not None:
             return op.horizon
-        tool = self._ledger._tools.get(op.tool)
+        tool = self._core.tools.get(op.tool)
         if tool is None or tool.settles_within is None:
             return None
         return op.created_at + tool.settles_within
 
     async def read_back(self, op: OperationRecord) -> OperationRecord:
         """One read-only look at the destination; records what it proves (R5)."""
-        ledger = self._ledger
-        tool = ledger._tools.get(op.tool)
+        core = self._core
+        tool = core.tools.get(op.tool)
         verify_fn = None
         if tool is not None:
             verify_fn = tool.compensation_verify_fn if op.compensates else tool.verify_fn
@@ -274,7 +290,7 @@ class Settler:
             return op  # its tool is not registered here: leave it for one that has it
         if verify_fn is None:
             name = op.tool if tool is None else tool.name
-            return await ledger._resolve(
+            return await core.outcomes.resolve(
                 op.id,
                 OutcomeUpdate(
                     OpEvent.ESCALATED,
@@ -282,34 +298,34 @@ class Settler:
                 ),
             )
         assert tool is not None
-        ctx = await ledger._call_context(op, tool)
+        ctx = await context_for(core, op, tool)
         try:
             answer = await verify_fn(ctx)
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
         except Exception as exc:
             # kept as evidence: a verifier's error is part of why the outcome is in doubt
             failed = Evidence.local("verify_error", f"{type(exc).__name__}: {exc}")
-            return await ledger.backend.note(
-                op.id, "verify_failed", {"evidence": [failed.to_json()]}
+            return await core.backend.note(
+                op.id, NoteKind.VERIFY_FAILED, {"evidence": [failed.to_json()]}
             )
         if read.verdict is Verdict.UNKNOWN:
             if not read.detail:
-                return await ledger.backend.get_operation(op.id)
+                return await core.backend.get_operation(op.id)
             # kept as evidence: why this look found no answer (a verifier's transport error)
             looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
-            return await ledger.backend.note(
-                op.id, "verify_unknown", {"evidence": [looked.to_json()]}
+            return await core.backend.note(
+                op.id, NoteKind.VERIFY_UNKNOWN, {"evidence": [looked.to_json()]}
             )
         horizon = self.horizon_of(op)
         early = horizon is not None and horizon > time.time()
         if read.verdict is Verdict.NOT_COMMITTED and early and not read.ended:
             # R13: not found is "not yet" while the effect can still land
             self._not_yet.add(op.id)
-            return await ledger.backend.get_operation(op.id)
+            return await core.backend.get_operation(op.id)
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
         evidence = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
-        return await ledger._resolve(
+        return await core.outcomes.resolve(
             op.id,
             OutcomeUpdate(
                 event,
@@ -343,41 +359,42 @@ class Settler:
                 del self._locks[run_id]
 
     async def _advance(self, run_id: str) -> None:
-        ledger = self._ledger
+        core = self._core
         async with self._run_lock(run_id):
             self._queued.discard(run_id)  # from here on, what happens next is read
-            run = await ledger.backend.get_run(run_id)
+            run = await core.backend.get_run(run_id)
             if run.state not in _CANCELLED:
                 return
-            if run_id in ledger._local and ledger._local[run_id]._inflight:
+            local = core.runs.get(run_id)
+            if local is not None and local.in_flight:
                 return  # local calls still running; their outcomes call us again
             if run_id in self._asking:
                 return  # a provider has yet to answer our cancel; its answer calls us again
-            ops = await ledger.backend.operations(run_id)
+            ops = await core.backend.operations(run_id)
             statuses = {op.status for op in ops}
             if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                 return
-            if run.state is not RunState.NEEDS_REVIEW and await ledger._auto_compensate(ops):
-                ops = await ledger.backend.operations(run_id)
+            if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
+                ops = await core.backend.operations(run_id)
                 statuses = {op.status for op in ops}
             try:
                 if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                     if run.state is RunState.CANCELLING:  # a correction is on its way
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
+                        await core.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                 elif statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
                     if run.state is RunState.CANCELLING:
-                        await ledger.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
+                        await core.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
                     for op in ops:
                         if op.status is OpStatus.UNKNOWN:
                             self.verify_soon(op)
                 elif statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
                     if run.state is not RunState.NEEDS_REVIEW:
-                        await ledger.backend.run_event(run_id, RunEvent.ESCALATE, by=SYSTEM.id)
+                        await core.backend.run_event(run_id, RunEvent.ESCALATE, by=SYSTEM.id)
                 elif run.state is RunState.NEEDS_REVIEW:
                     # every review item was settled by later evidence or a reviewer
-                    await ledger.backend.run_event(run_id, RunEvent.REVIEWED, by=SYSTEM.id)
+                    await core.backend.run_event(run_id, RunEvent.REVIEWED, by=SYSTEM.id)
                 else:
-                    await ledger.backend.run_event(run_id, RunEvent.SETTLED, by=SYSTEM.id)
+                    await core.backend.run_event(run_id, RunEvent.SETTLED, by=SYSTEM.id)
             except IllegalTransition:
                 pass  # another process moved it first
-            ledger._changed(run_id)
+            core.changed(run_id)

@@ -24,7 +24,16 @@ if TYPE_CHECKING:
     from stopline.domain.model import CancelState
     from stopline.runtime.context import CallContext
 
-__all__ = ["Compensation", "NoAnswer", "ReadBack", "Rejected", "Tool", "Verdict", "tool"]
+__all__ = [
+    "Compensation",
+    "NoAnswer",
+    "ReadBack",
+    "Rejected",
+    "Tool",
+    "Verdict",
+    "Verifier",
+    "tool",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -69,7 +78,11 @@ class ReadBack:
 
 
 CancelFn = Callable[["CallContext"], Awaitable["bool | CancelState | None"]]
-VerifyFn = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
+# The one verifier signature, everywhere a read-back is declared (``@tool.verifier``,
+# ``StoplineMCP(verifiers=...)``, the framework adapters' ``verify=``): it reads
+# ``ctx.key`` (and ``ctx.tool``, ``ctx.run_id``) and says what the destination shows.
+Verifier = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
+VerifyFn = Verifier  # deprecated alias (0.2, removed in 0.3)
 CompensateFn = Callable[["CallContext"], Awaitable[Any]]
 
 
@@ -93,10 +106,10 @@ class Tool(Generic[R]):
         self.effects = effects
         self.cancellable = cancellable
         self.cancel_fn: CancelFn | None = None
-        self.verify_fn: VerifyFn | None = None
+        self.verify_fn: Verifier | None = None
         self.compensate_fn: CompensateFn | None = None
         self.compensation = compensation
-        self.compensation_verify_fn: VerifyFn | None = None
+        self.compensation_verify_fn: Verifier | None = None
         # R13: seconds after its dispatch by which any effect of a call has landed (or
         # never will); None: the effect ends with the local call, unless the call states
         # a horizon itself (``CallContext.settles_by``)
@@ -115,7 +128,7 @@ class Tool(Generic[R]):
             self.cancellable = Cancellable.UNTIL_ACCEPTED
         return fn
 
-    def verifier(self, fn: VerifyFn) -> VerifyFn:
+    def verifier(self, fn: Verifier) -> Verifier:
         """Register the read-only read-back by idempotency key."""
         self.verify_fn = fn
         return fn
@@ -125,7 +138,7 @@ class Tool(Generic[R]):
         self.compensate_fn = fn
         return fn
 
-    def compensation_verifier(self, fn: VerifyFn) -> VerifyFn:
+    def compensation_verifier(self, fn: Verifier) -> Verifier:
         """Register the read-back of a correction, by the correction's own key."""
         self.compensation_verify_fn = fn
         return fn

@@ -109,8 +109,8 @@ class ActionContext:
         the providers the runtime asked to cancel, so the cell plays out the same way
         every time."""
         ledger = self.ledger
-        local = ledger._local.get(self.run_id)
-        inflight = list(local._inflight.values()) if local is not None else []
+        local = ledger.local_run(self.run_id)
+        inflight = local.in_flight if local is not None else ()
         receipt = await ledger.cancel(self.run_id, by=by, reason=reason)
         prefix = self.run_id + "/"
         done = (k for p in self.providers.values() for k in p.effects if k.startswith(prefix))
@@ -119,7 +119,7 @@ class ActionContext:
             tool = ctx.tool
             if tool.cancel_fn is None or tool.cancellable is Cancellable.NEVER:
                 continue
-            if ctx._accepted and tool.cancellable is not Cancellable.AFTER_ACCEPTED:
+            if ctx.is_accepted and tool.cancellable is not Cancellable.AFTER_ACCEPTED:
                 continue
             while True:
                 op = await ledger.backend.get_operation(ctx.op_id)

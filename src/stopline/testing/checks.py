@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.receipt import headline_for as _headline_for
-from stopline.domain.vocab import Headline, OpStatus
+from stopline.domain.vocab import Headline, OpEvent, OpStatus, RunEvent
 from stopline.testing.matrix import Violation
 from stopline.testing.providers import FakeProvider
 
@@ -69,7 +69,7 @@ def check(seen: Observed) -> tuple[list[Violation], bool]:
 
 
 def _passed(seen: Observed) -> Counter[str]:
-    return Counter(e.op_id for e in seen.events if e.kind == "gate_passed" and e.op_id)
+    return Counter(e.op_id for e in seen.events if e.kind == OpEvent.GATE_PASSED and e.op_id)
 
 
 def _corrections(seen: Observed) -> set[str]:
@@ -84,11 +84,11 @@ def _unresolved(seen: Observed) -> list[OperationRecord]:
 
 def _r1(seen: Observed) -> Iterator[Violation]:
     """No dispatch after the fence: in ledger order, and at the providers."""
-    cancels = [e.seq for e in seen.events if e.kind == "cancel"]
+    cancels = [e.seq for e in seen.events if e.kind == RunEvent.CANCEL]
     if cancels:
         fence, corrections = min(cancels), _corrections(seen)
         for e in seen.events:
-            if e.kind == "gate_passed" and e.seq > fence and e.op_id not in corrections:
+            if e.kind == OpEvent.GATE_PASSED and e.seq > fence and e.op_id not in corrections:
                 yield Violation(
                     "R1", f"{e.op_id} passed the gate (seq {e.seq}) after the cancel (seq {fence})"
                 )
@@ -162,7 +162,7 @@ def _r3_r4(seen: Observed) -> Iterator[Violation]:
 
 def _r7(seen: Observed) -> Iterator[Violation]:
     """Cancel is idempotent: one cancellation, the same principal, one provider cancel."""
-    count = sum(1 for e in seen.events if e.kind == "cancel")
+    count = sum(1 for e in seen.events if e.kind == RunEvent.CANCEL)
     if count > 1:
         yield Violation("R7", f"{count} cancel events for one run")
     by = {r.cancelled_by for r, _ in seen.cancels}

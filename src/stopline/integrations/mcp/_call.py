@@ -39,7 +39,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from mcp import Client, MCPError
-from stopline.domain.vocab import Cause, RunState
+from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
@@ -149,7 +149,7 @@ class McpCall:
 
         left = deadline.initial() - anyio.current_time()
         try:  # reconnecting counts against the call's deadline
-            client = await self.conn._session(None if math.isinf(left) else max(left, 0.0))
+            client = await self.conn.open_session(None if math.isinf(left) else max(left, 0.0))
         except NoAnswer as exc:  # no connection, so nothing was sent: provably not committed
             raise Rejected(f"not sent: {exc.detail}", ref=f"not_sent:{self.ref}") from exc
         self.scope.deadline = deadline.initial()
@@ -165,17 +165,17 @@ class McpCall:
                         self.conn, self.mcp_name, client, attempt
                     ):
                         raise
-                    run = await self.ctx._ledger.backend.get_run(self.ctx.run_id)
+                    run = await self.ctx.core.backend.get_run(self.ctx.run_id)
                     if run.state is not RunState.RUNNING:
                         raise  # fenced (or pausing) meanwhile: a re-issue is new work (R1)
                     attempt += 1  # 2026-07-28: a broken stream lost the request; re-issue it
-                    await self.ctx._ledger.backend.note(
+                    await self.ctx.core.backend.note(
                         self.ctx.op_id,
-                        "mcp_reissued",
+                        NoteKind.MCP_REISSUED,
                         {"attempt": attempt, "after": exc.detail, "key": self.ctx.key},
                     )
                     try:
-                        client = await self.conn._session()
+                        client = await self.conn.open_session()
                     except NoAnswer:
                         raise exc from None  # the first attempt was sent: its outcome is unknown
                     continue
@@ -204,7 +204,7 @@ class McpCall:
         except ValidationError as exc:
             raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
         except Exception as exc:
-            self.conn._broken()
+            self.conn.mark_broken()
             raise NoAnswer(Cause.TRANSPORT, f"{type(exc).__name__}: {exc}") from exc
 
     def _no_answer(self, exc: MCPError) -> Exception:
@@ -212,7 +212,7 @@ class McpCall:
         if data.get(OUTCOME_DATA) == "not_committed":
             return Rejected(exc.message, ref=self.ref)
         if exc.code == CONNECTION_CLOSED:
-            self.conn._broken()
+            self.conn.mark_broken()
             return NoAnswer(Cause.TRANSPORT, f"MCP connection closed: {exc.message}")
         if exc.code == REQUEST_TIMEOUT:
             return NoAnswer(Cause.TIMEOUT, exc.message)

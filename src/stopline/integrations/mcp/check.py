@@ -48,7 +48,7 @@ from mcp_types import RequestParamsMeta
 
 import stopline
 from mcp import MCPError, StdioServerParameters
-from stopline.domain.vocab import Cancellable, OpStatus, PhaseKind, Policy
+from stopline.domain.vocab import Cancellable, NoteKind, OpStatus, PhaseKind, Policy
 from stopline.errors import PlanError, RunFenced
 from stopline.integrations.mcp._task_state import TaskIdParams
 from stopline.integrations.mcp._vocab import (
@@ -298,8 +298,10 @@ class Checker:
         cell.effects = await self.effects(tool, op.id)
         events = await ledger.backend.events(run_id)
         mine = [e for e in events if e.op_id == op.id]
-        profile.progress += sum(1 for e in mine if e.kind == "progress")
-        cell.signals = sum(1 for e in mine if e.kind == "progress" or e.to_state == "accepted")
+        profile.progress += sum(1 for e in mine if e.kind == NoteKind.PROGRESS)
+        cell.signals = sum(
+            1 for e in mine if e.kind == NoteKind.PROGRESS or e.to_state == OpStatus.ACCEPTED
+        )
         return cell
 
     async def _reached(self, tool: ToolPlan, name: str, run_id: str, done: anyio.Event) -> str:
@@ -317,7 +319,9 @@ class Checker:
             while not done.is_set():  # after acceptance: the server's own signal
                 op = await self.ledger.backend.get_operation(op_id)
                 events = await self.ledger.backend.events(run_id)
-                if op.status is OpStatus.ACCEPTED or any(e.kind == "progress" for e in events):
+                if op.status is OpStatus.ACCEPTED or any(
+                    e.kind == NoteKind.PROGRESS for e in events
+                ):
                     return op_id
                 await self.ledger.wait_for_change(run_id)
         return ""

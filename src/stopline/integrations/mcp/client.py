@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -74,17 +74,16 @@ from stopline.integrations.mcp.tasks_client import (
 )
 from stopline.runtime.boundary import Backoff
 from stopline.runtime.context import CallContext
-from stopline.runtime.ledger import Ledger
 from stopline.runtime.lifecycle import Retry
+from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict
+from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict, Verifier
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
 logger = logging.getLogger(__name__)
 
 Target = StdioServerParameters | str
-Verifier = Callable[[CallContext], Awaitable[ReadBack | Verdict]]
 
 
 _IDLE: contextvars.ContextVar[float | None] = contextvars.ContextVar("stopline_mcp_idle")
@@ -127,7 +126,8 @@ class StoplineMCP:
         self.late: list[LateAnswer] = []  # every late answer seen, for inspection
         self._tools: dict[str, Tool[Any]] = {}
         self._calls: dict[str, McpCall] = {}
-        self._ledgers: collections.OrderedDict[str, Ledger] = collections.OrderedDict()
+        # where each call's late answer is recorded (R4), by operation id
+        self._outcomes: collections.OrderedDict[str, Outcomes] = collections.OrderedDict()
         self._client: Client | None = None
         self._ready = anyio.Event()
         self._dead = anyio.Event()
@@ -213,13 +213,13 @@ class StoplineMCP:
             return stdio_client(self.target)
         return streamable_http_client(self.target)
 
-    def _broken(self) -> None:
+    def mark_broken(self) -> None:
         """The transport failed: drop this client; the next use opens a new one."""
         if self._client is not None:
             self._client, self._ready = None, anyio.Event()
         self._dead.set()
 
-    async def _session(self, timeout: float | None = None) -> Client:
+    async def open_session(self, timeout: float | None = None) -> Client:
         """The open client, (re)connecting if needed; a wait of at most ``timeout`` (and
         never more than ``connect_timeout``), else ``NoAnswer`` naming the last error."""
         limit = self.connect_timeout if timeout is None else min(timeout, self.connect_timeout)
@@ -305,7 +305,7 @@ class StoplineMCP:
         """A read (no effects: safe to repeat): on a broken connection, re-open and ask
         once more, all within the caller's deadline."""
         for attempt in (1, 2):
-            client = await self._session(timeout)
+            client = await self.open_session(timeout)
             try:
                 return await client.call_tool(name, arguments)
             except MCPError as exc:
@@ -315,7 +315,7 @@ class StoplineMCP:
                 why = f"MCP connection closed: {exc.message}"
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
                 why = f"{type(exc).__name__}: {exc}"
-            self._broken()
+            self.mark_broken()
             if attempt == 2:
                 raise NoAnswer(Cause.TRANSPORT, why)
         raise AssertionError("unreachable")
@@ -356,9 +356,9 @@ class StoplineMCP:
         if policy.key_argument:
             args[policy.key_argument] = ctx.key
         meta: dict[str, Any] = {KEY_META: ctx.key}
-        self._ledgers[ctx.op_id] = ctx._ledger
-        while len(self._ledgers) > 4096:
-            self._ledgers.popitem(last=False)
+        self._outcomes[ctx.op_id] = ctx.core.outcomes
+        while len(self._outcomes) > 4096:
+            self._outcomes.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
         ctx.cancel_via(self._cancel_channel(), lambda: self._cancel(ctx))
         token = CURRENT_CALL.set(ctx)
@@ -421,7 +421,7 @@ class StoplineMCP:
             status = await self.status(ctx.key, wait_seconds=self.poll_wait)
         except NoAnswer as exc:
             if exc.cause is Cause.TRANSPORT:
-                self._broken()
+                self.mark_broken()
             return ReadBack(Verdict.UNKNOWN, detail=exc.detail)
         verdict = Verdict(status.get("verdict", "unknown"))
         ref = f"{VERIFY_TOOL}:{self.name}:{ctx.key}"
@@ -461,7 +461,7 @@ class StoplineMCP:
         if verdict is Verdict.COMMITTED and outcome.result is not None:
             result = plain_result(CallToolResult.model_validate(outcome.result))
         try:
-            await call._ledger.late_response(
+            await call.core.outcomes.late_response(
                 call.op_id, verdict, result=result, ref=outcome.ref, detail=outcome.detail
             )
         except Exception:
@@ -478,16 +478,16 @@ class StoplineMCP:
     # -- R4: late answers ------------------------------------------------------------------
     def _on_late(self, late: LateAnswer) -> None:
         self.late.append(late)
-        ledger = self._ledgers.get(late.key) if late.key else None
-        if ledger is None or self._tg is None:
+        outcomes = self._outcomes.get(late.key) if late.key else None
+        if outcomes is None or self._tg is None:
             return
-        self._tg.start_soon(self._attach_late, ledger, late)
+        self._tg.start_soon(self._attach_late, outcomes, late)
 
-    async def _attach_late(self, ledger: Ledger, late: LateAnswer) -> None:
+    async def _attach_late(self, outcomes: Outcomes, late: LateAnswer) -> None:
         assert late.key is not None
         verdict, result, detail = classify_late(late)
         ref = f"mcp:{self.name}:request:{late.request_id}"
         try:
-            await ledger.late_response(late.key, verdict, result=result, ref=ref, detail=detail)
+            await outcomes.late_response(late.key, verdict, result=result, ref=ref, detail=detail)
         except Exception:
             logger.exception("stopline: could not attach a late MCP answer to %s", late.key)

@@ -33,7 +33,7 @@ from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from pydantic import BaseModel, ConfigDict
 
 from mcp import MCPError
-from stopline.domain.vocab import Cause
+from stopline.domain.vocab import Cause, NoteKind
 from stopline.integrations.mcp._task_state import RESULT_DATA, TaskIdParams
 from stopline.integrations.mcp._task_wire import LEGACY, MODERN, Era, TaskView, parse_task
 from stopline.integrations.mcp._vocab import OUTCOME_DATA, REJECTED_CODE, TASKS_EXTENSION
@@ -234,8 +234,8 @@ class TasksClient(ClientExtension):
         except MCPError as exc:
             detail = f"tasks/cancel failed: {exc.message}"
         if call is not None:  # a request, not an outcome
-            await call._ledger.backend.note(
-                call.op_id, "task_cancel_requested", {"task_id": task_id, "detail": detail}
+            await call.core.backend.note(
+                call.op_id, NoteKind.TASK_CANCEL_REQUESTED, {"task_id": task_id, "detail": detail}
             )
 
     async def _follow(

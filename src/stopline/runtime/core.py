@@ -1,0 +1,151 @@
+"""The runtime's shared state: what every component of a ``Ledger`` reads and calls.
+
+A ``Ledger`` is a facade over named components: ``Lifecycle`` (authority,
+cancel, pause, resume, approvals), ``Truth`` (recovery, reconciliation,
+compensation, review), ``Outcomes`` (recording what calls proved), the
+``Settler`` (settling cancelled runs) and the ``Outbox`` (outcomes the ledger
+could not take yet). They share one ``Core``, built first and passed to each:
+the backend, this process's runs and tools, the task group background work
+runs in, and the change events waiters sleep on. The components one another
+needs (``outcomes``, ``settler``, ``outbox``, ``compensator``) are set on the
+core once, by the facade, before it is opened.
+
+Invariant: a component reaches another only through public names, the
+core's or the other's; none reads another object's private attributes
+(``tests/architecture/test_private_reach.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from stopline.domain.lifecycle import AccessPolicy
+from stopline.ledger.backend import Backend
+from stopline.runtime.boundary import Boundary, Health
+from stopline.runtime.tool import Tool
+
+if TYPE_CHECKING:
+    from stopline.runtime.compensate import Compensator
+    from stopline.runtime.outbox import Outbox
+    from stopline.runtime.outcomes import Outcomes
+    from stopline.runtime.run import Run
+    from stopline.runtime.settle import Settler, VerifyBudget
+
+__all__ = ["Core"]
+
+
+class Core:
+    """The state a ``Ledger``'s components share (internal: not a stable API)."""
+
+    # the components others call, set once by the facade (they need one another)
+    outcomes: Outcomes
+    settler: Settler
+    outbox: Outbox
+    compensator: Compensator
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        access: AccessPolicy,
+        verify_budget: VerifyBudget,
+        durable_outcomes: bool,
+        backend: Backend | None,
+        tools: dict[str, Tool[Any]],
+    ) -> None:
+        self.url = url
+        # R11: who may cancel, pause, resume, approve and resolve
+        self.access = access
+        self.verify_budget = verify_budget
+        # False (default): the outcome commits with the next group commit, within a few
+        # ms, and a crash in between leaves it to reconciliation. True (strict): a call
+        # returns once its outcome is durable (ADR 0022, revisiting 0006)
+        self.durable_outcomes = durable_outcomes
+        # how long the settler waits for a provider's answer to a cancel request before
+        # it records "cancel_unanswered" and lets the operation's own outcome decide
+        self.cancel_answer_timeout = 30.0
+        # this process's identity in the ledger: operations record the worker that
+        # passed the gate, so crash recovery can tell a dead worker's from a live one's
+        self.worker_id = f"worker_{uuid.uuid4().hex[:16]}"
+        # background work runs behind an error boundary; what it saw is `health`
+        self.health = Health()
+        self._boundary = Boundary(self.health)
+        self._backend = backend
+        self._tg: TaskGroup | None = None
+        self._closing = False
+        # the runs of this process with their block open, by id
+        self.runs: dict[str, Run] = {}
+        # known tools by name: verifiable and cancellable from this process
+        self.tools = tools
+        self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
+        self._changes: dict[str, anyio.Event] = {}
+
+    # -- the backend ---------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise RuntimeError("the ledger is not open: use 'async with stopline.open(...)'")
+        return self._backend
+
+    @property
+    def opened(self) -> bool:
+        """Whether a backend is attached (given, or opened by ``use_backend``)."""
+        return self._backend is not None
+
+    def use_backend(self, backend: Backend) -> None:
+        self._backend = backend
+
+    # -- background work -------------------------------------------------------------
+    def start(self, tg: TaskGroup) -> None:
+        """Background work runs in ``tg`` from now on (the ledger's, while it is open)."""
+        self._tg = tg
+
+    def stop(self) -> TaskGroup | None:
+        """No new background work; returns the task group to close."""
+        tg, self._tg, self._closing = self._tg, None, True
+        return tg
+
+    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start background work that outlives the caller's scope."""
+        if self._tg is None:
+            if self._closing:
+                return  # closing: background work stops with the ledger
+            raise RuntimeError("the ledger is not open")
+        self._tg.start_soon(self._boundary.run, fn, *args)
+
+    # -- tools -----------------------------------------------------------------------
+    def register_tool(self, tool: Tool[Any]) -> None:
+        self.tools.setdefault(tool.name, tool)
+
+    def adopt(self, fn: Callable[..., Awaitable[Any]]) -> Tool[Any]:
+        tool = self._adopted.get(fn)
+        if tool is None:
+            tool = self._adopted[fn] = Tool(fn)
+        return tool
+
+    # -- changes -----------------------------------------------------------------------
+    def changed(self, run_id: str) -> None:
+        """Wake whoever waits for a change of the run in this process."""
+        event = self._changes.pop(run_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
+        """Until this process changes the run, or ``poll`` s for other processes' changes."""
+        event = self._changes.get(run_id)
+        if event is None:
+            event = self._changes[run_id] = anyio.Event()
+        with anyio.move_on_after(poll):
+            await event.wait()
+        if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
+            del self._changes[run_id]  # per-run state ends when nobody waits on it
+
+    @property
+    def waiting_runs(self) -> int:
+        """Runs someone in this process waits on a change of (bounded: see above)."""
+        return len(self._changes)

@@ -1,0 +1,210 @@
+"""Outcomes: recording what a call proved, and what follows each change.
+
+``Outcomes`` is the one place an operation's outcome is written from the
+runtime: a call's answer (now, or deferred to the next group commit), a lost
+answer (R3, with its horizon, R13), a late response (R4), the calls a cancel
+interrupted, a run that ended on its own. Repeats that agree become
+evidence; contradictions go to review. After every change the run's waiters
+wake, an ``unknown`` is queued for verification, a settled correction
+settles its link, and a cancelled or pausing run moves on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from stopline.domain.model import Evidence, OperationRecord, digest
+from stopline.domain.transitions import CONTRADICTS
+from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
+from stopline.errors import IllegalTransition, StoplineError
+from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import Verdict
+
+if TYPE_CHECKING:
+    from stopline.runtime.core import Core
+
+__all__ = ["INTERRUPTED", "Outcomes", "lost_update"]
+
+INTERRUPTED = "local abort: the call was interrupted"
+
+
+def lost_update(ctx: CallContext, cause: Cause, detail: str) -> OutcomeUpdate:
+    """R3: a lost answer, with its horizon when the effect can still land after now (R13)."""
+    evidence = [Evidence.local(cause.value, detail)]
+    now = time.time()
+    horizon = ctx.horizon(now)
+    if horizon > now:
+        evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
+    return OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
+
+
+class Outcomes:
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        # outcomes this process holds whose record has not committed yet: "recording"
+        self.recording: set[str] = set()
+        # ... and those whose record has committed, waiting for ``finish``
+        self._committed: collections.deque[
+            tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
+        ] = collections.deque()
+        self._committed_ready = anyio.Event()
+
+    def in_hand(self) -> set[str]:
+        """Operations whose outcome this process holds, not durable yet: queued for the
+        next group commit, or held by the outbox until the ledger can take it."""
+        return self.recording | self._core.outbox.held.keys()
+
+    # -- recording -------------------------------------------------------------------
+    async def resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
+        backend = self._core.backend
+        try:
+            op = await backend.record(op_id, update)
+        except IllegalTransition:
+            current = await backend.get_operation(op_id)
+            if current.status in CONTRADICTS.get(update.event, ()):
+                op = await backend.record(
+                    op_id,
+                    dataclasses.replace(
+                        update,
+                        event=OpEvent.CONFLICT,
+                        error=f"{update.event.value} contradicts recorded {current.status.value}",
+                    ),
+                )
+            else:
+                op = await backend.note(
+                    op_id,
+                    f"evidence_{update.event.value}",  # derived from the OpEvent
+                    {
+                        "evidence": [e.to_json() for e in update.evidence],
+                        "late": update.late,
+                    },
+                    cancel_state=update.cancel_state,
+                )
+        self.after_change(op)
+        return op
+
+    def defer(self, op_id: str, update: OutcomeUpdate) -> None:
+        """Queue a call's outcome for the next group commit (ADR 0022); ``recording``
+        until it commits, then finished by the one task that finishes outcomes."""
+        self.recording.add(op_id)
+        self._core.backend.record_deferred(
+            op_id, update, functools.partial(self._recorded, op_id, update)
+        )
+
+    def _recorded(
+        self, op_id: str, update: OutcomeUpdate, outcome: Callable[[], OperationRecord]
+    ) -> None:
+        """A deferred outcome has committed, called on the loop outside any task: hand
+        it to the one task that finishes outcomes."""
+        self.recording.discard(op_id)
+        self._committed.append((op_id, update, outcome))
+        self._committed_ready.set()
+
+    async def finish(self, *, task_status: TaskStatus[None]) -> None:
+        """What ``resolve`` does after its write, for deferred outcomes: one task for
+        all of them, woken once per group commit, instead of a task per call."""
+        task_status.started()
+        while True:
+            await self._committed_ready.wait()
+            self._committed_ready = anyio.Event()
+            while self._committed:
+                op_id, update, outcome = self._committed.popleft()
+                try:
+                    op = outcome()
+                except IllegalTransition:
+                    self._core.spawn(self.resolve, op_id, update)  # agreeing or contradicting
+                    continue
+                except StoplineError:  # not taken: held, retried behind the boundary
+                    self._core.spawn(self._core.outbox.record, op_id, update)
+                    continue
+                self.after_change(op)
+
+    async def lost(self, ctx: CallContext, cause: Cause, detail: str) -> None:
+        """R3: no answer is ``unknown``, never ``not_committed``. R13: when the effect can
+        still land after now, the horizon is recorded with it."""
+        await self._core.outbox.record(ctx.op_id, lost_update(ctx, cause, detail))
+
+    async def record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
+        """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
+        for the whole tree instead of one per call."""
+        core = self._core
+        updates = [(ctx.op_id, lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED)) for ctx in ctxs]
+        with anyio.CancelScope(shield=True):
+            results = await core.backend.record_many(updates)
+        runs: dict[str, None] = {}
+        for (op_id, update), result in zip(updates, results, strict=True):
+            if isinstance(result, IllegalTransition):
+                core.spawn(self.resolve, op_id, update)  # it ended meanwhile: evidence
+                continue
+            runs[result.run_id] = None
+            self.after_change(result, advance=False)
+        await self.advance_all(list(runs))  # what after_change would have done, run by run
+
+    async def late_response(
+        self, op_id: str, verdict: Verdict, *, result: Any = None, ref: str = "", detail: str = ""
+    ) -> OperationRecord:
+        """R4: attach a response that came after cancel or timeout; never restarts anything."""
+        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
+        if ref:
+            evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
+        if verdict is Verdict.UNKNOWN:
+            op = await self._core.backend.note(
+                op_id, NoteKind.LATE_RESPONSE, {"evidence": [e.to_json() for e in evidence]}
+            )
+            self._core.changed(op.run_id)
+            return op
+        event = OpEvent.COMMITTED if verdict is Verdict.COMMITTED else OpEvent.REJECTED
+        return await self.resolve(
+            op_id,
+            OutcomeUpdate(
+                event, evidence, result=result, has_result=verdict is Verdict.COMMITTED, late=True
+            ),
+        )
+
+    # -- runs ------------------------------------------------------------------------
+    async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
+        """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
+        it was cancelled meanwhile, in which case it settles."""
+        event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
+        reason = "" if error is None else f"{type(error).__name__}: {error}"
+        with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
+            await self._core.backend.run_event(run_id, event, by=by, reason=reason)
+        self._core.changed(run_id)
+        await self._core.settler.advance(run_id)
+
+    async def advance_all(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            await self._core.settler.advance(run_id)
+
+    async def settle_pause(self, run_id: str) -> None:
+        await self._core.backend.settle_pause(run_id)
+        self._core.changed(run_id)
+
+    # -- what follows a change ---------------------------------------------------------
+    def after_change(self, op: OperationRecord, *, advance: bool = True) -> None:
+        """Wake the run's waiters, settle a correction's link, verify an ``unknown``, and
+        (with ``advance``) move a cancelled or pausing run on."""
+        core = self._core
+        core.changed(op.run_id)
+        if op.compensates is not None and op.status.resolved:
+            core.spawn(core.compensator.link, op)  # a settled correction settles its link
+        if op.status is OpStatus.UNKNOWN:
+            core.settler.verify_soon(op)
+        if not advance:
+            return
+        run = core.runs.get(op.run_id)
+        if run is None or run.cancel_requested:
+            core.spawn(core.settler.advance, op.run_id)
+        elif run.pause_requested and not run.in_flight:
+            core.spawn(self.settle_pause, op.run_id)
