@@ -25,6 +25,7 @@ class CallContext:
         "attempt",
         "canceller",
         "core",
+        "cut_sends",
         "lost_recorded",
         "op_id",
         "provider_ref",
@@ -51,6 +52,9 @@ class CallContext:
         # this call's own way to ask its provider to cancel, and the channel's name
         # (an integration's or a framework's native cancel); the tool's canceller else
         self.canceller: tuple[str, Callable[[], Awaitable[object]]] | None = None
+        # the channel through which cutting this call's awaiting scope itself tells its
+        # provider (an MCP call: the SDK sends the cancel); "" when a cut tells it nothing
+        self.cut_sends = ""
         # interrupted by a cancel that recorded it already, with the rest of its tree
         self.lost_recorded = False
 
@@ -70,11 +74,16 @@ class CallContext:
         if self.stated_horizon is None or at < self.stated_horizon:
             self.stated_horizon = at
 
-    def cancel_via(self, channel: str, ask: Callable[[], Awaitable[object]]) -> None:
+    def cancel_via(
+        self, channel: str, ask: Callable[[], Awaitable[object]], *, on_cut: bool = False
+    ) -> None:
         """How to ask this call's provider to cancel it (the runtime hook an integration
         uses for its interface's native cancel). ``ask`` returns what the provider
-        answered, as a tool's canceller does; ``channel`` names the way, for the ledger."""
+        answered, as a tool's canceller does; ``channel`` names the way, for the ledger.
+        ``on_cut``: cutting the call's awaiting scope sends that same cancel by itself
+        (so a cut call's provider was asked, whatever its policy says: R14)."""
         self.canceller = (channel, ask)
+        self.cut_sends = channel if on_cut else ""
 
     def horizon(self, ended_at: float) -> float:
         """R13: the latest moment this call's effect could still land, for a call whose

@@ -164,10 +164,12 @@ class Lifecycle:
             if run is not None and not run.cancel_requested:
                 inflight = run.in_flight
                 at_providers = run.at_providers()  # in flight, and cut just before
+                cut = {c.op_id for c in at_providers} - {c.op_id for c in inflight}
                 if run.deliver_cancel():
                     interrupted.extend(inflight)
+                    cut.update(c.op_id for c in inflight)
                 for ctx in at_providers:
-                    core.settler.ask_provider_cancel(ctx)
+                    core.settler.ask_provider_cancel(ctx, cut=ctx.op_id in cut)
             core.changed(fenced)
         if interrupted:
             for ctx in interrupted:

@@ -119,11 +119,24 @@ class Settler:
             await self._idle.wait()
 
     # -- providers ---------------------------------------------------------------
-    def ask_provider_cancel(self, ctx: CallContext) -> None:
+    def ask_provider_cancel(self, ctx: CallContext, *, cut: bool = False) -> None:
         """Deliver a cancel request to a call in flight, through whatever its interface
         offers (its own ``cancel_via`` channel, else its tool's canceller); record what
-        was asked, how, and (in the background) what came back (R14)."""
+        was asked, how, and (in the background) what came back (R14). ``cut``: the
+        call's awaiting scope was cut, which by itself tells the provider when its
+        interface says so (``cut_sends``)."""
         tool = ctx.tool
+        never = tool.cancellable is Cancellable.NEVER or (
+            ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED
+        )
+        if cut and ctx.cut_sends and never:
+            # R14: the record says what was sent, although the policy says it cannot cancel
+            why = (
+                f"the call was cut here, and the cut sent its provider a cancel "
+                f"({ctx.cut_sends}); its policy says it cannot cancel it (R12)"
+            )
+            self._core.spawn(self._note_answer, ctx, CancelState.ASKED, why, ctx.cut_sends)
+            return
         if tool.cancellable is Cancellable.NEVER:
             why = "its policy says the provider cannot cancel it: never asked (R12)"
             self._core.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")

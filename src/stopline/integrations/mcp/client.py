@@ -360,7 +360,8 @@ class StoplineMCP:
         while len(self._outcomes) > 4096:
             self._outcomes.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
-        ctx.cancel_via(self._cancel_channel(), lambda: self._cancel(ctx))
+        # a cut of the awaiting scope makes the SDK send the cancel by itself
+        ctx.cancel_via(self._cancel_channel(), lambda: self._cancel(ctx), on_cut=True)
         token = CURRENT_CALL.set(ctx)
         # The span is current while the SDK sends: its own "MCP send" span nests under it
         # and every request of this call (tools/call, tasks/*) carries its traceparent.
