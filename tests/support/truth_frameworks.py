@@ -115,7 +115,11 @@ def by_key(provider: Provider, tool: str, verifier: str) -> dict[str, Any]:
             return stopline.ReadBack(verdict, ref=f"provider:{key}", result=found)
 
         verify[tool] = find
-    return {"verify": verify, "cancel": {tool: provider.cancel}}
+
+    async def cancel(ctx: stopline.CallContext) -> bool:
+        return await provider.cancel(ctx.key)
+
+    return {"verify": verify, "cancel": {tool: cancel}}
 
 
 def framework_cells(framework: str, full: bool) -> list[Cell]:

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
-from stopline.domain.model import CancelState, digest
+from stopline.domain.model import digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
@@ -68,14 +68,13 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, ReadBack, Rejected, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
 __all__ = [
     "Bound",
-    "CancelByKey",
     "NoRun",
     "RunPaused",
     "ToolSpec",
@@ -90,9 +89,6 @@ __all__ = [
     "stopline_tool",
     "verify_answer",
 ]
-
-# asks a tool's provider to cancel the call with this key; answers as ``Tool.canceller``
-CancelByKey = Callable[[str], Awaitable["bool | CancelState | None"]]
 
 
 @dataclasses.dataclass(eq=False)
@@ -216,16 +212,16 @@ class ToolSpec:
     effects: bool = True
     cancellable: Cancellable = Cancellable.NEVER
     verify: Verifier | None = None  # a read-back of the destination (``as_verifier``)
-    cancel: CancelByKey | None = None  # a cancel request to the provider, by idempotency key
+    cancel: CancelFn | None = None  # a cancel request to the provider (``Tool.canceller``)
     description: str = ""
 
     def declare(self, tool: Tool[Any]) -> Tool[Any]:
-        """Give an async ``tool`` this spec's read-back and canceller (by the call's key)."""
-        verify, cancel = self.verify, self.cancel
-        if verify is not None:
-            tool.verifier(verify)
-        if cancel is not None:
-            tool.canceller(lambda ctx: cancel(ctx.key))
+        """Give an async ``tool`` this spec's read-back and canceller (both take the
+        call's context, as everywhere: ``ctx.key`` is the idempotency key)."""
+        if self.verify is not None:
+            tool.verifier(self.verify)
+        if self.cancel is not None:
+            tool.canceller(self.cancel)
         return tool
 
 

@@ -66,7 +66,6 @@ from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
-    CancelByKey,
     NoRun,
     ToolSpec,
     VerifyByKey,
@@ -82,7 +81,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -105,7 +104,7 @@ def gated(
     tool: FunctionTool,
     *,
     verify: Verifier | VerifyByKey | None = None,
-    cancel: CancelByKey | None = None,
+    cancel: CancelFn | None = None,
 ) -> FunctionTool:
     """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
 
@@ -216,7 +215,7 @@ def gate_agent(
     *,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
-    cancel: Mapping[str, CancelByKey] | None = None,
+    cancel: Mapping[str, CancelFn] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
     """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
@@ -307,7 +306,7 @@ class AgentSession:
         bound: Bound,
         reads: Collection[str],
         verify: Mapping[str, Verifier | VerifyByKey],
-        cancel: Mapping[str, CancelByKey] | None = None,
+        cancel: Mapping[str, CancelFn] | None = None,
     ) -> None:
         self.bound = bound
         self.id = bound.run.id
@@ -436,7 +435,7 @@ async def run(
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
-    cancel: Mapping[str, CancelByKey] | None = None,
+    cancel: Mapping[str, CancelFn] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.stream``) have every tool gated.

@@ -74,7 +74,6 @@ from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import NotFound, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
-    CancelByKey,
     NoRun,
     ToolSpec,
     VerifyByKey,
@@ -90,7 +89,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import ReadBack, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, ReadBack, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -129,7 +128,7 @@ class StoplineToolset(WrapperToolset[Any]):
 
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
-    cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
+    cancel: Mapping[str, CancelFn] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
     async def call_tool(
@@ -251,7 +250,7 @@ def gated(
     *,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
-    cancel: Mapping[str, CancelByKey] | None = None,
+    cancel: Mapping[str, CancelFn] | None = None,
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate. ``verify``
     reads a tool's destination back by ``ctx.key``; ``cancel`` asks its provider to cancel the
@@ -268,7 +267,7 @@ class Gate(AbstractCapability[Any]):
 
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
-    cancel: Mapping[str, CancelByKey] = dataclasses.field(default_factory=dict)
+    cancel: Mapping[str, CancelFn] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         return gated(toolset, reads=self.reads, verify=self.verify, cancel=self.cancel)
@@ -472,7 +471,7 @@ async def run(
     policy: Policy = Policy.VERIFY,
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
-    cancel: Mapping[str, CancelByKey] | None = None,
+    cancel: Mapping[str, CancelFn] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.run``) have every tool gated.
