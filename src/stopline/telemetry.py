@@ -48,8 +48,15 @@ from stopline.domain.vocab import (
     Policy,
     RunEvent,
 )
-from stopline.errors import IllegalTransition
-from stopline.ledger.backend import Backend, GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.ledger.backend import (
+    Backend,
+    GateResult,
+    GateVerdict,
+    Note,
+    OutcomeUpdate,
+    RunSpec,
+)
 from stopline.ledger.forwarding import ForwardingBackend
 
 __all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
@@ -380,10 +387,20 @@ class TracedBackend(ForwardingBackend):
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
     ) -> OperationRecord:
         op = await self.inner.note(op_id, kind, data, cancel_state)
-        target = self._ops.get(op_id) or self._runs.get(op.run_id)
-        if target is not None:
-            target.add_event(f"stopline.{kind}", {ATTR_OP_ID: op_id, ATTR_STATUS: op.status.value})
+        self._noted(op, kind)
         return op
+
+    async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+        results = await self.inner.note_many(notes)
+        for note, result in zip(notes, results, strict=True):
+            if not isinstance(result, UnknownOperation):
+                self._noted(result, note.kind)
+        return results
+
+    def _noted(self, op: OperationRecord, kind: str) -> None:
+        target = self._ops.get(op.id) or self._runs.get(op.run_id)
+        if target is not None:
+            target.add_event(f"stopline.{kind}", {ATTR_OP_ID: op.id, ATTR_STATUS: op.status.value})
 
     async def close(self) -> None:
         """Spans still open end as ``unfinished``: the ledger keeps the truth for next time."""

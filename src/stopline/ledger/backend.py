@@ -45,7 +45,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition
+from stopline.errors import IllegalTransition, UnknownOperation
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "GateVerdict",
     "Journal",
     "Leases",
+    "Note",
     "OutcomeUpdate",
     "Queries",
     "RunControl",
@@ -101,6 +102,16 @@ class OutcomeUpdate:
     error: str | None = None
     cancel_state: str | None = None
     late: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Note:
+    """An event on an operation that changes no status (``Journal.note``'s arguments)."""
+
+    op_id: str
+    kind: str
+    data: dict[str, Any]
+    cancel_state: str | None = None
 
 
 class Gate(abc.ABC):
@@ -167,6 +178,11 @@ class Journal(abc.ABC):
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
     ) -> OperationRecord:
         """Append an event that changes no status (progress, cancel asked, late copy)."""
+
+    @abc.abstractmethod
+    async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+        """``note`` for many operations in one transaction (a cancelled tree's provider
+        answers); an unknown operation is returned in its place, not raised."""
 
     @abc.abstractmethod
     async def audit(

@@ -18,8 +18,8 @@ import anyio.abc
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import IllegalTransition
-from stopline.ledger.backend import Backend, GateResult, OutcomeUpdate, RunSpec
+from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.leases import WorkerLease
 
 __all__ = ["ForwardingBackend"]
@@ -78,6 +78,9 @@ class ForwardingBackend(Backend):
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
     ) -> OperationRecord:
         return await self.inner.note(op_id, kind, data, cancel_state)
+
+    async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+        return await self.inner.note_many(notes)
 
     async def audit(
         self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""

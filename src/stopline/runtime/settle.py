@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -31,7 +31,7 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import IllegalTransition
-from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.backend import Note, OutcomeUpdate
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
@@ -51,6 +51,15 @@ def _answer_state(answer: object) -> CancelState:
     if answer is False:
         return CancelState.REFUSED
     return CancelState.ASKED  # asked; the provider gave no answer to tell
+
+
+def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str) -> Note:
+    """The note of a provider's answer (or of why it was not asked)."""
+    data: dict[str, Any] = {"answer": state.value, "detail": detail}
+    if channel:
+        data["channel"] = channel
+    kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported, asked
+    return Note(ctx.op_id, kind, data, cancel_state=state)
 
 
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
@@ -91,6 +100,7 @@ class Settler:
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
+        self._answers: list[tuple[str, Note]] = []  # answers known without asking, to write
         self.busy = 0  # background steps running now
         self._idle = anyio.Event()  # set while ``busy`` is 0
         self._idle.set()
@@ -135,32 +145,43 @@ class Settler:
                 f"the call was cut here, and the cut sent its provider a cancel "
                 f"({ctx.cut_sends}); its policy says it cannot cancel it (R12)"
             )
-            self._core.spawn(self._note_answer, ctx, CancelState.ASKED, why, ctx.cut_sends)
+            self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
             return
         if tool.cancellable is Cancellable.NEVER:
             why = "its policy says the provider cannot cancel it: never asked (R12)"
-            self._core.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
+            self._answered(ctx, CancelState.NOT_ASKED, why, "")
             return
         if ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
             why = "the provider accepted it and cancels only until then: not asked"
-            self._core.spawn(self._note_answer, ctx, CancelState.NOT_ASKED, why, "")
+            self._answered(ctx, CancelState.NOT_ASKED, why, "")
             return
         if ctx.canceller is None and tool.cancel_fn is None:
             why = "the call's interface offers no way to ask its provider to cancel"
-            self._core.spawn(self._note_answer, ctx, CancelState.NOT_SUPPORTED, why, "")
+            self._answered(ctx, CancelState.NOT_SUPPORTED, why, "")
             return
         self._core.spawn(self._ask, ctx)
+
+    def _answered(self, ctx: CallContext, state: CancelState, detail: str, channel: str) -> None:
+        """Record an answer known without asking. The answers one cancel delivers at once
+        (a tree's calls in flight) are written together, in one transaction."""
+        first = not self._answers
+        self._answers.append((ctx.run_id, _answer_note(ctx, state, detail, channel)))
+        if first:
+            self._core.spawn(self._note_answers)
+
+    async def _note_answers(self) -> None:
+        core = self._core
+        answers, self._answers = self._answers, []
+        await core.backend.note_many([note for _run_id, note in answers])
+        for run_id in dict.fromkeys(run_id for run_id, _note in answers):
+            core.changed(run_id)
 
     async def _note_answer(
         self, ctx: CallContext, state: CancelState, detail: str, channel: str
     ) -> None:
-        core = self._core
-        data: dict[str, object] = {"answer": state.value, "detail": detail}
-        if channel:
-            data["channel"] = channel
-        kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported
-        await core.backend.note(ctx.op_id, kind, data, cancel_state=state)
-        core.changed(ctx.run_id)
+        note = _answer_note(ctx, state, detail, channel)
+        await self._core.backend.note(note.op_id, note.kind, note.data, note.cancel_state)
+        self._core.changed(ctx.run_id)
 
     async def _ask(self, ctx: CallContext) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer

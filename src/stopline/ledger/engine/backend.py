@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import IllegalTransition
-from stopline.ledger.backend import Backend, GateResult, OutcomeUpdate, RunSpec
+from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine import fence, reads, runs, truth
 from stopline.ledger.engine.db import Db
@@ -84,6 +84,9 @@ class SqlBackend(Backend):
         self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
     ) -> OperationRecord:
         return await self._execute(lambda db: runs.note(db, op_id, kind, data, cancel_state))
+
+    async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+        return await self._execute(lambda db: runs.note_many(db, notes))
 
     async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
         return await self._execute(lambda db: reads.operations(db, run_id, descendants), safe=True)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import UnknownRun
+from stopline.errors import UnknownOperation, UnknownRun
 from stopline.ledger import rows
-from stopline.ledger.backend import RunSpec
+from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.reads import event, load_op, load_run
 
-__all__ = ["create_run", "note", "run_event", "set_phase"]
+__all__ = ["create_run", "note", "note_many", "run_event", "set_phase"]
 
 
 async def create_run(db: Db, spec: RunSpec) -> RunRecord:
@@ -91,3 +92,16 @@ async def note(
             )
         await event(db, now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
         return await load_op(db, op_id)
+
+
+async def note_many(db: Db, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+    """``note`` for many operations in one transaction; an unknown one is returned in its
+    place and the others are written."""
+    out: list[OperationRecord | UnknownOperation] = []
+    async with db.transaction():
+        for n in notes:
+            try:
+                out.append(await note(db, n.op_id, n.kind, n.data, n.cancel_state))
+            except UnknownOperation as exc:
+                out.append(exc)
+    return out

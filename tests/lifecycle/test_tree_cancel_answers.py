@@ -1,0 +1,90 @@
+"""Cancelling a tree: the answers known without asking a provider (R12, R14) are written
+for the whole tree by one backend call (one transaction), not one call per operation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import stopline
+from stopline import CancelState, PhaseKind, Policy, RunState
+from stopline.domain.model import OperationRecord
+from stopline.errors import UnknownOperation
+from stopline.ledger.backend import Backend, Note
+from stopline.ledger.forwarding import ForwardingBackend
+
+CHILDREN = 20
+
+
+class CountingNotes(ForwardingBackend):
+    """Counts the notes written by each backend call."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.per_call: list[int] = []
+
+    async def note(
+        self, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None = None
+    ) -> OperationRecord:
+        self.per_call.append(1)
+        return await self.inner.note(op_id, kind, data, cancel_state)
+
+    async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
+        self.per_call.append(len(notes))
+        return await self.inner.note_many(notes)
+
+
+async def test_a_tree_cancel_notes_its_calls_not_asked_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    entered = 0
+    all_in = anyio.Event()
+
+    @stopline.tool  # its policy: the provider cannot be asked to cancel it
+    async def hold(ctx: stopline.CallContext) -> None:
+        nonlocal entered
+        entered += 1
+        if entered == CHILDREN:
+            all_in.set()
+        await anyio.sleep_forever()
+
+    @hold.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
+        return stopline.Verdict.NOT_COMMITTED
+
+    counting: list[CountingNotes] = []
+
+    def observe(backend: Backend) -> Backend:
+        counting.append(CountingNotes(backend))
+        return counting[-1]
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    async with stopline.open(url, tools=[hold], observers=[observe]) as ledger:
+        root_id: list[str] = []
+
+        async def child(run: stopline.Run, n: int) -> None:
+            async with (
+                run.child(f"c{n}") as c,
+                c.phase(PhaseKind.READING, Policy.IMMEDIATE),
+            ):
+                await c.call(hold)
+
+        async def root() -> None:
+            async with ledger.run("root", owner="u") as run:
+                root_id.append(run.id)
+                async with anyio.create_task_group() as tg:
+                    for n in range(CHILDREN):
+                        tg.start_soon(child, run, n)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(root)
+            await all_in.wait()
+            await ledger.cancel(root_id[0], by="u")
+        receipt = await ledger.wait_settled(root_id[0], timeout=30)
+        ops = await ledger.backend.operations(root_id[0], descendants=True)
+    assert [c.per_call for c in counting] == [[CHILDREN]]  # the whole tree, one call
+    assert receipt.run_state is RunState.CANCELLED
+    assert {op.cancel_state for op in ops} == {CancelState.NOT_ASKED}
