@@ -11,10 +11,10 @@ import functools
 import anyio
 import pytest
 
-from stopline.domain.model import Evidence, OperationSpec
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IdempotencyConflict, IllegalTransition, UnknownOperation, UnknownRun
-from stopline.ledger.backend import Backend, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.backend import Backend, GateVerdict, Note, OutcomeUpdate, RunSpec
 
 
 def run_spec(run_id: str = "run_a", **kw: object) -> RunSpec:
@@ -196,3 +196,31 @@ class LedgerContract:
         op = await backend.note("run_a/1:send", "progress", {"progress": 0.5}, cancel_state="asked")
         assert op.status is OpStatus.REQUESTED and op.cancel_state == "asked"
         assert (await backend.events("run_a"))[-1].data == {"progress": 0.5}
+
+    async def test_note_many_writes_each_and_returns_an_unknown_operation(
+        self, backend: Backend
+    ) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.gate(op_spec("run_a/2:send", digest="d2"))
+        notes = [
+            Note("run_a/1:send", "cancel_not_asked", {"n": 1}, cancel_state="not_asked"),
+            Note("run_a/9:nothing", "cancel_not_asked", {"n": 9}),
+            Note("run_a/2:send", "cancel_not_supported", {"n": 2}, cancel_state="not_supported"),
+        ]
+        first, missing, second = await backend.note_many(notes)
+        assert isinstance(missing, UnknownOperation)
+        assert isinstance(first, OperationRecord) and isinstance(second, OperationRecord)
+        assert (first.status, first.cancel_state) == (OpStatus.REQUESTED, "not_asked")
+        assert (second.status, second.cancel_state) == (OpStatus.REQUESTED, "not_supported")
+        events = [(e.kind, e.data) for e in (await backend.events("run_a"))[-2:]]
+        assert events == [("cancel_not_asked", {"n": 1}), ("cancel_not_supported", {"n": 2})]
+
+    async def test_run_and_operations_reads_both(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        run, ops = await backend.run_and_operations("run_a")
+        assert run == await backend.get_run("run_a")
+        assert ops == await backend.operations("run_a")
+        with pytest.raises(UnknownRun):
+            await backend.run_and_operations("run_nothing")

@@ -276,6 +276,10 @@ class Queries(abc.ABC):
         """The run's operations; with ``descendants``, its child runs' too (S4)."""
 
     @abc.abstractmethod
+    async def run_and_operations(self, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
+        """``get_run`` and its ``operations`` in one read (settling a run reads both)."""
+
+    @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...
 
     @abc.abstractmethod

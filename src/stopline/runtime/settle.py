@@ -396,15 +396,14 @@ class Settler:
         core = self._core
         async with self._run_lock(run_id):
             self._queued.discard(run_id)  # from here on, what happens next is read
-            run = await core.backend.get_run(run_id)
-            if run.state not in _CANCELLED:
-                return
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
                 return  # local calls still running; their outcomes call us again
             if run_id in self._asking:
                 return  # a provider has yet to answer our cancel; its answer calls us again
-            ops = await core.backend.operations(run_id)
+            run, ops = await core.backend.run_and_operations(run_id)  # one read per step
+            if run.state not in _CANCELLED:
+                return
             statuses = {op.status for op in ops}
             if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
                 return

@@ -109,8 +109,7 @@ async def list_runs(
 async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
     await load_run(db, run_id)
     if not descendants:
-        sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id"
-        return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
+        return await _own_operations(db, run_id)
     sql = (
         f"WITH RECURSIVE tree(id) AS (SELECT {db.dialect.text('?')} UNION"
         " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
@@ -119,6 +118,18 @@ async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRe
         f" SELECT {rows.OP_COLUMNS} FROM operations"
         " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, id"
     )
+    return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
+
+
+async def run_and_operations(db: Db, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
+    """The run and its own operations, read together (what settling a run looks at)."""
+    async with db.transaction():
+        run = await load_run(db, run_id)
+        return run, await _own_operations(db, run_id)
+
+
+async def _own_operations(db: Db, run_id: str) -> list[OperationRecord]:
+    sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id"
     return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
 
 
