@@ -270,9 +270,8 @@ class Settler:
         current = op
         try:
             async with self.working():
-                delays = (budget or core.verify_budget).delays()
-                current = await core.backend.get_operation(op.id)  # read after a stale list
-                reads = 0
+                delays = (budget or core.verify_budget).delays()  # one at least
+                reads = 0  # each read-back reads the operation first: ``op`` may be stale
                 for delay in delays:
                     await anyio.sleep(delay)  # a provider still finishing gets this long
                     current, done = await self._one_read(current)
