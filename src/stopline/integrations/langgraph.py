@@ -263,8 +263,8 @@ def gate(
             return content  # a Command the tool returned: passed on as it is
         # the tool's content, or a result replayed or read back from the ledger (a
         # verifier's ``ReadBack.result``): made message content as ``ToolNode`` does
-        content = msg_content_output(content)
-        return ToolMessage(content=content, name=tool.name, tool_call_id=call["id"])
+        as_content: Any = msg_content_output(content)  # list[dict] is content too
+        return ToolMessage(content=as_content, name=tool.name, tool_call_id=call["id"])
 
     return wrap
 
@@ -327,7 +327,8 @@ def node(
 
     def wrap(f: F) -> Callable[..., Any]:
         label = name or (f.name if isinstance(f, Tool) else f.__name__)
-        t = stopline_tool(f, label, ToolSpec(description=description, verify=verifier, cancel=cancel))
+        spec = ToolSpec(description=description, verify=verifier, cancel=cancel)
+        t = stopline_tool(f, label, spec)
 
         async def gated_node(state: Any) -> Any:
             return await gated_call(t, state, key=_task_key())
