@@ -132,10 +132,11 @@ def start() -> dict[str, Any]:
 
 
 async def test_s01_langgraph_tool_node_cancel_before_the_call_then_resume(
-    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+    unwatched: stopline.Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     """Every tool of the node is gated by the hook: a cancel committed elsewhere refuses
     the call; resumed on the same thread, the call runs once."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     effect = FileEffect(tmp_path / "notes.txt")
     graph = Graph(write_tool(effect, sync=False))
     graph.asking = anyio.Event()
