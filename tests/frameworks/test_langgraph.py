@@ -116,9 +116,10 @@ async def test_probe_langgraph_sync_node_commits_after_cancel_and_resume_repeats
 
 
 async def test_s01_langgraph_cancel_before_the_tool_call(
-    ledger: stopline.Ledger, ledger_url: str
+    unwatched: stopline.Ledger, ledger_url: str
 ) -> None:
     """Cancelled from another process while the agent thinks: the gate refuses the node."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     send = FakeProvider("send")
     thinking = anyio.Event()
 

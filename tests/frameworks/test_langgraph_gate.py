@@ -132,10 +132,11 @@ def start() -> dict[str, Any]:
 
 
 async def test_s01_langgraph_tool_node_cancel_before_the_call_then_resume(
-    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+    unwatched: stopline.Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     """Every tool of the node is gated by the hook: a cancel committed elsewhere refuses
     the call; resumed on the same thread, the call runs once."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     effect = FileEffect(tmp_path / "notes.txt")
     graph = Graph(write_tool(effect, sync=False))
     graph.asking = anyio.Event()
@@ -319,3 +320,41 @@ async def test_langgraph_cancelling_the_task_is_a_stopline_cancel(
     assert receipt.run_state is RunState.CANCELLED
     assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED]
     assert effect.lines() == []
+
+
+async def test_langgraph_a_read_back_result_is_replayed_as_message_content(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """A call cut after its write is read back committed with the provider's record (a
+    dict); the resumed thread replays that result as the tool's message content, made
+    as ``ToolNode`` makes it (JSON), not handed to LangGraph as if it were a state update."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    wrote, answer = anyio.Event(), anyio.Event()
+
+    @lc_tool
+    async def write_note(note: str) -> str:
+        """Write a note, then wait for the provider's answer."""
+        effect.write(note)
+        wrote.set()
+        await answer.wait()  # never set: the cancel cuts the wait
+        return "answered"
+
+    async def read_back(ctx: stopline.CallContext) -> stopline.ReadBack:
+        return stopline.ReadBack(
+            stopline.Verdict.COMMITTED, "file:notes", result={"lines": effect.lines()}
+        )
+
+    graph = Graph(write_note, verify=read_back)
+    workflow = Workflow()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-rb")
+        await wrote.wait()
+        await workflow.g.cancel(by="user:1")
+    receipt = await ledger.wait_settled("lg-g-rb", timeout=10)
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+
+    state = await resume(ledger, graph.graph, None, "lg-g-rb")
+    assert effect.lines() == ["refund 9"]
+    assert [m.content for m in state["messages"] if isinstance(m, ToolMessage)] == [
+        '{"lines": ["refund 9"]}'
+    ]

@@ -105,9 +105,10 @@ async def test_probe_openai_agents_sync_tool_commits_after_cancel_and_resume_rep
 
 
 async def test_s01_openai_agents_cancel_before_the_tool_call(
-    ledger: stopline.Ledger, ledger_url: str
+    unwatched: stopline.Ledger, ledger_url: str
 ) -> None:
     """Cancelled from another process before the tool call: the gate refuses it."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     refund = AsyncEffect("refund")
     thinking = anyio.Event()
 

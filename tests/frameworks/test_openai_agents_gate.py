@@ -91,10 +91,11 @@ async def resume(
 
 
 async def test_s01_openai_agents_plain_tool_cancel_before_the_call_then_resume(
-    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+    unwatched: stopline.Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     """A plain ``@function_tool`` in ``tools=`` is gated: a cancel committed elsewhere
     refuses its call; the resumed model's new call is dispatched once."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     effect = FileEffect(tmp_path / "notes.txt")
     thinking = anyio.Event()
 

@@ -142,9 +142,10 @@ async def test_probe_pydantic_ai_sync_tool_commits_after_cancel_and_resume_repea
 
 
 async def test_s01_pydantic_ai_cancel_before_the_tool_call(
-    ledger: stopline.Ledger, ledger_url: str
+    unwatched: stopline.Ledger, ledger_url: str
 ) -> None:
     """Cancelled from another process while the model thinks: the gate refuses the call."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     refund = AsyncEffect("refund")
 
     async def issue_refund(order: str) -> str:
@@ -165,6 +166,32 @@ async def test_s01_pydantic_ai_cancel_before_the_tool_call(
     receipt = await ledger.wait_settled("pai-s01", timeout=10)
     assert refund.effects == []
     assert [line.status for line in receipt.lines] == [OpStatus.PREVENTED]
+    assert receipt.message == "Canceled before external action."
+
+
+async def test_s01_pydantic_ai_cancel_from_another_process_stops_the_thinking(
+    ledger: stopline.Ledger, ledger_url: str
+) -> None:
+    """A worker that watches (the default): a cancel committed by another process
+    interrupts the model's thinking; the model never answers, nothing is called."""
+    refund = AsyncEffect("refund")
+
+    async def issue_refund(order: str) -> str:
+        """Refund an order."""
+        return await refund(order)
+
+    script = Script("issue_refund")
+    script.thinking = anyio.Event()  # never set: only the cancel ends the thinking
+    agent = Agent(FunctionModel(script), toolsets=[sl.gated(FunctionToolset([issue_refund]))])
+    session = Session()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: session(ledger, agent, "pai-s01w", user_prompt="refund 9"))
+        await session.ready.wait()
+        async with stopline.open(ledger_url) as elsewhere:
+            await elsewhere.cancel("pai-s01w", by="user:1")
+        receipt = await ledger.wait_settled("pai-s01w", timeout=30)
+    assert refund.effects == []
+    assert receipt.lines == ()
     assert receipt.message == "Canceled before external action."
 
 

@@ -120,9 +120,10 @@ async def resume_without_history(
 
 
 async def test_s01_pydantic_ai_agent_tool_cancel_before_the_call_then_resume(
-    ledger: stopline.Ledger, ledger_url: str, tmp_path: Path
+    unwatched: stopline.Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     """A ``@agent.tool_plain`` is gated: a cancel committed elsewhere refuses its call."""
+    ledger = unwatched  # a worker that does not watch: its gate is where it learns
     effect = FileEffect(tmp_path / "notes.txt")
     script = Script()
     script.thinking = anyio.Event()

@@ -1,4 +1,5 @@
-"""The truth matrix for a framework agent's tool: Pydantic AI and the OpenAI Agents SDK.
+"""The truth matrix for a framework agent's tool: Pydantic AI, the OpenAI Agents SDK
+and LangGraph.
 
 The agent (a real one, with the framework's own offline test model) calls one
 async tool, ``pay``, whose provider is ``tests/support/truth_tools.Provider``
@@ -8,14 +9,16 @@ A cell cancels at one point by one path:
 
 - ``stopline-cancel``: ``s.cancel(by=...)`` (the fence, then the framework's
   own cancel: Pydantic AI's ``CancellationToken``, the SDK's
-  ``RunResultStreaming.cancel``);
+  ``RunResultStreaming.cancel``, LangGraph's task cancellation);
 - ``task-cancel``: the framework's native cancel, cancelling the task that runs
-  ``s.run`` / ``s.stream`` (the adapter commits the same stopline cancel).
+  ``s.run`` / ``s.stream`` / ``g.ainvoke`` (the adapter commits the same
+  stopline cancel).
 
 The tool's read-back and canceller are given to the adapter by tool name
 (``verify=``, ``cancel=``). The bare baseline runs the same agent without
-stopline and cancels the task running ``agent.run`` / ``Runner.run``; like the
-framework's history (a call without a return), it takes the call as not made.
+stopline and cancels the task running ``agent.run`` / ``Runner.run`` /
+``graph.ainvoke``; like the framework's history (a call without a return), it
+takes the call as not made.
 """
 
 from __future__ import annotations

@@ -115,9 +115,9 @@ async def test_s01_spans_prevented_at_the_gate(
     thinking = anyio.Event()
 
     async def body(run: stopline.Run, started: Started) -> None:
-        async with run.phase(PhaseKind.FINALIZING):
+        async with run.phase(PhaseKind.FINALIZING):  # at_boundary: not interrupted
             await thinking.wait()
-        await run.call(send.tool, "hello")
+            await run.call(send.tool, "hello")  # no boundary in between: the gate decides
 
     async with anyio.create_task_group() as tg:
         started = start(tg, traced, body)

@@ -57,7 +57,8 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as lc_tool
 from langgraph.errors import GraphBubbleUp
-from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.prebuilt.tool_node import ToolCallRequest, msg_content_output
+from langgraph.types import Command
 
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
@@ -82,7 +83,7 @@ from stopline.runtime.tool import Rejected
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
-from stopline.runtime.tool import Tool, Verifier
+from stopline.runtime.tool import CancelFn, Tool, Verifier
 
 __all__ = ["GraphRun", "NoRun", "gate", "mcp_tools", "node", "run", "tool"]
 
@@ -208,22 +209,29 @@ class _Raised(Exception):
 
 
 def gate(
-    *, reads: Collection[str] = (), verify: Mapping[str, Verifier | VerifyByKey] | None = None
+    *,
+    reads: Collection[str] = (),
+    verify: Mapping[str, Verifier | VerifyByKey] | None = None,
+    cancel: Mapping[str, CancelFn] | None = None,
 ) -> Callable[[ToolCallRequest, _Execute], Awaitable[Any]]:
     """A ``ToolNode(awrap_tool_call=...)`` hook: every tool call of the node is gated.
 
     Each call is an operation keyed ``tool:<tool_call_id>``; tools named in
     ``reads`` skip the gate; ``verify={name: async (ctx) -> ReadBack}`` reads a
-    destination back by ``ctx.key``. A ``def`` tool runs to its end whoever stops waiting (R4).
+    destination back by ``ctx.key``; ``cancel={name: async (ctx) -> bool | None}``
+    asks an async tool's provider to cancel the call with that key (a cancel of
+    the run asks every call in flight that has one). A ``def`` tool runs to its
+    end whoever stops waiting (R4).
     """
     verify = dict(verify or {})
+    cancel = dict(cancel or {})
 
     async def wrap(request: ToolCallRequest, execute: _Execute) -> Any:
         tool, call = request.tool, request.tool_call
         if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
             return await execute(request)  # a read, unknown, or gated by itself
         is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
-        spec = ToolSpec(verify=as_verifier(verify.get(tool.name)))
+        spec = ToolSpec(verify=as_verifier(verify.get(tool.name)), cancel=cancel.get(tool.name))
 
         def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
             async def work() -> Any:
@@ -251,9 +259,12 @@ def gate(
             raise paused.bubble from None
         except _Raised as raised:
             return raised.message
-        if not isinstance(content, str | list):
+        if isinstance(content, Command):
             return content  # a Command the tool returned: passed on as it is
-        return ToolMessage(content=content, name=tool.name, tool_call_id=call["id"])
+        # the tool's content, or a result replayed or read back from the ledger (a
+        # verifier's ``ReadBack.result``): made message content as ``ToolNode`` does
+        as_content: Any = msg_content_output(content)  # list[dict] is content too
+        return ToolMessage(content=as_content, name=tool.name, tool_call_id=call["id"])
 
     return wrap
 
@@ -289,7 +300,11 @@ def node(fn: F, /) -> Callable[..., Any]: ...
 
 @overload
 def node(
-    *, name: str | None = None, description: str = "", verify: Verifier | VerifyByKey | None = None
+    *,
+    name: str | None = None,
+    description: str = "",
+    verify: Verifier | VerifyByKey | None = None,
+    cancel: CancelFn | None = None,
 ) -> Callable[[F], Callable[..., Any]]: ...
 
 
@@ -300,17 +315,20 @@ def node(
     name: str | None = None,
     description: str = "",
     verify: Verifier | VerifyByKey | None = None,
+    cancel: CancelFn | None = None,
 ) -> Callable[..., Any]:
     """A graph node whose body is one side effect, gated and keyed by its task.
 
     The wrapped node is async (LangGraph awaits it); a ``def`` body runs in a
-    worker thread the adapter owns. ``verify(ctx)`` reads the destination back.
+    worker thread the adapter owns. ``verify(ctx)`` reads the destination back;
+    ``cancel(ctx)`` asks an async body's provider to cancel the call.
     """
     verifier = as_verifier(verify)
 
     def wrap(f: F) -> Callable[..., Any]:
         label = name or (f.name if isinstance(f, Tool) else f.__name__)
-        t = stopline_tool(f, label, ToolSpec(description=description, verify=verifier))
+        spec = ToolSpec(description=description, verify=verifier, cancel=cancel)
+        t = stopline_tool(f, label, spec)
 
         async def gated_node(state: Any) -> Any:
             return await gated_call(t, state, key=_task_key())
@@ -345,11 +363,14 @@ def tool(
     effects: bool = True,
     cancellable: Cancellable = Cancellable.NEVER,
     verify: Verifier | VerifyByKey | None = None,
+    cancel: CancelFn | None = None,
 ) -> BaseTool:
     """A LangChain tool (for ``ToolNode`` and prebuilt agents) whose calls are gated.
 
     Give it a function (its signature and docstring make the tool's schema) or a
-    ``StructuredTool``. Each call is an operation keyed ``tool:<tool_call_id>``.
+    ``StructuredTool``. Each call is an operation keyed ``tool:<tool_call_id>``;
+    ``verify(ctx)`` reads its destination back and ``cancel(ctx)`` asks its provider
+    to cancel it, both by ``ctx.key``.
     """
     base = fn if isinstance(fn, BaseTool) else lc_tool(fn)
     if not isinstance(base, StructuredTool):
@@ -357,7 +378,9 @@ def tool(
     body = base.coroutine or base.func
     if body is None:
         raise TypeError(f"tool {base.name!r} has no function to wrap")
-    spec = ToolSpec(effects=effects, cancellable=cancellable, verify=as_verifier(verify))
+    spec = ToolSpec(
+        effects=effects, cancellable=cancellable, verify=as_verifier(verify), cancel=cancel
+    )
     t = stopline_tool(body, base.name, spec)
 
     async def call(**kwargs: Any) -> Any:
