@@ -164,10 +164,9 @@ class Settler:
     def _answered(self, ctx: CallContext, state: CancelState, detail: str, channel: str) -> None:
         """Record an answer known without asking. The answers one cancel delivers at once
         (a tree's calls in flight) are written together, in one transaction."""
-        first = not self._answers
+        if not self._answers:
+            self._core.spawn(self._note_answers)  # starts after the caller's loop is done
         self._answers.append((ctx.run_id, _answer_note(ctx, state, detail, channel)))
-        if first:
-            self._core.spawn(self._note_answers)
 
     async def _note_answers(self) -> None:
         core = self._core
