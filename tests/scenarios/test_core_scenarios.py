@@ -136,6 +136,10 @@ async def test_s09_late_success_after_cancel(ledger: stopline.Ledger) -> None:
         await accepted.wait()
         await ledger.cancel(started.run_id, by="user:1")
     op = await op_of(ledger, started.run_id)
+    with anyio.fail_after(10):  # the cut call's record is written in the background
+        while op.status is OpStatus.ACCEPTED:
+            await ledger.wait_for_change(started.run_id)
+            op = await op_of(ledger, started.run_id)
     assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)  # R3, not "not sent"
     # the remote commits, and its response arrives with nobody waiting
     truth[op.id] = "paid"

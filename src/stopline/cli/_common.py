@@ -6,7 +6,9 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -145,10 +147,54 @@ async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
 
 
 def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run one coroutine on a fresh event loop (asyncio)."""
+    """Run one coroutine on a fresh event loop (asyncio). Ctrl-C raises
+    ``KeyboardInterrupt`` here once the coroutine has unwound.
+
+    In the main thread, Ctrl-C cancels the coroutine through an anyio cancel scope,
+    not asyncio's native ``task.cancel()``: a native cancel landing in a shielded
+    section or with a poll's deadline can be taken for it and swallowed, and the
+    command would wait on until its own timeout. A second Ctrl-C interrupts at once.
+    """
+
+    async def plain() -> T:
+        return await fn()
+
+    if threading.current_thread() is not threading.main_thread():
+        return anyio.run(plain)  # no signals here (a command run from another thread)
 
     async def main() -> T:
-        return await fn()
+        done: list[T] = []
+        failed: list[Exception] = []
+        interrupted = False
+        work = anyio.CancelScope()
+
+        async def watch() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    if interrupted:
+                        raise KeyboardInterrupt  # the second Ctrl-C: at once
+                    interrupted = True
+                    work.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                with work:
+                    try:
+                        done.append(await fn())
+                    except Exception as exc:  # raised below, outside the task group
+                        failed.append(exc)
+                tg.cancel_scope.cancel()  # stop watching
+        except BaseExceptionGroup as group:
+            if group.subgroup(KeyboardInterrupt) is not None:
+                raise KeyboardInterrupt from None
+            raise
+        if failed:
+            raise failed[0]
+        if not done:
+            raise KeyboardInterrupt
+        return done[0]
 
     return anyio.run(main)
 
