@@ -280,3 +280,23 @@ async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
         await listener.close()
         await canceller.close()
     assert seen == [["root", "child"]]
+
+
+async def test_a_notification_read_after_its_run_was_resumed_is_not_delivered(
+    pg_url: str,
+) -> None:
+    """A cancel's notification handled late (the loop busy, the listener behind): its
+    run was resumed meanwhile and must not be cancelled again in this process. The run
+    still fenced is delivered; the resumed one is dropped."""
+    seen: list[list[str]] = []
+    async with stopline.open(pg_url) as ledger:
+        for run_id in ("resumed", "left"):
+            async with ledger.run("job", owner="u", run_id=run_id):
+                await ledger.cancel(run_id, by="u")  # the block ends here, fenced
+            await ledger.wait_settled(run_id, timeout=10)
+        await ledger.resume("resumed", by="u")
+        backend = ledger.backend
+        assert isinstance(backend, PostgresBackend)
+        await backend.listener.deliver('["resumed", "left"]', seen.append)
+        await backend.listener.deliver('["resumed"]', seen.append)  # nothing fenced: no call
+    assert seen == [["left"]]

@@ -214,14 +214,18 @@ class ToolSpec:
     verify: Verifier | None = None  # a read-back of the destination (``as_verifier``)
     cancel: CancelFn | None = None  # a cancel request to the provider (``Tool.canceller``)
     description: str = ""
+    # R13: how long after dispatch the effect may still land (``Tool.settles_within``)
+    settles_within: float | None = None
 
     def declare(self, tool: Tool[Any]) -> Tool[Any]:
-        """Give an async ``tool`` this spec's read-back and canceller (both take the
-        call's context, as everywhere: ``ctx.key`` is the idempotency key)."""
+        """Give an async ``tool`` this spec's read-back, canceller (both take the call's
+        context, as everywhere: ``ctx.key`` is the idempotency key) and horizon."""
         if self.verify is not None:
             tool.verifier(self.verify)
         if self.cancel is not None:
             tool.canceller(self.cancel)
+        if self.settles_within is not None:
+            tool.settles_within = self.settles_within
         return tool
 
 
@@ -384,6 +388,7 @@ def detached_tool(
     )
     tool.wants_context = spec.effects
     tool.verify_fn = detached.verify
+    tool.settles_within = spec.settles_within
     return tool
 
 

@@ -213,6 +213,7 @@ def gate(
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelFn] | None = None,
+    settles_within: Mapping[str, float] | None = None,
 ) -> Callable[[ToolCallRequest, _Execute], Awaitable[Any]]:
     """A ``ToolNode(awrap_tool_call=...)`` hook: every tool call of the node is gated.
 
@@ -220,18 +221,24 @@ def gate(
     ``reads`` skip the gate; ``verify={name: async (ctx) -> ReadBack}`` reads a
     destination back by ``ctx.key``; ``cancel={name: async (ctx) -> bool | None}``
     asks an async tool's provider to cancel the call with that key (a cancel of
-    the run asks every call in flight that has one). A ``def`` tool runs to its
-    end whoever stops waiting (R4).
+    the run asks every call in flight that has one); ``settles_within={name: s}``
+    bounds when its effect may still land (R13). A ``def`` tool runs to its end
+    whoever stops waiting (R4).
     """
     verify = dict(verify or {})
     cancel = dict(cancel or {})
+    horizons = dict(settles_within or {})
 
     async def wrap(request: ToolCallRequest, execute: _Execute) -> Any:
         tool, call = request.tool, request.tool_call
         if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
             return await execute(request)  # a read, unknown, or gated by itself
         is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
-        spec = ToolSpec(verify=as_verifier(verify.get(tool.name)), cancel=cancel.get(tool.name))
+        spec = ToolSpec(
+            verify=as_verifier(verify.get(tool.name)),
+            cancel=cancel.get(tool.name),
+            settles_within=horizons.get(tool.name),
+        )
 
         def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
             async def work() -> Any:
@@ -305,6 +312,7 @@ def node(
     description: str = "",
     verify: Verifier | VerifyByKey | None = None,
     cancel: CancelFn | None = None,
+    settles_within: float | None = None,
 ) -> Callable[[F], Callable[..., Any]]: ...
 
 
@@ -316,18 +324,22 @@ def node(
     description: str = "",
     verify: Verifier | VerifyByKey | None = None,
     cancel: CancelFn | None = None,
+    settles_within: float | None = None,
 ) -> Callable[..., Any]:
     """A graph node whose body is one side effect, gated and keyed by its task.
 
     The wrapped node is async (LangGraph awaits it); a ``def`` body runs in a
     worker thread the adapter owns. ``verify(ctx)`` reads the destination back;
-    ``cancel(ctx)`` asks an async body's provider to cancel the call.
+    ``cancel(ctx)`` asks an async body's provider to cancel the call;
+    ``settles_within`` bounds when its effect may still land (R13).
     """
     verifier = as_verifier(verify)
 
     def wrap(f: F) -> Callable[..., Any]:
         label = name or (f.name if isinstance(f, Tool) else f.__name__)
-        spec = ToolSpec(description=description, verify=verifier, cancel=cancel)
+        spec = ToolSpec(
+            description=description, verify=verifier, cancel=cancel, settles_within=settles_within
+        )
         t = stopline_tool(f, label, spec)
 
         async def gated_node(state: Any) -> Any:
@@ -364,13 +376,15 @@ def tool(
     cancellable: Cancellable = Cancellable.NEVER,
     verify: Verifier | VerifyByKey | None = None,
     cancel: CancelFn | None = None,
+    settles_within: float | None = None,
 ) -> BaseTool:
     """A LangChain tool (for ``ToolNode`` and prebuilt agents) whose calls are gated.
 
     Give it a function (its signature and docstring make the tool's schema) or a
     ``StructuredTool``. Each call is an operation keyed ``tool:<tool_call_id>``;
     ``verify(ctx)`` reads its destination back and ``cancel(ctx)`` asks its provider
-    to cancel it, both by ``ctx.key``.
+    to cancel it, both by ``ctx.key``; ``settles_within`` bounds when its effect may
+    still land (R13).
     """
     base = fn if isinstance(fn, BaseTool) else lc_tool(fn)
     if not isinstance(base, StructuredTool):
@@ -379,7 +393,11 @@ def tool(
     if body is None:
         raise TypeError(f"tool {base.name!r} has no function to wrap")
     spec = ToolSpec(
-        effects=effects, cancellable=cancellable, verify=as_verifier(verify), cancel=cancel
+        effects=effects,
+        cancellable=cancellable,
+        verify=as_verifier(verify),
+        cancel=cancel,
+        settles_within=settles_within,
     )
     t = stopline_tool(body, base.name, spec)
 

@@ -105,6 +105,7 @@ def gated(
     *,
     verify: Verifier | VerifyByKey | None = None,
     cancel: CancelFn | None = None,
+    settles_within: float | None = None,
 ) -> FunctionTool:
     """The same function tool, its calls passing the stopline gate under ``tool:<call_id>``.
 
@@ -119,9 +120,8 @@ def gated(
     server = _mcp_server_of(body)
     if server is not None:
         _key_in_meta(server)
-    spec = ToolSpec(
-        verify=as_verifier(verify), cancel=cancel
-    )  # the receipt names it by its tool name
+    # the receipt names it by its tool name; ``settles_within``: its R13 horizon
+    spec = ToolSpec(verify=as_verifier(verify), cancel=cancel, settles_within=settles_within)
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
         tool_ctx = _CALL.get()
@@ -216,6 +216,7 @@ def gate_agent(
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelFn] | None = None,
+    settles_within: Mapping[str, float] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
     """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
@@ -223,17 +224,25 @@ def gate_agent(
     seen = {} if _seen is None else _seen
     if id(agent) in seen:
         return seen[id(agent)]
-    verify, cancel = dict(verify or {}), dict(cancel or {})
+    verify, cancel, horizons = dict(verify or {}), dict(cancel or {}), dict(settles_within or {})
 
     def gate(tool: AgentsTool) -> AgentsTool:
         if not isinstance(tool, FunctionTool) or tool.name in reads:
             return tool
-        return gated(tool, verify=verify.get(tool.name), cancel=cancel.get(tool.name))
+        name = tool.name
+        return gated(
+            tool,
+            verify=verify.get(name),
+            cancel=cancel.get(name),
+            settles_within=horizons.get(name),
+        )
 
     copy = agent.clone(tools=[gate(t) for t in agent.tools])
     seen[id(agent)] = copy
     copy.handoffs = [
-        gate_agent(h, reads=reads, verify=verify, cancel=cancel, _seen=seen)
+        gate_agent(
+            h, reads=reads, verify=verify, cancel=cancel, settles_within=horizons, _seen=seen
+        )
         if isinstance(h, Agent)
         else h
         for h in agent.handoffs
@@ -307,12 +316,14 @@ class AgentSession:
         reads: Collection[str],
         verify: Mapping[str, Verifier | VerifyByKey],
         cancel: Mapping[str, CancelFn] | None = None,
+        settles_within: Mapping[str, float] | None = None,
     ) -> None:
         self.bound = bound
         self.id = bound.run.id
         self.reads = reads
         self.verify = verify
         self.cancels = dict(cancel or {})
+        self.settles_within = dict(settles_within or {})
         self.result: RunResultStreaming | None = None
         bound.interrupt = self._interrupt
         self._mode: Literal["immediate", "after_turn"] = "immediate"
@@ -324,7 +335,13 @@ class AgentSession:
         ``run_input`` may be a ``RunState``: the recorded approval decisions are
         applied to it first (``apply_decisions``).
         """
-        gated_agent = gate_agent(agent, reads=self.reads, verify=self.verify, cancel=self.cancels)
+        gated_agent = gate_agent(
+            agent,
+            reads=self.reads,
+            verify=self.verify,
+            cancel=self.cancels,
+            settles_within=self.settles_within,
+        )
         config = kwargs.pop("run_config", None) or RunConfig()
         user_filter = config.call_model_input_filter
         config = dataclasses.replace(
@@ -436,6 +453,7 @@ async def run(
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelFn] | None = None,
+    settles_within: Mapping[str, float] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.stream``) have every tool gated.
@@ -443,11 +461,15 @@ async def run(
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
     tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
     cancel the call with that key (a cancel of the run asks every call in flight
-    that has one); ``approver`` is asked for ``needs_approval``.
+    that has one); ``settles_within`` bounds when a tool's effect may still land
+    (R13: a read-back's "not found" proves nothing before); ``approver`` is asked
+    for ``needs_approval``.
     """
     async with open_run(
         ledger,
-        lambda bound: AgentSession(bound, frozenset(reads), dict(verify or {}), cancel),
+        lambda bound: AgentSession(
+            bound, frozenset(reads), dict(verify or {}), cancel, settles_within
+        ),
         name=name,
         owner=owner,
         run_id=run_id,

@@ -51,7 +51,7 @@ import contextvars
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import AbstractCapability
@@ -66,9 +66,8 @@ from pydantic_ai.messages import (
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
-from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
 from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import NotFound, RunFenced
@@ -81,18 +80,14 @@ from stopline.integrations._frameworks import (
     as_verifier,
     detached_tool,
     gated_call,
-    mcp_call,
     open_run,
     verify_answer,
 )
-from stopline.integrations._renamed import renamed_idle_timeout
+from stopline.integrations._pydantic_ai_mcp import MCPToolset, history_key, mcp_toolset
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, ReadBack, Tool, Verdict, Verifier
-
-if TYPE_CHECKING:
-    from stopline.integrations.mcp import StoplineMCP
 
 __all__ = [
     "AgentSession",
@@ -117,11 +112,6 @@ _OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def history_key(tool_call_id: str) -> str:
-    """The operation key of a tool call (``<run id>/<key>`` is its id)."""
-    return f"tool:{tool_call_id}"
-
-
 @dataclasses.dataclass
 class StoplineToolset(WrapperToolset[Any]):
     """A toolset whose side-effecting calls pass the stopline gate."""
@@ -129,6 +119,7 @@ class StoplineToolset(WrapperToolset[Any]):
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     cancel: Mapping[str, CancelFn] = dataclasses.field(default_factory=dict)
+    settles_within: Mapping[str, float] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
     async def call_tool(
@@ -151,7 +142,8 @@ class StoplineToolset(WrapperToolset[Any]):
         if found is not None:
             return found
         # the receipt names it by its tool name
-        spec = ToolSpec(verify=as_verifier(self.verify.get(name)), cancel=self.cancel.get(name))
+        verify, horizon = as_verifier(self.verify.get(name)), self.settles_within.get(name)
+        spec = ToolSpec(verify=verify, cancel=self.cancel.get(name), settles_within=horizon)
         if is_async:  # a cancel interrupts it: unknown until verified
             made: Tool[Any] = Tool(self._direct(name), name=name, description=spec.description)
             made.wants_context = True
@@ -251,13 +243,20 @@ def gated(
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelFn] | None = None,
+    settles_within: Mapping[str, float] | None = None,
 ) -> StoplineToolset:
     """Wrap a toolset: calls of its tools (except ``reads``) pass the gate. ``verify``
     reads a tool's destination back by ``ctx.key``; ``cancel`` asks its provider to cancel the
-    call with that key (an async tool's canceller: a cancel of the run asks it)."""
+    call with that key (an async tool's canceller: a cancel of the run asks it);
+    ``settles_within`` bounds, in seconds after dispatch, when its effect may still land
+    (R13: a read-back's "not found" proves nothing before)."""
     toolset.apply(_key_in_meta)
     return StoplineToolset(
-        toolset, reads=frozenset(reads), verify=dict(verify or {}), cancel=dict(cancel or {})
+        toolset,
+        reads=frozenset(reads),
+        verify=dict(verify or {}),
+        cancel=dict(cancel or {}),
+        settles_within=dict(settles_within or {}),
     )
 
 
@@ -268,77 +267,16 @@ class Gate(AbstractCapability[Any]):
     reads: Collection[str] = ()
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     cancel: Mapping[str, CancelFn] = dataclasses.field(default_factory=dict)
+    settles_within: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
-        return gated(toolset, reads=self.reads, verify=self.verify, cancel=self.cancel)
-
-
-class MCPToolset(AbstractToolset[Any]):
-    """The tools of an MCP server, called through ``StoplineMCP`` in the current run."""
-
-    def __init__(
-        self,
-        conn: StoplineMCP,
-        *,
-        include: Collection[str] | None = None,
-        exclude: Collection[str] = (),
-        idle_timeout: float | None = None,
-        id: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
-
-        self.conn = conn
-        self.include = None if include is None else frozenset(include)
-        self.exclude = frozenset({VERIFY_TOOL, *exclude})  # stopline's read-back, not the model's
-        self.idle_timeout = renamed_idle_timeout("MCPToolset", idle_timeout, timeout)
-        self._id = id
-
-    @property
-    def id(self) -> str | None:
-        return self._id
-
-    @property
-    def label(self) -> str:
-        return f"MCP server {self.conn.name!r} (stopline)"
-
-    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
-        """The server's ``tools/list`` (as of the current connection)."""
-        tools: dict[str, ToolsetTool[Any]] = {}
-        for name, listed in self.conn.listing.items():
-            if name in self.exclude or (self.include is not None and name not in self.include):
-                continue
-            tool_def = ToolDefinition(
-                name=name,
-                description=listed.description or listed.title,
-                parameters_json_schema=dict(listed.input_schema),
-                metadata={"meta": listed.meta, "mcp_server": self.conn.name},
-            )
-            tools[name] = ToolsetTool(
-                toolset=self, tool_def=tool_def, max_retries=0, args_validator=TOOL_SCHEMA_VALIDATOR
-            )
-        return tools
-
-    async def call_tool(
-        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
-    ) -> Any:
-        """``conn.call`` in the bound run, keyed by the model's ``tool_call_id``."""
-        key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
-        return await mcp_call(self.conn, name, tool_args, key=key, idle_timeout=self.idle_timeout)
-
-
-def mcp_toolset(
-    conn: StoplineMCP,
-    *,
-    include: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    idle_timeout: float | None = None,
-    timeout: float | None = None,
-) -> MCPToolset:
-    """A toolset of ``conn``'s tools (``include``/``exclude`` by name); calls pass the gate.
-    ``idle_timeout``: the silence allowed in each call (``timeout=``: its old name)."""
-    idle = renamed_idle_timeout("mcp_toolset", idle_timeout, timeout)
-    return MCPToolset(conn, include=include, exclude=exclude, idle_timeout=idle)
+        return gated(
+            toolset,
+            reads=self.reads,
+            verify=self.verify,
+            cancel=self.cancel,
+            settles_within=self.settles_within,
+        )
 
 
 class AgentSession:
@@ -472,6 +410,7 @@ async def run(
     reads: Collection[str] = (),
     verify: Mapping[str, Verifier | VerifyByKey] | None = None,
     cancel: Mapping[str, CancelFn] | None = None,
+    settles_within: Mapping[str, float] | None = None,
     approver: str | None = None,
 ) -> AsyncIterator[AgentSession]:
     """A stopline run whose agent runs (``s.run``) have every tool gated.
@@ -479,9 +418,12 @@ async def run(
     ``reads`` names tools without effects (no gate record); ``verify`` reads a
     tool's destination back by ``ctx.key``; ``cancel`` asks an async tool's provider to
     cancel the call with that key (a cancel of the run asks every call in flight
-    that has one); ``approver`` is asked for deferred approvals.
+    that has one); ``settles_within`` bounds when a tool's effect may still land
+    (R13); ``approver`` is asked for deferred approvals.
     """
-    gate = Gate(reads=frozenset(reads), verify=dict(verify or {}), cancel=dict(cancel or {}))
+    gate = Gate(
+        frozenset(reads), dict(verify or {}), dict(cancel or {}), dict(settles_within or {})
+    )
     async with open_run(
         ledger,
         lambda bound: AgentSession(bound, gate),

@@ -59,7 +59,7 @@ from stopline.errors import (
     StoplineError,
 )
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
-from stopline.ledger.engine import Db, SqlBackend, fence
+from stopline.ledger.engine import Db, SqlBackend, fence, reads
 from stopline.ledger.engine.gate import gate, gate_committed
 from stopline.ledger.engine.reads import load_op
 from stopline.ledger.engine.record import record
@@ -293,6 +293,10 @@ class PostgresBackend(SqlBackend):
         )
 
     # -- many processes --------------------------------------------------------------
+    async def fenced_among(self, run_ids: Sequence[str]) -> list[str]:
+        """Those of ``run_ids`` fenced now: what the listener delivers of a notification."""
+        return await self._execute(lambda db: reads.fenced_among(db, run_ids), safe=True)
+
     async def watch_cancels(
         self,
         on_cancel: Callable[[list[str]], None],

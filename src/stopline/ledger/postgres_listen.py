@@ -11,7 +11,9 @@ through (R1). When the connection drops, it is re-established with backoff
 and the cancels committed meanwhile are caught up from ``runs.cancelled_at``
 (with ``CATCH_UP_SLACK`` seconds of slack for clock skew between hosts and
 for a drop noticed late; TCP keepalives bound "late"). Delivering a run twice
-is harmless: the runtime skips runs it already knows are cancelled.
+is harmless: the runtime skips runs it already knows are cancelled. Only runs
+still fenced when a notification is read are delivered (one read through the
+pool): a run resumed since its cancel is not cancelled again here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import anyio
 import anyio.abc
 import psycopg
 
+from stopline.errors import LedgerError
 from stopline.ledger.engine.guards import FENCED, sql_values
 
 if TYPE_CHECKING:
@@ -94,7 +97,7 @@ class Listener:
                         started = True
                     delay = 0.01
                     async for note in conn.notifies():
-                        _deliver(note.payload, on_cancel)
+                        await self.deliver(note.payload, on_cancel)
             except (psycopg.Error, OSError) as exc:
                 if not started:
                     raise backend.map_error(exc) from exc
@@ -110,6 +113,23 @@ class Listener:
             if self.before_reconnect is not None:
                 await self.before_reconnect()
 
+    async def deliver(self, payload: str, on_cancel: Callable[[list[str]], None]) -> None:
+        """One notification to the runtime, only for the runs still fenced: one resumed
+        since its cancel (a notification read late) must not be cancelled again. A
+        malformed one is logged, never fatal; if the check cannot be read, all are
+        delivered (a cancel only speeds up; the gate reads the fence)."""
+        try:
+            run_ids = [str(r) for r in json.loads(payload)]
+        except (ValueError, TypeError):
+            log.warning("cancel listener: ignoring a malformed notification %r", payload[:200])
+            return
+        try:
+            run_ids = await self._backend.fenced_among(run_ids)
+        except LedgerError as exc:
+            log.warning("cancel listener: could not check %s (%s); delivering", run_ids, exc)
+        if run_ids:
+            on_cancel(run_ids)
+
     async def _catch_up(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -122,13 +142,3 @@ class Listener:
         missed = [str(row[0]) for row in await cur.fetchall()]
         if missed:
             on_cancel(missed)
-
-
-def _deliver(payload: str, on_cancel: Callable[[list[str]], None]) -> None:
-    """One notification to the runtime; a malformed one is logged, never fatal."""
-    try:
-        run_ids = [str(r) for r in json.loads(payload)]
-    except (ValueError, TypeError):
-        log.warning("cancel listener: ignoring a malformed notification %r", payload[:200])
-        return
-    on_cancel(run_ids)

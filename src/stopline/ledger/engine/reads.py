@@ -18,6 +18,7 @@ from stopline.ledger import rows
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.guards import (
     DEFAULT_UNRESOLVED,
+    FENCED,
     IN_FLIGHT,
     OPEN,
     OPEN_SQL,
@@ -31,6 +32,7 @@ __all__ = [
     "compensations",
     "event",
     "events",
+    "fenced_among",
     "first_unsettled",
     "in_flight_where",
     "in_flight_workers",
@@ -104,6 +106,17 @@ async def list_runs(
 ) -> list[RunRecord]:
     sql, params = rows.list_runs_query(state, owner, limit, "?")
     return [rows.run_from_row(r) for r in await db.all(sql, params)]
+
+
+async def fenced_among(db: Db, run_ids: Collection[str]) -> list[str]:
+    """Those of ``run_ids`` fenced now, in the given order (a cancel notified a while
+    ago may have been followed by a resume: that run is not fenced any more)."""
+    if not run_ids:
+        return []
+    marks = ", ".join("?" for _ in run_ids)
+    sql = f"SELECT id FROM runs WHERE id IN ({marks}) AND state IN ({sql_values(FENCED)})"
+    fenced = {str(r[0]) for r in await db.all(sql, tuple(run_ids))}
+    return [r for r in run_ids if r in fenced]
 
 
 async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
