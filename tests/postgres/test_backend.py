@@ -300,3 +300,17 @@ async def test_a_notification_read_after_its_run_was_resumed_is_not_delivered(
         await backend.listener.deliver('["resumed", "left"]', seen.append)
         await backend.listener.deliver('["resumed"]', seen.append)  # nothing fenced: no call
     assert seen == [["left"]]
+
+
+async def test_a_notification_whose_check_cannot_be_read_is_delivered(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The check of which runs are still fenced fails (here the pool is gone): the
+    notification is delivered whole, as before the check, and the failure logged; a
+    cancel only speeds up, and interrupting is the safe side."""
+    seen: list[list[str]] = []
+    backend = await PostgresBackend.open(pg_url)
+    await backend.close()
+    await backend.listener.deliver('["run_x"]', seen.append)
+    assert seen == [["run_x"]]
+    assert any("could not check" in r.getMessage() for r in caplog.records)
