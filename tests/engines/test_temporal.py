@@ -9,10 +9,11 @@ prints) place each cancel; nothing sleeps.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 
 import stopline
 from stopline import Headline, OpStatus
@@ -44,6 +45,20 @@ async def test_temporal_activities_pass_the_gate_once(
     assert [line.what for line in receipt.lines] == ["upload the report", "notify the channel"]
 
 
+async def _cli_cancel_while_waiting(h: Harness) -> WorkflowHandle[Any, Any]:
+    """A workflow waiting for "go" has opened its run; the CLI cancels it (``--wait``)."""
+    handle = await h.start(Plan(["upload"], wait_for_go=True))
+    await h.ledger.wait_for_change(handle.id)  # the workflow opened its run
+    while (await h.ledger.backend.list_runs(limit=10)) == []:
+        await h.ledger.wait_for_change(handle.id)
+    code = await anyio.to_thread.run_sync(
+        cli,
+        ["--ledger", h.ledger_url, "cancel", handle.id, "--reason", "pressed stop", "--wait"],
+    )
+    assert code == 0
+    return handle
+
+
 async def test_s1_temporal_cancel_before_dispatch_from_the_cli_is_prevented(
     temporal_server: TemporalDevServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,15 +66,7 @@ async def test_s1_temporal_cancel_before_dispatch_from_the_cli_is_prevented(
     worker's ledger notices the cancel on the file and carries it into Temporal's
     cancel, so the activity is never dispatched: nothing reaches the provider."""
     async with harness(temporal_server, tmp_path) as h:
-        handle = await h.start(Plan(["upload"], wait_for_go=True))
-        await h.ledger.wait_for_change(handle.id)  # the workflow opened its run
-        while (await h.ledger.backend.list_runs(limit=10)) == []:
-            await h.ledger.wait_for_change(handle.id)
-        code = await anyio.to_thread.run_sync(
-            cli,
-            ["--ledger", h.ledger_url, "cancel", handle.id, "--reason", "pressed stop", "--wait"],
-        )
-        assert code == 0
+        handle = await _cli_cancel_while_waiting(h)
         with anyio.fail_after(60), pytest.raises(WorkflowFailureError):  # no "go" is sent
             await handle.result()
         receipt = await h.ledger.wait_settled(handle.id, timeout=10)
@@ -81,15 +88,7 @@ async def test_s1_temporal_unwatched_worker_meets_the_cli_cancel_at_the_gate(
     the workflow goes on, and the activity Temporal dispatches is refused at the gate
     and never retried."""
     async with harness(temporal_server, tmp_path, watched=False) as h:
-        handle = await h.start(Plan(["upload"], wait_for_go=True))
-        await h.ledger.wait_for_change(handle.id)  # the workflow opened its run
-        while (await h.ledger.backend.list_runs(limit=10)) == []:
-            await h.ledger.wait_for_change(handle.id)
-        code = await anyio.to_thread.run_sync(
-            cli,
-            ["--ledger", h.ledger_url, "cancel", handle.id, "--reason", "pressed stop", "--wait"],
-        )
-        assert code == 0
+        handle = await _cli_cancel_while_waiting(h)
         await handle.signal(Pipeline.go)
         with anyio.fail_after(60), pytest.raises(WorkflowFailureError):
             await handle.result()

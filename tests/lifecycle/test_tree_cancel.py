@@ -14,6 +14,34 @@ from stopline.ledger.sqlite import SQLiteBackend
 CHILDREN = 20
 
 
+async def cancel_a_tree(
+    ledger: stopline.Ledger, hold: stopline.Tool[None], all_in: anyio.Event
+) -> str:
+    """A root run with ``CHILDREN`` children, each calling ``hold`` under ``immediate``;
+    once ``all_in`` says every call is in flight, the root is cancelled. Its id."""
+    root_id: list[str] = []
+
+    async def child(run: stopline.Run, n: int) -> None:
+        async with (
+            run.child(f"c{n}") as c,
+            c.phase(PhaseKind.READING, Policy.IMMEDIATE),
+        ):
+            await c.call(hold)
+
+    async def root() -> None:
+        async with ledger.run("root", owner="u") as run:
+            root_id.append(run.id)
+            async with anyio.create_task_group() as tg:
+                for n in range(CHILDREN):
+                    tg.start_soon(child, run, n)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(root)
+        await all_in.wait()
+        await ledger.cancel(root_id[0], by="u")
+    return root_id[0]
+
+
 async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
     tmp_path: Path,
 ) -> None:
@@ -45,27 +73,8 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
         assert isinstance(ledger.backend, SQLiteBackend)
         await ledger.backend.transact(lambda conn: conn.set_trace_callback(trace))
-        root_id: list[str] = []
-
-        async def child(run: stopline.Run, n: int) -> None:
-            async with (
-                run.child(f"c{n}") as c,
-                c.phase(PhaseKind.READING, Policy.IMMEDIATE),
-            ):
-                await c.call(hold)
-
-        async def root() -> None:
-            async with ledger.run("root", owner="u") as run:
-                root_id.append(run.id)
-                async with anyio.create_task_group() as tg:
-                    for n in range(CHILDREN):
-                        tg.start_soon(child, run, n)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(root)
-            await all_in.wait()
-            await ledger.cancel(root_id[0], by="u")
-        receipt = await ledger.wait_settled(root_id[0], timeout=30)
+        root_id = await cancel_a_tree(ledger, hold, all_in)
+        receipt = await ledger.wait_settled(root_id, timeout=30)
         await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
     assert [n for n in lost_per_txn if n] == [CHILDREN]  # the whole tree, one transaction
     assert receipt.run_state is RunState.CANCELLED

@@ -10,13 +10,12 @@ from typing import Any
 import anyio
 
 import stopline
-from stopline import CancelState, PhaseKind, Policy, RunState
+from stopline import CancelState, RunState
 from stopline.domain.model import OperationRecord
 from stopline.errors import UnknownOperation
 from stopline.ledger.backend import Backend, Note
 from stopline.ledger.forwarding import ForwardingBackend
-
-CHILDREN = 20
+from tests.lifecycle.test_tree_cancel import CHILDREN, cancel_a_tree
 
 
 class CountingNotes(ForwardingBackend):
@@ -63,28 +62,9 @@ async def test_a_tree_cancel_notes_its_calls_not_asked_in_one_transaction(
 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     async with stopline.open(url, tools=[hold], observers=[observe]) as ledger:
-        root_id: list[str] = []
-
-        async def child(run: stopline.Run, n: int) -> None:
-            async with (
-                run.child(f"c{n}") as c,
-                c.phase(PhaseKind.READING, Policy.IMMEDIATE),
-            ):
-                await c.call(hold)
-
-        async def root() -> None:
-            async with ledger.run("root", owner="u") as run:
-                root_id.append(run.id)
-                async with anyio.create_task_group() as tg:
-                    for n in range(CHILDREN):
-                        tg.start_soon(child, run, n)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(root)
-            await all_in.wait()
-            await ledger.cancel(root_id[0], by="u")
-        receipt = await ledger.wait_settled(root_id[0], timeout=30)
-        ops = await ledger.backend.operations(root_id[0], descendants=True)
+        root_id = await cancel_a_tree(ledger, hold, all_in)
+        receipt = await ledger.wait_settled(root_id, timeout=30)
+        ops = await ledger.backend.operations(root_id, descendants=True)
     assert [c.per_call for c in counting] == [[CHILDREN]]  # the whole tree, one call
     assert receipt.run_state is RunState.CANCELLED
     assert {op.cancel_state for op in ops} == {CancelState.NOT_ASKED}
