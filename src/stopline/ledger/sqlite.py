@@ -244,7 +244,12 @@ class SQLiteDb(Db):
 
 
 def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
-    """The schema version recorded in the file and how many tables it has (a read)."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+    """The schema version recorded in the file and how many tables it has (a read).
+
+    One statement, one snapshot: read apart, another process creating the same new
+    file could commit its schema in between (version 0, tables found: "foreign")."""
+    version, tables = conn.execute(
+        "SELECT (SELECT user_version FROM pragma_user_version),"
+        " (SELECT count(*) FROM sqlite_master WHERE type = 'table')"
+    ).fetchone()
     return int(version), int(tables)
