@@ -1,12 +1,21 @@
 """One writer thread per SQLite ledger, with group commit.
 
 Async callers submit a transaction function ``fn(conn) -> T``; the thread
-takes every job waiting, runs them in one ``BEGIN IMMEDIATE`` transaction
-(each in its own savepoint when there is more than one, so one job's error
-rolls back that job alone), commits once (one fsync for the batch), and
-only then wakes the callers: a caller never sees a result that is not yet
-durable. One thread hop per transaction, as STYLE.md asks, and under
-concurrency one fsync for many intents.
+takes every job waiting, runs them in one ``BEGIN IMMEDIATE`` transaction,
+commits once (one fsync for the batch), and only then wakes the callers: a
+caller never sees a result that is not yet durable. When one job of a batch
+fails, the batch is rolled back and each job runs again alone, so one job's
+error fails that job alone. One thread hop per transaction, as STYLE.md
+asks, and under concurrency one fsync for many intents.
+
+A batch of only deferred jobs (outcomes nobody waits on, ADR 0022) runs at
+once in an open transaction and then waits, up to ``linger``, for a job
+someone waits on (the next call's intent); that job runs in the same
+transaction and commits it. So the outcome's statements are done while the
+workflow is busy between calls, not after its next intent arrived, and the
+intent waits only for its own statements and the one fsync. The write lock
+is held for that wait (at most ``linger``): another process writing the same
+file waits as long, within its busy timeout.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
 
@@ -159,6 +168,7 @@ class Writer:
         self._connect = connect
         self._thread = threading.Thread(target=self._main, name="stopline-ledger", daemon=True)
         self._closed = False
+        self._stopping = False  # told to stop while a batch waited for company
         self._stopped: BaseException | None = None  # why the thread ended, if it did
         self._broken = False  # a rollback failed: the next batch starts on a new connection
         # deferred jobs (outcomes) whose batch could not commit (a full disk, an I/O
@@ -246,11 +256,10 @@ class Writer:
                 if first.claim():
                     batch.append(first)
                 stop = self._take_waiting(batch)
-                if not stop and batch and all(job.deferred for job in batch):
-                    stop = self._linger_for_company(batch)
+                linger = not stop and bool(batch) and all(job.deferred for job in batch)
                 if batch:
-                    self._serve(batch)
-                if stop:
+                    self._serve(batch, linger=linger)
+                if stop or self._stopping:
                     return
         except BaseException as exc:  # not a storage error (those end one batch): a bug
             stopped = exc
@@ -271,14 +280,21 @@ class Writer:
                 batch.append(job)
         return False
 
-    def _linger_for_company(self, batch: list[_Job[Any]]) -> bool:
-        """Only deferred jobs: wait up to ``linger`` for a job someone waits on.
+    def _company(self) -> Callable[[list[_Job[Any]]], bool]:
+        """While a batch holds only deferred jobs, wait for one someone waits on.
 
+        Called by the open transaction once it has run the jobs it has: adds the
+        jobs that came meanwhile and says whether to run them before committing.
         The wait is bounded from the first deferred job, so an outcome is durable
-        within a few milliseconds even when no other write comes.
+        within ``linger`` even when no other write comes.
         """
         deadline = time.monotonic() + self._linger
-        while len(batch) < _MAX_BATCH:
+
+        def more(batch: list[_Job[Any]]) -> bool:
+            if self._stopping or len(batch) >= _MAX_BATCH:
+                return False
+            if not all(job.deferred for job in batch):
+                return False  # someone waits: commit now
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -287,20 +303,23 @@ class Writer:
             except queue.Empty:
                 return False
             if job is None:
-                return True
+                self._stopping = True
+                return False
             if job.claim():
                 batch.append(job)
-            if self._take_waiting(batch):
-                return True
-            if not all(j.deferred for j in batch):
-                return False
-        return False
+            self._stopping = self._take_waiting(batch)
+            return True
 
-    def _serve(self, batch: list[_Job[Any]]) -> None:
-        """Run one batch and wake its callers, whatever happens: the thread goes on."""
+        return more
+
+    def _serve(self, batch: list[_Job[Any]], *, linger: bool = False) -> None:
+        """Run one batch and wake its callers, whatever happens: the thread goes on.
+
+        ``linger``: the batch is only deferred jobs; it may grow while it waits for
+        company (``_company``)."""
         try:
             conn = self._connection()
-            self._run(conn, batch)
+            self._run(conn, batch, self._company() if linger else None)
             rest = [job for job in batch if not job.held]
             if len(rest) < len(batch) and rest:
                 # held outcomes could not commit (a full disk): the rest, a read for one,
@@ -310,8 +329,13 @@ class Writer:
             self._fail(batch, exc)
         _wake_all([job for job in batch if not job.held])
 
-    def _run(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
-        if not self._run_together(conn, batch):
+    def _run(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Job[Any]],
+        more: Callable[[list[_Job[Any]]], bool] | None = None,
+    ) -> None:
+        if not self._run_together(conn, batch, more):
             for job in batch:
                 self._run_together(conn, [job])
 
@@ -361,22 +385,34 @@ class Writer:
                 left.append(job)
         _wake_all(left)
 
-    def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
+    def _run_together(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Job[Any]],
+        more: Callable[[list[_Job[Any]]], bool] | None = None,
+    ) -> bool:
+        """One transaction for the batch; False if one job failed in company (the caller
+        runs each alone). ``more(batch)`` may add jobs before the commit (``_company``)."""
         try:
             conn.execute(self._begin)
         except BaseException as exc:
             self._fail(batch, exc)
             return True
-        for job in batch:
-            try:
-                job.result = job.fn(conn)
-                job.error = None
-            except BaseException as exc:
-                self._rollback(conn)
-                if len(batch) > 1:
-                    return False
-                job.error = self._map_error(exc)
-                return True
+        done = 0
+        while True:
+            for job in batch[done:]:
+                try:
+                    job.result = job.fn(conn)
+                    job.error = None
+                except BaseException as exc:
+                    self._rollback(conn)
+                    if len(batch) > 1:
+                        return False
+                    job.error = self._map_error(exc)
+                    return True
+            done = len(batch)
+            if more is None or not more(batch):
+                break
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
