@@ -51,7 +51,8 @@ _QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 
 class _Job(Generic[T]):
     __slots__ = (
-        "_event", "_lock", "_state", "_wake", "deferred", "error", "fn", "held", "result"
+        "_event", "_finished", "_lock", "_loop", "_state", "_waiter", "_wake", "deferred",
+        "error", "fn", "held", "result",
     )  # fmt: skip
 
     def __init__(
@@ -68,19 +69,19 @@ class _Job(Generic[T]):
         self.error: BaseException | None = None
         self._state = _QUEUED
         self._lock = threading.Lock()
-        self._event: Any = None
-        library = sniffio.current_async_library()
-        if library == "asyncio":
+        self._event: Any = None  # trio: the event its caller waits on
+        # asyncio: set on the loop once the thread is done with it; a waiter future per
+        # wait, so a cancelled wait (which cancels its future) never reads as finished
+        self._finished = False
+        self._waiter: Any = None
+        self._loop: Any = None
+        if sniffio.current_async_library() == "asyncio":
             import asyncio
 
-            loop = asyncio.get_running_loop()
-            if then is not None:
-                # wakes are grouped per loop: one call_soon_threadsafe per batch
-                self._wake: tuple[Any, Callable[[], None]] = (loop, lambda: then(self.outcome))
-            else:
-                future: asyncio.Future[None] = loop.create_future()
-                self._event = future
-                self._wake = (loop, lambda: _set_future(future))
+            self._loop = asyncio.get_running_loop()
+            # wakes are grouped per loop: one call_soon_threadsafe per batch
+            done = self._set_finished if then is None else lambda: then(self.outcome)
+            self._wake: tuple[Any, Callable[[], None]] = (self._loop, done)
         else:
             import trio
 
@@ -92,21 +93,25 @@ class _Job(Generic[T]):
                 self._event = event
                 self._wake = (token, event.set)
 
+    def _set_finished(self) -> None:
+        """On the loop: the thread is done with it; wake the wait, if one is on."""
+        self._finished = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     @property
     def finished(self) -> bool:
         """The thread is done with it and its caller has been woken."""
-        event = self._event
-        return bool(event.is_set() if hasattr(event, "is_set") else event.done())
+        return self._finished if self._event is None else bool(self._event.is_set())
 
     async def done(self) -> None:
-        if hasattr(self._event, "wait"):
+        if self._event is not None:
             await self._event.wait()
-        else:
-            import asyncio
-
-            # a cancelled task cancels the future it awaits: shield it, so a given-up
-            # wait never marks an unfinished job finished
-            await asyncio.shield(self._event)
+            return
+        while not self._finished:
+            self._waiter = self._loop.create_future()
+            await self._waiter
 
     async def result_when_done(self) -> T:
         with anyio.CancelScope(shield=True):
@@ -135,11 +140,6 @@ class _Job(Generic[T]):
             if self._state == _QUEUED:
                 self._state = _RUNNING
             return self._state == _RUNNING
-
-
-def _set_future(future: Any) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class Writer:
