@@ -9,6 +9,8 @@ as a storage error.
 
 from __future__ import annotations
 
+import re
+
 from stopline.errors import InvalidInput
 
 __all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "check_id", "sanitise"]
@@ -25,13 +27,18 @@ def check_id(what: str, value: object) -> str:
         raise InvalidInput(what, "must not be empty")
     if len(value) > MAX_ID_CHARS:
         raise InvalidInput(what, f"{len(value)} characters; at most {MAX_ID_CHARS}")
+    if _UNUSABLE.search(value) is None:  # one scan in C: the common case
+        return value
     if "\x00" in value:
         raise InvalidInput(what, "contains a NUL character")
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+    if _SURROGATE.search(value) is not None:
         raise InvalidInput(what, "contains a lone surrogate (not valid UTF-8)")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise InvalidInput(what, "contains a control character")
-    return value
+    raise InvalidInput(what, "contains a control character")
+
+
+# what an id may not hold: control characters (NUL among them), DEL, lone surrogates
+_UNUSABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _unstorable(c: str) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "UnstableValue",
     "args_digest",
     "digest",
+    "result_digest",
 ]
 
 
@@ -50,7 +51,7 @@ def digest(value: Any) -> str:
     self-referencing structure): the caller records that as its cause.
     """
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return _sha(text)
 
 
 def args_digest(value: Any) -> str:
@@ -60,7 +61,42 @@ def args_digest(value: Any) -> str:
     fields; an object that has only the default ``repr`` (its memory address)
     or a structure that refers to itself raises ``UnstableValue`` naming where.
     """
-    text = json.dumps(_canonical(value, "args", set()), sort_keys=True, separators=(",", ":"))
+    plain = value if _plain(value, 4) else _canonical(value, "args", set())
+    return _sha(json.dumps(plain, sort_keys=True, separators=(",", ":")))
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Already its own canonical form: JSON scalars (exact types, finite floats) in
+    lists, tuples and dicts with ``str`` keys, a few levels deep (the usual call)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if depth == 0:
+        return False
+    if kind is list or kind is tuple:
+        return all(_plain(v, depth - 1) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain(v, depth - 1) for k, v in value.items())
+    return False
+
+
+def result_digest(value: Any) -> tuple[str, bool]:
+    """``digest(value)``, and whether the value is JSON (so a replay can return it).
+
+    Raises ``ValueError`` as ``digest`` does."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except TypeError:  # not JSON: digested through repr, not replayable
+        return digest(value), False
+    return _sha(text), True
+
+
+def _sha(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 

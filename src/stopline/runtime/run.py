@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +29,7 @@ from stopline.domain.model import (
     RunRecord,
     UnstableValue,
     args_digest,
-    digest,
+    result_digest,
 )
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced
@@ -65,14 +64,6 @@ def _parameters(t: Tool[Any]) -> list[str]:
     except (TypeError, ValueError):
         return []
     return params[1:] if t.wants_context else params
-
-
-def _json_able(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 async def _record_exit(
@@ -166,7 +157,8 @@ class Run:
             "needs_approval": needs_approval,
             "retry": retry is not None,
         }
-        clash = [n for n in _parameters(t) if given.get(n)]
+        # a tool's own argument named like an option given: only then is it looked at
+        clash = [n for n in _parameters(t) if given.get(n)] if any(given.values()) else []
         if clash:
             raise InvalidInput(
                 clash[0],
@@ -333,15 +325,15 @@ class Run:
             await _record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
             raise
         try:
-            evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))]
+            response, replayable = result_digest(result)
         except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
                 detail = f"the result could not be digested: {type(exc).__name__}: {exc}"
                 await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, detail)
             return result
+        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response)]
         if ctx.provider_ref and not ctx.is_accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
-        replayable = _json_able(result)
         if not replayable:  # refused now, at record time, rather than a None on replay
             why = f"a {type(result).__name__} is not JSON: a replay cannot return it"
             evidence.append(Evidence.local(NOT_REPLAYABLE, why))

@@ -1,0 +1,108 @@
+"""The digests' fast paths give exactly what the canonical forms give (issue 18).
+
+``args_digest`` skips the canonical rewrite for plain JSON (exact scalar types, str
+keys); ``result_digest`` digests and tells JSON-ness in one pass. Neither may change a
+digest: an operation's key is checked against its arguments' digest across processes
+and releases, so a different digest for the same arguments is an idempotency conflict.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stopline.domain.limits import check_id
+from stopline.domain.model import _canonical, args_digest, digest, result_digest
+from stopline.errors import InvalidInput
+
+
+def _slow_args_digest(value: Any) -> str:
+    """The canonical path alone, as it was before the fast path."""
+    text = json.dumps(_canonical(value, "args", set()), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.text() | st.floats()
+_keys = st.text() | st.integers() | st.booleans() | st.floats(allow_nan=False)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(_keys, inner, max_size=4)
+        | st.frozensets(st.integers(), max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@given(_values)
+def test_args_digest_fast_path_equals_the_canonical_form(value: Any) -> None:
+    assert args_digest([[value], {"k": value}]) == _slow_args_digest([[value], {"k": value}])
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+def test_values_that_json_writes_otherwise_take_the_canonical_path() -> None:
+    # int keys: json sorts them as numbers before writing them as strings, the
+    # canonical form sorts the strings ("10" < "9"); an IntEnum is its value
+    for value in ({10: "a", 9: "b"}, {True: 1}, [Colour.RED], [math.inf], (1, (2,))):
+        assert args_digest(value) == _slow_args_digest(value)
+
+
+@given(_values)
+def test_result_digest_equals_digest_and_tells_json(value: Any) -> None:
+    try:
+        expected = digest(value)
+    except (TypeError, ValueError) as exc:  # not digestible: the same error
+        with pytest.raises(type(exc)):
+            result_digest(value)
+        return
+    try:
+        json.dumps(value)
+        replayable = True
+    except (TypeError, ValueError):
+        replayable = False
+    assert result_digest(value) == (expected, replayable)
+
+
+def test_a_result_with_an_object_is_digested_by_repr_and_not_replayable() -> None:
+    class Thing:
+        def __repr__(self) -> str:
+            return "Thing()"
+
+    assert result_digest({"x": Thing()}) == (digest({"x": Thing()}), False)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("a\x00b", "NUL"),
+        ("a\ud800b", "lone surrogate"),
+        ("a\x1fb", "control character"),
+        ("a\x7fb", "control character"),
+        ("a\nb", "control character"),
+    ],
+)
+def test_check_id_names_what_is_wrong(value: str, why: str) -> None:
+    with pytest.raises(InvalidInput, match=why):
+        check_id("key", value)
+
+
+@given(st.text(min_size=1, max_size=50))
+def test_check_id_accepts_exactly_what_it_accepted(value: str) -> None:
+    bad = any(ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if bad:
+        with pytest.raises(InvalidInput):
+            check_id("key", value)
+    else:
+        assert check_id("key", value) == value
