@@ -35,6 +35,8 @@ async def test_s04_cancel_during_a_subagent_handoff(ledger: stopline.Ledger) -> 
         assert receipt.headline is Headline.AWAITING_CONFIRMATION  # the child's call, in flight
         held.release()
     final = await ledger.wait_settled(started.run_id, timeout=10)
+    # each run settles in its own step: the parent's may land before its child's
+    await ledger.wait_settled(child_ids[0], timeout=10)
     child = await ledger.backend.get_run(child_ids[0])
     assert child.state is RunState.CANCELLED and not child.grants & stopline.Grant.INITIATE
     assert write.requests == []  # no new dispatch in the child after the fence
