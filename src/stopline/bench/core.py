@@ -19,7 +19,7 @@ import stopline
 from stopline.bench.figures import Figure, median, percentile
 from stopline.ledger.sqlite import SQLiteBackend
 
-__all__ = ["measure"]
+__all__ = ["bare_txn_samples", "gate_samples", "measure"]
 
 
 @stopline.tool
@@ -27,7 +27,7 @@ async def _noop(ctx: stopline.CallContext, n: int) -> int:
     return n
 
 
-async def _bare_txn_samples(path: Path, n: int) -> list[float]:
+async def bare_txn_samples(path: Path, n: int) -> list[float]:
     """A bare fence check + insert, one transaction each, through the same writer."""
     backend = await SQLiteBackend.open(path)
     try:
@@ -181,7 +181,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     del postgres
     n = 300 if quick else 3000
     url = f"sqlite:///{workdir / 'core.db'}"
-    bare = await _bare_txn_samples(workdir / "bare.db", n)
+    bare = await bare_txn_samples(workdir / "bare.db", n)
     gated, before_dispatch = await gate_samples(url, n)
     strict, _ = await gate_samples(f"sqlite:///{workdir / 'strict.db'}", n, durable_outcomes=True)
     runs, per_run = (100, 5) if quick else (100, 50)
