@@ -221,26 +221,31 @@ class SQLiteBackend(SqlBackend):
 
 
 class SQLiteDb(Db):
-    """The writer thread's connection, inside the writer's transaction: nothing suspends."""
+    """The writer thread's connection, inside the writer's transaction: nothing suspends.
 
-    __slots__ = ("conn", "location")
+    One cursor for the body's statements (a cursor per statement cost ~4 us each on
+    the gate's path); it dies with the body, before the commit, which resets its
+    last statement."""
+
+    __slots__ = ("conn", "cursor", "location")
     dialect = Dialect()
 
     def __init__(self, conn: sqlite3.Connection, location: str) -> None:
         self.conn = conn
+        self.cursor = conn.cursor()
         self.location = location
 
     async def one(self, sql: str, params: Params = ()) -> Any:
-        return self.conn.execute(sql, params).fetchone()
+        return self.cursor.execute(sql, params).fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Any]:
-        return self.conn.execute(sql, params).fetchall()
+        return self.cursor.execute(sql, params).fetchall()
 
     async def run(self, sql: str, params: Params = ()) -> int:
-        return self.conn.execute(sql, params).rowcount
+        return self.cursor.execute(sql, params).rowcount
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
-        self.conn.executemany(sql, seq)
+        self.cursor.executemany(sql, seq)
 
 
 def _identity(conn: sqlite3.Connection) -> tuple[int, int]:
