@@ -1,4 +1,4 @@
-"""The digests' fast paths give exactly what the canonical forms give (issue 18).
+"""The fast paths of issue 18 give exactly what the plain forms give: digests, ids, event data.
 
 ``args_digest`` skips the canonical rewrite for plain JSON (exact scalar types, str
 keys); ``result_digest`` digests and tells JSON-ness in one pass. Neither may change a
@@ -19,8 +19,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stopline.domain.limits import check_id
-from stopline.domain.model import _canonical, args_digest, digest, result_digest
+from stopline.domain.model import Evidence, _canonical, args_digest, digest, result_digest
+from stopline.domain.vocab import Cause, EvidenceKind, OpEvent
 from stopline.errors import InvalidInput
+from stopline.ledger import rows
+from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.engine.record import record_params
 
 
 def _slow_args_digest(value: Any) -> str:
@@ -106,3 +110,28 @@ def test_check_id_accepts_exactly_what_it_accepted(value: str) -> None:
             check_id("key", value)
     else:
         assert check_id("key", value) == value
+
+
+@given(
+    st.lists(
+        st.builds(Evidence, st.sampled_from(list(EvidenceKind)), st.text(), st.text()),
+        max_size=3,
+    ),
+    st.none() | st.sampled_from(list(Cause)),
+    st.none() | st.text(),
+    st.booleans(),
+)
+def test_an_outcome_event_data_is_the_json_of_its_fields(
+    evidence: list[Evidence], cause: Cause | None, error: str | None, late: bool
+) -> None:
+    """``record_params`` writes the event's data from the evidence items it dumped
+    already; the text is exactly what dumping the whole dict gives."""
+    update = OutcomeUpdate(OpEvent.COMMITTED, evidence, cause=cause, error=error, late=late)
+    data: dict[str, Any] = {"evidence": [e.to_json() for e in evidence]}
+    if cause is not None:
+        data["cause"] = cause.value
+    if error is not None:
+        data["error"] = error
+    if late:
+        data["late"] = True
+    assert record_params("r/1", update, 1.0)["data"] == rows.dump_data(data)

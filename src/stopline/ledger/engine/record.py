@@ -26,13 +26,16 @@ __all__ = ["record", "record_many", "record_params"]
 def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, Any]:
     result_text, has_result = rows.dump_result(update.result, update.has_result)
     items = ",".join(rows.dump_data(e.to_json()) for e in update.evidence) or None
-    data: dict[str, Any] = {"evidence": [e.to_json() for e in update.evidence]}
+    rest: dict[str, Any] = {}
     if update.cause is not None:
-        data["cause"] = update.cause.value
+        rest["cause"] = update.cause.value
     if update.error is not None:
-        data["error"] = update.error
+        rest["error"] = update.error
     if update.late:
-        data["late"] = True
+        rest["late"] = True
+    # the event's data, {"evidence": [...], **rest}, written from the items already dumped
+    data = '{"evidence":[' + (items or "") + "]"
+    data += "," + rows.dump_data(rest)[1:-1] + "}" if rest else "}"
     return {
         "id": op_id,
         "now": now,
@@ -43,7 +46,7 @@ def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, An
         "result": result_text,
         "cancel_state": update.cancel_state,
         "kind": update.event.value,
-        "data": rows.dump_data(data),
+        "data": data,
     }
 
 
