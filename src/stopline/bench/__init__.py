@@ -9,6 +9,7 @@ list[Figure]``; this module runs them, prints a table and writes JSON
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -21,7 +22,7 @@ import anyio
 
 from stopline.bench.figures import Figure
 
-__all__ = ["SUITES", "Figure", "main", "run_suites"]
+__all__ = ["SUITES", "Figure", "main", "median_round", "run_suites"]
 
 # module name under stopline.bench -> the options it takes
 SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres", "engines")
@@ -49,15 +50,23 @@ def main(
     json_path: str | None = None,
     postgres: str | None = None,
     peers: bool = False,
+    rounds: int = 1,
 ) -> int:
     """Run the benchmarks, print a table, optionally write JSON; return the exit code.
 
     ``peers``: also DBOS, Temporal and bare sqlite3 doing the same no-op effect
     (``stopline[bench-peers]``), and our latencies as ratios to theirs.
+    ``rounds``: run everything that many times and keep, per figure, the round
+    whose same-run ratio is the median (``median_round``).
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     only = (*SUITES, "peers") if peers else SUITES
-    with tempfile.TemporaryDirectory(prefix="stopline-bench-") as tmp:
-        figures = anyio.run(_run, quick, Path(tmp), postgres, only)
+    runs: list[list[Figure]] = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="stopline-bench-") as tmp:
+            runs.append(anyio.run(_run, quick, Path(tmp), postgres, only))
+    figures = median_round(runs)
     out: dict[str, Any] = {f.name: f.to_json() for f in figures}
     width = max(len(f.name) for f in figures)
     print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target")
@@ -75,6 +84,25 @@ async def _run(
     quick: bool, workdir: Path, postgres: str | None, only: tuple[str, ...]
 ) -> list[Figure]:
     return await run_suites(quick=quick, workdir=workdir, postgres=postgres, only=only)
+
+
+def median_round(runs: list[list[Figure]]) -> list[Figure]:
+    """Per figure, the round whose ratio (its value, without a baseline) is the median
+    (the lower one of an even count): a value and its baseline always come from one
+    round, so the ratio stays a same-run ratio. Figures in the order of the first round."""
+    if len(runs) == 1:
+        return runs[0]
+    by_name: dict[str, list[Figure]] = {}
+    for figures in runs:
+        for figure in figures:
+            by_name.setdefault(figure.name, []).append(figure)
+    out = []
+    for rounds in by_name.values():
+        ranked = sorted(rounds, key=lambda f: f.value if f.ratio is None else f.ratio)
+        chosen = ranked[(len(ranked) - 1) // 2]
+        note = f"{chosen.note}; median of {len(rounds)} rounds".lstrip("; ")
+        out.append(dataclasses.replace(chosen, note=note))
+    return out
 
 
 def _versus_peers(figures: list[Figure]) -> list[str]:

@@ -84,6 +84,12 @@ def bench(
         bool,
         typer.Option(help="Also DBOS, Temporal and bare sqlite3 (stopline[bench-peers])."),
     ] = False,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Run it all N times; each figure is the round with the median ratio."
+        ),
+    ] = 1,
     soak: Annotated[
         bool, typer.Option(help="Instead: 4 workers, a canceller, random faults (not in CI).")
     ] = False,
@@ -98,7 +104,9 @@ def bench(
         raise typer.Exit(soak_module.main(seconds=minutes * 60))
 
     raise typer.Exit(
-        bench_module.main(quick=quick, json_path=json_path, postgres=postgres, peers=peers)
+        bench_module.main(
+            quick=quick, json_path=json_path, postgres=postgres, peers=peers, rounds=rounds
+        )
     )
 
 
