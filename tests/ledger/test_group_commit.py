@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,32 +78,3 @@ def _commits_into(commits: list[str]) -> Callable[[str], None]:
             commits.append(statement)
 
     return trace
-
-
-async def test_a_deferred_write_runs_before_its_company_arrives(tmp_path: Path) -> None:
-    """The outcome's statements run while the workflow is busy between calls; the next
-    intent then waits only for its own, and both still commit together (one fsync)."""
-    backend = await _backend(tmp_path / "l.db", 60_000)
-    commits: list[str] = []
-    ran = threading.Event()
-    done = anyio.Event()
-    try:
-        await backend.transact(lambda conn: conn.set_trace_callback(_commits_into(commits)))
-        before = len(commits)
-
-        def deferred(conn: sqlite3.Connection) -> None:
-            conn.execute("CREATE TABLE t (x INTEGER)")
-            ran.set()
-
-        backend._writer.enqueue(deferred, lambda outcome: done.set())
-        # a barrier, not a sleep: the deferred job has run, inside its open transaction
-        assert await anyio.to_thread.run_sync(ran.wait, 10)
-        assert len(commits) == before  # ... and has not committed: it waits for company
-        count = await backend.transact(
-            lambda conn: conn.execute("SELECT count(*) FROM t").fetchone()[0]
-        )
-        await done.wait()
-        assert count == 0  # the company saw the deferred job's table: one transaction
-        assert len(commits) - before == 1
-    finally:
-        await backend.close()

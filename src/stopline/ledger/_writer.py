@@ -1,21 +1,12 @@
 """One writer thread per SQLite ledger, with group commit.
 
 Async callers submit a transaction function ``fn(conn) -> T``; the thread
-takes every job waiting, runs them in one ``BEGIN IMMEDIATE`` transaction,
-commits once (one fsync for the batch), and only then wakes the callers: a
-caller never sees a result that is not yet durable. When one job of a batch
-fails, the batch is rolled back and each job runs again alone, so one job's
-error fails that job alone. One thread hop per transaction, as STYLE.md
-asks, and under concurrency one fsync for many intents.
-
-A batch of only deferred jobs (outcomes nobody waits on, ADR 0022) runs at
-once in an open transaction and then waits, up to ``linger``, for a job
-someone waits on (the next call's intent); that job runs in the same
-transaction and commits it. So the outcome's statements are done while the
-workflow is busy between calls, not after its next intent arrived, and the
-intent waits only for its own statements and the one fsync. The write lock
-is held for that wait (at most ``linger``): another process writing the same
-file waits as long, within its busy timeout.
+takes every job waiting, runs them in one ``BEGIN IMMEDIATE`` transaction
+(each in its own savepoint when there is more than one, so one job's error
+rolls back that job alone), commits once (one fsync for the batch), and
+only then wakes the callers: a caller never sees a result that is not yet
+durable. One thread hop per transaction, as STYLE.md asks, and under
+concurrency one fsync for many intents.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
 
@@ -168,7 +159,6 @@ class Writer:
         self._connect = connect
         self._thread = threading.Thread(target=self._main, name="stopline-ledger", daemon=True)
         self._closed = False
-        self._stopping = False  # told to stop while a batch waited for company
         self._stopped: BaseException | None = None  # why the thread ended, if it did
         self._broken = False  # a rollback failed: the next batch starts on a new connection
         # deferred jobs (outcomes) whose batch could not commit (a full disk, an I/O
@@ -256,10 +246,11 @@ class Writer:
                 if first.claim():
                     batch.append(first)
                 stop = self._take_waiting(batch)
-                linger = not stop and bool(batch) and all(job.deferred for job in batch)
+                if not stop and batch and all(job.deferred for job in batch):
+                    stop = self._linger_for_company(batch)
                 if batch:
-                    self._serve(batch, linger=linger)
-                if stop or self._stopping:
+                    self._serve(batch)
+                if stop:
                     return
         except BaseException as exc:  # not a storage error (those end one batch): a bug
             stopped = exc
@@ -280,21 +271,14 @@ class Writer:
                 batch.append(job)
         return False
 
-    def _company(self) -> Callable[[list[_Job[Any]]], bool]:
-        """While a batch holds only deferred jobs, wait for one someone waits on.
+    def _linger_for_company(self, batch: list[_Job[Any]]) -> bool:
+        """Only deferred jobs: wait up to ``linger`` for a job someone waits on.
 
-        Called by the open transaction once it has run the jobs it has: adds the
-        jobs that came meanwhile and says whether to run them before committing.
         The wait is bounded from the first deferred job, so an outcome is durable
-        within ``linger`` even when no other write comes.
+        within a few milliseconds even when no other write comes.
         """
         deadline = time.monotonic() + self._linger
-
-        def more(batch: list[_Job[Any]]) -> bool:
-            if self._stopping or len(batch) >= _MAX_BATCH:
-                return False
-            if not all(job.deferred for job in batch):
-                return False  # someone waits: commit now
+        while len(batch) < _MAX_BATCH:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -303,23 +287,20 @@ class Writer:
             except queue.Empty:
                 return False
             if job is None:
-                self._stopping = True
-                return False
+                return True
             if job.claim():
                 batch.append(job)
-            self._stopping = self._take_waiting(batch)
-            return True
+            if self._take_waiting(batch):
+                return True
+            if not all(j.deferred for j in batch):
+                return False
+        return False
 
-        return more
-
-    def _serve(self, batch: list[_Job[Any]], *, linger: bool = False) -> None:
-        """Run one batch and wake its callers, whatever happens: the thread goes on.
-
-        ``linger``: the batch is only deferred jobs; it may grow while it waits for
-        company (``_company``)."""
+    def _serve(self, batch: list[_Job[Any]]) -> None:
+        """Run one batch and wake its callers, whatever happens: the thread goes on."""
         try:
             conn = self._connection()
-            self._run(conn, batch, self._company() if linger else None)
+            self._run(conn, batch)
             rest = [job for job in batch if not job.held]
             if len(rest) < len(batch) and rest:
                 # held outcomes could not commit (a full disk): the rest, a read for one,
@@ -329,13 +310,8 @@ class Writer:
             self._fail(batch, exc)
         _wake_all([job for job in batch if not job.held])
 
-    def _run(
-        self,
-        conn: sqlite3.Connection,
-        batch: list[_Job[Any]],
-        more: Callable[[list[_Job[Any]]], bool] | None = None,
-    ) -> None:
-        if not self._run_together(conn, batch, more):
+    def _run(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
+        if not self._run_together(conn, batch):
             for job in batch:
                 self._run_together(conn, [job])
 
@@ -385,34 +361,22 @@ class Writer:
                 left.append(job)
         _wake_all(left)
 
-    def _run_together(
-        self,
-        conn: sqlite3.Connection,
-        batch: list[_Job[Any]],
-        more: Callable[[list[_Job[Any]]], bool] | None = None,
-    ) -> bool:
-        """One transaction for the batch; False if one job failed in company (the caller
-        runs each alone). ``more(batch)`` may add jobs before the commit (``_company``)."""
+    def _run_together(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> bool:
         try:
             conn.execute(self._begin)
         except BaseException as exc:
             self._fail(batch, exc)
             return True
-        done = 0
-        while True:
-            for job in batch[done:]:
-                try:
-                    job.result = job.fn(conn)
-                    job.error = None
-                except BaseException as exc:
-                    self._rollback(conn)
-                    if len(batch) > 1:
-                        return False
-                    job.error = self._map_error(exc)
-                    return True
-            done = len(batch)
-            if more is None or not more(batch):
-                break
+        for job in batch:
+            try:
+                job.result = job.fn(conn)
+                job.error = None
+            except BaseException as exc:
+                self._rollback(conn)
+                if len(batch) > 1:
+                    return False
+                job.error = self._map_error(exc)
+                return True
         try:
             conn.execute("COMMIT")
         except BaseException as exc:
