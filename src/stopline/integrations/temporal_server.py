@@ -72,14 +72,29 @@ async def _accepts(host: str, port: int) -> bool:
     return True
 
 
+async def _serves(address: str) -> bool:
+    """The frontend answers a client (it accepts connections a while before that:
+    "Frontend is not healthy yet"). Without the SDK, accepting is all we can check."""
+    try:
+        from temporalio.client import Client
+    except ImportError:
+        return True
+    try:
+        await Client.connect(address)
+    except RuntimeError:  # the SDK's word for a connect that failed, health included
+        return False
+    return True
+
+
 @contextlib.asynccontextmanager
 async def temporal_dev_server(
     *, host: str = "127.0.0.1", start_timeout: float = 30.0
 ) -> AsyncIterator[TemporalDevServer]:
     """Start ``temporal server start-dev`` on free loopback ports; stop it on exit.
 
-    Ready means the frontend accepts connections. Raises ``TimeoutError`` if it
-    does not within ``start_timeout`` seconds, and ``RuntimeError`` (with the
+    Ready means a client can connect: the frontend accepts connections and says
+    it is healthy (with ``temporalio`` installed). Raises ``TimeoutError`` if it
+    is not within ``start_timeout`` seconds, and ``RuntimeError`` (with the
     server's own words) if it exits first.
     """
     server = TemporalDevServer(host, free_port(host), free_port(host))
@@ -106,7 +121,7 @@ async def temporal_dev_server(
             with anyio.fail_after(start_timeout):
                 # no event tells us the server is up: probe its port, backing off a little
                 delay = 0.05
-                while not await _accepts(host, server.port):
+                while not (await _accepts(host, server.port) and await _serves(server.address)):
                     if proc.returncode is not None:
                         errors.seek(0)
                         said = errors.read().decode(errors="replace").strip()
