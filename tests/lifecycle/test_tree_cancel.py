@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+import pytest
 
 import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
@@ -85,3 +86,41 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
     assert len(lost) == CHILDREN  # each call recorded once: its own unwinding added nothing
     assert len(set(lost)) == 1  # one bulk record by the cancel, not one per unwinding call
     assert causes == {"user_cancel"}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_every_call_of_a_tree_sees_its_cancel_before_any_run_unwinds(
+    tmp_path: Path,
+) -> None:
+    """The cancel reaches every in-flight call of the tree before any of them unwinds
+    (records, leaves its phase and its run block): the last call is interrupted right
+    after the delivery, not after the unwinding of all the others (load-independent:
+    counted in the order the loop runs them, not timed)."""
+    entered: list[str] = []
+    all_in = anyio.Event()
+    open_when_interrupted: list[int] = []
+    ledger_box: list[stopline.Ledger] = []
+
+    @stopline.tool
+    async def hold(ctx: stopline.CallContext) -> None:
+        entered.append(ctx.run_id)
+        if len(entered) == CHILDREN:
+            all_in.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            still_open = [r for r in entered if ledger_box[0].local_run(r) is not None]
+            open_when_interrupted.append(len(still_open))
+            raise
+
+    @hold.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
+        return stopline.Verdict.NOT_COMMITTED
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
+        ledger_box.append(ledger)
+        root_id = await cancel_a_tree(ledger, hold, all_in)
+        receipt = await ledger.wait_settled(root_id, timeout=30)
+    assert open_when_interrupted == [CHILDREN] * CHILDREN  # no child's block had ended yet
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN

@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_id
@@ -90,6 +91,12 @@ async def _record_exit(
             if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
                 cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
                 await core.outcomes.lost(ctx, cause, INTERRUPTED)
+            else:
+                # Recorded already: unwind on the next turn of the loop, so that every
+                # other call the same cancel interrupted sees its cancel first (a tree's
+                # last call is interrupted right after the delivery, not after the
+                # unwinding of all the others). Shielded: nothing here raises again.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
         elif isinstance(exc, NoAnswer):
             await core.outcomes.lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
