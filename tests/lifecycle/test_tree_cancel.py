@@ -10,6 +10,7 @@ import pytest
 
 import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
+from stopline.ledger.backend import RunSpec
 from stopline.ledger.sqlite import SQLiteBackend
 
 CHILDREN = 20
@@ -124,3 +125,30 @@ async def test_every_call_of_a_tree_sees_its_cancel_before_any_run_unwinds(
     assert open_when_interrupted == [CHILDREN] * CHILDREN  # no child's block had ended yet
     assert receipt.run_state is RunState.CANCELLED
     assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN
+
+
+async def _fence_statements(path: Path, children: int) -> int:
+    """Statements in the transaction that fences a root with ``children`` children."""
+    backend = await SQLiteBackend.open(path, cancel_poll=0)
+    try:
+        await backend.create_run(RunSpec("root", "root", "u", "t"))
+        for n in range(children):
+            await backend.create_run(RunSpec(f"c{n}", f"c{n}", "u", "t", parent_id="root"))
+        statements: list[str] = []
+        await backend.transact(lambda conn: conn.set_trace_callback(statements.append))
+        result = await backend.cancel("root", by="u")
+        await backend.transact(lambda conn: conn.set_trace_callback(None))
+    finally:
+        await backend.close()
+    assert len(result.fenced) == children + 1
+    begin = statements.index("BEGIN IMMEDIATE")  # the fence's transaction, traced whole
+    end = statements.index("COMMIT", begin)
+    return end - begin - 1
+
+
+async def test_the_fence_of_a_tree_is_set_based_whatever_its_size(tmp_path: Path) -> None:
+    """The subtree fence writes its events and fences its runs set-wise: as many
+    statements for 40 children as for 2 (each level of the closure is one read)."""
+    small = await _fence_statements(tmp_path / "small.db", 2)
+    large = await _fence_statements(tmp_path / "large.db", 40)
+    assert small == large
