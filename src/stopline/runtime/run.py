@@ -136,6 +136,12 @@ class Run:
         self.cancel_requested = False
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
+        # how many cancels the task its block runs in has been asked, where the event
+        # loop tells (asyncio's ``Task.cancelling``; set by the block): how a delivery
+        # sees that an enclosing run's cancel, just delivered, reached this block too
+        self.block_task_cancels: Callable[[], int] | None = None
+        # the delivered cancel reached this block through an enclosing run's scope
+        self.covered = False
         self.pause_requested = False
         # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
         self.suspended = False
@@ -433,15 +439,22 @@ class Run:
         for ctx in self.in_flight:
             self._core.settler.ask_provider_cancel(ctx)
 
-    def deliver_cancel(self) -> bool:
+    def deliver_cancel(self, *, covered: bool = False) -> bool:
         """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
         (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
+
+        ``covered``: the cancel of an enclosing run, delivered just before in the same
+        step, has reached this block's task (``Lifecycle.deliver_cancel`` proves it);
+        this block is interrupted by that cancel, not by one of its own.
         """
         self.cancel_requested = True
         interrupt = self.policy is Policy.IMMEDIATE or (
             self.policy is Policy.VERIFY and not self._inflight
         )
         if self._scope is not None and interrupt:
-            self._scope.cancel()
+            if covered:
+                self.covered = True
+            else:
+                self._scope.cancel()
             return True
         return False
