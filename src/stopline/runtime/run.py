@@ -95,8 +95,8 @@ async def _record_exit(
                 # Recorded already: unwind on the next turn of the loop, so that every
                 # other call the same cancel interrupted sees its cancel first (a tree's
                 # last call is interrupted right after the delivery, not after the
-                # unwinding of all the others). Shielded: nothing here raises again.
-                await anyio.lowlevel.cancel_shielded_checkpoint()
+                # unwinding of all the others). Inside this shield: it raises nothing.
+                await anyio.lowlevel.checkpoint()
         elif isinstance(exc, NoAnswer):
             await core.outcomes.lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
