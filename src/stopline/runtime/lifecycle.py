@@ -171,12 +171,14 @@ class Lifecycle:
             run = fresh.pop(fenced, None)
             if run is not None:
                 at_providers = run.at_providers()  # in flight, and cut just before
-                cut = {c.op_id for c in at_providers} - {c.op_id for c in inflight[fenced]}
-                if fenced in cut_runs:
+                if fenced in cut_runs:  # those in flight are cut now: every one was cut
                     interrupted.extend(inflight[fenced])
-                    cut.update(c.op_id for c in inflight[fenced])
-                for ctx in at_providers:
-                    core.settler.ask_provider_cancel(ctx, cut=ctx.op_id in cut)
+                    for ctx in at_providers:
+                        core.settler.ask_provider_cancel(ctx, cut=True)
+                else:
+                    flying = {c.op_id for c in inflight[fenced]}
+                    for ctx in at_providers:
+                        core.settler.ask_provider_cancel(ctx, cut=ctx.op_id not in flying)
             core.changed(fenced)
         if interrupted:
             for ctx in interrupted:
