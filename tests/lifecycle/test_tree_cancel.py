@@ -6,9 +6,11 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+import pytest
 
 import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
+from stopline.ledger.backend import RunSpec
 from stopline.ledger.sqlite import SQLiteBackend
 
 CHILDREN = 20
@@ -85,3 +87,68 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
     assert len(lost) == CHILDREN  # each call recorded once: its own unwinding added nothing
     assert len(set(lost)) == 1  # one bulk record by the cancel, not one per unwinding call
     assert causes == {"user_cancel"}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_every_call_of_a_tree_sees_its_cancel_before_any_run_unwinds(
+    tmp_path: Path,
+) -> None:
+    """The cancel reaches every in-flight call of the tree before any of them unwinds
+    (records, leaves its phase and its run block): the last call is interrupted right
+    after the delivery, not after the unwinding of all the others (load-independent:
+    counted in the order the loop runs them, not timed)."""
+    entered: list[str] = []
+    all_in = anyio.Event()
+    open_when_interrupted: list[int] = []
+    ledger_box: list[stopline.Ledger] = []
+
+    @stopline.tool
+    async def hold(ctx: stopline.CallContext) -> None:
+        entered.append(ctx.run_id)
+        if len(entered) == CHILDREN:
+            all_in.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            still_open = [r for r in entered if ledger_box[0].local_run(r) is not None]
+            open_when_interrupted.append(len(still_open))
+            raise
+
+    @hold.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
+        return stopline.Verdict.NOT_COMMITTED
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
+        ledger_box.append(ledger)
+        root_id = await cancel_a_tree(ledger, hold, all_in)
+        receipt = await ledger.wait_settled(root_id, timeout=30)
+    assert open_when_interrupted == [CHILDREN] * CHILDREN  # no child's block had ended yet
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN
+
+
+async def _fence_statements(path: Path, children: int) -> int:
+    """Statements in the transaction that fences a root with ``children`` children."""
+    backend = await SQLiteBackend.open(path, cancel_poll=0)
+    try:
+        await backend.create_run(RunSpec("root", "root", "u", "t"))
+        for n in range(children):
+            await backend.create_run(RunSpec(f"c{n}", f"c{n}", "u", "t", parent_id="root"))
+        statements: list[str] = []
+        await backend.transact(lambda conn: conn.set_trace_callback(statements.append))
+        result = await backend.cancel("root", by="u")
+        await backend.transact(lambda conn: conn.set_trace_callback(None))
+    finally:
+        await backend.close()
+    assert len(result.fenced) == children + 1
+    begin = statements.index("BEGIN IMMEDIATE")  # the fence's transaction, traced whole
+    end = statements.index("COMMIT", begin)
+    return end - begin - 1
+
+
+async def test_the_fence_of_a_tree_is_set_based_whatever_its_size(tmp_path: Path) -> None:
+    """The subtree fence writes its events and fences its runs set-wise: as many
+    statements for 40 children as for 2 (each level of the closure is one read)."""
+    small = await _fence_statements(tmp_path / "small.db", 2)
+    large = await _fence_statements(tmp_path / "large.db", 40)
+    assert small == large

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 
 import stopline
-from stopline.bench.figures import Figure, median, percentile
+from stopline.bench.figures import Figure, median, percentile, quiet_heap
 from stopline.ledger.sqlite import SQLiteBackend
 
 __all__ = ["bare_txn_samples", "gate_samples", "measure"]
@@ -125,7 +125,8 @@ def _insert_bare(conn: sqlite3.Connection, op_id: str) -> None:
 
 async def _cancel_latencies(url: str, n: int) -> list[float]:
     async with stopline.open(url) as ledger:
-        return [await _one_cancel(ledger) for _ in range(n)]
+        with quiet_heap():
+            return [await _one_cancel(ledger) for _ in range(n)]
 
 
 async def _one_cancel(ledger: stopline.Ledger) -> float:
@@ -188,7 +189,8 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
     cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", 50 if quick else 300)
-    task_cancels = [await _one_task_cancel() for _ in range(50 if quick else 300)]
+    with quiet_heap():
+        task_cancels = [await _one_task_cancel() for _ in range(50 if quick else 300)]
     return [
         Figure(
             "gate_sqlite_us",

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["Figure", "percentile"]
+__all__ = ["Figure", "percentile", "quiet_heap"]
+
+
+@contextlib.contextmanager
+def quiet_heap() -> Iterator[None]:
+    """Measure without the heap built before: collect it once, then freeze what
+    survives, so a collection inside a window scans only what was made since (the
+    window's own garbage is still collected, and charged to it). Without this a
+    full collection of a benchmark's earlier heap (100-300 ms on a loaded 2-core
+    machine) lands in a 100 ms window at random. For a figure and its baseline alike."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def percentile(samples: Sequence[float], p: float) -> float:

@@ -39,6 +39,7 @@ from stopline.errors import (
 if TYPE_CHECKING:
     from stopline.runtime.context import CallContext
     from stopline.runtime.core import Core
+    from stopline.runtime.run import Run
 
 __all__ = ["ApprovalNeeded", "Lifecycle", "Resumed", "Retry"]
 
@@ -158,18 +159,26 @@ class Lifecycle:
         cancel's own return and its notification may both bring it. Returns the runs
         whose calls it interrupted."""
         core = self._core
-        interrupted: list[CallContext] = []
+        fresh: dict[str, Run] = {}
         for fenced in run_ids:
             run = core.runs.get(fenced)
             if run is not None and not run.cancel_requested:
-                inflight = run.in_flight
+                fresh[fenced] = run
+        inflight = {run_id: run.in_flight for run_id, run in fresh.items()}
+        cut_runs = self._interrupt(list(fresh.values()))
+        interrupted: list[CallContext] = []
+        for fenced in run_ids:
+            run = fresh.pop(fenced, None)
+            if run is not None:
                 at_providers = run.at_providers()  # in flight, and cut just before
-                cut = {c.op_id for c in at_providers} - {c.op_id for c in inflight}
-                if run.deliver_cancel():
-                    interrupted.extend(inflight)
-                    cut.update(c.op_id for c in inflight)
-                for ctx in at_providers:
-                    core.settler.ask_provider_cancel(ctx, cut=ctx.op_id in cut)
+                if fenced in cut_runs:  # those in flight are cut now: every one was cut
+                    interrupted.extend(inflight[fenced])
+                    for ctx in at_providers:
+                        core.settler.ask_provider_cancel(ctx, cut=True)
+                else:
+                    flying = {c.op_id for c in inflight[fenced]}
+                    for ctx in at_providers:
+                        core.settler.ask_provider_cancel(ctx, cut=ctx.op_id not in flying)
             core.changed(fenced)
         if interrupted:
             for ctx in interrupted:
@@ -178,6 +187,33 @@ class Lifecycle:
         for listener in self._cancel_listeners:
             listener(run_ids)
         return {ctx.run_id for ctx in interrupted}
+
+    def _interrupt(self, runs: list[Run]) -> set[str]:
+        """Interrupt the runs by policy, cancelling as few scopes as anyio lets us prove.
+
+        In the order their blocks opened (the order of ``core.runs``), each run either
+        cancels its own scope or is *covered*: a cancel delivered just before, in this
+        same step, to a run whose block opened earlier has reached this block's task
+        (the task's cancel count went up; nothing else runs in between). Then that
+        earlier scope encloses this block: both are open in that task, and of two
+        scopes open in one task the one opened later is inside. anyio delivers a scope's
+        cancel to everything inside it that is not shielded, as this block's own would,
+        so one ``cancel()`` reaches a whole nested tree. Where the loop cannot tell
+        (trio) or the count did not move (a shield between, a block in a task group
+        outside its owner's, the cancelling task itself), the run cancels its own scope,
+        as before. Returns the runs whose work was interrupted."""
+        opened = {run_id: i for i, run_id in enumerate(self._core.runs)}
+        runs = sorted(runs, key=lambda run: opened[run.id])
+        before = {
+            run.id: run.block_task_cancels() for run in runs if run.block_task_cancels is not None
+        }
+        out: set[str] = set()
+        for run in runs:
+            count, was = run.block_task_cancels, before.get(run.id)
+            covered = count is not None and was is not None and count() > was
+            if run.deliver_cancel(covered=covered):
+                out.add(run.id)
+        return out
 
     def on_remote_cancel(self, run_ids: list[str]) -> None:
         """A cancel committed by any process (the backend's notification; our own too)."""
@@ -221,6 +257,7 @@ class Lifecycle:
         if local is not None:
             local.pause_requested = False
             local.cancel_requested = False
+            local.covered = False
         core.changed(run_id)
         return Resumed(run, await core.backend.last_checkpoint(run_id), tuple(expired))
 

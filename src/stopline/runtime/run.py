@@ -19,6 +19,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_id
@@ -81,6 +82,12 @@ async def _record_exit(
             if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
                 cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
                 await core.outcomes.lost(ctx, cause, INTERRUPTED)
+            else:
+                # Recorded already: unwind on the next turn of the loop, so that every
+                # other call the same cancel interrupted sees its cancel first (a tree's
+                # last call is interrupted right after the delivery, not after the
+                # unwinding of all the others). Inside this shield: it raises nothing.
+                await anyio.lowlevel.checkpoint()
         elif isinstance(exc, NoAnswer):
             await core.outcomes.lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
@@ -120,6 +127,12 @@ class Run:
         self.cancel_requested = False
         # ... kept apart from "this run's work was interrupted" (cancelled_caught).
         self.cancelled_caught = False
+        # how many cancels the task its block runs in has been asked, where the event
+        # loop tells (asyncio's ``Task.cancelling``; set by the block): how a delivery
+        # sees that an enclosing run's cancel, just delivered, reached this block too
+        self.block_task_cancels: Callable[[], int] | None = None
+        # the delivered cancel reached this block through an enclosing run's scope
+        self.covered = False
         self.pause_requested = False
         # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
         self.suspended = False
@@ -418,15 +431,22 @@ class Run:
         for ctx in self.in_flight:
             self._core.settler.ask_provider_cancel(ctx)
 
-    def deliver_cancel(self) -> bool:
+    def deliver_cancel(self, *, covered: bool = False) -> bool:
         """Interrupt by policy: ``immediate`` always; ``verify`` when no call is in flight
         (nothing to prove); ``at_boundary`` never (the step finishes, the next boundary stops).
+
+        ``covered``: the cancel of an enclosing run, delivered just before in the same
+        step, has reached this block's task (``Lifecycle.deliver_cancel`` proves it);
+        this block is interrupted by that cancel, not by one of its own.
         """
         self.cancel_requested = True
         interrupt = self.policy is Policy.IMMEDIATE or (
             self.policy is Policy.VERIFY and not self._inflight
         )
         if self._scope is not None and interrupt:
-            self._scope.cancel()
+            if covered:
+                self.covered = True
+            else:
+                self._scope.cancel()
             return True
         return False

@@ -2,15 +2,23 @@
 
 A cancel of the run ends the block quietly (``RunFenced`` of this run is
 absorbed, alone or as every leaf of an exception group); leaving the block
-either advances the cancelled run's settling or ends the run.
+either advances the cancelled run's settling or ends the run. A block inside
+the block of a run cancelled with it (a child's, in a task group of its
+owner's block) may be interrupted by that enclosing run's cancel rather than
+by one of its own (``Lifecycle.deliver_cancel``, asyncio): that cancel goes
+on out of the inner block, and the enclosing block, whose cancel it is, ends
+quietly.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
+import sniffio
 
 from stopline.domain.guidance import what_to_do
 from stopline.domain.vocab import RunState
@@ -27,6 +35,15 @@ __all__ = ["RunContext", "RunScope"]
 
 
 _SETTLING = frozenset({RunState.CANCELLING, RunState.SETTLING})
+
+
+def _task_cancels() -> Callable[[], int] | None:
+    """How many cancels the current task has been asked so far, as a function (asyncio's
+    ``Task.cancelling``); None where the event loop does not say (trio)."""
+    if sniffio.current_async_library() != "asyncio":
+        return None
+    task = asyncio.current_task()
+    return None if task is None else task.cancelling
 
 
 class RunScope:
@@ -58,6 +75,9 @@ class RunScope:
         elif record.state.ended or record.state in _SETTLING:  # nothing would run in it
             raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
         run = self._run = Run(self._ledger, self._core, record, self._scope)
+        run.block_task_cancels = _task_cancels()
+        # registered and entered in one step: the order of ``core.runs`` is the order in
+        # which the blocks' scopes opened (what a delivery reads nesting from)
         self._core.runs[run.id] = run
         self._scope.__enter__()
         if record.state is not RunState.RUNNING and record.state not in (
@@ -76,7 +96,9 @@ class RunScope:
         if ours:
             et, exc, tb = None, None, None
         swallowed = bool(self._scope.__exit__(et, exc, tb))
-        run.cancelled_caught = ours or self._scope.cancelled_caught
+        # interrupted by its own cancel, or by its enclosing run's (which goes on out)
+        by_enclosing = run.covered and isinstance(exc, anyio.get_cancelled_exc_class())
+        run.cancelled_caught = ours or self._scope.cancelled_caught or by_enclosing
         del self._core.runs[run.id]
         with anyio.CancelScope(shield=True):
             await self._core.outbox.end_run(run, None if swallowed else exc)

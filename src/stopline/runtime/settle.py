@@ -100,7 +100,9 @@ class Settler:
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
-        self._answers: list[tuple[str, Note]] = []  # answers known without asking, to write
+        # answers known without asking, to write (their notes built by the writing task,
+        # after the cancel that found them has interrupted what it had to)
+        self._answers: list[tuple[CallContext, CancelState, str, str]] = []
         self.busy = 0  # background steps running now
         self._idle = anyio.Event()  # set while ``busy`` is 0
         self._idle.set()
@@ -166,13 +168,13 @@ class Settler:
         (a tree's calls in flight) are written together, in one transaction."""
         if not self._answers:
             self._core.spawn(self._note_answers)  # starts after the caller's loop is done
-        self._answers.append((ctx.run_id, _answer_note(ctx, state, detail, channel)))
+        self._answers.append((ctx, state, detail, channel))
 
     async def _note_answers(self) -> None:
         core = self._core
         answers, self._answers = self._answers, []
-        await core.backend.note_many([note for _run_id, note in answers])
-        for run_id in dict.fromkeys(run_id for run_id, _note in answers):
+        await core.backend.note_many([_answer_note(*answer) for answer in answers])
+        for run_id in dict.fromkeys(ctx.run_id for ctx, *_ in answers):
             core.changed(run_id)
 
     async def _note_answer(

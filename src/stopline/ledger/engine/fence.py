@@ -102,32 +102,32 @@ async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
             return CancelResult(root, False, (), ())  # R7: the first cancel wins
         now = time.time()
         fenced, released = await _closure(db, run_id, now)
+        # Set-based, whatever the tree's size: every run of the closure is locked already
+        # (``_closure`` locks each level before reading its children), so the cancel's
+        # events are written straight from the rows still cancellable, then those rows
+        # are fenced; no per-run statement or parameter row (a tree of 10,000 is normal).
         ids, params = db.dialect.in_list("id", fenced)
-        states = dict(
-            await db.all(
-                f"SELECT id, state FROM runs WHERE {ids}"
-                f" AND state IN ({sql_values(CANCELLABLE)}){db.dialect.for_update}",
-                params,
-            )
+        cancellable = f"{ids} AND state IN ({sql_values(CANCELLABLE)})"
+        text = db.dialect.text
+        data = rows.dump_data({"by": by, "reason": reason, "root": run_id})
+        evented = await db.all(
+            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+            f" SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')} FROM runs"
+            f" WHERE {cancellable} RETURNING run_id",
+            (now, RunEvent.CANCEL, _CANCELLING, data, *params),
         )
-        live = [r for r in fenced if r in states]  # in closure order, root first
-        ids, params = db.dialect.in_list("id", live)
+        fenced_now = {r for (r,) in evented}
+        live = [r for r in fenced if r in fenced_now]  # in closure order, root first
         await db.run(
             "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
             " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
-            f" cancelled_at = ?, updated_at = ? WHERE {ids}",
+            f" cancelled_at = ?, updated_at = ? WHERE {cancellable}",
             (
                 _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, run_id, reason,
                 f"owner {run_id} cancelled" + (f": {reason}" if reason else ""), now, now,
                 *params,
             ),
         )  # fmt: skip
-        data = rows.dump_data({"by": by, "reason": reason, "root": run_id})
-        await db.many(
-            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-            " VALUES (?, ?, NULL, ?, ?, ?, ?)",
-            [(now, r, RunEvent.CANCEL, states[r], _CANCELLING, data) for r in live],
-        )
         runs, params = db.dialect.in_list("run_id", live)
         await db.run(
             "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
