@@ -4,9 +4,11 @@ The engine writes ``?`` and ``:name`` placeholders; psycopg's ``%s`` and
 ``%(name)s`` are spelled here, once per statement text (cached). The
 connection is in autocommit mode: a body is either one statement that
 commits by itself (``write1``: the gate's fast path, ``record``) or an
-explicit ``BEGIN ... COMMIT`` (``transaction``, re-entrant). ``Tx`` marks the
-moments a commit is on the wire, so the backend can tell a failure that
-rolled back (safe to retry) from one whose commit is in doubt.
+explicit ``BEGIN ... COMMIT`` (``transaction``, re-entrant). The ``BEGIN``
+travels with the transaction's first statement (pipeline mode: one round
+trip for both, not two). ``Tx`` marks the moments a commit is on the wire, so
+the backend can tell a failure that rolled back (safe to retry) from one
+whose commit is in doubt.
 
 Isolation is READ COMMITTED with explicit row locks on ``runs``: the gate
 takes its run ``FOR SHARE`` inside its one statement and a cancel takes the
@@ -54,23 +56,34 @@ class Tx(Db):
         self.dialect = dialect or PostgresDialect(None)
         self.in_doubt = False  # a statement that commits (or COMMIT itself) is on the wire
         self._depth = 0  # open ``transaction`` blocks
+        self._begin = False  # a ``BEGIN`` to send with the next statement
+
+    async def _execute(self, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
+        if not self._begin:
+            return await self.conn.execute(pg_sql(sql), params)
+        self._begin = False
+        async with self.conn.pipeline():  # BEGIN and the statement, one round trip
+            await self.conn.execute("BEGIN")
+            cur = await self.conn.execute(pg_sql(sql), params)
+        return cur
 
     async def one(self, sql: str, params: Params = ()) -> Any:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return await cur.fetchone()
+        return await (await self._execute(sql, params)).fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Any]:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return await cur.fetchall()
+        return await (await self._execute(sql, params)).fetchall()
 
     async def run(self, sql: str, params: Params = ()) -> int:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return cur.rowcount
+        return (await self._execute(sql, params)).rowcount
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
-        if seq:
-            async with self.conn.cursor() as cur:
-                await cur.executemany(pg_sql(sql), seq)
+        if not seq:
+            return
+        if self._begin:
+            self._begin = False
+            await self.conn.execute("BEGIN")
+        async with self.conn.cursor() as cur:
+            await cur.executemany(pg_sql(sql), seq)
 
     async def commit_one(self, sql: str, params: Params = ()) -> Any:
         if self._depth:
@@ -93,16 +106,22 @@ class Tx(Db):
             finally:
                 self._depth -= 1
             return
-        await self.conn.execute("BEGIN")
+        self._begin = True  # sent with the first statement
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
+            if self._begin:  # nothing was sent: nothing to roll back
+                self._begin = False
+                raise
             with contextlib.suppress(psycopg.Error):  # a broken connection rolled back already
                 await self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
+        if self._begin:  # a body that ran no statement: no transaction was opened
+            self._begin = False
+            return
         self.in_doubt = True
         await self.conn.execute("COMMIT")
         self.in_doubt = False
