@@ -6,14 +6,21 @@ three fused statements built from the engine's fragments: the gate's intent
 with its event (the run taken ``FOR SHARE``), ``record``'s compare-and-set
 with its event, and the cancel's ``NOTIFY`` (sent by the server at commit,
 never for a cancel that rolled back).
+
+The group commit (``postgres_batch``) runs the first two for many operations
+in one statement each: the same fragments with every ``:name`` parameter read
+from a row ``req`` of one JSON parameter holding every operation's parameters
+(``many_rows``), so the rule is still written once and only its spelling
+differs.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from stopline.domain.vocab import OpEvent
 from stopline.ledger import rows
@@ -21,7 +28,7 @@ from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
 from stopline.ledger.engine.guards import transition_case
 
-__all__ = ["NOTIFY_CHUNK", "PostgresDialect"]
+__all__ = ["NOTIFY_CHUNK", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
 
 NOTIFY_CHUNK = 100  # run ids per notification: well under the 8000-byte payload limit
 _UPD_COLUMNS = ", ".join(f"upd.{c.strip()}" for c in rows.OP_COLUMNS.split(","))
@@ -104,4 +111,117 @@ ev AS (
 )
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
+"""
+
+
+# -- many operations per statement (the group commit) ---------------------------------
+class Forms(NamedTuple):
+    """A hot statement for the group commit: for one operation (the engine's
+    placeholders) and for many (one JSON parameter); ``gate``: the gate's, else
+    ``record``'s."""
+
+    one: str
+    many: str
+    gate: bool
+
+
+@functools.cache
+def gate_forms(where: str, values: str) -> Forms:
+    return Forms(_intent_sql(where, values), intents_sql(where, values), True)
+
+
+@functools.cache
+def outcome_forms(event: OpEvent) -> Forms:
+    return Forms(_outcome_sql(event), outcomes_sql(event), False)
+
+
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+# the SQL type of each parameter of the gate and of ``record`` (``gate_params``,
+# ``record_params``), for the arrays they travel in
+GATE_TYPES = {
+    "id": "text", "run": "text", "tool": "text", "description": "text", "digest": "text",
+    "cancellable": "text", "can_verify": "int", "can_compensate": "int",
+    "cancel_none": "text", "evidence": "text", "now": "float8", "compensates": "text",
+    "worker": "text", "token": "text", "passed": "text", "from": "text", "to": "text",
+}  # fmt: skip
+RECORD_TYPES = {
+    "id": "text", "now": "float8", "items": "text", "cause": "text", "error": "text",
+    "has_result": "int", "result": "text", "cancel_state": "text", "kind": "text",
+    "data": "text",
+}  # fmt: skip
+
+
+def _per_row(sql: str) -> str:
+    """A fragment written for one operation's ``:name`` parameters, reading them from
+    the row ``req`` instead (``req."name"``)."""
+    return _PARAM.sub(r'req."\1"', sql)
+
+
+def _req(types: dict[str, str]) -> str:
+    columns = ", ".join(f'"{name}" {kind}' for name, kind in types.items())
+    names = ", ".join(f'"{name}"' for name in types)
+    return (
+        "req AS (SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)"
+        f" AS ({columns})) WITH ORDINALITY AS req({names}, ord))"
+    )
+
+
+def many_rows(rows_: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The parameters of a ``*_many`` statement: each operation's, as one JSON array."""
+    return {"rows": json.dumps(rows_, separators=(",", ":"))}
+
+
+@functools.cache
+def intents_sql(where: str, values: str) -> str:
+    """``_intent_sql`` for many gates: the operation id and fence of each that passed.
+
+    The run of each is taken ``FOR SHARE`` (one lock per gate, as alone); a gate
+    that did not pass wrote nothing and takes the slow path on its own."""
+    runs_values = _per_row(values.replace("runs.id", "run.id"))
+    return f"""
+WITH {_req(GATE_TYPES)},
+run AS (
+    SELECT req."id" AS op, l.id, l.fence FROM req CROSS JOIN LATERAL
+    (SELECT id, fence FROM runs WHERE {_per_row(where)} FOR SHARE OF runs) l
+),
+ins AS (
+    INSERT INTO operations ({rows.OP_COLUMNS})
+    SELECT {runs_values} FROM run JOIN req ON req."id" = run.op ORDER BY req.ord
+    ON CONFLICT (id) DO NOTHING RETURNING id
+),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT req."now", run.id, ins.id, req."passed", req."from", req."to",
+        json_build_object('fence', run.fence, 'attempt', req."token")::text
+    FROM ins JOIN req ON req."id" = ins.id JOIN run ON run.op = ins.id ORDER BY req.ord
+    RETURNING op_id, data
+)
+SELECT op_id, (data::jsonb ->> 'fence')::int FROM ev
+"""
+
+
+@functools.cache
+def outcomes_sql(event: OpEvent) -> str:
+    """``_outcome_sql`` for many operations (one event): per operation, in order, the
+    status read, whether it moved, and the updated row."""
+    guard, target = transition_case(event, "old.status")
+    sets = _per_row(OUTCOME_SET.format(old="old.", new="o."))
+    return f"""
+WITH {_req(RECORD_TYPES)},
+old AS (
+    SELECT id, status, run_id, evidence FROM operations
+    WHERE id IN (SELECT "id" FROM req) ORDER BY id FOR UPDATE
+),
+upd AS (
+    UPDATE operations o SET status = {target}, {sets}
+    FROM old JOIN req ON req."id" = old.id WHERE o.id = old.id AND {guard}
+    RETURNING old.status AS source, req.ord, o.*
+),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT req."now", upd.run_id, upd.id, req."kind", upd.source, upd.status, req."data"
+    FROM upd JOIN req ON req."id" = upd.id ORDER BY upd.ord
+)
+SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
+FROM req LEFT JOIN old ON old.id = req."id" LEFT JOIN upd ON upd.id = req."id" ORDER BY req.ord
 """
