@@ -36,6 +36,7 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import urllib.parse
@@ -321,7 +322,7 @@ class PostgresBackend(SqlBackend):
         forms = None
         if not spec.compensates and not spec.needs_approval:  # the plain gate, grouped
             forms = gate_forms(*intent_sql(self.dialect, False, False))
-        params = gate_params(spec, time.time(), token)
+        params = functools.partial(gate_params, spec, time.time(), token)
         result: GateResult = await self.group.submit(
             Job(spec.id, alone, forms=forms, params=params)
         )
@@ -354,7 +355,7 @@ class PostgresBackend(SqlBackend):
                 deadline=deadline,
             )
 
-        params = record_params(op_id, update, time.time())
+        params = functools.partial(record_params, op_id, update, time.time())
         return Job(op_id, alone, forms=outcome_forms(update.event), params=params, then=then)
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:

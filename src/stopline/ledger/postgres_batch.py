@@ -67,13 +67,13 @@ class Job:
         alone: Alone | None,
         *,
         forms: Forms | None = None,
-        params: dict[str, Any] | None = None,
+        params: Callable[[], dict[str, Any]] | None = None,
         then: Callable[[Outcome], None] | None = None,
     ) -> None:
         self.op_id = op_id
         self.alone = alone  # None: a barrier, nothing to write
         self.forms = forms  # None: never together with others
-        self.params = params
+        self.params = params  # its parameters, made only when it goes with others
         self.then = then
         self.outcome: Outcome | None = None
         self.wake: anyio.Event | None = None if then else anyio.Event()
@@ -121,21 +121,28 @@ class GroupCommit:
 
     # -- what callers do --------------------------------------------------------------
     async def submit(self, job: Job) -> Any:
-        """Queue ``job`` and wait for its transaction (shielded: a started write finishes)."""
+        """Queue ``job`` and wait for its transaction (shielded: a started write finishes;
+        leading, the transaction shields itself: ``attempts`` alone, ``_together``)."""
         assert job.wake is not None
-        with anyio.CancelScope(shield=True):
-            self._queue.append(job)
-            if not self._leading:
-                await self._lead()
-            while job.outcome is None:
-                await job.wake.wait()
-                job.wake = anyio.Event()
-                if job.lead and job.outcome is None:
-                    job.lead = False
-                    await self._lead()
+        self._queue.append(job)
+        if not self._leading:
+            await self._lead()
+        if job.outcome is None:
+            with anyio.CancelScope(shield=True):
+                await self._wait(job)
         outcome = job.outcome
         assert outcome is not None
         return outcome()
+
+    async def _wait(self, job: Job) -> None:
+        """Until ``job``'s transaction commits; lead the next one when handed it."""
+        assert job.wake is not None
+        while job.outcome is None:
+            await job.wake.wait()
+            job.wake = anyio.Event()
+            if job.lead and job.outcome is None:
+                job.lead = False
+                await self._lead()
 
     def defer(self, job: Job) -> None:
         """Queue an outcome nobody waits for: it rides the next transaction."""
@@ -224,7 +231,8 @@ class GroupCommit:
             if len(work) == 1:
                 await self._alone(work[0], doubt=False, deadline=self._deadline())
             elif work:
-                await self._together(work)
+                with anyio.CancelScope(shield=True):
+                    await self._together(work)
         finally:
             for job in batch:
                 if job.alone is None:
@@ -305,11 +313,12 @@ class GroupCommit:
 def _statement(stretch: Sequence[Job]) -> tuple[str, Any]:
     """A stretch's statement: the one-row form (prepared by psycopg after a few uses,
     cheaper to plan) for one job, the many-row form for more."""
-    forms, params = stretch[0].forms, stretch[0].params
-    assert forms is not None and params is not None
+    forms = stretch[0].forms
+    assert forms is not None
+    params = [j.params() for j in stretch if j.params is not None]
     if len(stretch) == 1:
-        return pg_sql(forms.one), params
-    return forms.many, many_rows([j.params for j in stretch if j.params is not None])
+        return pg_sql(forms.one), params[0]
+    return forms.many, many_rows(params)
 
 
 def _fences(stretch: Sequence[Job], found: Sequence[Any]) -> dict[str, int]:
@@ -326,7 +335,7 @@ def _recorded(job: Job, row: Sequence[Any]) -> Outcome:
     if not moved:
         assert job.params is not None
         try:
-            apply(OPERATION_TABLE, OpStatus(source), OpEvent(job.params["kind"]))
+            apply(OPERATION_TABLE, OpStatus(source), OpEvent(job.params()["kind"]))
         except Exception as exc:  # IllegalTransition: what ``record`` raises
             return _error(exc)
         return _error(AssertionError(f"record of {job.op_id}: allowed but nothing changed"))
