@@ -5,7 +5,9 @@ server's clock for leases (a paused worker cannot pass a stale "now"), and
 three fused statements built from the engine's fragments: the gate's intent
 with its event (the run taken ``FOR SHARE``), ``record``'s compare-and-set
 with its event, and the cancel's ``NOTIFY`` (sent by the server at commit,
-never for a cancel that rolled back).
+never for a cancel that rolled back; queued on the transaction and sent with
+its ``COMMIT``, one round trip for all of them, in payloads cut by size: the
+server refuses one of 8000 bytes or more).
 
 The group commit (``postgres_batch``) runs the first two for many operations
 in one statement each: the same fragments with every ``:name`` parameter read
@@ -28,9 +30,9 @@ from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
 from stopline.ledger.engine.guards import transition_case
 
-__all__ = ["NOTIFY_CHUNK", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
+__all__ = ["NOTIFY_BYTES", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
 
-NOTIFY_CHUNK = 100  # run ids per notification: well under the 8000-byte payload limit
+NOTIFY_BYTES = 7999  # the most a notification's payload may hold (the server's limit: < 8000)
 _UPD_COLUMNS = ", ".join(f"upd.{c.strip()}" for c in rows.OP_COLUMNS.split(","))
 
 
@@ -58,9 +60,13 @@ class PostgresDialect(Dialect):
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         if self.channel is None:
             return
-        for i in range(0, len(run_ids), NOTIFY_CHUNK):
-            payload = json.dumps(list(run_ids[i : i + NOTIFY_CHUNK]), separators=(",", ":"))
-            await db.run("SELECT pg_notify(?, ?)", (self.channel, payload))
+        at_commit = getattr(db, "at_commit", None)  # Tx's: sent with the COMMIT
+        for payload in notify_payloads(run_ids):
+            params = (self.channel, payload)
+            if at_commit is not None:
+                await at_commit("SELECT pg_notify(?, ?)", params)
+            else:
+                await db.run("SELECT pg_notify(?, ?)", params)
 
     async def record_intent(
         self, db: Db, where: str, values: str, params: dict[str, Any]
@@ -75,6 +81,25 @@ class PostgresDialect(Dialect):
         if row is None:
             return None, None
         return row[0], (row[2:] if row[1] else None)
+
+
+def notify_payloads(run_ids: Sequence[str]) -> list[str]:
+    """``run_ids`` as JSON arrays of at most ``NOTIFY_BYTES`` bytes each, in order (an id
+    is at most 1,024 characters, ~4 KB in UTF-8: one always fits)."""
+    payloads: list[str] = []
+    items: list[str] = []
+    size = 2  # the brackets
+    for run_id in run_ids:
+        item = json.dumps(run_id, ensure_ascii=False)
+        grown = len(item.encode()) + (1 if items else 0)
+        if items and size + grown > NOTIFY_BYTES:
+            payloads.append("[" + ",".join(items) + "]")
+            items, size, grown = [], 2, grown - 1
+        items.append(item)
+        size += grown
+    if items:
+        payloads.append("[" + ",".join(items) + "]")
+    return payloads
 
 
 @functools.cache

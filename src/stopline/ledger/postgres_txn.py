@@ -5,10 +5,11 @@ The engine writes ``?`` and ``:name`` placeholders; psycopg's ``%s`` and
 connection is in autocommit mode: a body is either one statement that
 commits by itself (``write1``: the gate's fast path, ``record``) or an
 explicit ``BEGIN ... COMMIT`` (``transaction``, re-entrant). The ``BEGIN``
-travels with the transaction's first statement (pipeline mode: one round
-trip for both, not two). ``Tx`` marks the moments a commit is on the wire, so
-the backend can tell a failure that rolled back (safe to retry) from one
-whose commit is in doubt.
+travels with the transaction's first statement and the statements queued
+with ``at_commit`` (the cancel's notifications) with its ``COMMIT``
+(pipeline mode: one round trip each, not two or more). ``Tx`` marks the
+moments a commit is on the wire, so the backend can tell a failure that
+rolled back (safe to retry) from one whose commit is in doubt.
 
 Isolation is READ COMMITTED with explicit row locks on ``runs``: the gate
 takes its run ``FOR SHARE`` inside its one statement and a cancel takes the
@@ -57,6 +58,7 @@ class Tx(Db):
         self.in_doubt = False  # a statement that commits (or COMMIT itself) is on the wire
         self._depth = 0  # open ``transaction`` blocks
         self._begin = False  # a ``BEGIN`` to send with the next statement
+        self._at_commit: list[tuple[str, Params]] = []  # to send with the ``COMMIT``
 
     async def _execute(self, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
         if not self._begin:
@@ -66,6 +68,14 @@ class Tx(Db):
             await self.conn.execute("BEGIN")
             cur = await self.conn.execute(pg_sql(sql), params)
         return cur
+
+    async def at_commit(self, sql: str, params: Params = ()) -> None:
+        """Run ``sql`` just before the transaction commits, in the ``COMMIT``'s round trip
+        (a statement whose result nobody reads); at once outside a transaction."""
+        if self._depth:
+            self._at_commit.append((sql, params))
+        else:
+            await self.run(sql, params)
 
     async def one(self, sql: str, params: Params = ()) -> Any:
         return await (await self._execute(sql, params)).fetchone()
@@ -112,6 +122,7 @@ class Tx(Db):
             yield
         except BaseException:
             self._depth = 0
+            self._at_commit.clear()
             if self._begin:  # nothing was sent: nothing to roll back
                 self._begin = False
                 raise
@@ -119,9 +130,19 @@ class Tx(Db):
                 await self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
-        if self._begin:  # a body that ran no statement: no transaction was opened
+        pending, self._at_commit = self._at_commit, []
+        if self._begin and not pending:  # a body that ran no statement: no transaction
             self._begin = False
             return
         self.in_doubt = True
-        await self.conn.execute("COMMIT")
+        if pending:
+            async with self.conn.pipeline():
+                if self._begin:
+                    self._begin = False
+                    await self.conn.execute("BEGIN")
+                for sql, params in pending:
+                    await self.conn.execute(pg_sql(sql), params)
+                await self.conn.execute("COMMIT")
+        else:
+            await self.conn.execute("COMMIT")
         self.in_doubt = False
