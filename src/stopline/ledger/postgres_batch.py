@@ -124,6 +124,15 @@ class GroupCommit:
         """Queue ``job`` and wait for its transaction (shielded: a started write finishes;
         leading, the transaction shields itself: ``attempts`` alone, ``_together``)."""
         assert job.wake is not None
+        if not self._leading and not self._queue:  # a lone caller: its job, alone, now
+            if job.alone is None:
+                return None  # a barrier with nothing before it
+            self._leading = True
+            try:
+                return await job.alone(False, self._deadline())
+            finally:
+                self._leading = False
+                self._hand_over()
         self._queue.append(job)
         if not self._leading:
             await self._lead()
