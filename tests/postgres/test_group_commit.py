@@ -231,3 +231,44 @@ async def test_a_group_transaction_left_unreachable_gives_each_caller_its_error(
     statuses = {op.id: op.status for op in await backend.operations("run_a")}
     assert statuses == {"run_a/0:send": OpStatus.REQUESTED}  # the rest never sent
     assert backend.doubts == {}
+
+
+async def test_a_group_that_breaks_unexpectedly_answers_every_caller(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug reading a group's results (here injected) is every caller's error and the
+    deferred outcome's; nobody waits forever, and the next group works."""
+    import stopline.ledger.postgres_batch as batch
+
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+
+    def broken(job: Any, row: Any) -> Any:
+        raise RuntimeError("injected: results unreadable")
+
+    monkeypatch.setattr(batch, "_recorded", broken)
+    got: list[Any] = []
+
+    def then(outcome: Callable[[], OperationRecord]) -> None:
+        try:
+            got.append(outcome())
+        except RuntimeError as exc:
+            got.append(exc)
+
+    backend.record_deferred("run_a/0:send", COMMIT, then)
+    errors: list[str] = []
+
+    async def one(i: int) -> None:
+        try:
+            await backend.gate(op_spec(f"run_a/{i}:send"))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 3):
+                tg.start_soon(one, i)
+    assert [type(o).__name__ for o in got] == ["RuntimeError"]
+    assert errors  # the gate(s) in that group heard of it too
+    monkeypatch.undo()
+    assert (await backend.gate(op_spec("run_a/9:send"))).verdict is GateVerdict.PASSED

@@ -28,6 +28,7 @@ its own typed error, within one ``retry_for`` for the whole batch.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_BATCH", "GroupCommit", "Job"]
 
 MAX_BATCH = 256  # jobs per transaction
+log = logging.getLogger("stopline.ledger.postgres")
 Outcome = Callable[[], Any]  # returns the job's result or raises its error
 Alone = Callable[[bool, float], Awaitable[Any]]  # run the job by itself (doubt, deadline)
 
@@ -80,9 +82,14 @@ class Job:
         self.lead = False  # handed the next transaction
 
     def finish(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            return  # finished already (a group that failed after its results were in)
         self.outcome = outcome
         if self.then is not None:
-            self.then(outcome)
+            try:
+                self.then(outcome)
+            except Exception:  # the caller's callback: never the other jobs' problem
+                log.exception("group commit: a deferred outcome's callback failed")
         elif self.wake is not None:
             self.wake.set()
 
@@ -242,6 +249,10 @@ class GroupCommit:
             elif work:
                 with anyio.CancelScope(shield=True):
                     await self._together(work)
+        except Exception as exc:  # not a storage error (those are each job's): a bug
+            log.exception("group commit: a group transaction failed unexpectedly")
+            for job in work:
+                job.finish(_error(exc))  # every caller hears of it; none waits forever
         finally:
             for job in batch:
                 if job.alone is None:
