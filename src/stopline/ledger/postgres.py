@@ -52,9 +52,9 @@ import sniffio
 from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
-from stopline.domain.model import Evidence, OperationRecord, OperationSpec
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import Cause, OpEvent, OpStatus
+from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
@@ -65,8 +65,8 @@ from stopline.errors import (
     LedgerUnavailable,
     StoplineError,
 )
-from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
-from stopline.ledger.engine import Db, SqlBackend, fence, reads
+from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
 from stopline.ledger.engine.reads import load_op
 from stopline.ledger.engine.record import record, record_params
@@ -365,9 +365,22 @@ class PostgresBackend(SqlBackend):
             lost = "the connection was lost after it was sent and the ledger stayed unreachable"
             return CancelInDoubt(self.location, run_id, lost)
 
-        return await self._tx(
+        # not behind the deferred outcomes (it reads no operation): the fence goes first
+        return await self.attempts(
             lambda tx: fence.cancel(tx, run_id, by, reason), safe=True, in_doubt=in_doubt
         )
+
+    # -- writes that read no operation: not behind the deferred outcomes ---------------
+    # (a child created or a phase entered waits for no one's outcome; what it writes
+    # cannot disagree with one: the group commit keeps their order with the gates)
+    async def create_run(self, spec: RunSpec) -> RunRecord:
+        return await self.attempts(lambda db: runs.create_run(db, spec))
+
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
+        await self.attempts(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
+
+    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+        return await self.attempts(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]

@@ -294,6 +294,11 @@ class GroupCommit:
                 stretches[-1].append(job)
             else:
                 stretches.append([job])
+        # The one-row gate waits for a run a cancel holds: only while the group holds no
+        # other run (its first gate stretch); later ones skip a locked run (SKIP LOCKED,
+        # the slow path takes it alone), so a group and a tree cancel never deadlock.
+        first_gate = next((s for s in stretches if _is_gate(s)), None)
+        one_row = [len(s) == 1 and (s is first_gate or not _is_gate(s)) for s in stretches]
         async with backend.pool.connection() as conn:
             tx = Tx(conn, backend.location, backend.dialect)
             if backend.doubts:
@@ -303,7 +308,10 @@ class GroupCommit:
             try:
                 async with conn.pipeline() as pipeline:
                     await conn.execute("BEGIN")
-                    cursors = [await conn.execute(*_statement(s)) for s in stretches]
+                    cursors = [
+                        await conn.execute(*_statement(s, one))
+                        for s, one in zip(stretches, one_row, strict=True)
+                    ]
                     tx.in_doubt = True
                     await conn.execute("COMMIT")
                     await pipeline.sync()
@@ -312,11 +320,11 @@ class GroupCommit:
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
         done: list[tuple[Job, Outcome]] = []
         slow: list[Job] = []
-        for stretch, found in zip(stretches, results, strict=True):
+        for stretch, found, one in zip(stretches, results, one_row, strict=True):
             forms = stretch[0].forms
             assert forms is not None
             if forms.gate:
-                fences = _fences(stretch, found)
+                fences = _fences(stretch, found, one)
                 for job in stretch:
                     if job.op_id in fences:
                         result = GateResult(GateVerdict.PASSED, fence=fences[job.op_id])
@@ -330,20 +338,25 @@ class GroupCommit:
         return done, slow
 
 
-def _statement(stretch: Sequence[Job]) -> tuple[str, Any]:
-    """A stretch's statement: the one-row form (prepared by psycopg after a few uses,
-    cheaper to plan) for one job, the many-row form for more."""
+def _is_gate(stretch: Sequence[Job]) -> bool:
+    forms = stretch[0].forms
+    return forms is not None and forms.gate
+
+
+def _statement(stretch: Sequence[Job], one_row: bool) -> tuple[str, Any]:
+    """A stretch's statement: the one-row form (cheaper: prepared by psycopg after a
+    few uses) or the many-row form."""
     forms = stretch[0].forms
     assert forms is not None
     params = [j.params() for j in stretch if j.params is not None]
-    if len(stretch) == 1:
+    if one_row:
         return pg_sql(forms.one), params[0]
     return forms.many, many_rows(params)
 
 
-def _fences(stretch: Sequence[Job], found: Sequence[Any]) -> dict[str, int]:
+def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict[str, int]:
     """The gates of a stretch that passed, with their fences (one row: the fence alone)."""
-    if len(stretch) == 1:
+    if one_row:
         return {stretch[0].op_id: int(found[0][0])} if found else {}
     return {str(op): int(fence) for op, fence in found}
 

@@ -200,14 +200,16 @@ def many_rows(rows_: Sequence[dict[str, Any]]) -> dict[str, str]:
 def intents_sql(where: str, values: str) -> str:
     """``_intent_sql`` for many gates: the operation id and fence of each that passed.
 
-    The run of each is taken ``FOR SHARE`` (one lock per gate, as alone); a gate
-    that did not pass wrote nothing and takes the slow path on its own."""
+    The run of each is taken ``FOR SHARE`` (one lock per gate, as alone), skipping a
+    run locked by a cancel (or any write of runs) rather than waiting for it while
+    holding the others: that gate, like one that did not pass, wrote nothing and
+    takes the slow path on its own."""
     runs_values = _per_row(values.replace("runs.id", "run.id"))
     return f"""
 WITH {_req(GATE_TYPES)},
 run AS (
     SELECT req."id" AS op, l.id, l.fence FROM req CROSS JOIN LATERAL
-    (SELECT id, fence FROM runs WHERE {_per_row(where)} FOR SHARE OF runs) l
+    (SELECT id, fence FROM runs WHERE {_per_row(where)} FOR SHARE OF runs SKIP LOCKED) l
 ),
 ins AS (
     INSERT INTO operations ({rows.OP_COLUMNS})
