@@ -34,6 +34,7 @@ _SEAM_METHODS = {
     "close",
     "open",
     "watch_cancels",
+    "record_deferred",  # how a backend queues an outcome: its writer, or its group commit
 }
 
 

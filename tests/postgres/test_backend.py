@@ -314,3 +314,69 @@ async def test_a_notification_whose_check_cannot_be_read_is_delivered(
     await backend.listener.deliver('["run_x"]', seen.append)
     assert seen == [["run_x"]]
     assert any("could not check" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> None:
+    """The listener checks which runs are still fenced over its own connection, not
+    through the pool (no checkout, no queue behind the process's own calls): with the
+    pool gone, a notification for a run resumed since its cancel is still dropped."""
+    async with stopline.open(pg_url) as ledger:
+        for run_id in ("resumed", "left"):
+            async with ledger.run("job", owner="u", run_id=run_id):
+                await ledger.cancel(run_id, by="u")
+            await ledger.wait_settled(run_id, timeout=10)
+        await ledger.resume("resumed", by="u")
+    seen: list[list[str]] = []
+    arrived = anyio.Event()
+
+    def on_cancel(run_ids: list[str]) -> None:
+        seen.append(run_ids)
+        arrived.set()
+
+    listener = await PostgresBackend.open(pg_url)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(listener.watch_cancels, on_cancel)
+            await listener.pool.close()  # a check through the pool would fail now
+            sql(pg_url, "SELECT pg_notify(%s, %s)", listener.channel, '["resumed", "left"]')
+            with anyio.fail_after(10):
+                await arrived.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        await listener.close()
+    assert seen == [["left"]]
+
+
+async def test_a_cancel_too_large_for_one_notification_is_notified_in_several(
+    pg_url: str,
+) -> None:
+    """Ids may be 1,024 characters and a notification's payload must stay under 8,000
+    bytes: a tree of such runs is notified in payloads cut by size, all of them sent
+    with the cancel's commit (before, 100 ids per payload: the server refused the
+    NOTIFY, and with it the cancel)."""
+    ids = [f"{i}" + "r" * 1000 for i in range(9)]
+    seen: list[list[str]] = []
+    arrived = anyio.Event()
+
+    def on_cancel(run_ids: list[str]) -> None:
+        seen.append(run_ids)
+        if sum(len(s) for s in seen) == len(ids):
+            arrived.set()
+
+    listener = await PostgresBackend.open(pg_url)
+    canceller = await PostgresBackend.open(pg_url)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(listener.watch_cancels, on_cancel)
+            await canceller.create_run(run_spec(ids[0]))
+            for child in ids[1:]:
+                await canceller.create_run(run_spec(child, parent_id=ids[0]))
+            result = await canceller.cancel(ids[0], by="u")
+            with anyio.fail_after(10):
+                await arrived.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        await listener.close()
+        await canceller.close()
+    assert result.first and set(result.fenced) == set(ids)
+    assert len(seen) == 2 and sorted(r for batch in seen for r in batch) == sorted(ids)

@@ -241,7 +241,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             median(gates) * 1e6,
             "us",
             median(bare) * 1e6,
-            "ratio <= 2.0",
+            "ratio <= 1.3",
             "p50 gate (fence check + intent + event, one statement) vs one bare conditional "
             f"insert; a whole gated call (intent + outcome) p50 {median(calls) * 1e6:.0f} us",
         ),
@@ -250,7 +250,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             percentile(cancels, 99) * 1e3,
             "ms",
             None,
-            "<= 5 ms",
+            "<= 2 ms",
             "cancel() started in one process to the in-flight call's scope cancelled in "
             f"another (LISTEN/NOTIFY); p50 {median(cancels) * 1e3:.2f} ms",
         ),
@@ -259,7 +259,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             throughput,
             "ops/s",
             None,
-            "",
+            ">= 5,000/s",
             f"4 worker processes x 50 concurrent runs, intent + outcome per op; server CPU {cpu}",
         ),
     ]

@@ -3,8 +3,14 @@
 ``postgresql://user@host:5432/db?schema=NAME`` opens it (psycopg 3, async, a
 connection pool; asyncio only, as psycopg's async driver is). Besides libpq's
 own parameters the URL takes ``schema`` (created if missing; the ledger's
-tables live there), ``pool_min``/``pool_max`` and ``retry_for`` (seconds a
-transaction is retried across connection loss or failover, default 10).
+tables live there), ``pool_min``/``pool_max``, ``retry_for`` (seconds a
+transaction is retried across connection loss or failover, default 10) and
+``group_commit_ms`` (how long a deferred outcome waits for a transaction to
+ride before committing alone, default 2).
+
+Gates and outcomes go through the group commit (``postgres_batch``): many
+callers' writes in one transaction, a lone caller's alone; by default a
+call's outcome is deferred and rides the next transaction (ADR 0034).
 
 Every public method is one of the engine's transaction bodies
 (``stopline.ledger.engine``) on a pooled connection (``postgres_txn.Tx``, in
@@ -30,6 +36,7 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import urllib.parse
@@ -45,9 +52,9 @@ import sniffio
 from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
-from stopline.domain.model import Evidence, OperationSpec
+from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import Cause, OpEvent, OpStatus
+from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
@@ -58,13 +65,14 @@ from stopline.errors import (
     LedgerUnavailable,
     StoplineError,
 )
-from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
-from stopline.ledger.engine import Db, SqlBackend, fence, reads
-from stopline.ledger.engine.gate import gate, gate_committed
+from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
+from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
 from stopline.ledger.engine.reads import load_op
-from stopline.ledger.engine.record import record
+from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
-from stopline.ledger.postgres_dialect import PostgresDialect
+from stopline.ledger.postgres_batch import GroupCommit, Job
+from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
 from stopline.ledger.postgres_listen import Listener
 from stopline.ledger.postgres_schema import check, migrate
@@ -73,7 +81,7 @@ from stopline.ledger.postgres_txn import Tx
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
-_OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for"})
+_OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 _RETRY = object()  # a settle function's answer: the write did not land, run it again
 
@@ -88,6 +96,7 @@ class PostgresBackend(SqlBackend):
         pool_min: int = 1,
         pool_max: int = 10,
         retry_for: float = 10.0,
+        group_commit_ms: float = 2.0,
         read_only: bool = False,
     ) -> None:
         self.location = location
@@ -114,6 +123,7 @@ class PostgresBackend(SqlBackend):
         )
         self._doubts: dict[str, str] = {}  # op id -> gate attempt token, commit in doubt
         self.listener = Listener(self)
+        self.group = GroupCommit(self, group_commit_ms / 1000)
 
     @classmethod
     async def open(cls, url: str, *, read_only: bool = False) -> PostgresBackend:
@@ -140,6 +150,7 @@ class PostgresBackend(SqlBackend):
                 pool_min=int(own.get("pool_min", 1)),
                 pool_max=int(own.get("pool_max", 10)),
                 retry_for=float(own.get("retry_for", 10.0)),
+                group_commit_ms=float(own.get("group_commit_ms", 2.0)),
                 read_only=read_only,
             )
         except ValueError as exc:
@@ -169,8 +180,21 @@ class PostgresBackend(SqlBackend):
         except (psycopg.Error, OSError) as exc:
             raise self.map_error(exc) from exc
 
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        return self._pool
+
+    @property
+    def doubts(self) -> dict[str, str]:
+        """Gates whose commit stayed in doubt: op id -> attempt token."""
+        return self._doubts
+
     async def close(self) -> None:
-        await self._pool.close()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.group.close()  # the deferred outcomes commit first
+        finally:
+            await self._pool.close()
 
     # -- errors and the retrying transaction --------------------------------------
     def map_error(self, exc: BaseException) -> BaseException:
@@ -185,25 +209,43 @@ class PostgresBackend(SqlBackend):
         settle: Callable[[Tx], Awaitable[Any]] | None = None,
         in_doubt: Callable[[], LedgerError] | None = None,
     ) -> T:
-        """Run ``body`` on a pooled connection, retrying what is safe to retry.
+        """Run ``body`` on a pooled connection, retrying what is safe to retry, after
+        this process's deferred outcomes (so nothing it does later misses one)."""
+        if self.group.unsettled:
+            await self.group.barrier()
+        return await self.attempts(body, safe=safe, settle=settle, in_doubt=in_doubt)
+
+    async def attempts(
+        self,
+        body: Callable[[Tx], Awaitable[T]] | Callable[[Db], Awaitable[T]],
+        *,
+        safe: bool = False,
+        settle: Callable[[Tx], Awaitable[Any]] | None = None,
+        in_doubt: Callable[[], LedgerError] | None = None,
+        doubt: bool = False,
+        deadline: float | None = None,
+    ) -> T:
+        """``body`` on a pooled connection until it commits or ``deadline`` passes.
 
         ``safe``: the write is idempotent, run it again even if its commit was in
         doubt. ``settle(tx)``: after a doubt, find out whether it landed (its
         result) or not (``_RETRY``). ``in_doubt()``: the error raised when the
-        doubt cannot be settled in time. The wait is shielded, like SQLite's
-        writer: a started transaction always finishes and its caller learns how.
+        doubt cannot be settled in time. ``doubt``: a commit is in doubt already
+        (the group transaction it was part of lost its reply). The wait is
+        shielded, like SQLite's writer: a started transaction always finishes
+        and its caller learns how.
         """
         with anyio.CancelScope(shield=True):
-            deadline = time.monotonic() + self.retry_for
+            if deadline is None:
+                deadline = time.monotonic() + self.retry_for
             delay = 0.005
-            doubt = False
             while True:
                 tx: Tx | None = None
                 try:
                     async with self._pool.connection() as conn:
                         tx = Tx(conn, self.location, self.dialect)
                         if self._doubts:
-                            await self._settle_gate_doubts(tx)
+                            await self.settle_gate_doubts(tx)
                         if doubt and settle is not None:
                             landed = await settle(tx)
                             if landed is not _RETRY:
@@ -225,7 +267,7 @@ class PostgresBackend(SqlBackend):
                 delay = min(delay * 2, 0.25)
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
-    async def _settle_gate_doubts(self, tx: Tx) -> None:
+    async def settle_gate_doubts(self, tx: Tx) -> None:
         """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``.
 
         Single-flight: a transaction takes a doubt out of the map before settling it,
@@ -268,9 +310,53 @@ class PostgresBackend(SqlBackend):
             self._doubts[spec.id] = token  # settled on the next transaction that connects
             return GateInDoubt(self.location, spec.id)
 
-        return await self._tx(
-            lambda tx: gate(tx, spec, token), settle=_gate_landed(spec, token), in_doubt=in_doubt
+        async def alone(doubt: bool, deadline: float) -> GateResult:
+            return await self.attempts(
+                lambda tx: gate(tx, spec, token),
+                settle=_gate_landed(spec, token),
+                in_doubt=in_doubt,
+                doubt=doubt,
+                deadline=deadline,
+            )
+
+        forms = None
+        if not spec.compensates and not spec.needs_approval:  # the plain gate, grouped
+            forms = gate_forms(*intent_sql(self.dialect, False, False))
+        params = functools.partial(gate_params, spec, time.time(), token)
+        result: GateResult = await self.group.submit(
+            Job(spec.id, alone, forms=forms, params=params)
         )
+        return result
+
+    async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        return await self.group.submit(self._outcome_job(op_id, update))  # type: ignore[no-any-return]
+
+    defers_outcomes = True  # one process's writes apply in order: the group commit's queue
+
+    def record_deferred(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None],
+    ) -> None:
+        self.group.defer(self._outcome_job(op_id, update, then))
+
+    def _outcome_job(
+        self,
+        op_id: str,
+        update: OutcomeUpdate,
+        then: Callable[[Callable[[], OperationRecord]], None] | None = None,
+    ) -> Job:
+        async def alone(doubt: bool, deadline: float) -> OperationRecord:
+            return await self.attempts(
+                lambda tx: record(tx, op_id, update),
+                settle=_outcome_landed(op_id, update),
+                doubt=doubt,
+                deadline=deadline,
+            )
+
+        params = functools.partial(record_params, op_id, update, time.time())
+        return Job(op_id, alone, forms=outcome_forms(update.event), params=params, then=then)
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so; the
@@ -279,9 +365,22 @@ class PostgresBackend(SqlBackend):
             lost = "the connection was lost after it was sent and the ledger stayed unreachable"
             return CancelInDoubt(self.location, run_id, lost)
 
-        return await self._tx(
+        # not behind the deferred outcomes (it reads no operation): the fence goes first
+        return await self.attempts(
             lambda tx: fence.cancel(tx, run_id, by, reason), safe=True, in_doubt=in_doubt
         )
+
+    # -- writes that read no operation: not behind the deferred outcomes ---------------
+    # (a child created or a phase entered waits for no one's outcome; what it writes
+    # cannot disagree with one: the group commit keeps their order with the gates)
+    async def create_run(self, spec: RunSpec) -> RunRecord:
+        return await self.attempts(lambda db: runs.create_run(db, spec))
+
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
+        await self.attempts(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
+
+    async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+        return await self.attempts(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
@@ -295,7 +394,8 @@ class PostgresBackend(SqlBackend):
     # -- many processes --------------------------------------------------------------
     async def fenced_among(self, run_ids: Sequence[str]) -> list[str]:
         """Those of ``run_ids`` fenced now: what the listener delivers of a notification."""
-        return await self._execute(lambda db: reads.fenced_among(db, run_ids), safe=True)
+        # not behind this process's deferred outcomes: a read of other runs' fences
+        return await self.attempts(lambda db: reads.fenced_among(db, run_ids), safe=True)
 
     async def watch_cancels(
         self,

@@ -5,15 +5,24 @@ server's clock for leases (a paused worker cannot pass a stale "now"), and
 three fused statements built from the engine's fragments: the gate's intent
 with its event (the run taken ``FOR SHARE``), ``record``'s compare-and-set
 with its event, and the cancel's ``NOTIFY`` (sent by the server at commit,
-never for a cancel that rolled back).
+never for a cancel that rolled back; queued on the transaction and sent with
+its ``COMMIT``, one round trip for all of them, in payloads cut by size: the
+server refuses one of 8000 bytes or more).
+
+The group commit (``postgres_batch``) runs the first two for many operations
+in one statement each: the same fragments with every ``:name`` parameter read
+from a row ``req`` of one JSON parameter holding every operation's parameters
+(``many_rows``), so the rule is still written once and only its spelling
+differs.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from stopline.domain.vocab import OpEvent
 from stopline.ledger import rows
@@ -21,9 +30,9 @@ from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
 from stopline.ledger.engine.guards import transition_case
 
-__all__ = ["NOTIFY_CHUNK", "PostgresDialect"]
+__all__ = ["NOTIFY_BYTES", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
 
-NOTIFY_CHUNK = 100  # run ids per notification: well under the 8000-byte payload limit
+NOTIFY_BYTES = 7999  # the most a notification's payload may hold (the server's limit: < 8000)
 _UPD_COLUMNS = ", ".join(f"upd.{c.strip()}" for c in rows.OP_COLUMNS.split(","))
 
 
@@ -51,9 +60,13 @@ class PostgresDialect(Dialect):
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         if self.channel is None:
             return
-        for i in range(0, len(run_ids), NOTIFY_CHUNK):
-            payload = json.dumps(list(run_ids[i : i + NOTIFY_CHUNK]), separators=(",", ":"))
-            await db.run("SELECT pg_notify(?, ?)", (self.channel, payload))
+        at_commit = getattr(db, "at_commit", None)  # Tx's: sent with the COMMIT
+        for payload in notify_payloads(run_ids):
+            params = (self.channel, payload)
+            if at_commit is not None:
+                await at_commit("SELECT pg_notify(?, ?)", params)
+            else:
+                await db.run("SELECT pg_notify(?, ?)", params)
 
     async def record_intent(
         self, db: Db, where: str, values: str, params: dict[str, Any]
@@ -68,6 +81,25 @@ class PostgresDialect(Dialect):
         if row is None:
             return None, None
         return row[0], (row[2:] if row[1] else None)
+
+
+def notify_payloads(run_ids: Sequence[str]) -> list[str]:
+    """``run_ids`` as JSON arrays of at most ``NOTIFY_BYTES`` bytes each, in order (an id
+    is at most 1,024 characters, ~4 KB in UTF-8: one always fits)."""
+    payloads: list[str] = []
+    items: list[str] = []
+    size = 2  # the brackets
+    for run_id in run_ids:
+        item = json.dumps(run_id, ensure_ascii=False)
+        grown = len(item.encode()) + (1 if items else 0)
+        if items and size + grown > NOTIFY_BYTES:
+            payloads.append("[" + ",".join(items) + "]")
+            items, size, grown = [], 2, grown - 1
+        items.append(item)
+        size += grown
+    if items:
+        payloads.append("[" + ",".join(items) + "]")
+    return payloads
 
 
 @functools.cache
@@ -104,4 +136,119 @@ ev AS (
 )
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
+"""
+
+
+# -- many operations per statement (the group commit) ---------------------------------
+class Forms(NamedTuple):
+    """A hot statement for the group commit: for one operation (the engine's
+    placeholders) and for many (one JSON parameter); ``gate``: the gate's, else
+    ``record``'s."""
+
+    one: str
+    many: str
+    gate: bool
+
+
+@functools.cache
+def gate_forms(where: str, values: str) -> Forms:
+    return Forms(_intent_sql(where, values), intents_sql(where, values), True)
+
+
+@functools.cache
+def outcome_forms(event: OpEvent) -> Forms:
+    return Forms(_outcome_sql(event), outcomes_sql(event), False)
+
+
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+# the SQL type of each parameter of the gate and of ``record`` (``gate_params``,
+# ``record_params``), for the arrays they travel in
+GATE_TYPES = {
+    "id": "text", "run": "text", "tool": "text", "description": "text", "digest": "text",
+    "cancellable": "text", "can_verify": "int", "can_compensate": "int",
+    "cancel_none": "text", "evidence": "text", "now": "float8", "compensates": "text",
+    "worker": "text", "token": "text", "passed": "text", "from": "text", "to": "text",
+}  # fmt: skip
+RECORD_TYPES = {
+    "id": "text", "now": "float8", "items": "text", "cause": "text", "error": "text",
+    "has_result": "int", "result": "text", "cancel_state": "text", "kind": "text",
+    "data": "text",
+}  # fmt: skip
+
+
+def _per_row(sql: str) -> str:
+    """A fragment written for one operation's ``:name`` parameters, reading them from
+    the row ``req`` instead (``req."name"``)."""
+    return _PARAM.sub(r'req."\1"', sql)
+
+
+def _req(types: dict[str, str]) -> str:
+    columns = ", ".join(f'"{name}" {kind}' for name, kind in types.items())
+    names = ", ".join(f'"{name}"' for name in types)
+    return (
+        "req AS (SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)"
+        f" AS ({columns})) WITH ORDINALITY AS req({names}, ord))"
+    )
+
+
+def many_rows(rows_: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The parameters of a ``*_many`` statement: each operation's, as one JSON array."""
+    return {"rows": json.dumps(rows_, separators=(",", ":"))}
+
+
+@functools.cache
+def intents_sql(where: str, values: str) -> str:
+    """``_intent_sql`` for many gates: the operation id and fence of each that passed.
+
+    The run of each is taken ``FOR SHARE`` (one lock per gate, as alone), skipping a
+    run locked by a cancel (or any write of runs) rather than waiting for it while
+    holding the others: that gate, like one that did not pass, wrote nothing and
+    takes the slow path on its own."""
+    runs_values = _per_row(values.replace("runs.id", "run.id"))
+    return f"""
+WITH {_req(GATE_TYPES)},
+run AS (
+    SELECT req."id" AS op, l.id, l.fence FROM req CROSS JOIN LATERAL
+    (SELECT id, fence FROM runs WHERE {_per_row(where)} FOR SHARE OF runs SKIP LOCKED) l
+),
+ins AS (
+    INSERT INTO operations ({rows.OP_COLUMNS})
+    SELECT {runs_values} FROM run JOIN req ON req."id" = run.op ORDER BY req.ord
+    ON CONFLICT (id) DO NOTHING RETURNING id
+),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT req."now", run.id, ins.id, req."passed", req."from", req."to",
+        json_build_object('fence', run.fence, 'attempt', req."token")::text
+    FROM ins JOIN req ON req."id" = ins.id JOIN run ON run.op = ins.id ORDER BY req.ord
+    RETURNING op_id, data
+)
+SELECT op_id, (data::jsonb ->> 'fence')::int FROM ev
+"""
+
+
+@functools.cache
+def outcomes_sql(event: OpEvent) -> str:
+    """``_outcome_sql`` for many operations (one event): per operation, in order, the
+    status read, whether it moved, and the updated row."""
+    guard, target = transition_case(event, "old.status")
+    sets = _per_row(OUTCOME_SET.format(old="old.", new="o."))
+    return f"""
+WITH {_req(RECORD_TYPES)},
+old AS (
+    SELECT id, status, run_id, evidence FROM operations
+    WHERE id IN (SELECT "id" FROM req) ORDER BY id FOR UPDATE
+),
+upd AS (
+    UPDATE operations o SET status = {target}, {sets}
+    FROM old JOIN req ON req."id" = old.id WHERE o.id = old.id AND {guard}
+    RETURNING old.status AS source, req.ord, o.*
+),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT req."now", upd.run_id, upd.id, req."kind", upd.source, upd.status, req."data"
+    FROM upd JOIN req ON req."id" = upd.id ORDER BY upd.ord
+)
+SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
+FROM req LEFT JOIN old ON old.id = req."id" LEFT JOIN upd ON upd.id = req."id" ORDER BY req.ord
 """

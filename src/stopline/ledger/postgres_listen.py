@@ -12,8 +12,11 @@ and the cancels committed meanwhile are caught up from ``runs.cancelled_at``
 (with ``CATCH_UP_SLACK`` seconds of slack for clock skew between hosts and
 for a drop noticed late; TCP keepalives bound "late"). Delivering a run twice
 is harmless: the runtime skips runs it already knows are cancelled. Only runs
-still fenced when a notification is read are delivered (one read through the
-pool): a run resumed since its cancel is not cancelled again here.
+still fenced when a notification is read are delivered: a run resumed since
+its cancel is not cancelled again here. That read goes over the LISTEN
+connection itself, between two waits for notifications (psycopg keeps what
+arrives meanwhile for the next wait), not through the pool: no checkout, and
+no waiting behind a pool the process's own calls keep busy.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,7 +32,9 @@ import anyio.abc
 import psycopg
 
 from stopline.errors import LedgerError
+from stopline.ledger.engine import reads
 from stopline.ledger.engine.guards import FENCED, sql_values
+from stopline.ledger.postgres_txn import Tx
 
 if TYPE_CHECKING:
     from stopline.ledger.postgres import PostgresBackend
@@ -96,8 +101,17 @@ class Listener:
                         task_status.started()
                         started = True
                     delay = 0.01
-                    async for note in conn.notifies():
-                        await self.deliver(note.payload, on_cancel)
+                    tx = Tx(conn, backend.location, backend.dialect)
+
+                    async def fenced(run_ids: Sequence[str], tx: Tx = tx) -> list[str]:
+                        return await reads.fenced_among(tx, run_ids)
+
+                    while True:
+                        # leave the wait after each packet of notifications, so the
+                        # check can use this connection; what arrives meanwhile waits
+                        notes = [note async for note in conn.notifies(stop_after=1)]
+                        for note in notes:
+                            await self.deliver(note.payload, on_cancel, fenced)
             except (psycopg.Error, OSError) as exc:
                 if not started:
                     raise backend.map_error(exc) from exc
@@ -113,19 +127,26 @@ class Listener:
             if self.before_reconnect is not None:
                 await self.before_reconnect()
 
-    async def deliver(self, payload: str, on_cancel: Callable[[list[str]], None]) -> None:
-        """One notification to the runtime, only for the runs still fenced: one resumed
-        since its cancel (a notification read late) must not be cancelled again. A
-        malformed one is logged, never fatal; if the check cannot be read, all are
-        delivered (a cancel only speeds up; the gate reads the fence)."""
+    async def deliver(
+        self,
+        payload: str,
+        on_cancel: Callable[[list[str]], None],
+        fenced: Callable[[Sequence[str]], Awaitable[list[str]]] | None = None,
+    ) -> None:
+        """One notification to the runtime, only for the runs still fenced (``fenced``:
+        the check, by default through the pool): one resumed since its cancel (a
+        notification read late) must not be cancelled again. A malformed one is
+        logged, never fatal; if the check cannot be read, all are delivered (a
+        cancel only speeds up; the gate reads the fence), and a connection lost
+        under it is then noticed by the next wait."""
         try:
             run_ids = [str(r) for r in json.loads(payload)]
         except (ValueError, TypeError):
             log.warning("cancel listener: ignoring a malformed notification %r", payload[:200])
             return
         try:
-            run_ids = await self._backend.fenced_among(run_ids)
-        except LedgerError as exc:
+            run_ids = await (fenced or self._backend.fenced_among)(run_ids)
+        except (LedgerError, psycopg.Error, OSError) as exc:
             log.warning("cancel listener: could not check %s (%s); delivering", run_ids, exc)
         if run_ids:
             on_cancel(run_ids)

@@ -4,7 +4,10 @@ The engine writes ``?`` and ``:name`` placeholders; psycopg's ``%s`` and
 ``%(name)s`` are spelled here, once per statement text (cached). The
 connection is in autocommit mode: a body is either one statement that
 commits by itself (``write1``: the gate's fast path, ``record``) or an
-explicit ``BEGIN ... COMMIT`` (``transaction``, re-entrant). ``Tx`` marks the
+explicit ``BEGIN ... COMMIT`` (``transaction``, re-entrant). The ``BEGIN``
+travels with the transaction's first statement and the statements queued
+with ``at_commit`` (the cancel's notifications) with its ``COMMIT``
+(pipeline mode: one round trip each, not two or more). ``Tx`` marks the
 moments a commit is on the wire, so the backend can tell a failure that
 rolled back (safe to retry) from one whose commit is in doubt.
 
@@ -54,23 +57,43 @@ class Tx(Db):
         self.dialect = dialect or PostgresDialect(None)
         self.in_doubt = False  # a statement that commits (or COMMIT itself) is on the wire
         self._depth = 0  # open ``transaction`` blocks
+        self._begin = False  # a ``BEGIN`` to send with the next statement
+        self._at_commit: list[tuple[str, Params]] = []  # to send with the ``COMMIT``
+
+    async def _execute(self, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
+        if not self._begin:
+            return await self.conn.execute(pg_sql(sql), params)
+        self._begin = False
+        async with self.conn.pipeline():  # BEGIN and the statement, one round trip
+            await self.conn.execute("BEGIN")
+            cur = await self.conn.execute(pg_sql(sql), params)
+        return cur
+
+    async def at_commit(self, sql: str, params: Params = ()) -> None:
+        """Run ``sql`` just before the transaction commits, in the ``COMMIT``'s round trip
+        (a statement whose result nobody reads); at once outside a transaction."""
+        if self._depth:
+            self._at_commit.append((sql, params))
+        else:
+            await self.run(sql, params)
 
     async def one(self, sql: str, params: Params = ()) -> Any:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return await cur.fetchone()
+        return await (await self._execute(sql, params)).fetchone()
 
     async def all(self, sql: str, params: Params = ()) -> list[Any]:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return await cur.fetchall()
+        return await (await self._execute(sql, params)).fetchall()
 
     async def run(self, sql: str, params: Params = ()) -> int:
-        cur = await self.conn.execute(pg_sql(sql), params)
-        return cur.rowcount
+        return (await self._execute(sql, params)).rowcount
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
-        if seq:
-            async with self.conn.cursor() as cur:
-                await cur.executemany(pg_sql(sql), seq)
+        if not seq:
+            return
+        if self._begin:
+            self._begin = False
+            await self.conn.execute("BEGIN")
+        async with self.conn.cursor() as cur:
+            await cur.executemany(pg_sql(sql), seq)
 
     async def commit_one(self, sql: str, params: Params = ()) -> Any:
         if self._depth:
@@ -93,16 +116,33 @@ class Tx(Db):
             finally:
                 self._depth -= 1
             return
-        await self.conn.execute("BEGIN")
+        self._begin = True  # sent with the first statement
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
+            self._at_commit.clear()
+            if self._begin:  # nothing was sent: nothing to roll back
+                self._begin = False
+                raise
             with contextlib.suppress(psycopg.Error):  # a broken connection rolled back already
                 await self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
+        pending, self._at_commit = self._at_commit, []
+        if self._begin and not pending:  # a body that ran no statement: no transaction
+            self._begin = False
+            return
         self.in_doubt = True
-        await self.conn.execute("COMMIT")
+        if pending:
+            async with self.conn.pipeline():
+                if self._begin:
+                    self._begin = False
+                    await self.conn.execute("BEGIN")
+                for sql, params in pending:
+                    await self.conn.execute(pg_sql(sql), params)
+                await self.conn.execute("COMMIT")
+        else:
+            await self.conn.execute("COMMIT")
         self.in_doubt = False

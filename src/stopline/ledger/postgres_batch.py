@@ -1,0 +1,375 @@
+"""Group commit for the PostgreSQL ledger: many calls' intents and outcomes, one commit.
+
+Gates and outcomes of one process queue here in the order they are asked for.
+Whoever finds no transaction running leads one: it takes what is queued (its
+own job first among them) and commits it as one transaction, one round trip
+(psycopg's pipeline mode: ``BEGIN``, one statement per stretch of jobs of one
+kind, ``COMMIT``); the jobs queued meanwhile wait, and the first caller among
+them leads the next. A lone caller finds nothing queued and runs its job
+alone, exactly as without the queue (one statement, one commit), with no
+task in between.
+
+A deferred outcome (``PostgresBackend.record_deferred``, ADR 0034) has nobody
+waiting on it: it rides the next transaction, which in a sequential workflow
+is the next call's intent; if nothing comes within ``delay`` seconds, a timer
+commits it alone. ``barrier`` waits until every outcome deferred so far has
+committed: every other transaction of the process waits on it first, so
+nothing the process reads or writes later misses one.
+
+Within a transaction the records keep their queue order (a stretch per kind,
+stretches in order); a duplicate operation id ends the batch (the next one
+takes it). When the transaction fails, nothing of it landed unless its
+commit was in doubt: each job then runs alone, in order, through the
+backend's own retries (a gate settles its doubt by its attempt token, an
+outcome by reading its status back), so each caller gets its own answer or
+its own typed error, within one ``retry_for`` for the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import psycopg
+
+from stopline.domain.transitions import OPERATION_TABLE, apply
+from stopline.domain.vocab import OpEvent, OpStatus
+from stopline.errors import UnknownOperation
+from stopline.ledger import rows
+from stopline.ledger.backend import GateResult, GateVerdict
+from stopline.ledger.postgres_dialect import Forms, many_rows
+from stopline.ledger.postgres_errors import connection_lost
+from stopline.ledger.postgres_txn import Tx, pg_sql
+
+if TYPE_CHECKING:
+    from stopline.ledger.postgres import PostgresBackend
+
+__all__ = ["MAX_BATCH", "GroupCommit", "Job"]
+
+MAX_BATCH = 256  # jobs per transaction
+log = logging.getLogger("stopline.ledger.postgres")
+Outcome = Callable[[], Any]  # returns the job's result or raises its error
+Alone = Callable[[bool, float], Awaitable[Any]]  # run the job by itself (doubt, deadline)
+
+
+class Job:
+    """One write queued: a gate or an outcome (``forms``: its statement for one job and
+    for many of its kind); ``then`` set: deferred, nobody waits."""
+
+    __slots__ = ("alone", "forms", "lead", "op_id", "outcome", "params", "then", "wake")
+
+    def __init__(
+        self,
+        op_id: str,
+        alone: Alone | None,
+        *,
+        forms: Forms | None = None,
+        params: Callable[[], dict[str, Any]] | None = None,
+        then: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.op_id = op_id
+        self.alone = alone  # None: a barrier, nothing to write
+        self.forms = forms  # None: never together with others
+        self.params = params  # its parameters, made only when it goes with others
+        self.then = then
+        self.outcome: Outcome | None = None
+        self.wake: anyio.Event | None = None if then else anyio.Event()
+        self.lead = False  # handed the next transaction
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            return  # finished already (a group that failed after its results were in)
+        self.outcome = outcome
+        if self.then is not None:
+            try:
+                self.then(outcome)
+            except Exception:  # the caller's callback: never the other jobs' problem
+                log.exception("group commit: a deferred outcome's callback failed")
+        elif self.wake is not None:
+            self.wake.set()
+
+
+class _Failed(Exception):
+    """A group transaction failed; ``in_doubt``: its commit may have landed."""
+
+    def __init__(self, *, in_doubt: bool) -> None:
+        super().__init__("group transaction failed")
+        self.in_doubt = in_doubt
+
+
+def _value(value: Any) -> Outcome:
+    return lambda: value
+
+
+def _error(exc: BaseException) -> Outcome:
+    def outcome() -> Any:
+        raise exc
+
+    return outcome
+
+
+class GroupCommit:
+    def __init__(self, backend: PostgresBackend, delay: float) -> None:
+        self._backend = backend
+        self._delay = delay
+        self._queue: deque[Job] = deque()
+        self._leading = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushers: set[asyncio.Task[None]] = set()
+        self.unsettled = 0  # deferred outcomes queued or being committed
+        self.transactions = 0  # group transactions committed (the tests count them)
+        # testing hook: awaited with the server pid of a group transaction's connection
+        self.before_batch: Callable[[int], Awaitable[None]] | None = None
+
+    # -- what callers do --------------------------------------------------------------
+    async def submit(self, job: Job) -> Any:
+        """Queue ``job`` and wait for its transaction (shielded: a started write finishes;
+        leading, the transaction shields itself: ``attempts`` alone, ``_together``)."""
+        assert job.wake is not None
+        if not self._leading and not self._queue:  # a lone caller: its job, alone, now
+            if job.alone is None:
+                return None  # a barrier with nothing before it
+            self._leading = True
+            try:
+                return await job.alone(False, self._deadline())
+            finally:
+                self._leading = False
+                self._hand_over()
+        self._queue.append(job)
+        if not self._leading:
+            await self._lead()
+        if job.outcome is None:
+            with anyio.CancelScope(shield=True):
+                await self._wait(job)
+        outcome = job.outcome
+        assert outcome is not None
+        return outcome()
+
+    async def _wait(self, job: Job) -> None:
+        """Until ``job``'s transaction commits; lead the next one when handed it."""
+        assert job.wake is not None
+        while job.outcome is None:
+            await job.wake.wait()
+            job.wake = anyio.Event()
+            if job.lead and job.outcome is None:
+                job.lead = False
+                await self._lead()
+
+    def defer(self, job: Job) -> None:
+        """Queue an outcome nobody waits for: it rides the next transaction."""
+        self.unsettled += 1
+        then = job.then
+        assert then is not None
+
+        def settled(outcome: Outcome) -> None:
+            self.unsettled -= 1
+            then(outcome)
+
+        job.then = settled
+        self._queue.append(job)
+        if not self._leading:
+            self._arm()
+
+    async def barrier(self) -> None:
+        """Return once every outcome deferred so far has committed (or failed)."""
+        if self.unsettled:
+            await self.submit(Job("", None))
+
+    async def close(self) -> None:
+        """Commit what is queued; stop the timer."""
+        while self.unsettled or self._flushers:
+            await self.barrier()
+            if self._flushers:
+                await asyncio.gather(*self._flushers, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- leading one transaction ------------------------------------------------------
+    async def _lead(self) -> None:
+        self._leading = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            batch = self._take()
+            await self._run(batch)
+        finally:
+            self._leading = False
+            self._hand_over()
+
+    def _take(self) -> list[Job]:
+        batch: list[Job] = []
+        seen: set[str] = set()
+        while self._queue and len(batch) < MAX_BATCH:
+            job = self._queue[0]
+            if job.alone is not None and job.forms is None:  # one that is never grouped
+                if not any(j.alone is not None for j in batch):
+                    batch.append(self._queue.popleft())
+                break
+            if job.alone is not None:
+                if job.op_id in seen:
+                    break  # one write per operation per transaction: the next takes it
+                seen.add(job.op_id)
+            batch.append(self._queue.popleft())
+        return batch
+
+    def _hand_over(self) -> None:
+        """The first waiting caller leads the next transaction; deferred ones wait."""
+        for job in self._queue:
+            if job.wake is not None:
+                job.lead = True
+                job.wake.set()
+                return
+        if self._queue:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._leading or not self._queue:
+            return
+        task = asyncio.get_running_loop().create_task(self._lead())
+        self._flushers.add(task)
+        task.add_done_callback(self._flushers.discard)
+
+    async def _run(self, batch: list[Job]) -> None:
+        work = [j for j in batch if j.alone is not None]
+        try:
+            if len(work) == 1:
+                await self._alone(work[0], doubt=False, deadline=self._deadline())
+            elif work:
+                with anyio.CancelScope(shield=True):
+                    await self._together(work)
+        except Exception as exc:  # not a storage error (those are each job's): a bug
+            log.exception("group commit: a group transaction failed unexpectedly")
+            for job in work:
+                job.finish(_error(exc))  # every caller hears of it; none waits forever
+        finally:
+            for job in batch:
+                if job.alone is None:
+                    job.finish(_value(None))
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self._backend.retry_for
+
+    async def _alone(self, job: Job, *, doubt: bool, deadline: float) -> None:
+        assert job.alone is not None
+        try:
+            job.finish(_value(await job.alone(doubt, deadline)))
+        except Exception as exc:
+            job.finish(_error(exc))
+
+    async def _together(self, work: list[Job]) -> None:
+        deadline = self._deadline()
+        try:
+            passed, slow = await self._transaction(work)
+        except (_Failed, psycopg.Error, OSError) as exc:
+            # rolled back, or (lost on the wire) in doubt: each job alone, in order
+            doubt = isinstance(exc, _Failed) and exc.in_doubt
+            for job in work:
+                await self._alone(job, doubt=doubt, deadline=deadline)
+            return
+        self.transactions += 1
+        for job, outcome in passed:
+            job.finish(outcome)
+        for job in slow:  # gates refused on the fast path: the slow path, alone
+            await self._alone(job, doubt=False, deadline=deadline)
+
+    async def _transaction(self, work: list[Job]) -> tuple[list[tuple[Job, Outcome]], list[Job]]:
+        """``work`` as one transaction: (the jobs done with their outcomes, gates that
+        must take the slow path)."""
+        backend = self._backend
+        stretches: list[list[Job]] = []
+        for job in work:
+            if stretches and stretches[-1][0].forms is job.forms:  # cached: one object
+                stretches[-1].append(job)
+            else:
+                stretches.append([job])
+        # The one-row gate waits for a run a cancel holds: only while the group holds no
+        # other run (its first gate stretch); later ones skip a locked run (SKIP LOCKED,
+        # the slow path takes it alone), so a group and a tree cancel never deadlock.
+        first_gate = next((s for s in stretches if _is_gate(s)), None)
+        one_row = [len(s) == 1 and (s is first_gate or not _is_gate(s)) for s in stretches]
+        async with backend.pool.connection() as conn:
+            tx = Tx(conn, backend.location, backend.dialect)
+            if backend.doubts:
+                await backend.settle_gate_doubts(tx)
+            if self.before_batch is not None:
+                await self.before_batch(conn.info.backend_pid)
+            try:
+                async with conn.pipeline() as pipeline:
+                    await conn.execute("BEGIN")
+                    cursors = [
+                        await conn.execute(*_statement(s, one))
+                        for s, one in zip(stretches, one_row, strict=True)
+                    ]
+                    tx.in_doubt = True
+                    await conn.execute("COMMIT")
+                    await pipeline.sync()
+                results = [await cur.fetchall() for cur in cursors]
+            except (psycopg.Error, OSError) as exc:
+                raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
+        done: list[tuple[Job, Outcome]] = []
+        slow: list[Job] = []
+        for stretch, found, one in zip(stretches, results, one_row, strict=True):
+            forms = stretch[0].forms
+            assert forms is not None
+            if forms.gate:
+                fences = _fences(stretch, found, one)
+                for job in stretch:
+                    if job.op_id in fences:
+                        result = GateResult(GateVerdict.PASSED, fence=fences[job.op_id])
+                        done.append((job, _value(result)))
+                    else:
+                        slow.append(job)
+            else:
+                done.extend(
+                    (job, _recorded(job, row)) for job, row in zip(stretch, found, strict=True)
+                )
+        return done, slow
+
+
+def _is_gate(stretch: Sequence[Job]) -> bool:
+    forms = stretch[0].forms
+    return forms is not None and forms.gate
+
+
+def _statement(stretch: Sequence[Job], one_row: bool) -> tuple[str, Any]:
+    """A stretch's statement: the one-row form (cheaper: prepared by psycopg after a
+    few uses) or the many-row form."""
+    forms = stretch[0].forms
+    assert forms is not None
+    params = [j.params() for j in stretch if j.params is not None]
+    if one_row:
+        return pg_sql(forms.one), params[0]
+    return forms.many, many_rows(params)
+
+
+def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict[str, int]:
+    """The gates of a stretch that passed, with their fences (one row: the fence alone)."""
+    if one_row:
+        return {stretch[0].op_id: int(found[0][0])} if found else {}
+    return {str(op): int(fence) for op, fence in found}
+
+
+def _recorded(job: Job, row: Sequence[Any]) -> Outcome:
+    source, moved, *columns = row
+    if source is None:
+        return _error(UnknownOperation(job.op_id))
+    if not moved:
+        assert job.params is not None
+        try:
+            apply(OPERATION_TABLE, OpStatus(source), OpEvent(job.params()["kind"]))
+        except Exception as exc:  # IllegalTransition: what ``record`` raises
+            return _error(exc)
+        return _error(AssertionError(f"record of {job.op_id}: allowed but nothing changed"))
+    return _value(rows.op_from_row(columns))

@@ -1,0 +1,274 @@
+"""ADR 0034: PostgreSQL's group commit. Concurrent calls share a transaction; an outcome
+rides the next one; a read sees it; a connection lost under a group transaction costs
+each caller its own answer, never a lost or doubled record.
+
+Transactions are told apart by the rows' ``xmin`` (the id of the transaction that
+wrote them), which does not depend on load.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+import stopline
+from stopline.domain.model import OperationRecord
+from stopline.domain.vocab import OpStatus
+from stopline.errors import StoplineError
+from stopline.ledger.backend import GateVerdict
+from stopline.ledger.postgres import PostgresBackend
+from stopline.testing import FakeProvider
+from tests.ledger.contract import COMMIT, op_spec, run_spec
+from tests.postgres.server import fresh_schema
+from tests.postgres.test_backend import sql
+
+pytestmark = pytest.mark.timeout(60)
+NEVER = "&group_commit_ms=600000"  # a bound longer than any test: only a write ends it
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from fresh_schema()
+
+
+@pytest.fixture
+async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
+    opened = await PostgresBackend.open(pg_url + NEVER + "&retry_for=0.5")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def _collect(into: list[Any]) -> Callable[[Callable[[], OperationRecord]], None]:
+    def then(outcome: Callable[[], OperationRecord]) -> None:
+        try:
+            into.append(outcome())
+        except StoplineError as exc:
+            into.append(exc)
+
+    return then
+
+
+async def test_each_outcome_rides_the_next_calls_intent(pg_url: str) -> None:
+    """A sequential workflow: the outcome of call i commits in the transaction of the
+    intent of call i+1 (one commit per call), and the records keep their order."""
+    provider = FakeProvider("send")
+    async with (
+        stopline.open(pg_url + NEVER) as ledger,
+        ledger.run("r", owner="u", run_id="r1") as run,
+    ):
+        for i in range(5):
+            await run.call(provider.tool, i)
+    rows = sql(
+        pg_url,
+        "SELECT op_id, kind, xmin::text FROM events WHERE op_id IS NOT NULL ORDER BY seq",
+    )
+    assert [kind for _, kind, _ in rows] == ["gate_passed", "accepted", "committed"] * 5
+    txn = {(op, kind): x for op, kind, x in rows}
+    ops = list(dict.fromkeys(op for op, _, _ in rows))
+    for earlier, later in itertools.pairwise(ops):
+        assert txn[(earlier, "committed")] == txn[(later, "gate_passed")]
+    assert sql(pg_url, "SELECT DISTINCT status FROM operations") == [("committed",)]
+
+
+async def test_concurrent_gates_share_one_transaction(backend: PostgresBackend) -> None:
+    await backend.create_run(run_spec())
+    results = {}
+
+    async def one(i: int) -> None:
+        results[i] = await backend.gate(op_spec(f"run_a/{i}:send"))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(one, i)
+    assert {r.verdict for r in results.values()} == {GateVerdict.PASSED}
+    # the first caller finds nothing queued and goes alone; the 19 behind it, together
+    assert backend.group.transactions == 1
+    events = await backend.events("run_a")
+    assert sorted(e.op_id or "" for e in events if e.kind == "gate_passed") == sorted(
+        f"run_a/{i}:send" for i in range(20)
+    )
+
+
+async def test_a_read_waits_for_the_deferred_outcomes(backend: PostgresBackend) -> None:
+    """Nothing the process does after deferring an outcome misses it (the bound here is
+    far longer than the test: the read itself has it committed first)."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec())
+    got: list[Any] = []
+    backend.record_deferred("run_a/1:send", COMMIT, _collect(got))
+    with anyio.fail_after(10):
+        op = await backend.get_operation("run_a/1:send")
+    assert op.status is OpStatus.COMMITTED
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+
+
+async def test_close_commits_the_deferred_outcomes(pg_url: str) -> None:
+    backend = await PostgresBackend.open(pg_url + NEVER)
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec())
+    got: list[Any] = []
+    backend.record_deferred("run_a/1:send", COMMIT, _collect(got))
+    with anyio.fail_after(10):
+        await backend.close()
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+    assert sql(pg_url, "SELECT status FROM operations") == [("committed",)]
+
+
+async def test_an_illegal_outcome_in_a_group_fails_alone(backend: PostgresBackend) -> None:
+    """One outcome the table refuses (its operation unknown) is that caller's error; the
+    others in the same transaction commit."""
+    await backend.create_run(run_spec())
+    for i in range(3):
+        await backend.gate(op_spec(f"run_a/{i}:send"))
+    got: list[Any] = []
+    for op_id in ("run_a/0:send", "run_a/nope", "run_a/2:send"):
+        backend.record_deferred(op_id, COMMIT, _collect(got))
+    await backend.gate(op_spec("run_a/3:send"))  # the four in one transaction
+    assert backend.group.transactions == 1
+    assert [getattr(o, "status", None) for o in got] == [
+        OpStatus.COMMITTED,
+        None,
+        OpStatus.COMMITTED,
+    ]
+    assert isinstance(got[1], stopline.UnknownOperation)
+
+
+def _terminate(backend: PostgresBackend, pid: int) -> None:
+    with psycopg.connect(backend.conninfo, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def test_a_group_transactions_connection_killed_loses_nothing(
+    backend: PostgresBackend,
+) -> None:
+    """The server ends the connection under a group transaction (an administrator, a
+    failover): each job runs again alone, settling its doubt first; every gate passes
+    once, the outcome lands once, nothing else is touched."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+    killed: list[int] = []
+
+    async def kill(pid: int) -> None:
+        if not killed:
+            killed.append(pid)
+            _terminate(backend, pid)
+
+    backend.group.before_batch = kill
+    got: list[Any] = []
+    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+    results = {}
+
+    async def one(i: int) -> None:
+        results[i] = await backend.gate(op_spec(f"run_a/{i}:send"))
+
+    with anyio.fail_after(20):  # nothing hangs
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 6):
+                tg.start_soon(one, i)
+        await backend.group.barrier()
+    assert killed
+    assert {r.verdict for r in results.values()} == {GateVerdict.PASSED}
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+    kinds = [(e.op_id, e.kind) for e in await backend.events("run_a")]
+    for i in range(6):
+        assert kinds.count((f"run_a/{i}:send", "gate_passed")) == 1
+    assert kinds.count(("run_a/0:send", "committed")) == 1
+    assert (await backend.get_run("run_a")).state is stopline.RunState.RUNNING
+
+
+async def test_a_group_transaction_left_unreachable_gives_each_caller_its_error(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection dies under a group transaction and the server stays unreachable.
+    If the client learnt of it only after sending ``COMMIT``, the group's gate raises
+    ``GateInDoubt`` and its deferred outcome ``CommitInDoubt``; if before (the dead
+    socket noticed at ``BEGIN``), both ``LedgerUnavailable``; the gates queued behind
+    it, never sent, raise ``LedgerUnavailable``; all within one ``retry_for`` per
+    group. Once the server is back the doubt settles (it had not landed) and nothing
+    was recorded twice."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+    pool = backend.pool
+    original = pool.connection
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("simulated: connection refused")
+
+    async def kill(pid: int) -> None:
+        backend.group.before_batch = None
+        _terminate(backend, pid)
+        monkeypatch.setattr(pool, "connection", unreachable)
+
+    backend.group.before_batch = kill
+    got: list[Any] = []
+    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+    errors: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        try:
+            await backend.gate(op_spec(f"run_a/{i}:send"))
+        except StoplineError as exc:
+            errors[i] = type(exc).__name__
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 4):
+                tg.start_soon(one, i)
+    # gate 1 rode with the outcome (the killed transaction); 2 and 3 queued behind it
+    assert (errors[1], *(type(o).__name__ for o in got)) in {
+        ("GateInDoubt", "CommitInDoubt"),
+        ("LedgerUnavailable", "LedgerUnavailable"),
+    }
+    assert (errors[2], errors[3]) == ("LedgerUnavailable", "LedgerUnavailable")
+    monkeypatch.setattr(pool, "connection", original)
+    statuses = {op.id: op.status for op in await backend.operations("run_a")}
+    assert statuses == {"run_a/0:send": OpStatus.REQUESTED}  # the rest never sent
+    assert backend.doubts == {}
+
+
+async def test_a_group_that_breaks_unexpectedly_answers_every_caller(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug reading a group's results (here injected) is every caller's error and the
+    deferred outcome's; nobody waits forever, and the next group works."""
+    import stopline.ledger.postgres_batch as batch
+
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+
+    def broken(job: Any, row: Any) -> Any:
+        raise RuntimeError("injected: results unreadable")
+
+    monkeypatch.setattr(batch, "_recorded", broken)
+    got: list[Any] = []
+
+    def then(outcome: Callable[[], OperationRecord]) -> None:
+        try:
+            got.append(outcome())
+        except RuntimeError as exc:
+            got.append(exc)
+
+    backend.record_deferred("run_a/0:send", COMMIT, then)
+    errors: list[str] = []
+
+    async def one(i: int) -> None:
+        try:
+            await backend.gate(op_spec(f"run_a/{i}:send"))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in range(1, 3):
+                tg.start_soon(one, i)
+    assert [type(o).__name__ for o in got] == ["RuntimeError"]
+    assert errors  # the gate(s) in that group heard of it too
+    monkeypatch.undo()
+    assert (await backend.gate(op_spec("run_a/9:send"))).verdict is GateVerdict.PASSED
