@@ -230,6 +230,9 @@ async def test_bad_urls(pg_url: str) -> None:
         await PostgresBackend.open(pg_url.partition("?")[0] + "?schema=x;drop")
     with pytest.raises(LedgerUnavailable):
         await PostgresBackend.open("postgresql://127.0.0.1:1/none?retry_for=0.2")
+    for bad in ("-1", "60001", "soon"):  # the same rule as SQLite's: 0-60000 ms
+        with pytest.raises(LedgerUnavailable, match="group_commit_ms"):
+            await PostgresBackend.open(f"{pg_url}&group_commit_ms={bad}")
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

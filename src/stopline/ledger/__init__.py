@@ -9,7 +9,7 @@ from pathlib import Path
 from stopline.errors import LedgerUnavailable
 from stopline.ledger.backend import Backend
 
-__all__ = ["DEFAULT_URL", "Backend", "open_backend", "redact", "resolve_url"]
+__all__ = ["DEFAULT_URL", "Backend", "milliseconds_option", "open_backend", "redact", "resolve_url"]
 
 DEFAULT_URL = "sqlite:///stopline.db"
 ENV_VAR = "STOPLINE_LEDGER"
@@ -56,8 +56,12 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
             Path(path),
             busy_timeout=float(options.get("busy_timeout", 10.0)),
             synchronous=options.get("synchronous", "FULL").upper(),
-            group_commit=_milliseconds(url, "group_commit_ms", options.get("group_commit_ms", "2")),
-            cancel_poll=_milliseconds(url, "cancel_poll_ms", options.get("cancel_poll_ms", "50")),
+            group_commit=milliseconds_option(
+                url, "group_commit_ms", options.get("group_commit_ms", "2")
+            ),
+            cancel_poll=milliseconds_option(
+                url, "cancel_poll_ms", options.get("cancel_poll_ms", "50")
+            ),
             read_only=read_only,
         )
     if url.startswith(("postgresql://", "postgres://")):
@@ -71,7 +75,9 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
 
 
-def _milliseconds(url: str, name: str, text: str) -> float:
+def milliseconds_option(url: str, name: str, text: str) -> float:
+    """A URL option in milliseconds (0-60000), as seconds; else ``LedgerUnavailable``
+    naming it. One rule for every backend's ``group_commit_ms`` and the like."""
     try:
         value = float(text)
     except ValueError:

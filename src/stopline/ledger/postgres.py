@@ -65,6 +65,7 @@ from stopline.errors import (
     LedgerUnavailable,
     StoplineError,
 )
+from stopline.ledger import milliseconds_option
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
@@ -150,7 +151,10 @@ class PostgresBackend(SqlBackend):
                 pool_min=int(own.get("pool_min", 1)),
                 pool_max=int(own.get("pool_max", 10)),
                 retry_for=float(own.get("retry_for", 10.0)),
-                group_commit_ms=float(own.get("group_commit_ms", 2.0)),
+                group_commit_ms=1000
+                * milliseconds_option(
+                    redact(url), "group_commit_ms", own.get("group_commit_ms", "2")
+                ),
                 read_only=read_only,
             )
         except ValueError as exc:
