@@ -97,7 +97,9 @@ async def test_r13_after_the_horizon_not_found_proves_not_committed(ledger_url: 
     async with stopline.open(ledger_url, verify=budget) as ledger:
         provider = LateProvider(settles_within=0.5)
         run_id, op_id = await cancel_immediate(ledger, provider)
-        op = await ledger.backend.get_operation(op_id)
+        # the cancel records the interrupted call in the background: wait for that change
+        while (op := await ledger.backend.get_operation(op_id)).status is OpStatus.REQUESTED:
+            await ledger.wait_for_change(run_id)
         assert op.horizon is not None
         receipt = await ledger.wait_settled(run_id, timeout=20)
     assert receipt.lines[0].status is OpStatus.NOT_COMMITTED
