@@ -258,31 +258,41 @@ async def test_connection_killed_by_the_server_is_retried(backend: PostgresBacke
     assert kinds.count("gate_passed") == 1
 
 
+class Heard:
+    """A listener's ``on_cancel``: what it delivered, and an event set once ``until`` run
+    ids have come (the first delivery, by default)."""
+
+    def __init__(self, until: int = 1) -> None:
+        self.seen: list[list[str]] = []
+        self.arrived = anyio.Event()
+        self._until = until
+
+    def __call__(self, run_ids: list[str]) -> None:
+        self.seen.append(run_ids)
+        if sum(len(batch) for batch in self.seen) >= self._until:
+            self.arrived.set()
+
+
 async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
     """The LISTEN side in one process: a cancel from another backend arrives as run ids."""
-    seen: list[list[str]] = []
-    arrived = anyio.Event()
-
-    def on_cancel(run_ids: list[str]) -> None:
-        seen.append(run_ids)
-        arrived.set()
+    heard = Heard()
 
     listener = await PostgresBackend.open(pg_url)
     canceller = await PostgresBackend.open(pg_url)
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(listener.watch_cancels, on_cancel)
+            await tg.start(listener.watch_cancels, heard)
             sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.channel)
             await canceller.create_run(run_spec("root"))
             await canceller.create_run(run_spec("child", parent_id="root"))
             await canceller.cancel("root", by="u")
             with anyio.fail_after(10):
-                await arrived.wait()
+                await heard.arrived.wait()
             tg.cancel_scope.cancel()
     finally:
         await listener.close()
         await canceller.close()
-    assert seen == [["root", "child"]]
+    assert heard.seen == [["root", "child"]]
 
 
 async def test_a_notification_read_after_its_run_was_resumed_is_not_delivered(
@@ -329,25 +339,20 @@ async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> 
                 await ledger.cancel(run_id, by="u")
             await ledger.wait_settled(run_id, timeout=10)
         await ledger.resume("resumed", by="u")
-    seen: list[list[str]] = []
-    arrived = anyio.Event()
-
-    def on_cancel(run_ids: list[str]) -> None:
-        seen.append(run_ids)
-        arrived.set()
+    heard = Heard()
 
     listener = await PostgresBackend.open(pg_url)
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(listener.watch_cancels, on_cancel)
+            await tg.start(listener.watch_cancels, heard)
             await listener.pool.close()  # a check through the pool would fail now
             sql(pg_url, "SELECT pg_notify(%s, %s)", listener.channel, '["resumed", "left"]')
             with anyio.fail_after(10):
-                await arrived.wait()
+                await heard.arrived.wait()
             tg.cancel_scope.cancel()
     finally:
         await listener.close()
-    assert seen == [["left"]]
+    assert heard.seen == [["left"]]
 
 
 async def test_a_cancel_too_large_for_one_notification_is_notified_in_several(
@@ -358,28 +363,22 @@ async def test_a_cancel_too_large_for_one_notification_is_notified_in_several(
     with the cancel's commit (before, 100 ids per payload: the server refused the
     NOTIFY, and with it the cancel)."""
     ids = [f"{i}" + "r" * 1000 for i in range(9)]
-    seen: list[list[str]] = []
-    arrived = anyio.Event()
-
-    def on_cancel(run_ids: list[str]) -> None:
-        seen.append(run_ids)
-        if sum(len(s) for s in seen) == len(ids):
-            arrived.set()
+    heard = Heard(until=len(ids))
 
     listener = await PostgresBackend.open(pg_url)
     canceller = await PostgresBackend.open(pg_url)
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(listener.watch_cancels, on_cancel)
+            await tg.start(listener.watch_cancels, heard)
             await canceller.create_run(run_spec(ids[0]))
             for child in ids[1:]:
                 await canceller.create_run(run_spec(child, parent_id=ids[0]))
             result = await canceller.cancel(ids[0], by="u")
             with anyio.fail_after(10):
-                await arrived.wait()
+                await heard.arrived.wait()
             tg.cancel_scope.cancel()
     finally:
         await listener.close()
         await canceller.close()
     assert result.first and set(result.fenced) == set(ids)
-    assert len(seen) == 2 and sorted(r for batch in seen for r in batch) == sorted(ids)
+    assert len(heard.seen) == 2 and sorted(r for batch in heard.seen for r in batch) == sorted(ids)
