@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp_types import CONNECTION_CLOSED
 
 import stopline
+from mcp import MCPError
 from stopline import Cause, Compensation, Headline, PhaseKind, Policy
 from stopline.domain.receipt import HEADLINE_MESSAGES
 from stopline.runtime.context import CallContext
@@ -109,7 +111,12 @@ class Workflow:
             await client.call_tool("ctl_reached", {"point": point})
 
         async def release() -> None:
-            await client.call_tool("ctl_release", {"point": point})
+            try:
+                await client.call_tool("ctl_release", {"point": point})
+            except MCPError as exc:
+                # a server told to die once released may die before it answers this
+                if not (fault == "die" and exc.code == CONNECTION_CLOSED):
+                    raise
 
         return Hold(reached, release)
 
