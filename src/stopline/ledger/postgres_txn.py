@@ -86,6 +86,15 @@ class Tx(Db):
     async def run(self, sql: str, params: Params = ()) -> int:
         return (await self._execute(sql, params)).rowcount
 
+    async def batch(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """The statements (with a pending ``BEGIN``) in one pipeline: one round trip."""
+        async with self.conn.pipeline():
+            if self._begin:
+                self._begin = False
+                await self.conn.execute("BEGIN")
+            cursors = [await self.conn.execute(pg_sql(sql), p) for sql, p in statements]
+        return [await c.fetchall() if c.description else [] for c in cursors]
+
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
         if not seq:
             return

@@ -45,6 +45,12 @@ class Db(abc.ABC):
     @abc.abstractmethod
     async def many(self, sql: str, seq: Sequence[Params]) -> None: ...
 
+    async def batch(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """Run ``statements`` in order, none needing another's result; each one's rows
+        (``[]`` for one that returns none). In one round trip where the engine can
+        (PostgreSQL's pipeline mode); a statement sees what the earlier ones wrote."""
+        return [await self.all(sql, params) for sql, params in statements]
+
     async def commit_one(self, sql: str, params: Params = ()) -> Any:
         """One statement that is the whole transaction (it commits by itself)."""
         return await self.one(sql, params)

@@ -19,14 +19,15 @@ from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
 from stopline.errors import NotPermitted
 from stopline.ledger import rows
-from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.db import Db, Params
+from stopline.ledger.engine.dialect import Dialect
 from stopline.ledger.engine.guards import (
     CANCELLABLE,
     IN_FLIGHT,
     NOTHING_TO_RESUME,
     sql_values,
 )
-from stopline.ledger.engine.reads import event, first_unsettled, load_run
+from stopline.ledger.engine.reads import event, first_unsettled, found_run, load_run, run_query
 
 __all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
 
@@ -48,30 +49,40 @@ async def add_owner(db: Db, run_id: str, owner_run: str, exclusive: bool) -> Non
         await event(db, now, child.id, None, LogKind.OWNER_ADDED, None, None, data)
 
 
-async def _children(
-    db: Db, parents: list[str], *, exclusive_only: bool
-) -> list[tuple[str, str, int]]:
-    """The live ownership links under ``parents``, each parent row locked first."""
-    dialect = db.dialect
-    if dialect.for_update:
-        locked, params = dialect.in_list("id", parents)
-        await db.all(f"SELECT id FROM runs WHERE {locked} ORDER BY id{dialect.for_update}", params)
+def _links(dialect: Dialect, parents: list[str], *, exclusive_only: bool) -> tuple[str, Params]:
+    """The statement reading the live ownership links under ``parents``."""
     owners, params = dialect.in_list("owner_run", parents)
     only = " AND exclusive = 1" if exclusive_only else ""
-    return await db.all(
+    return (
         f"SELECT run_id, owner_run, exclusive FROM run_owners WHERE {owners}{only}"
         " AND released_at IS NULL ORDER BY created_at, run_id",
         params,
     )
 
 
-async def _closure(db: Db, root: str, now: float) -> tuple[list[str], list[str]]:
-    """The runs a cancel of ``root`` fences, and the shared children it lets go."""
+async def _children(
+    db: Db, parents: list[str], *, exclusive_only: bool
+) -> list[tuple[str, str, int]]:
+    """The live ownership links under ``parents``, each parent row locked first (the lock
+    and the read in one round trip)."""
+    dialect = db.dialect
+    links = _links(dialect, parents, exclusive_only=exclusive_only)
+    if not dialect.for_update:
+        return await db.all(*links)
+    locked, params = dialect.in_list("id", parents)
+    lock = (f"SELECT id FROM runs WHERE {locked} ORDER BY id{dialect.for_update}", params)
+    return (await db.batch([lock, links]))[1]
+
+
+async def _closure(
+    db: Db, root: str, now: float, links: list[tuple[str, str, int]]
+) -> tuple[list[str], list[str]]:
+    """The runs a cancel of ``root`` fences, and the shared children it lets go
+    (``links``: the root's own, read with its lock)."""
     fenced, released = [root], []
     seen = {root}  # membership in O(1): a tree of 10,000 children is a normal case
-    frontier = [root]
-    while frontier:
-        children = await _children(db, frontier, exclusive_only=False)
+    children = links
+    while children:
         frontier = []
         for child, owner, exclusive in children:
             if child in seen:
@@ -91,54 +102,82 @@ async def _closure(db: Db, root: str, now: float) -> tuple[list[str], list[str]]
             seen.add(child)
             fenced.append(child)
             frontier.append(child)
+        children = await _children(db, frontier, exclusive_only=False) if frontier else []
     return fenced, released
 
 
+def _fence(
+    dialect: Dialect, runs: list[str], root: str, by: str, reason: str, now: float
+) -> list[tuple[str, Params]]:
+    """The writes fencing those of ``runs`` still cancellable: their live approvals
+    withdrawn, their cancel events (returning the runs fenced), the runs fenced.
+
+    Set-based, whatever the tree's size (a tree of 10,000 is normal): no per-run
+    statement or parameter row. Each picks its rows before the runs change (the
+    approvals and the events first), so the three agree and none needs another's
+    result: one ``Db.batch``. Every run written is locked already."""
+    ids, params = dialect.in_list("id", runs)
+    cancellable = f"{ids} AND state IN ({sql_values(CANCELLABLE)})"
+    text = dialect.text
+    data = rows.dump_data({"by": by, "reason": reason, "root": root})
+    withdraw = (
+        "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
+        f" WHERE run_id IN (SELECT id FROM runs WHERE {cancellable})"
+        f" AND status IN ({_LIVE_APPROVALS})",
+        (ApprovalStatus.WITHDRAWN, now, by, *params),
+    )
+    log = (
+        "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+        f" SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')} FROM runs"
+        f" WHERE {cancellable} RETURNING run_id",
+        (now, RunEvent.CANCEL, _CANCELLING, data, *params),
+    )
+    fence = (
+        "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
+        " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
+        f" cancelled_at = ?, updated_at = ? WHERE {cancellable}",
+        (
+            _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, root, reason,
+            f"owner {root} cancelled" + (f": {reason}" if reason else ""), now, now,
+            *params,
+        ),
+    )  # fmt: skip
+    return [withdraw, log, fence]
+
+
 async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
-    """Fence the run and every run it owns exclusively, in one transaction (R1, R6)."""
+    """Fence the run and every run it owns exclusively, in one transaction (R1, R6).
+
+    The root is fenced in the round trip that locks it: its lock, its links, its
+    fence (matching nothing unless it is cancellable) and its row read back go as
+    one batch, so a run with no children costs two round trips on PostgreSQL with
+    the commit. The rest of the closure, locked level by level as it is read,
+    is fenced in one more batch, before the commit: one transaction for the tree."""
+    dialect = db.dialect
     async with db.transaction():
-        root = await load_run(db, run_id, lock=db.dialect.for_update)
+        now = time.time()
+        found, links, _, evented, _, after = await db.batch(
+            [
+                run_query(run_id, dialect.for_update),
+                _links(dialect, [run_id], exclusive_only=False),
+                *_fence(dialect, [run_id], run_id, by, reason, now),
+                run_query(run_id),
+            ]
+        )
+        root = found_run(found, run_id)
         if root.state not in CANCELLABLE:
             return CancelResult(root, False, (), ())  # R7: the first cancel wins
-        now = time.time()
-        fenced, released = await _closure(db, run_id, now)
-        # Set-based, whatever the tree's size: every run of the closure is locked already
-        # (``_closure`` locks each level before reading its children), so the cancel's
-        # events are written straight from the rows still cancellable, then those rows
-        # are fenced; no per-run statement or parameter row (a tree of 10,000 is normal).
-        ids, params = db.dialect.in_list("id", fenced)
-        cancellable = f"{ids} AND state IN ({sql_values(CANCELLABLE)})"
-        text = db.dialect.text
-        data = rows.dump_data({"by": by, "reason": reason, "root": run_id})
-        evented = await db.all(
-            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-            f" SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')} FROM runs"
-            f" WHERE {cancellable} RETURNING run_id",
-            (now, RunEvent.CANCEL, _CANCELLING, data, *params),
-        )
-        fenced_now = {r for (r,) in evented}
-        live = [r for r in fenced if r in fenced_now]  # in closure order, root first
-        await db.run(
-            "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
-            " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
-            f" cancelled_at = ?, updated_at = ? WHERE {cancellable}",
-            (
-                _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, run_id, reason,
-                f"owner {run_id} cancelled" + (f": {reason}" if reason else ""), now, now,
-                *params,
-            ),
-        )  # fmt: skip
-        runs, params = db.dialect.in_list("run_id", live)
-        await db.run(
-            "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
-            f" WHERE {runs} AND status IN ({_LIVE_APPROVALS})",
-            (ApprovalStatus.WITHDRAWN, now, by, *params),
-        )
+        live = [r for (r,) in evented]  # the root: cancellable, so fenced above
+        fenced, released = await _closure(db, run_id, now, links)
+        if len(fenced) > 1:
+            _, evented, _ = await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now))
+            fenced_now = {r for (r,) in evented}
+            live += [r for r in fenced[1:] if r in fenced_now]  # in closure order
         for child in released:
             data_released = {"owner_cancelled": run_id}
             await event(db, now, child, None, LogKind.OWNER_RELEASED, None, None, data_released)
-        await db.dialect.notify_cancel(db, live)  # sent at commit, never for a rollback
-        return CancelResult(await load_run(db, run_id), True, tuple(live), tuple(released))
+        await dialect.notify_cancel(db, live)  # sent at commit, never for a rollback
+        return CancelResult(found_run(after, run_id), True, tuple(live), tuple(released))
 
 
 async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:

@@ -7,7 +7,7 @@ Orderings are the same on both engines: operations and approvals by
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
@@ -34,6 +34,7 @@ __all__ = [
     "events",
     "fenced_among",
     "first_unsettled",
+    "found_run",
     "in_flight_where",
     "in_flight_workers",
     "last_checkpoint",
@@ -42,6 +43,7 @@ __all__ = [
     "load_op",
     "load_run",
     "operations",
+    "run_query",
     "unresolved",
     "wanted_open",
 ]
@@ -57,11 +59,20 @@ def in_flight_where(column: str = "status") -> str:
     return f"{column} IN ({OPEN_SQL}) AND {column} IN ({sql_values(IN_FLIGHT)})"
 
 
-async def load_run(db: Db, run_id: str, *, lock: str = "") -> RunRecord:
-    row = await db.one(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?{lock}", (run_id,))
-    if row is None:
+def run_query(run_id: str, lock: str = "") -> tuple[str, tuple[str]]:
+    """The statement ``load_run`` runs (for a ``Db.batch``); ``found_run`` reads its rows."""
+    return f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = ?{lock}", (run_id,)
+
+
+def found_run(found: Sequence[Any], run_id: str) -> RunRecord:
+    """The run in the rows of ``run_query``; ``UnknownRun`` if there is none."""
+    if not found:
         raise UnknownRun(run_id)
-    return rows.run_from_row(row)
+    return rows.run_from_row(found[0])
+
+
+async def load_run(db: Db, run_id: str, *, lock: str = "") -> RunRecord:
+    return found_run(await db.all(*run_query(run_id, lock)), run_id)
 
 
 async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
