@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 import stopline
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
@@ -271,6 +272,45 @@ class Heard:
         self.seen.append(run_ids)
         if sum(len(batch) for batch in self.seen) >= self._until:
             self.arrived.set()
+
+
+def round_trips(trace: Path) -> int:
+    """The round trips in a libpq protocol trace: each ends with the client's ``Sync``."""
+    return sum(
+        1 for line in trace.read_text().splitlines() if line.split("\t")[1:4:2] == ["F", "Sync"]
+    )
+
+
+async def test_a_cancel_is_two_round_trips_and_one_more_per_level_of_its_tree(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The cancel's statements go as batches (pipeline mode): a leaf's lock, read and
+    fence in one round trip, then the commit; a tree adds one per level read and one
+    for the rest of its fence. Counted from the protocol trace, not timed."""
+    backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
+    try:
+        for run_id, parent in (("leaf", None), ("root", None), ("child", "root")):
+            await backend.create_run(run_spec(run_id, parent_id=parent))
+        counts = {}
+        for run_id in ("leaf", "root"):
+            trace = tmp_path / f"{run_id}.trace"
+            with trace.open("w") as out:
+                async with backend._pool.connection() as conn:  # the pool's one connection
+                    conn.pgconn.trace(out.fileno())
+                try:
+                    result = await backend.cancel(run_id, by="u")
+                finally:
+                    async with backend._pool.connection() as conn:
+                        conn.pgconn.untrace()
+            counts[run_id] = round_trips(trace)
+            assert result.first
+        assert counts == {"leaf": 2, "root": 4}  # root: + the child's level, + its fence
+        assert result.fenced == ("root", "child")
+        for run_id in ("leaf", "root", "child"):
+            assert (await backend.get_run(run_id)).state is RunState.CANCELLING
+            assert [e.kind for e in await backend.events(run_id)].count("cancel") == 1
+    finally:
+        await backend.close()
 
 
 async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
