@@ -76,6 +76,36 @@ async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: Postgres
     assert kinds.count("cancel") == 1
 
 
+async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retried_whole(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the cancel's connection after the root's batch, before the rest of
+    the tree's: the transaction rolls back (nothing was committing, so no doubt), the
+    cancel runs again on a new connection, and every run is fenced once."""
+    for run_id, parent in (("root", None), ("child", "root"), ("grandchild", "child")):
+        await backend.create_run(run_spec(run_id, parent_id=parent))
+    original = Tx.batch
+    killed: list[int] = []
+    used: list[int] = []  # the server process of each batch's connection
+
+    async def batch(self: Tx, statements: Any) -> list[list[Any]]:
+        used.append(self.conn.info.backend_pid)
+        if not killed and "run_owners" in statements[-1][0]:  # a level of the tree, read
+            killed.append(self.conn.info.backend_pid)
+            with psycopg.connect(backend.conninfo, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
+        return await original(self, statements)
+
+    monkeypatch.setattr(Tx, "batch", batch)
+    result = await backend.cancel("root", by="u")
+    assert killed and used[:2] == [killed[0]] * 2  # after the root's batch, on its connection
+    assert used[-1] != killed[0]  # run again whole, on another connection
+    assert result.first and result.fenced == ("root", "child", "grandchild")
+    for run_id in result.fenced:
+        assert (await backend.get_run(run_id)).state is RunState.CANCELLING
+        assert [e.kind for e in await backend.events(run_id)].count("cancel") == 1
+
+
 async def test_settling_doubts_is_single_flight(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
