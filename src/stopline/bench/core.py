@@ -7,10 +7,12 @@ async program pays for one durable SQLite transaction.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sqlite3
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -19,7 +21,7 @@ import stopline
 from stopline.bench.figures import Figure, median, percentile, quiet_heap
 from stopline.ledger.sqlite import SQLiteBackend
 
-__all__ = ["bare_txn_samples", "gate_samples", "measure"]
+__all__ = ["bare_txn", "bare_txn_samples", "gate_samples", "measure"]
 
 
 @stopline.tool
@@ -27,8 +29,11 @@ async def _noop(ctx: stopline.CallContext, n: int) -> int:
     return n
 
 
-async def bare_txn_samples(path: Path, n: int) -> list[float]:
-    """A bare fence check + insert, one transaction each, through the same writer."""
+@contextlib.asynccontextmanager
+async def bare_txn(path: Path) -> AsyncIterator[Callable[[], Awaitable[float]]]:
+    """One bare fence check + insert per call of what it yields (its seconds), each one
+    transaction through a writer thread like the ledger's: the floor any durable gate
+    pays, to measure interleaved with what it is the baseline of."""
     backend = await SQLiteBackend.open(path)
     try:
 
@@ -38,21 +43,28 @@ async def bare_txn_samples(path: Path, n: int) -> list[float]:
             conn.execute("INSERT OR IGNORE INTO bare_fence VALUES ('r', 0)")
 
         await backend.transact(setup)  # the same writer thread
-        samples = []
-        for _ in range(n):
+
+        async def once() -> float:
             op_id = uuid.uuid4().hex
 
-            def txn(conn: sqlite3.Connection, op_id: str = op_id) -> None:
+            def txn(conn: sqlite3.Connection) -> None:
                 row = conn.execute("SELECT fence FROM bare_fence WHERE id = 'r'").fetchone()
                 if row[0] == 0:
                     conn.execute("INSERT INTO bare_ops VALUES (?, 'r')", (op_id,))
 
             start = time.perf_counter()
             await backend.transact(txn)
-            samples.append(time.perf_counter() - start)
-        return samples
+            return time.perf_counter() - start
+
+        yield once
     finally:
         await backend.close()
+
+
+async def bare_txn_samples(path: Path, n: int) -> list[float]:
+    """``n`` bare fence check + insert transactions in a row (``bare_txn``)."""
+    async with bare_txn(path) as once:
+        return [await once() for _ in range(n)]
 
 
 async def gate_samples(
