@@ -104,6 +104,9 @@ async def test_mcp_task_cancelled_before_any_effect(
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(server))
         key = await server.reached("received:upload")
+        # the client knows the task (its CreateTaskResult may come after the server's
+        # work began: on 2026 HTTP another stream), so the cancel is a tasks/cancel
+        await wait_status(ledger, key, OpStatus.ACCEPTED)
         await ledger.cancel(started.run_id, by="user:1")
     op = await wait_status(ledger, key, OpStatus.NOT_COMMITTED)
     await attached(ledger, op, "server record: not_committed")  # the task's own word (R4)
