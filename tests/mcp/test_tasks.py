@@ -14,6 +14,7 @@ import pytest
 import stopline
 from stopline import Cause, OpStatus, PhaseKind, Policy
 from stopline.integrations.mcp import ToolPolicy
+from stopline.runtime.context import CallContext
 from tests.mcp.conftest import TRANSPORTS, Server, open_server, wait_status
 from tests.scenarios.workflows import Started, start
 
@@ -103,11 +104,42 @@ async def test_mcp_task_cancelled_before_any_effect(
     async with anyio.create_task_group() as tg:
         started = start(tg, ledger, immediate(server))
         key = await server.reached("received:upload")
+        # the client knows the task (its CreateTaskResult may come after the server's
+        # work began: on 2026 HTTP another stream), so the cancel is a tasks/cancel
+        await wait_status(ledger, key, OpStatus.ACCEPTED)
         await ledger.cancel(started.run_id, by="user:1")
     op = await wait_status(ledger, key, OpStatus.NOT_COMMITTED)
     await attached(ledger, op, "server record: not_committed")  # the task's own word (R4)
     assert (await ledger.backend.get_operation(key)).status is OpStatus.NOT_COMMITTED
     assert await server.effects_of(key) == []
+
+
+async def test_mcp_task_cancelled_while_its_creation_is_recorded(
+    ledger: stopline.Ledger, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task exists once its CreateTaskResult is in: a cancel that lands while the
+    client is still recording that (``accepted``, ref ``task:<id>``) must still send
+    tasks/cancel and follow the task, or the work goes on unasked and unobserved."""
+    recording = anyio.Event()
+    record_accepted = CallContext.accepted
+
+    async def accepted(self: CallContext, ref: str = "", detail: str = "") -> None:
+        if ref.startswith("task:"):
+            recording.set()
+            await anyio.Event().wait()  # the cancel lands here, or nowhere
+        await record_accepted(self, ref, detail)
+
+    monkeypatch.setattr(CallContext, "accepted", accepted)
+    await server.hold("received:upload")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, immediate(server))
+        key = await server.reached("received:upload")
+        await recording.wait()
+        await ledger.cancel(started.run_id, by="user:1")
+    op = await wait_status(ledger, key, OpStatus.NOT_COMMITTED)
+    await attached(ledger, op, "server record: not_committed")
+    assert await server.effects_of(key) == []
+    await server.release("received:upload")
 
 
 async def test_mcp_vanished_task_is_unknown_then_read_back(

@@ -54,6 +54,13 @@ async def ctl(client: Client, name: str, **arguments: Any) -> Any:
     return result.structured_content
 
 
+def key_for(request: pytest.FixtureRequest, kind: str) -> str:
+    """An idempotency key no other test of this module uses: the log and the HTTP server
+    outlive a client, so a key must name the test (``id(client)`` may be reused once a
+    client is freed, and would find the last client's payment)."""
+    return f"{kind}-{request.node.callspec.id}"
+
+
 async def cancel_at(client: Client, tool: str, key: str, at: str) -> dict[str, Any]:
     """Call ``tool``, cancel the call (the SDK's way) while the server holds it at ``at``."""
     await ctl(client, "ctl_hold", tool=tool, at=at)
@@ -72,9 +79,9 @@ async def cancel_at(client: Client, tool: str, key: str, at: str) -> dict[str, A
 
 @pytest.mark.parametrize("tool", EFFECT_TOOLS)
 async def test_each_tool_commits_once_and_the_read_tool_finds_it(
-    client: Client, log: Path, tool: str
+    client: Client, log: Path, tool: str, request: pytest.FixtureRequest
 ) -> None:
-    key = f"plain-{tool}-{id(client)}"
+    key = key_for(request, "plain")
     missing = await ctl(client, "find_payment", idempotency_key=key)
     assert missing == {"found": False, "payment": None, "count": 0}
     first = await ctl(client, tool, idempotency_key=key, amount=7)
@@ -88,9 +95,9 @@ async def test_each_tool_commits_once_and_the_read_tool_finds_it(
 
 @pytest.mark.parametrize("tool", EFFECT_TOOLS)
 async def test_a_cancel_stops_only_the_cancellable_tool(
-    client: Client, log: Path, tool: str
+    client: Client, log: Path, tool: str, request: pytest.FixtureRequest
 ) -> None:
-    key = f"cancel-{tool}-{id(client)}"
+    key = key_for(request, "cancel")
     ended = await cancel_at(client, tool, key, "50")
     if tool == "pay_cancellable":
         assert ended == {"event": "stopped", "at": "50"}
@@ -105,7 +112,7 @@ async def test_the_late_tool_ignores_the_cancel_notification(
 ) -> None:
     """On stdio and 2025-era HTTP the cancel is a notification, which ``pay_late``
     drops (and logs); on 2026 HTTP the cancel is the stream close."""
-    key = f"late-{id(client)}"
+    key = key_for(request, "late")
     await cancel_at(client, "pay_late", key, "25")
     ignored = [e for e in log_entries(log) if e["key"] == key and e["event"] == "cancel_ignored"]
     notification_era = "http-2026" not in request.node.callspec.id

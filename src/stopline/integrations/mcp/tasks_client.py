@@ -159,9 +159,11 @@ class TasksClient(ClientExtension):
     # -- one task, from creation to its end ---------------------------------------------------
     async def drive(self, session: ClientSession, view: TaskView, era: Era) -> types.CallToolResult:
         call = CURRENT_CALL.get()
-        if call is not None:
-            await call.accepted(ref=f"task:{view.task_id}", detail="the server created a task")
         try:
+            # the task exists from here on: a cancel that lands while its acceptance is
+            # being recorded must still reach it (tasks/cancel), and it is still followed
+            if call is not None:
+                await call.accepted(ref=f"task:{view.task_id}", detail="the server created a task")
             final = await self._until_terminal(session, view, era)
         except MCPError as exc:  # not found / expired: nobody knows its outcome
             raise NoAnswer(
