@@ -6,7 +6,9 @@ in SQL that both engines speak, with ``?`` (positional) or ``:name``
 
 - ``Db``: run a statement and read rows. On SQLite the methods never suspend
   (the body runs on the writer thread and ``run_sync`` drives it to its end
-  in one step); on PostgreSQL they await the server.
+  in one step); on PostgreSQL they await the server. ``batch`` runs
+  statements none of which needs another's result: one round trip on
+  PostgreSQL (pipeline mode), where each statement is otherwise one.
 - ``Dialect`` (in ``dialect``): the few spellings that differ.
 """
 
