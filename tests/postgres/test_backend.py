@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
 import pytest
 
 import stopline
+from stopline.domain.lifecycle import CancelResult
 from stopline.domain.vocab import OpStatus, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.backend import GateVerdict
@@ -28,6 +29,7 @@ from tests.ledger.contract import op_spec, run_spec
 from tests.postgres.server import fresh_schema
 
 pytestmark = pytest.mark.timeout(30)
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -313,25 +315,39 @@ async def test_a_cancel_is_two_round_trips_and_one_more_per_level_of_its_tree(
         await backend.close()
 
 
-async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
-    """The LISTEN side in one process: a cancel from another backend arrives as run ids."""
-    heard = Heard()
-
+async def notified(
+    pg_url: str,
+    heard: Heard,
+    act: Callable[[PostgresBackend, PostgresBackend], Awaitable[T]],
+) -> T:
+    """``act(listener, canceller)`` on two backends of one schema while the first
+    listens for cancels; its result once ``heard`` has heard what it waits for."""
     listener = await PostgresBackend.open(pg_url)
     canceller = await PostgresBackend.open(pg_url)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(listener.watch_cancels, heard)
-            sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.channel)
-            await canceller.create_run(run_spec("root"))
-            await canceller.create_run(run_spec("child", parent_id="root"))
-            await canceller.cancel("root", by="u")
+            result = await act(listener, canceller)
             with anyio.fail_after(10):
                 await heard.arrived.wait()
             tg.cancel_scope.cancel()
     finally:
         await listener.close()
         await canceller.close()
+    return result
+
+
+async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
+    """The LISTEN side in one process: a cancel from another backend arrives as run ids."""
+    heard = Heard()
+
+    async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
+        sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.channel)
+        await canceller.create_run(run_spec("root"))
+        await canceller.create_run(run_spec("child", parent_id="root"))
+        await canceller.cancel("root", by="u")
+
+    await notified(pg_url, heard, act)
     assert heard.seen == [["root", "child"]]
 
 
@@ -381,17 +397,11 @@ async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> 
         await ledger.resume("resumed", by="u")
     heard = Heard()
 
-    listener = await PostgresBackend.open(pg_url)
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(listener.watch_cancels, heard)
-            await listener.pool.close()  # a check through the pool would fail now
-            sql(pg_url, "SELECT pg_notify(%s, %s)", listener.channel, '["resumed", "left"]')
-            with anyio.fail_after(10):
-                await heard.arrived.wait()
-            tg.cancel_scope.cancel()
-    finally:
-        await listener.close()
+    async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
+        await listener.pool.close()  # a check through the pool would fail now
+        sql(pg_url, "SELECT pg_notify(%s, %s)", listener.channel, '["resumed", "left"]')
+
+    await notified(pg_url, heard, act)
     assert heard.seen == [["left"]]
 
 
@@ -405,20 +415,12 @@ async def test_a_cancel_too_large_for_one_notification_is_notified_in_several(
     ids = [f"{i}" + "r" * 1000 for i in range(9)]
     heard = Heard(until=len(ids))
 
-    listener = await PostgresBackend.open(pg_url)
-    canceller = await PostgresBackend.open(pg_url)
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(listener.watch_cancels, heard)
-            await canceller.create_run(run_spec(ids[0]))
-            for child in ids[1:]:
-                await canceller.create_run(run_spec(child, parent_id=ids[0]))
-            result = await canceller.cancel(ids[0], by="u")
-            with anyio.fail_after(10):
-                await heard.arrived.wait()
-            tg.cancel_scope.cancel()
-    finally:
-        await listener.close()
-        await canceller.close()
+    async def act(listener: PostgresBackend, canceller: PostgresBackend) -> CancelResult:
+        await canceller.create_run(run_spec(ids[0]))
+        for child in ids[1:]:
+            await canceller.create_run(run_spec(child, parent_id=ids[0]))
+        return await canceller.cancel(ids[0], by="u")
+
+    result = await notified(pg_url, heard, act)
     assert result.first and set(result.fenced) == set(ids)
     assert len(heard.seen) == 2 and sorted(r for batch in heard.seen for r in batch) == sorted(ids)
