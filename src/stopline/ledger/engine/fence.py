@@ -170,8 +170,8 @@ async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
         live = [r for (r,) in evented]  # the root: cancellable, so fenced above
         fenced, released = await _closure(db, run_id, now, links)
         if len(fenced) > 1:
-            _, evented, _ = await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now))
-            fenced_now = {r for (r,) in evented}
+            _, rest, _ = await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now))
+            fenced_now = {r for (r,) in rest}
             live += [r for r in fenced[1:] if r in fenced_now]  # in closure order
         for child in released:
             data_released = {"owner_cancelled": run_id}
