@@ -216,3 +216,35 @@ async def test_v1_ledger_is_migrated_in_order_and_keeps_its_history(tmp_path: Pa
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"run_owners", "approvals", "checkpoints", "workers"} <= tables
+
+
+async def test_v2_log_is_migrated_whole_and_its_sequence_goes_on(tmp_path: Path) -> None:
+    """V3 rebuilds the log without AUTOINCREMENT (ADR 0035): every event kept with its
+    seq, and the next events numbered after the largest, as before."""
+    from stopline.ledger.schema import MIGRATIONS
+
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.executescript(MIGRATIONS[0] + ";" + MIGRATIONS[1])
+        conn.execute("PRAGMA user_version = 2")
+        conn.execute(
+            "INSERT INTO runs (id, name, owner, tenant, state, grants, policy, created_at,"
+            " updated_at) VALUES ('run_old', 'job', 'u', 't', 'completed', 15, 'verify', 1, 1)"
+        )
+        conn.executemany(
+            "INSERT INTO events (seq, at, run_id, kind, data) VALUES (?, ?, 'run_old', ?, '{}')",
+            [(7, 1.0, "created"), (41, 2.0, "completed")],
+        )
+        old = conn.execute("SELECT * FROM events ORDER BY seq").fetchall()
+    async with (
+        stopline.open(f"sqlite:///{path}") as ledger,
+        ledger.run("new", owner="u", run_id="run_new"),
+    ):
+        pass
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT * FROM events WHERE seq <= 41 ORDER BY seq").fetchall() == old
+        new = [s for (s,) in conn.execute("SELECT seq FROM events WHERE run_id = 'run_new'")]
+        ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
+        index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_run'").fetchone()
+    assert new and min(new) == 42 and new == sorted(new)
+    assert "AUTOINCREMENT" not in ddl and index is not None

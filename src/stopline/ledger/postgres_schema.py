@@ -15,7 +15,13 @@ import re
 
 from stopline.errors import LedgerUnavailable, SchemaTooNew
 from stopline.ledger.postgres_txn import Tx
-from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
+from stopline.ledger.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SqliteOnly,
+    check_readable,
+    refuse_foreign,
+)
 
 __all__ = ["check", "migrate", "translate"]
 
@@ -30,7 +36,9 @@ _SPELLINGS = (
 
 
 def translate(ddl: str) -> list[str]:
-    """SQLite DDL of one migration as PostgreSQL statements."""
+    """SQLite DDL of one migration as PostgreSQL statements (none for SQLite's own)."""
+    if isinstance(ddl, SqliteOnly):
+        return []
     statements = []
     for statement in ddl.split(";"):
         if statement.strip():

@@ -27,6 +27,7 @@ __all__ = [
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
     "SCHEMA_VERSION",
+    "SqliteOnly",
     "check_readable",
     "refuse_foreign",
 ]
@@ -151,7 +152,39 @@ CREATE TABLE workers (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+
+class SqliteOnly(str):
+    """A migration of SQLite's storage alone: PostgreSQL's tables need no such step, so
+    there it records the new version and runs nothing."""
+
+    __slots__ = ()
+
+
+# V3: the log's sequence without AUTOINCREMENT (ADR 0035). AUTOINCREMENT keeps the
+# highest seq ever used in ``sqlite_sequence`` and writes that page in every
+# transaction that logs an event: one page of the seven a gated call wrote. The
+# log is append-only (nothing deletes an event), so the largest seq is the
+# highest ever used and a plain rowid key (largest + 1) hands out the same,
+# strictly rising sequence. PostgreSQL's identity column has no such cost.
+_V3 = SqliteOnly("""
+CREATE TABLE events_v3 (
+    seq INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    run_id TEXT NOT NULL,
+    op_id TEXT,
+    kind TEXT NOT NULL,
+    from_state TEXT,
+    to_state TEXT,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+INSERT INTO events_v3 (seq, at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT seq, at, run_id, op_id, kind, from_state, to_state, data FROM events ORDER BY seq;
+DROP TABLE events;
+ALTER TABLE events_v3 RENAME TO events;
+CREATE INDEX events_run ON events(run_id, seq);
+""")
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
