@@ -19,6 +19,7 @@ import anyio
 
 import stopline
 from stopline.bench.figures import Figure, median, percentile, quiet_heap
+from stopline.bench.wal import last_commits
 from stopline.ledger.sqlite import SQLiteBackend
 
 __all__ = ["bare_txn", "bare_txn_samples", "gate_samples", "measure"]
@@ -89,6 +90,30 @@ async def gate_samples(
             whole.append(time.perf_counter() - start)
             before_dispatch.append(dispatched[-1] - start)
     return whole, before_dispatch
+
+
+async def wal_pages(workdir: Path, calls: int = 40) -> tuple[float, float]:
+    """Pages written to the WAL per transaction: a sequential gated call's (its intent
+    with the previous call's outcome), and a bare fence check + insert's (ADR 0035)."""
+    counted = calls // 2
+    gated = workdir / "pages.db"
+    async with (
+        stopline.open(f"sqlite:///{gated}") as ledger,
+        ledger.run("bench", owner="bench") as run,
+    ):
+        for i in range(calls):
+            await run.call(_noop, i)
+        ours = last_commits(gated, counted)
+    bare = workdir / "pages_bare.db"
+    async with bare_txn(bare) as once:
+        for _ in range(calls):
+            await once()
+        theirs = last_commits(bare, counted)
+    return _per_commit(ours), _per_commit(theirs)
+
+
+def _per_commit(commits: list[list[int]]) -> float:
+    return sum(map(len, commits)) / len(commits)
 
 
 async def _concurrent(url: str, runs: int, per_run: int) -> float:
@@ -200,6 +225,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     runs, per_run = (100, 5) if quick else (100, 50)
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
+    pages, bare_pages = await wal_pages(workdir)
     cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", 50 if quick else 300)
     with quiet_heap():
         task_cancels = [await _one_task_cancel() for _ in range(50 if quick else 300)]
@@ -228,6 +254,15 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             median(bare) * 1e6,
             "ratio ~ 1.0",
             "p50 from run.call() to the provider invoked: the gate's one durable write",
+        ),
+        Figure(
+            "gate_sqlite_wal_pages",
+            pages,
+            "pages",
+            bare_pages,
+            "",
+            "pages a sequential gated call's transaction writes to the WAL (counted, not "
+            "timed) vs a bare fence-check+insert txn's",
         ),
         Figure(
             "gate_sqlite_concurrent_ops_per_s",
