@@ -57,6 +57,9 @@ class PostgresDialect(Dialect):
     def indexed_by(self, index: str) -> str:
         return ""
 
+    def unindexed(self, column: str) -> str:
+        return column
+
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         if self.channel is None:
             return

@@ -78,6 +78,13 @@ class Dialect:
         """Insist on a partial index (SQLite); the planner's own choice elsewhere."""
         return f" INDEXED BY {index}"
 
+    def unindexed(self, column: str) -> str:
+        """``column`` where it must not choose the index: SQLite, without statistics,
+        takes ``state IN`` three values as cheaper than ``id IN`` a thousand ids and
+        walks every live run of the ledger; ``+column`` (a no-op) leaves its index out,
+        so a tree's statements cost what the tree holds, not what the ledger does."""
+        return f"+{column}"
+
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         """Tell other processes these runs were fenced, at commit (nothing here)."""
 

@@ -117,7 +117,7 @@ def _fence(
     approvals and the events first), so the three agree and none needs another's
     result: one ``Db.batch``. Every run written is locked already."""
     ids, params = dialect.in_list("id", runs)
-    cancellable = f"{ids} AND state IN ({sql_values(CANCELLABLE)})"
+    cancellable = f"{ids} AND {dialect.unindexed('state')} IN ({sql_values(CANCELLABLE)})"
     text = dialect.text
     data = rows.dump_data({"by": by, "reason": reason, "root": root})
     withdraw = (
