@@ -47,32 +47,6 @@ async def test_a_deferred_write_rides_the_next_commit(tmp_path: Path) -> None:
         await backend.close()
 
 
-async def test_a_deferred_write_waits_on_the_callers_side_and_keeps_its_order(
-    tmp_path: Path,
-) -> None:
-    """The thread is handed a deferred write with the next job, not woken for it alone,
-    and a job queued after it still runs after it."""
-    backend = await _backend(tmp_path / "l.db", 60_000)
-    committed = anyio.Event()
-    try:
-        await backend.transact(lambda conn: conn.execute("CREATE TABLE t (v INT)"))
-
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO t VALUES (1)")
-
-        job = backend._writer.enqueue(write, lambda outcome: committed.set())
-        assert backend._writer._waiting == [job]  # not handed to the thread yet
-
-        def read(conn: sqlite3.Connection) -> int:
-            return conn.execute("SELECT count(*) FROM t").fetchone()[0]  # type: ignore[no-any-return]
-
-        assert await backend.transact(read) == 1  # it went first
-        assert backend._writer._waiting == []
-        await committed.wait()
-    finally:
-        await backend.close()
-
-
 async def test_a_lone_deferred_write_commits_within_the_bound(tmp_path: Path) -> None:
     backend = await _backend(tmp_path / "l.db", 5)
     done = anyio.Event()

@@ -43,7 +43,7 @@ _QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 class _Job(Generic[T]):
     __slots__ = (
         "_event", "_finished", "_lock", "_loop", "_state", "_waiter", "_wake", "deferred",
-        "error", "fn", "held", "queued_at", "result",
+        "error", "fn", "held", "result",
     )  # fmt: skip
 
     def __init__(
@@ -54,7 +54,6 @@ class _Job(Generic[T]):
         self.fn = fn
         # nobody waits on it: it may wait a little for company before committing
         self.deferred = then is not None
-        self.queued_at = time.monotonic() if then is not None else 0.0
         # a deferred job whose batch failed to commit: kept for the next batch, not lost
         self.held = False
         self.result: Any = None
@@ -165,11 +164,6 @@ class Writer:
         # deferred jobs (outcomes) whose batch could not commit (a full disk, an I/O
         # error): they ride the next batch, first, so an outcome is never dropped
         self._held: list[_Job[Any]] = []
-        # deferred jobs of an asyncio caller, kept on its side until its next job or
-        # the end of their linger: the thread is woken once for both (see ``enqueue``)
-        self._waiting: list[_Job[Any]] = []
-        self._waiting_lock = threading.Lock()
-        self._timer: Any = None
 
     def start(self) -> None:
         self._thread.start()
@@ -219,38 +213,15 @@ class Writer:
         if self._stopped is not None:
             raise self._stopped
         job: _Job[T] = _Job(fn, then)
-        if then is not None and job._loop is not None:
-            # nobody waits on it: it goes to the thread with the next job, or when its
-            # linger ends, so a sequential call wakes the thread once, not twice
-            with self._waiting_lock:
-                self._waiting.append(job)
-                first = len(self._waiting) == 1
-            if first:
-                self._timer = job._loop.call_later(self._linger, self._release)
-            return job
-        self._release()  # what waits on this side goes first: the order is kept
         self._queue.put(job)
         if self._stopped is not None:  # stopped meanwhile: nobody will take it
             self._drain(self._stopped)
         return job
 
-    def _release(self) -> None:
-        """Hand the thread the deferred jobs kept on the caller's side, in order."""
-        with self._waiting_lock:
-            jobs, self._waiting = self._waiting, []
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-        for job in jobs:
-            self._queue.put(job)
-        if jobs and self._stopped is not None:
-            self._drain(self._stopped)
-
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._release()
         self._queue.put(None)
         await anyio.to_thread.run_sync(self._thread.join)
 
@@ -306,7 +277,7 @@ class Writer:
         The wait is bounded from the first deferred job, so an outcome is durable
         within a few milliseconds even when no other write comes.
         """
-        deadline = min(job.queued_at for job in batch) + self._linger
+        deadline = time.monotonic() + self._linger
         while len(batch) < _MAX_BATCH:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
