@@ -17,7 +17,7 @@ from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import run_spec
-from tests.postgres.server import fresh_schema
+from tests.postgres.server import Outage, fresh_schema
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -38,28 +38,27 @@ async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
 
 @contextlib.contextmanager
 def unreachable_after_lost_commit(backend: PostgresBackend) -> Iterator[None]:
-    """The next transaction commits but its reply is lost; then the server is unreachable."""
+    """The next transaction commits but its reply is lost; then the server is unreachable
+    (the pool's checkouts and the group commit's reconnects refused)."""
     original_tx = Tx.transaction
-    original_conn = backend._pool.connection
-    state = {"armed": True, "down": False}
-
-    @contextlib.asynccontextmanager
-    async def transaction(self: Tx) -> AsyncIterator[None]:
-        async with original_tx(self):
-            yield
-        if state["armed"]:
-            state["armed"], state["down"] = False, True
-            self.in_doubt = True
-            raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
-
-    def connection(*args: Any, **kwargs: Any) -> Any:
-        if state["down"]:
-            raise psycopg.OperationalError("simulated: connection refused")
-        return original_conn(*args, **kwargs)
+    state = {"armed": True}
 
     with pytest.MonkeyPatch.context() as patch:
+        outage = Outage(backend, patch)
+
+        @contextlib.asynccontextmanager
+        async def transaction(self: Tx) -> AsyncIterator[None]:
+            async with original_tx(self):
+                yield
+            if state["armed"]:
+                state["armed"] = False
+                outage.begin()
+                self.in_doubt = True
+                raise psycopg.OperationalError(
+                    "simulated: server closed the connection unexpectedly"
+                )
+
         patch.setattr(Tx, "transaction", transaction)
-        patch.setattr(backend._pool, "connection", connection)
         yield
 
 

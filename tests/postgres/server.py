@@ -11,8 +11,14 @@ import functools
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from stopline.ledger.postgres import PostgresBackend
 
 DEFAULT = "postgresql://127.0.0.1:5432/test"
 ENV = "STOPLINE_TEST_POSTGRES"
@@ -67,3 +73,52 @@ def fresh_schema() -> Iterator[str]:
         yield with_schema(url, schema)
     finally:
         drop_schema(schema)
+
+
+def terminate(conninfo: str, pid: int) -> None:
+    """The server ends the connection of process ``pid`` (an administrator, a failover)."""
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+class Outage:
+    """The server, as one backend sees it, going down and coming back.
+
+    ``begin(*pids)``: the server ends those connections (for real,
+    ``pg_terminate_backend``) and refuses new ones: every checkout from the pool
+    and every connect of the group commit's reserved connection fails, as a
+    server that is down makes them fail. ``end()``: reachable again."""
+
+    def __init__(self, backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.down = False
+        self._conninfo = backend.conninfo
+        checkout = backend.pool.connection
+        connect = backend.group.reserved.connect
+
+        def refused() -> psycopg.OperationalError:
+            import psycopg
+
+            return psycopg.OperationalError("simulated: connection refused")
+
+        def pool_connection(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise refused()
+            return checkout(*args, **kwargs)
+
+        async def reserved_connect() -> psycopg.AsyncConnection[Any]:
+            if self.down:
+                raise refused()
+            return await connect()
+
+        monkeypatch.setattr(backend.pool, "connection", pool_connection)
+        monkeypatch.setattr(backend.group.reserved, "connect", reserved_connect)
+
+    def begin(self, *pids: int) -> None:
+        for pid in pids:
+            terminate(self._conninfo, pid)
+        self.down = True
+
+    def end(self) -> None:
+        self.down = False

@@ -26,7 +26,7 @@ from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.schema import SCHEMA_VERSION
 from tests.ledger.contract import op_spec, run_spec
-from tests.postgres.server import fresh_schema
+from tests.postgres.server import Outage, fresh_schema, terminate
 
 pytestmark = pytest.mark.timeout(30)
 T = TypeVar("T")
@@ -123,8 +123,9 @@ async def test_paused_worker_whose_lease_expired_cannot_dispatch(pg_url: str) ->
 
 # -- commits in doubt --------------------------------------------------------------
 @contextlib.contextmanager
-def lose_reply_once(after_commit: bool) -> Iterator[None]:
-    """The next one-statement write loses its connection, after or before it commits."""
+def lose_reply_once(after_commit: bool, lost: Callable[[Tx], None] | None = None) -> Iterator[None]:
+    """The next one-statement write loses its connection, after or before it commits
+    (``lost(tx)``: called then, with the write's own connection)."""
     original = Tx.write1
     state = {"armed": True}
 
@@ -136,6 +137,8 @@ def lose_reply_once(after_commit: bool) -> Iterator[None]:
         if after_commit:
             await original(self, statement, params)
             self.in_doubt = True
+        if lost is not None:
+            lost(self)
         raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
 
     with pytest.MonkeyPatch.context() as patch:
@@ -160,25 +163,20 @@ async def test_gate_in_doubt_is_settled_by_its_token(
 async def test_gate_in_doubt_while_unreachable_becomes_unknown(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The gate's commit lands, then the server ends its connection (the reply lost)
+    and stays down: the dead connection is noticed when the settling read uses it,
+    reconnecting is refused until ``retry_for``, and the gate raises ``GateInDoubt``."""
     await backend.create_run(run_spec())
-    pool = backend._pool
+    outage = Outage(backend, monkeypatch)
 
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise psycopg.OperationalError("simulated: connection refused")
+    def lost(tx: Tx) -> None:
+        outage.begin(tx.conn.info.backend_pid)
 
-    with lose_reply_once(after_commit=True):
-        original = pool.connection
-        calls = {"n": 0}
-
-        def connection(*args: Any, **kwargs: Any) -> Any:
-            calls["n"] += 1
-            return original(*args, **kwargs) if calls["n"] == 1 else unreachable()
-
-        monkeypatch.setattr(pool, "connection", connection)
-        with pytest.raises(GateInDoubt) as info:
-            await backend.gate(op_spec())
-        monkeypatch.setattr(pool, "connection", original)
+    with lose_reply_once(after_commit=True, lost=lost), pytest.raises(GateInDoubt) as info:
+        await backend.gate(op_spec())
+    outage.end()
     assert info.value.op_id == "run_a/1:send"
+    assert backend.group.reserved.pid is None  # the dead connection was let go
     # the next transaction that reaches the server settles it: never "not sent" (R3)
     op = await backend.get_operation("run_a/1:send")
     assert op.status is OpStatus.UNKNOWN and op.cause is stopline.Cause.TRANSPORT
@@ -245,20 +243,25 @@ async def test_trio_is_refused_with_a_reason(pg_url: str) -> None:
 
 
 async def test_connection_killed_by_the_server_is_retried(backend: PostgresBackend) -> None:
-    """An administrator (or a failover) ends the pooled connection: the next calls reconnect."""
+    """An administrator (or a failover) ends the pooled connection and the group commit's
+    own: the next calls reconnect."""
     await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))  # the group commit's connection, opened
 
     async def pid(tx: Tx) -> int:
         return int((await tx.one("SELECT pg_backend_pid()"))[0])
 
     victim = await backend._tx(pid, safe=True)
-    with psycopg.connect(backend.conninfo, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (victim,))
+    reserved = backend.group.reserved.pid
+    assert reserved is not None and reserved != victim
+    for killed in (victim, reserved):
+        terminate(backend.conninfo, killed)
     assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED  # settled, then passed
+    assert backend.group.reserved.pid not in (None, reserved)
     assert (await backend.get_run("run_a")).state is stopline.RunState.RUNNING
     assert await backend._tx(pid, safe=True) != victim
     kinds = [e.kind for e in await backend.events("run_a")]
-    assert kinds.count("gate_passed") == 1
+    assert kinds.count("gate_passed") == 2
 
 
 class Heard:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
 import stopline
@@ -22,9 +21,10 @@ from stopline.domain.vocab import OpStatus
 from stopline.errors import StoplineError
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import PostgresBackend
+from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
-from tests.postgres.server import fresh_schema
+from tests.postgres.server import Outage, fresh_schema, terminate
 from tests.postgres.test_backend import sql
 
 pytestmark = pytest.mark.timeout(60)
@@ -140,11 +140,6 @@ async def test_an_illegal_outcome_in_a_group_fails_alone(backend: PostgresBacken
     assert isinstance(got[1], stopline.UnknownOperation)
 
 
-def _terminate(backend: PostgresBackend, pid: int) -> None:
-    with psycopg.connect(backend.conninfo, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-
-
 async def test_a_group_transactions_connection_killed_loses_nothing(
     backend: PostgresBackend,
 ) -> None:
@@ -158,7 +153,7 @@ async def test_a_group_transactions_connection_killed_loses_nothing(
     async def kill(pid: int) -> None:
         if not killed:
             killed.append(pid)
-            _terminate(backend, pid)
+            terminate(backend.conninfo, pid)
 
     backend.group.before_batch = kill
     got: list[Any] = []
@@ -195,16 +190,11 @@ async def test_a_group_transaction_left_unreachable_gives_each_caller_its_error(
     was recorded twice."""
     await backend.create_run(run_spec())
     await backend.gate(op_spec("run_a/0:send"))
-    pool = backend.pool
-    original = pool.connection
-
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise psycopg.OperationalError("simulated: connection refused")
+    outage = Outage(backend, monkeypatch)
 
     async def kill(pid: int) -> None:
         backend.group.before_batch = None
-        _terminate(backend, pid)
-        monkeypatch.setattr(pool, "connection", unreachable)
+        outage.begin(pid)
 
     backend.group.before_batch = kill
     got: list[Any] = []
@@ -227,7 +217,7 @@ async def test_a_group_transaction_left_unreachable_gives_each_caller_its_error(
         ("LedgerUnavailable", "LedgerUnavailable"),
     }
     assert (errors[2], errors[3]) == ("LedgerUnavailable", "LedgerUnavailable")
-    monkeypatch.setattr(pool, "connection", original)
+    outage.end()
     statuses = {op.id: op.status for op in await backend.operations("run_a")}
     assert statuses == {"run_a/0:send": OpStatus.REQUESTED}  # the rest never sent
     assert backend.doubts == {}
@@ -272,3 +262,84 @@ async def test_a_group_that_breaks_unexpectedly_answers_every_caller(
     assert errors  # the gate(s) in that group heard of it too
     monkeypatch.undo()
     assert (await backend.gate(op_spec("run_a/9:send"))).verdict is GateVerdict.PASSED
+
+
+async def test_gates_and_outcomes_take_no_connection_from_the_pool(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alone or together, gates and outcomes run on the group commit's own connection:
+    one connect, then no checkout from the pool (counted, not timed)."""
+    await backend.create_run(run_spec())
+    checkout = backend.pool.connection
+    checkouts: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checkouts.append(1)
+        return checkout(*args, **kwargs)
+
+    monkeypatch.setattr(backend.pool, "connection", counted)
+    got: list[Any] = []
+    for i in range(5):  # a sequential workflow: each outcome rides the next gate
+        await backend.gate(op_spec(f"run_a/{i}:send"))
+        backend.record_deferred(f"run_a/{i}:send", COMMIT, _collect(got))
+    await backend.group.barrier()
+    async with anyio.create_task_group() as tg:  # and concurrent gates, grouped
+        for i in range(5, 15):
+            tg.start_soon(backend.gate, op_spec(f"run_a/{i}:send"))
+    assert [o.status for o in got] == [OpStatus.COMMITTED] * 5
+    assert checkouts == []
+    assert backend.group.reserved.connections == 1
+
+
+async def test_one_group_transaction_at_a_time(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leadership passes from a leader to the next waiting caller, never to a second
+    leader beside it. A's lone gate is held while B queues; when it returns, B is
+    handed the lead, but A's next gate comes first and B's transaction is A's; then
+    C arrives while that transaction is held open. C must queue behind it: the group
+    commit's one connection is never asked for twice at a time (it would refuse: an
+    ``AssertionError`` for C)."""
+    await backend.create_run(run_spec())
+    a_in, release_a = anyio.Event(), anyio.Event()
+    batch_in, release_batch = anyio.Event(), anyio.Event()
+    write1 = Tx.write1
+
+    async def held_write1(self: Tx, statement: str, params: Any = ()) -> Any:
+        if not a_in.is_set():
+            a_in.set()
+            await release_a.wait()
+        return await write1(self, statement, params)
+
+    async def held_batch(pid: int) -> None:
+        backend.group.before_batch = None
+        batch_in.set()
+        await release_batch.wait()
+
+    monkeypatch.setattr(Tx, "write1", held_write1)
+    backend.group.before_batch = held_batch
+    got: list[Any] = []
+    results: dict[str, GateVerdict] = {}
+
+    async def gate(op_id: str) -> None:
+        results[op_id] = (await backend.gate(op_spec(op_id))).verdict
+
+    async def a() -> None:
+        await gate("run_a/0:send")  # alone, held until B has queued
+        backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+        await gate("run_a/2:send")  # before B has woken to lead
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a)
+            await a_in.wait()
+            tg.start_soon(gate, "run_a/1:send")
+            await anyio.wait_all_tasks_blocked()  # B queued
+            release_a.set()
+            await batch_in.wait()  # a group transaction holds the connection
+            await anyio.wait_all_tasks_blocked()  # B woken, handed the lead
+            tg.start_soon(gate, "run_a/3:send")
+            await anyio.wait_all_tasks_blocked()  # C: queued (or, wrongly, leading)
+            release_batch.set()
+    assert results == {f"run_a/{i}:send": GateVerdict.PASSED for i in range(4)}
+    assert [o.status for o in got] == [OpStatus.COMMITTED]

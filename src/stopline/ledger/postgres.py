@@ -9,8 +9,9 @@ transaction is retried across connection loss or failover, default 10) and
 ride before committing alone, default 2).
 
 Gates and outcomes go through the group commit (``postgres_batch``): many
-callers' writes in one transaction, a lone caller's alone; by default a
-call's outcome is deferred and rides the next transaction (ADR 0034).
+callers' writes in one transaction, a lone caller's alone, on a connection
+of its own (no pool checkout); by default a call's outcome is deferred and
+rides the next transaction (ADR 0034).
 
 Every public method is one of the engine's transaction bodies
 (``stopline.ledger.engine``) on a pooled connection (``postgres_txn.Tx``, in
@@ -76,6 +77,7 @@ from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
 from stopline.ledger.postgres_listen import Listener
+from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_txn import Tx
 
@@ -188,6 +190,12 @@ class PostgresBackend(SqlBackend):
     def pool(self) -> AsyncConnectionPool:
         return self._pool
 
+    async def connect(self) -> psycopg.AsyncConnection[Any]:
+        """A new connection configured as the pool's (the group commit's own)."""
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, connect_timeout=max(2, int(self.retry_for)), **self.connect_kwargs
+        )
+
     @property
     def doubts(self) -> dict[str, str]:
         """Gates whose commit stayed in doubt: op id -> attempt token."""
@@ -228,6 +236,7 @@ class PostgresBackend(SqlBackend):
         in_doubt: Callable[[], LedgerError] | None = None,
         doubt: bool = False,
         deadline: float | None = None,
+        connection: Lease | None = None,
     ) -> T:
         """``body`` on a pooled connection until it commits or ``deadline`` passes.
 
@@ -235,10 +244,12 @@ class PostgresBackend(SqlBackend):
         doubt. ``settle(tx)``: after a doubt, find out whether it landed (its
         result) or not (``_RETRY``). ``in_doubt()``: the error raised when the
         doubt cannot be settled in time. ``doubt``: a commit is in doubt already
-        (the group transaction it was part of lost its reply). The wait is
-        shielded, like SQLite's writer: a started transaction always finishes
-        and its caller learns how.
+        (the group transaction it was part of lost its reply). ``connection``:
+        where each attempt takes its connection (the pool's by default; the group
+        commit's own for its jobs). The wait is shielded, like SQLite's writer: a
+        started transaction always finishes and its caller learns how.
         """
+        lease = self._pool.connection if connection is None else connection
         with anyio.CancelScope(shield=True):
             if deadline is None:
                 deadline = time.monotonic() + self.retry_for
@@ -246,7 +257,7 @@ class PostgresBackend(SqlBackend):
             while True:
                 tx: Tx | None = None
                 try:
-                    async with self._pool.connection() as conn:
+                    async with lease() as conn:
                         tx = Tx(conn, self.location, self.dialect)
                         if self._doubts:
                             await self.settle_gate_doubts(tx)
@@ -314,13 +325,14 @@ class PostgresBackend(SqlBackend):
             self._doubts[spec.id] = token  # settled on the next transaction that connects
             return GateInDoubt(self.location, spec.id)
 
-        async def alone(doubt: bool, deadline: float) -> GateResult:
+        async def alone(doubt: bool, deadline: float, connection: Lease) -> GateResult:
             return await self.attempts(
                 lambda tx: gate(tx, spec, token),
                 settle=_gate_landed(spec, token),
                 in_doubt=in_doubt,
                 doubt=doubt,
                 deadline=deadline,
+                connection=connection,
             )
 
         forms = None
@@ -351,12 +363,13 @@ class PostgresBackend(SqlBackend):
         update: OutcomeUpdate,
         then: Callable[[Callable[[], OperationRecord]], None] | None = None,
     ) -> Job:
-        async def alone(doubt: bool, deadline: float) -> OperationRecord:
+        async def alone(doubt: bool, deadline: float, connection: Lease) -> OperationRecord:
             return await self.attempts(
                 lambda tx: record(tx, op_id, update),
                 settle=_outcome_landed(op_id, update),
                 doubt=doubt,
                 deadline=deadline,
+                connection=connection,
             )
 
         params = functools.partial(record_params, op_id, update, time.time())

@@ -9,6 +9,10 @@ them leads the next. A lone caller finds nothing queued and runs its job
 alone, exactly as without the queue (one statement, one commit), with no
 task in between.
 
+Every group transaction, and a lone caller's job, runs on the group's own
+connection (``postgres_reserved``): one transaction runs at a time, so the
+hot path takes no connection from the pool.
+
 A deferred outcome (``PostgresBackend.record_deferred``, ADR 0034) has nobody
 waiting on it: it rides the next transaction, which in a sequential workflow
 is the next call's intent; if nothing comes within ``delay`` seconds, a timer
@@ -44,6 +48,7 @@ from stopline.ledger import rows
 from stopline.ledger.backend import GateResult, GateVerdict
 from stopline.ledger.postgres_dialect import Forms, many_rows
 from stopline.ledger.postgres_errors import connection_lost
+from stopline.ledger.postgres_reserved import Lease, Reserved
 from stopline.ledger.postgres_txn import Tx, pg_sql
 
 if TYPE_CHECKING:
@@ -54,7 +59,8 @@ __all__ = ["MAX_BATCH", "GroupCommit", "Job"]
 MAX_BATCH = 256  # jobs per transaction
 log = logging.getLogger("stopline.ledger.postgres")
 Outcome = Callable[[], Any]  # returns the job's result or raises its error
-Alone = Callable[[bool, float], Awaitable[Any]]  # run the job by itself (doubt, deadline)
+# run the job by itself: (a commit in doubt already, deadline, the connection to run it on)
+Alone = Callable[[bool, float, Lease], Awaitable[Any]]
 
 
 class Job:
@@ -121,6 +127,8 @@ class GroupCommit:
         self._leading = False
         self._timer: asyncio.TimerHandle | None = None
         self._flushers: set[asyncio.Task[None]] = set()
+        # the leader's connection: one transaction at a time, so no pool checkout
+        self.reserved = Reserved(backend.connect)
         self.unsettled = 0  # deferred outcomes queued or being committed
         self.transactions = 0  # group transactions committed (the tests count them)
         # testing hook: awaited with the server pid of a group transaction's connection
@@ -136,12 +144,12 @@ class GroupCommit:
                 return None  # a barrier with nothing before it
             self._leading = True
             try:
-                return await job.alone(False, self._deadline())
+                return await job.alone(False, self._deadline(), self.reserved.lease)
             finally:
-                self._leading = False
                 self._hand_over()
         self._queue.append(job)
         if not self._leading:
+            self._leading = True
             await self._lead()
         if job.outcome is None:
             with anyio.CancelScope(shield=True):
@@ -156,7 +164,7 @@ class GroupCommit:
         while job.outcome is None:
             await job.wake.wait()
             job.wake = anyio.Event()
-            if job.lead and job.outcome is None:
+            if job.lead:  # handed while still queued: its outcome is not in yet
                 job.lead = False
                 await self._lead()
 
@@ -181,18 +189,25 @@ class GroupCommit:
             await self.submit(Job("", None))
 
     async def close(self) -> None:
-        """Commit what is queued; stop the timer."""
-        while self.unsettled or self._flushers:
-            await self.barrier()
-            if self._flushers:
-                await asyncio.gather(*self._flushers, return_exceptions=True)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """Commit what is queued; stop the timer; let the reserved connection go."""
+        try:
+            while self.unsettled or self._flushers:
+                await self.barrier()
+                if self._flushers:
+                    await asyncio.gather(*self._flushers, return_exceptions=True)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        finally:
+            await self.reserved.close()
 
     # -- leading one transaction ------------------------------------------------------
+    # One leader at a time: ``_leading`` is set by whoever makes a leader (a caller
+    # finding none, the timer) and stays set when the leader hands over to a waiting
+    # caller, so no caller arriving in between leads a second transaction beside it.
     async def _lead(self) -> None:
-        self._leading = True
+        """Run one transaction of what is queued; ``_leading`` is set already."""
+        assert self._leading
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -200,7 +215,6 @@ class GroupCommit:
             batch = self._take()
             await self._run(batch)
         finally:
-            self._leading = False
             self._hand_over()
 
     def _take(self) -> list[Job]:
@@ -220,12 +234,15 @@ class GroupCommit:
         return batch
 
     def _hand_over(self) -> None:
-        """The first waiting caller leads the next transaction; deferred ones wait."""
+        """The leader is done: the first waiting caller leads the next transaction
+        (``_leading`` stays set for it); if none waits, nobody leads, and deferred
+        outcomes wait for the timer."""
         for job in self._queue:
             if job.wake is not None:
                 job.lead = True
                 job.wake.set()
                 return
+        self._leading = False
         if self._queue:
             self._arm()
 
@@ -237,6 +254,7 @@ class GroupCommit:
         self._timer = None
         if self._leading or not self._queue:
             return
+        self._leading = True
         task = asyncio.get_running_loop().create_task(self._lead())
         self._flushers.add(task)
         task.add_done_callback(self._flushers.discard)
@@ -264,7 +282,7 @@ class GroupCommit:
     async def _alone(self, job: Job, *, doubt: bool, deadline: float) -> None:
         assert job.alone is not None
         try:
-            job.finish(_value(await job.alone(doubt, deadline)))
+            job.finish(_value(await job.alone(doubt, deadline, self.reserved.lease)))
         except Exception as exc:
             job.finish(_error(exc))
 
@@ -299,7 +317,7 @@ class GroupCommit:
         # the slow path takes it alone), so a group and a tree cancel never deadlock.
         first_gate = next((s for s in stretches if _is_gate(s)), None)
         one_row = [len(s) == 1 and (s is first_gate or not _is_gate(s)) for s in stretches]
-        async with backend.pool.connection() as conn:
+        async with self.reserved.lease() as conn:
             tx = Tx(conn, backend.location, backend.dialect)
             if backend.doubts:
                 await backend.settle_gate_doubts(tx)
