@@ -84,7 +84,7 @@ class Job:
         self.params = params  # its parameters, made only when it goes with others
         self.then = then
         self.outcome: Outcome | None = None
-        self.wake: anyio.Event | None = None if then else anyio.Event()
+        self.wake: anyio.Event | None = None  # set when it queues with a caller waiting
         self.lead = False  # handed the next transaction
 
     def finish(self, outcome: Outcome) -> None:
@@ -138,7 +138,7 @@ class GroupCommit:
     async def submit(self, job: Job) -> Any:
         """Queue ``job`` and wait for its transaction (shielded: a started write finishes;
         leading, the transaction shields itself: ``attempts`` alone, ``_together``)."""
-        assert job.wake is not None
+        assert job.then is None, "a deferred job is queued by defer(), nobody waits on it"
         if not self._leading and not self._queue:  # a lone caller: its job, alone, now
             if job.alone is None:
                 return None  # a barrier with nothing before it
@@ -147,6 +147,7 @@ class GroupCommit:
                 return await job.alone(False, self._deadline(), self.reserved.lease)
             finally:
                 self._hand_over()
+        job.wake = anyio.Event()
         self._queue.append(job)
         if not self._leading:
             self._leading = True
