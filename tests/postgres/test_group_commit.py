@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,7 +26,7 @@ from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
 from tests.postgres.server import Outage, fresh_schema, terminate
-from tests.postgres.test_backend import sql
+from tests.postgres.test_backend import round_trips, sql
 
 pytestmark = pytest.mark.timeout(60)
 NEVER = "&group_commit_ms=60000"  # the longest allowed: only a write ends it in a test
@@ -343,3 +344,27 @@ async def test_one_group_transaction_at_a_time(
             release_batch.set()
     assert results == {f"run_a/{i}:send": GateVerdict.PASSED for i in range(4)}
     assert [o.status for o in got] == [OpStatus.COMMITTED]
+
+
+async def test_a_group_transaction_is_one_round_trip(
+    backend: PostgresBackend, tmp_path: Path
+) -> None:
+    """``BEGIN``, an outcome, a gate and ``COMMIT`` go in one pipeline with one ``Sync``
+    (there was a second, empty one at the pipeline's exit: a wasted round trip).
+    Counted from the protocol trace, not timed."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))  # the group commit's connection, opened
+    got: list[Any] = []
+    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+    trace = tmp_path / "group.trace"
+    with trace.open("w") as out:
+        async with backend.group.reserved.lease() as conn:
+            conn.pgconn.trace(out.fileno())
+        try:
+            await backend.gate(op_spec("run_a/1:send"))  # rides with the outcome
+        finally:
+            async with backend.group.reserved.lease() as conn:
+                conn.pgconn.untrace()
+    assert backend.group.transactions == 1
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+    assert round_trips(trace) == 1

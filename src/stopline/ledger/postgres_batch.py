@@ -325,15 +325,14 @@ class GroupCommit:
             if self.before_batch is not None:
                 await self.before_batch(conn.info.backend_pid)
             try:
-                async with conn.pipeline() as pipeline:
-                    await conn.execute("BEGIN")
+                async with conn.pipeline():  # sent, and every result read, at its exit:
+                    await conn.execute("BEGIN")  # one Sync, one round trip
                     cursors = [
                         await conn.execute(*_statement(s, one))
                         for s, one in zip(stretches, one_row, strict=True)
                     ]
                     tx.in_doubt = True
                     await conn.execute("COMMIT")
-                    await pipeline.sync()
                 results = [await cur.fetchall() for cur in cursors]
             except (psycopg.Error, OSError) as exc:
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
