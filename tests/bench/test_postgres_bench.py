@@ -40,6 +40,10 @@ async def test_the_postgres_figures_are_measured_on_the_server(tmp_path: Path) -
         assert figure.value > 0
     gate = figures["gate_postgres_us"]
     assert gate.baseline is not None and gate.baseline > 0  # the bare insert, this run
+    # the client's own share of each: CPU seconds of this process per gate, per insert
+    cpu = re.search(r"client CPU per gate (\d+) us, per bare insert (\d+) us", gate.note)
+    assert cpu is not None, gate.note
+    assert int(cpu[1]) > 0 and int(cpu[2]) > 0
     # where the cancel's time goes: the whole way, and the canceller's transaction in it
     cancel = figures["cancel_cross_process_p99_ms"].note
     found = re.search(

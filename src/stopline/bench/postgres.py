@@ -42,7 +42,8 @@ def with_schema(url: str, schema: str) -> str:
 
 
 # -- the gate vs a bare conditional insert --------------------------------------------
-async def _bare_samples(url: str, schema: str, n: int) -> list[float]:
+async def _bare_samples(url: str, schema: str, n: int) -> tuple[list[float], float]:
+    """(each bare insert's time, this process's CPU seconds per insert)."""
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -52,6 +53,7 @@ async def _bare_samples(url: str, schema: str, n: int) -> list[float]:
         await conn.execute("CREATE TABLE bare_ops (id TEXT PRIMARY KEY, run TEXT)")
         await conn.execute("INSERT INTO bare_fence VALUES ('r', 0)")
         samples = []
+        cpu = time.process_time()
         for _ in range(n):
             op_id = uuid.uuid4().hex
             start = time.perf_counter()
@@ -60,11 +62,13 @@ async def _bare_samples(url: str, schema: str, n: int) -> list[float]:
                 (op_id,),
             )
             samples.append(time.perf_counter() - start)
-    return samples
+        cpu = (time.process_time() - cpu) / n
+    return samples, cpu
 
 
-async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
-    """(whole gated operations: intent + outcome, the gate alone)."""
+async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float], float]:
+    """(whole gated operations: intent + outcome, the gate alone, this process's CPU
+    seconds per gate)."""
     calls, gates = [], []
     async with stopline.open(url) as ledger, ledger.run("bench", owner="bench") as run:
         for i in range(n):
@@ -73,15 +77,20 @@ async def _gate_samples(url: str, n: int) -> tuple[list[float], list[float]]:
             calls.append(time.perf_counter() - start)
         spec = RunSpec("bench_gate", "bench", "bench", "bench")
         await ledger.backend.create_run(spec)
-        for i in range(n):
-            op = OperationSpec(
-                f"bench_gate/{i}", "bench_gate", "noop", "d", "", stopline.Cancellable.NEVER,
-                False, False,
-            )  # fmt: skip
+        ops = [_gate_spec(i) for i in range(n)]
+        cpu = time.process_time()
+        for op in ops:
             start = time.perf_counter()
             await ledger.backend.gate(op)
             gates.append(time.perf_counter() - start)
-    return calls, gates
+        cpu = (time.process_time() - cpu) / n
+    return calls, gates, cpu
+
+
+def _gate_spec(i: int) -> OperationSpec:
+    return OperationSpec(
+        f"bench_gate/{i}", "bench_gate", "noop", "d", "", stopline.Cancellable.NEVER, False, False
+    )
 
 
 # -- cancel across processes ----------------------------------------------------------
@@ -228,8 +237,8 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     url = with_schema(postgres, schema)
     n = 300 if quick else 3000
     try:
-        bare = await _bare_samples(postgres, f"{schema}_bare", n)
-        calls, gates = await _gate_samples(url, n)
+        bare, bare_cpu = await _bare_samples(postgres, f"{schema}_bare", n)
+        calls, gates, gate_cpu = await _gate_samples(url, n)
         cancels, cancel_txns = await _cross_process_cancels(url, 30 if quick else 200)
         per_run = 10 if quick else 50
         throughput, share = await _concurrent(url, 4, 50, per_run)
@@ -246,7 +255,9 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             median(bare) * 1e6,
             "ratio <= 1.3",
             "p50 gate (fence check + intent + event, one statement) vs one bare conditional "
-            f"insert; a whole gated call (intent + outcome) p50 {median(calls) * 1e6:.0f} us",
+            f"insert; a whole gated call (intent + outcome) p50 {median(calls) * 1e6:.0f} us; "
+            f"client CPU per gate {gate_cpu * 1e6:.0f} us, per bare insert "
+            f"{bare_cpu * 1e6:.0f} us",
         ),
         Figure(
             "cancel_cross_process_p99_ms",
