@@ -70,9 +70,12 @@ class Reserved(AbstractAsyncContextManager[Connection]):
         conn = self._conn
         if conn is None:
             return
-        if conn.broken or conn.closed:
+        status = conn.pgconn.transaction_status  # libpq's: no round trip
+        if status == TransactionStatus.IDLE:
+            return  # the usual end: the body committed (or rolled back) and left
+        if status == TransactionStatus.UNKNOWN:  # libpq's answer for a bad connection
             await self._drop(conn)
-        elif conn.info.transaction_status is not TransactionStatus.IDLE:
+        else:
             try:  # a body that failed mid-transaction (the pool does the same)
                 await conn.rollback()
             except (psycopg.Error, OSError):
