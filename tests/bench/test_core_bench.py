@@ -1,10 +1,11 @@
-"""The core bench's counted figure: WAL pages per transaction, ours beside the bare one."""
+"""The core bench: every figure beside its same-run baseline, and the counted one (WAL pages)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from stopline.bench.core import wal_pages
+from stopline.bench.core import measure, wal_pages
 
 
 async def test_wal_pages_counts_a_call_and_a_bare_transaction(tmp_path: Path) -> None:
@@ -14,3 +15,24 @@ async def test_wal_pages_counts_a_call_and_a_bare_transaction(tmp_path: Path) ->
     assert 2 <= bare < 2.5
     # a call: the operation and its three indexes, the log and its index (ADR 0035)
     assert 6 <= ours < 8
+
+
+async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its_floor(
+    tmp_path: Path,
+) -> None:
+    """Every core figure is measured beside its baseline; the in-process cancel's note
+    gives the floor under it, one bare durable transaction's p50 and p99 from the same
+    run (the fence is durable before anything is interrupted)."""
+    figures = {f.name: f for f in await measure(quick=True, workdir=tmp_path)}
+    assert set(figures) == {
+        "gate_sqlite_us",
+        "gate_sqlite_strict_us",
+        "gate_dispatch_sqlite_us",
+        "gate_sqlite_wal_pages",
+        "gate_sqlite_concurrent_ops_per_s",
+        "cancel_inprocess_p99_ms",
+    }
+    assert all(f.value > 0 and f.baseline for f in figures.values())
+    floor = re.search(r"p50 ([\d.]+) ms, p99 ([\d.]+) ms$", figures["cancel_inprocess_p99_ms"].note)
+    assert floor is not None
+    assert 0 < float(floor[1]) <= float(floor[2])
