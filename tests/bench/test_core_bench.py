@@ -33,6 +33,11 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
         "cancel_inprocess_p99_ms",
     }
     assert all(f.value > 0 and f.baseline for f in figures.values())
+    split = re.search(
+        r"CPU per op: event loop (\d+) us, writer thread and the rest (\d+) us \(bare: ",
+        figures["gate_sqlite_concurrent_ops_per_s"].note,
+    )
+    assert split is not None and int(split[1]) > 0
     floor = re.search(r"p50 ([\d.]+) ms, p99 ([\d.]+) ms$", figures["cancel_inprocess_p99_ms"].note)
     assert floor is not None
     assert 0 < float(floor[1]) <= float(floor[2])
