@@ -16,9 +16,9 @@ from pathlib import Path
 import anyio
 
 import stopline
-from stopline import PhaseKind, Policy
 from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
+from tests.lifecycle.test_tree_cancel import cancel_a_tree
 
 _CHILDREN = 12  # enough ids that, unguided, SQLite prefers the state index to them
 _TABLES = ("runs", "operations", "events", "approvals", "run_owners", "checkpoints", "workers")
@@ -45,28 +45,10 @@ async def _workload(path: Path) -> list[str]:
             for i in range(3):
                 await run.call(provider.tool, i)
 
-        async def child(run: stopline.Run, n: int) -> None:
-            async with (
-                run.child(f"c{n}") as c,
-                c.phase(PhaseKind.READING, Policy.IMMEDIATE),
-            ):
-                await c.call(hold)
-
-        async def victim() -> None:
-            async with (
-                ledger.run("v", owner="u", run_id="v1") as run,
-                anyio.create_task_group() as tg,
-            ):
-                for n in range(_CHILDREN):
-                    tg.start_soon(child, run, n)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(victim)
-            await in_call.wait()
-            await ledger.cancel("v1", by="u")
-        await ledger.wait_settled("v1", timeout=30)
+        tree = await cancel_a_tree(ledger, hold, in_call, children=_CHILDREN)
+        await ledger.wait_settled(tree, timeout=30)
         await ledger.receipt("r1")
-        await ledger.receipt("v1")
+        await ledger.receipt(tree)
         await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
     return statements
 

@@ -17,9 +17,13 @@ CHILDREN = 20
 
 
 async def cancel_a_tree(
-    ledger: stopline.Ledger, hold: stopline.Tool[None], all_in: anyio.Event
+    ledger: stopline.Ledger,
+    hold: stopline.Tool[None],
+    all_in: anyio.Event,
+    *,
+    children: int = CHILDREN,
 ) -> str:
-    """A root run with ``CHILDREN`` children, each calling ``hold`` under ``immediate``;
+    """A root run with ``children`` children, each calling ``hold`` under ``immediate``;
     once ``all_in`` says every call is in flight, the root is cancelled. Its id."""
     root_id: list[str] = []
 
@@ -34,7 +38,7 @@ async def cancel_a_tree(
         async with ledger.run("root", owner="u") as run:
             root_id.append(run.id)
             async with anyio.create_task_group() as tg:
-                for n in range(CHILDREN):
+                for n in range(children):
                     tg.start_soon(child, run, n)
 
     async with anyio.create_task_group() as tg:
