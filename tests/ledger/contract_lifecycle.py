@@ -174,6 +174,8 @@ class LifecycleContract:
         assert [o.id for o in mine] == ["root/1"]
         assert {o.id for o in tree} == {"root/1", "child/1"}
         assert {o.status for o in tree} == {OpStatus.REQUESTED}
+        run, together = await backend.run_and_operations("root", descendants=True)
+        assert run == await backend.get_run("root") and together == tree
 
     async def test_resume_of_a_running_or_ended_run_changes_nothing(self, backend: Backend) -> None:
         await backend.create_run(run_spec())

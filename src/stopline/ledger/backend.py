@@ -276,8 +276,11 @@ class Queries(abc.ABC):
         """The run's operations; with ``descendants``, its child runs' too (S4)."""
 
     @abc.abstractmethod
-    async def run_and_operations(self, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
-        """``get_run`` and its ``operations`` in one read (settling a run reads both)."""
+    async def run_and_operations(
+        self, run_id: str, *, descendants: bool = False
+    ) -> tuple[RunRecord, list[OperationRecord]]:
+        """``get_run`` and its ``operations`` in one read, one snapshot (settling a run
+        and building its receipt read both)."""
 
     @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...

@@ -153,8 +153,10 @@ class ForwardingBackend(Backend):
     async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
         return await self.inner.operations(run_id, descendants=descendants)
 
-    async def run_and_operations(self, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
-        return await self.inner.run_and_operations(run_id)
+    async def run_and_operations(
+        self, run_id: str, *, descendants: bool = False
+    ) -> tuple[RunRecord, list[OperationRecord]]:
+        return await self.inner.run_and_operations(run_id, descendants=descendants)
 
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self.inner.get_operation(op_id)

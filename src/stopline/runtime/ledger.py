@@ -278,8 +278,9 @@ class Ledger:
 
         With ``by``, a principal of another tenant is told the run does not exist (R11).
         """
-        run = await self.reads.run(check_id("run_id", run_id), by=by)
-        ops = await self.backend.operations(run_id, descendants=True)
+        run, ops = await self.reads.run_and_operations(
+            check_id("run_id", run_id), by=by, descendants=True
+        )
         return build_receipt(run, ops, recording=self._core.outcomes.in_hand())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:

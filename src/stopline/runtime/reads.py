@@ -51,8 +51,18 @@ class Reads:
     async def operations(
         self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
     ) -> list[OperationRecord]:
-        await self.run(run_id, by=by)
-        return await self._queries().operations(run_id, descendants=descendants)
+        return (await self.run_and_operations(run_id, by=by, descendants=descendants))[1]
+
+    async def run_and_operations(
+        self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
+    ) -> tuple[RunRecord, list[OperationRecord]]:
+        """The run and its operations from one snapshot, in one read: what a receipt is
+        built from (two reads could mix moments, and the second would wait behind every
+        write queued in between)."""
+        run, ops = await self._queries().run_and_operations(run_id, descendants=descendants)
+        if by is not None and not self._access().visible(Principal.of(by), run):
+            raise UnknownRun(run_id)
+        return run, ops
 
     async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:
         op = await self._queries().get_operation(op_id)

@@ -91,8 +91,12 @@ class SqlBackend(Backend):
     async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
         return await self._execute(lambda db: reads.operations(db, run_id, descendants), safe=True)
 
-    async def run_and_operations(self, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
-        return await self._execute(lambda db: reads.run_and_operations(db, run_id), safe=True)
+    async def run_and_operations(
+        self, run_id: str, *, descendants: bool = False
+    ) -> tuple[RunRecord, list[OperationRecord]]:
+        return await self._execute(
+            lambda db: reads.run_and_operations(db, run_id, descendants), safe=True
+        )
 
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)

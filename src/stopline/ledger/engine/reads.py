@@ -134,6 +134,22 @@ async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRe
     await load_run(db, run_id)
     if not descendants:
         return await _own_operations(db, run_id)
+    return await _tree_operations(db, run_id)
+
+
+async def run_and_operations(
+    db: Db, run_id: str, descendants: bool = False
+) -> tuple[RunRecord, list[OperationRecord]]:
+    """The run and its operations (with ``descendants``, those of the runs it owns
+    exclusively too), read in one transaction: one snapshot, one job on the writer."""
+    async with db.transaction():
+        run = await load_run(db, run_id)
+        if not descendants:
+            return run, await _own_operations(db, run_id)
+        return run, await _tree_operations(db, run_id)
+
+
+async def _tree_operations(db: Db, run_id: str) -> list[OperationRecord]:
     sql = (
         f"WITH RECURSIVE tree(id) AS (SELECT {db.dialect.text('?')} UNION"
         " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
@@ -143,13 +159,6 @@ async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRe
         " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, id"
     )
     return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
-
-
-async def run_and_operations(db: Db, run_id: str) -> tuple[RunRecord, list[OperationRecord]]:
-    """The run and its own operations, read together (what settling a run looks at)."""
-    async with db.transaction():
-        run = await load_run(db, run_id)
-        return run, await _own_operations(db, run_id)
 
 
 async def _own_operations(db: Db, run_id: str) -> list[OperationRecord]:
