@@ -254,8 +254,10 @@ class Ledger:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
         then interrupt local work by phase policy and ask providers that can to cancel.
 
-        Idempotent (R7). Returns the receipt as it stands now; ``wait_settled`` gives
-        the final one. Checked against ``access`` (R11).
+        Idempotent (R7). Returns once each provider it asks has been asked (the request
+        recorded and sent, not answered), with the receipt as it stands then, read in
+        one snapshot; ``wait_settled`` gives the final one. Checked against ``access``
+        (R11).
         """
         await self._lifecycle.cancel(run_id, by=by, reason=reason)
         return await self.receipt(run_id)

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import (
     Action,
@@ -140,25 +142,34 @@ class Lifecycle:
     # -- cancel (R1, R2, R7) -------------------------------------------------------------
     async def cancel(self, run_id: str, *, by: str | Principal, reason: str = "") -> None:
         """Fence the run and what it owns exclusively (durably, first, in one transaction),
-        then deliver the cancel to this process's runs."""
+        then deliver the cancel to this process's runs. Returns once the providers it
+        asks to cancel have been asked (the request recorded and sent, not answered)."""
         core = self._core
         principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
         result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
-        interrupted = self.deliver_cancel(result.fenced)
+        interrupted, asked = self._deliver(result.fenced)
         for released in result.released:
             core.changed(released)
         rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
         if rest:
             core.spawn(core.outcomes.advance_all, rest)
+        for sent in asked:
+            await sent.wait()
 
     def deliver_cancel(self, run_ids: Sequence[str]) -> set[str]:
         """Deliver a committed cancel to this process's runs: interrupt by phase policy
         and ask providers that can to cancel what is in flight. Once per run: the
         cancel's own return and its notification may both bring it. Returns the runs
         whose calls it interrupted."""
+        return self._deliver(run_ids)[0]
+
+    def _deliver(self, run_ids: Sequence[str]) -> tuple[set[str], list[anyio.Event]]:
+        """``deliver_cancel``, and the events of the asks it started (each set once its
+        request is recorded and sent)."""
         core = self._core
+        asked: list[anyio.Event] = []
         fresh: dict[str, Run] = {}
         for fenced in run_ids:
             run = core.runs.get(fenced)
@@ -173,12 +184,14 @@ class Lifecycle:
                 at_providers = run.at_providers()  # in flight, and cut just before
                 if fenced in cut_runs:  # those in flight are cut now: every one was cut
                     interrupted.extend(inflight[fenced])
-                    for ctx in at_providers:
-                        core.settler.ask_provider_cancel(ctx, cut=True)
+                    cuts = [(ctx, True) for ctx in at_providers]
                 else:
                     flying = {c.op_id for c in inflight[fenced]}
-                    for ctx in at_providers:
-                        core.settler.ask_provider_cancel(ctx, cut=ctx.op_id not in flying)
+                    cuts = [(ctx, ctx.op_id not in flying) for ctx in at_providers]
+                for ctx, cut in cuts:
+                    sent = core.settler.ask_provider_cancel(ctx, cut=cut)
+                    if sent is not None:
+                        asked.append(sent)
             core.changed(fenced)
         if interrupted:
             for ctx in interrupted:
@@ -186,7 +199,7 @@ class Lifecycle:
             core.spawn(core.outcomes.record_interrupted, interrupted)
         for listener in self._cancel_listeners:
             listener(run_ids)
-        return {ctx.run_id for ctx in interrupted}
+        return {ctx.run_id for ctx in interrupted}, asked
 
     def _interrupt(self, runs: list[Run]) -> set[str]:
         """Interrupt the runs by policy, cancelling as few scopes as anyio lets us prove.

@@ -131,12 +131,15 @@ class Settler:
             await self._idle.wait()
 
     # -- providers ---------------------------------------------------------------
-    def ask_provider_cancel(self, ctx: CallContext, *, cut: bool = False) -> None:
+    def ask_provider_cancel(self, ctx: CallContext, *, cut: bool = False) -> anyio.Event | None:
         """Deliver a cancel request to a call in flight, through whatever its interface
         offers (its own ``cancel_via`` channel, else its tool's canceller); record what
         was asked, how, and (in the background) what came back (R14). ``cut``: the
         call's awaiting scope was cut, which by itself tells the provider when its
-        interface says so (``cut_sends``)."""
+        interface says so (``cut_sends``).
+
+        Returns, when the provider is asked, an event set once the request is recorded
+        and handed to the provider (or could not be): what ``cancel()`` waits for."""
         tool = ctx.tool
         never = tool.cancellable is Cancellable.NEVER or (
             ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED
@@ -148,20 +151,22 @@ class Settler:
                 f"({ctx.cut_sends}); its policy says it cannot cancel it (R12)"
             )
             self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
-            return
+            return None
         if tool.cancellable is Cancellable.NEVER:
             why = "its policy says the provider cannot cancel it: never asked (R12)"
             self._answered(ctx, CancelState.NOT_ASKED, why, "")
-            return
+            return None
         if ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
             why = "the provider accepted it and cancels only until then: not asked"
             self._answered(ctx, CancelState.NOT_ASKED, why, "")
-            return
+            return None
         if ctx.canceller is None and tool.cancel_fn is None:
             why = "the call's interface offers no way to ask its provider to cancel"
             self._answered(ctx, CancelState.NOT_SUPPORTED, why, "")
-            return
-        self._core.spawn(self._ask, ctx)
+            return None
+        sent = anyio.Event()
+        self._core.spawn(self._ask, ctx, sent)
+        return sent
 
     def _answered(self, ctx: CallContext, state: CancelState, detail: str, channel: str) -> None:
         """Record an answer known without asking. The answers one cancel delivers at once
@@ -184,21 +189,23 @@ class Settler:
         await self._core.backend.note(note.op_id, note.kind, note.data, note.cancel_state)
         self._core.changed(ctx.run_id)
 
-    async def _ask(self, ctx: CallContext) -> None:
+    async def _ask(self, ctx: CallContext, sent: anyio.Event) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer
         (a confirmed or refused cancel) is part of the receipt, which must not change
-        after the run is called settled."""
+        after the run is called settled. ``sent`` is set once the request is recorded
+        and handed to the provider, or once it cannot be."""
         self._asking[ctx.run_id] = self._asking.get(ctx.run_id, 0) + 1
         try:
             async with self.working():
-                await self._ask_provider(ctx)
+                await self._ask_provider(ctx, sent)
         finally:
+            sent.set()
             self._asking[ctx.run_id] -= 1
             if not self._asking[ctx.run_id]:
                 del self._asking[ctx.run_id]
         await self.advance(ctx.run_id)
 
-    async def _ask_provider(self, ctx: CallContext) -> None:
+    async def _ask_provider(self, ctx: CallContext, sent: anyio.Event) -> None:
         core = self._core
         if ctx.canceller is not None:
             channel, ask = ctx.canceller
@@ -219,6 +226,7 @@ class Settler:
         try:
             # a provider that never answers must not hold the run open forever
             with anyio.move_on_after(core.cancel_answer_timeout):
+                sent.set()  # the request leaves in this same step: cancel() may return
                 answer = await ask()
                 answered = True
         except Exception as exc:
