@@ -51,9 +51,10 @@ async def cancel_a_tree(
     return root_id[0]
 
 
-async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
-    tmp_path: Path,
-) -> None:
+def holding_tool() -> tuple[stopline.Tool[None], anyio.Event]:
+    """A tool whose calls stay in flight until cancelled (its provider never saw them,
+    its read-back says), and the event set once ``CHILDREN`` calls are in flight. Its
+    provider cannot be asked to cancel (it has no canceller)."""
     entered = 0
     all_in = anyio.Event()
 
@@ -67,7 +68,15 @@ async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
 
     @hold.verifier
     async def _(ctx: stopline.CallContext) -> stopline.Verdict:
-        return stopline.Verdict.NOT_COMMITTED  # the provider never saw it
+        return stopline.Verdict.NOT_COMMITTED
+
+    return hold, all_in
+
+
+async def test_a_tree_cancel_records_its_interrupted_calls_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    hold, all_in = holding_tool()
 
     # per transaction, how many operations it made unknown
     lost_per_txn: list[int] = []
@@ -214,20 +223,7 @@ async def test_a_tree_cancel_reads_its_receipt_in_one_read_asked_right_after_the
     interrupted calls queue while they unwind: a second read would wait on the one
     writer behind the whole tree's settling (for 1,000 children, ~600 ms against
     ~50 ms for the fence and every interruption; counted here, not timed)."""
-    entered = 0
-    all_in = anyio.Event()
-
-    @stopline.tool
-    async def hold(ctx: stopline.CallContext) -> None:
-        nonlocal entered
-        entered += 1
-        if entered == CHILDREN:
-            all_in.set()
-        await anyio.sleep_forever()
-
-    @hold.verifier
-    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
-        return stopline.Verdict.NOT_COMMITTED
+    hold, all_in = holding_tool()
 
     observed: list[ReadOrder] = []
 

@@ -7,15 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 import stopline
 from stopline import CancelState, RunState
 from stopline.domain.model import OperationRecord
 from stopline.errors import UnknownOperation
 from stopline.ledger.backend import Backend, Note
 from stopline.ledger.forwarding import ForwardingBackend
-from tests.lifecycle.test_tree_cancel import CHILDREN, cancel_a_tree
+from tests.lifecycle.test_tree_cancel import CHILDREN, cancel_a_tree, holding_tool
 
 
 class CountingNotes(ForwardingBackend):
@@ -39,20 +37,7 @@ class CountingNotes(ForwardingBackend):
 async def test_a_tree_cancel_notes_its_calls_not_asked_in_one_transaction(
     tmp_path: Path,
 ) -> None:
-    entered = 0
-    all_in = anyio.Event()
-
-    @stopline.tool  # its policy: the provider cannot be asked to cancel it
-    async def hold(ctx: stopline.CallContext) -> None:
-        nonlocal entered
-        entered += 1
-        if entered == CHILDREN:
-            all_in.set()
-        await anyio.sleep_forever()
-
-    @hold.verifier
-    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
-        return stopline.Verdict.NOT_COMMITTED
+    hold, all_in = holding_tool()  # its provider cannot be asked to cancel
 
     counting: list[CountingNotes] = []
 
