@@ -19,7 +19,7 @@ from stopline.errors import LedgerUnavailable
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
 
-__all__ = ["fill_mid_run", "held_outcome", "open_when_full"]
+__all__ = ["ask_on_a_full_disk", "fill_mid_run", "held_outcome", "open_when_full"]
 
 
 async def fill_mid_run(
@@ -85,6 +85,66 @@ async def held_outcome(
     }
 
 
+async def ask_on_a_full_disk(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """The disk fills between the fence and the note that records the provider's cancel
+    request: ``cancel()`` still returns (it waits for the ask to be sent, or to fail, not
+    for the disk), the ask is retried, and once the disk has room the provider is asked
+    and the run settles."""
+    asked: list[str] = []
+    entered = anyio.Event()
+
+    @stopline.tool(cancellable=stopline.Cancellable.UNTIL_ACCEPTED)
+    async def upload(ctx: stopline.CallContext) -> None:
+        entered.set()
+        await anyio.sleep_forever()
+
+    @upload.canceller
+    async def _(ctx: stopline.CallContext) -> bool:
+        asked.append(ctx.key)
+        return True
+
+    filled: list[bool] = []
+
+    def fill_once(run_ids: Any) -> None:  # the fence is durable and delivered: now
+        if not filled:
+            filled.append(True)
+            fill()
+
+    async with stopline.open(f"sqlite:///{path}", tools=[upload]) as ledger:
+        ledger.on_cancel(fill_once)
+
+        async def workflow() -> None:
+            async with (
+                ledger.run("job", owner="u", run_id="run_ask") as run,
+                run.phase(stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE),
+            ):
+                await run.call(upload, key="x")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow)
+            await entered.wait()
+            with anyio.fail_after(20):  # a hang fails here, not in CI's timeout
+                at_cancel = await ledger.cancel("run_ask", by="u")
+            asked_during = list(asked)
+            with anyio.fail_after(20):
+                while "ask" not in ledger.health.steps:
+                    await ledger.health.changed()
+            failing = ledger.health.steps["ask"].last_error
+            free()
+        final = await ledger.wait_settled("run_ask", timeout=30)
+    return {
+        "fenced": at_cancel.run_state.value,
+        "asked_during": asked_during,
+        "ask_error": failing,
+        "asked_after": asked,
+        "state": final.run_state.value,
+        "provider_cancel": final.lines[0].provider_cancel,
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -106,6 +166,8 @@ async def _main(scenario: str, path: Path) -> dict[str, Any]:
         return await fill_mid_run(path, fill, free)
     if scenario == "held_outcome":
         return await held_outcome(path, fill, free)
+    if scenario == "ask_on_a_full_disk":
+        return await ask_on_a_full_disk(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))
 
 

@@ -14,7 +14,12 @@ import pytest
 import stopline
 from stopline.errors import LedgerFull, LedgerIOError, LedgerReadOnly
 from tests.faults.disk import integrity, read_only, tiny_disk
-from tests.faults.sqlite_scenarios import fill_mid_run, held_outcome, open_when_full
+from tests.faults.sqlite_scenarios import (
+    ask_on_a_full_disk,
+    fill_mid_run,
+    held_outcome,
+    open_when_full,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +69,26 @@ async def test_an_outcome_the_full_disk_refuses_is_held_and_the_receipt_says_rec
     assert seen["recording"] == [True] and "recording" in seen["words"]
     assert not seen["settled_during"]
     assert seen["state"] == "completed" and seen["statuses"] == ["committed"]
+    assert seen["integrity"] == "ok"
+
+
+async def test_a_cancel_whose_provider_ask_meets_a_full_disk_returns_and_asks_later(
+    tmp_path: Path,
+) -> None:
+    """cancel() waits for its provider asks to be sent, so an ask that cannot be
+    recorded must not hold it: the ask fails typed (a background step, retried), the
+    provider is not asked before its request is on record, and is once the disk frees."""
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await ask_on_a_full_disk(disk.path / "ledger.db", disk.fill, disk.free)
+        else:
+            seen = in_child("ask_on_a_full_disk", tmp_path / "ledger.db")
+    assert seen["fenced"] == "cancelling"  # the fence was durable before the disk filled
+    assert seen["asked_during"] == []  # never asked without the request on record (R14)
+    assert seen["ask_error"].startswith((LedgerFull.__name__, LedgerIOError.__name__))
+    assert seen["asked_after"] == ["run_ask/x"]  # retried once the disk had room: once
+    assert seen["state"] == "cancelled"
+    assert seen["provider_cancel"] == "the provider confirmed the cancel"
     assert seen["integrity"] == "ok"
 
 
