@@ -182,13 +182,12 @@ class Lifecycle:
             run = fresh.pop(fenced, None)
             if run is not None:
                 at_providers = run.at_providers()  # in flight, and cut just before
-                if fenced in cut_runs:  # those in flight are cut now: every one was cut
+                all_cut = fenced in cut_runs  # those in flight are cut now: every one was
+                if all_cut:
                     interrupted.extend(inflight[fenced])
-                    cuts = [(ctx, True) for ctx in at_providers]
-                else:
-                    flying = {c.op_id for c in inflight[fenced]}
-                    cuts = [(ctx, ctx.op_id not in flying) for ctx in at_providers]
-                for ctx, cut in cuts:
+                flying = {c.op_id for c in inflight[fenced]}
+                for ctx in at_providers:
+                    cut = all_cut or ctx.op_id not in flying
                     sent = core.settler.ask_provider_cancel(ctx, cut=cut)
                     if sent is not None:
                         asked.append(sent)

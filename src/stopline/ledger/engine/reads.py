@@ -132,9 +132,7 @@ async def fenced_among(db: Db, run_ids: Collection[str]) -> list[str]:
 
 async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
     await load_run(db, run_id)
-    if not descendants:
-        return await _own_operations(db, run_id)
-    return await _tree_operations(db, run_id)
+    return await _operations(db, run_id, descendants)
 
 
 async def run_and_operations(
@@ -144,9 +142,13 @@ async def run_and_operations(
     exclusively too), read in one transaction: one snapshot, one job on the writer."""
     async with db.transaction():
         run = await load_run(db, run_id)
-        if not descendants:
-            return run, await _own_operations(db, run_id)
-        return run, await _tree_operations(db, run_id)
+        return run, await _operations(db, run_id, descendants)
+
+
+async def _operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
+    if descendants:
+        return await _tree_operations(db, run_id)
+    return await _own_operations(db, run_id)
 
 
 async def _tree_operations(db: Db, run_id: str) -> list[OperationRecord]:
