@@ -6,7 +6,9 @@ A backend's test module subclasses ``LedgerContract`` and provides a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import anyio
 import pytest
@@ -216,6 +218,72 @@ class LedgerContract:
         events = [(e.kind, e.data) for e in (await backend.events("run_a"))[-2:]]
         assert events == [("cancel_not_asked", {"n": 1}), ("cancel_not_supported", {"n": 2})]
 
+    async def test_record_many_is_record_one_by_one(self, backend: Backend) -> None:
+        """The set-based ``record_many`` (a tree's interrupted calls) moves, refuses and
+        logs exactly what ``record`` does call by call: the same rule, one spelling."""
+        lost = OutcomeUpdate(
+            OpEvent.LOST,
+            [Evidence.local("user_cancel", "interrupted"), Evidence.local("horizon", "9.5")],
+            cause=Cause.USER_CANCEL,
+        )
+        updates = [
+            ("2", lost),
+            ("1", lost),  # logged in the order asked, not the ids'
+            ("3", lost),  # committed already: refused
+            ("1", lost),  # named twice: the second meets the first's outcome
+            ("4", COMMIT),
+            ("5", OutcomeUpdate(OpEvent.ACCEPTED, [], cancel_state="asked")),
+            ("6", COMMIT),
+            ("2", dataclasses.replace(COMMIT, late=True, error="late answer")),
+        ]
+        results = {}
+        for run_id in ("run_many", "run_each"):
+            await backend.create_run(run_spec(run_id))
+            for n in range(1, 7):
+                await backend.gate(op_spec(f"{run_id}/{n}", run_id, digest=f"d{n}"))
+            await backend.record(f"{run_id}/3", COMMIT)
+            items = [(f"{run_id}/{n}", update) for n, update in updates]
+            if run_id == "run_many":
+                got = await backend.record_many(items)
+            else:
+                got = []
+                for op_id, update in items:
+                    try:
+                        got.append(await backend.record(op_id, update))
+                    except IllegalTransition as exc:
+                        got.append(exc)
+            results[run_id] = (
+                [_outcome(r) for r in got],
+                [_outcome(op) for op in await backend.operations(run_id)],
+                [
+                    (e.op_id and e.op_id.split("/")[1], e.kind, e.from_state, e.to_state, data)
+                    for e in await backend.events(run_id)
+                    for data in [{k: v for k, v in e.data.items() if k != "attempt"}]
+                ],
+            )
+        for many, each in zip(results["run_many"], results["run_each"], strict=True):
+            assert many == each
+        answers = results["run_many"][0]
+        assert [a[0] for a in answers] == [
+            "unknown", "unknown", "IllegalTransition", "IllegalTransition", "committed",
+            "accepted", "committed", "committed",
+        ]  # fmt: skip
+
+    async def test_record_many_of_an_unknown_operation_writes_nothing(
+        self, backend: Backend
+    ) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.gate(op_spec("run_a/2:send", digest="d2"))
+        before = await backend.events("run_a")
+        lost = OutcomeUpdate(OpEvent.LOST, [], cause=Cause.USER_CANCEL)
+        items = [("run_a/1:send", lost), ("run_a/9:nothing", lost), ("run_a/2:send", lost)]
+        with pytest.raises(UnknownOperation):
+            await backend.record_many(items)
+        assert await backend.events("run_a") == before
+        ops = await backend.operations("run_a")
+        assert [op.status for op in ops] == [OpStatus.REQUESTED] * 2
+
     async def test_run_and_operations_reads_both(self, backend: Backend) -> None:
         await backend.create_run(run_spec())
         await backend.gate(op_spec())
@@ -224,3 +292,14 @@ class LedgerContract:
         assert ops == await backend.operations("run_a")
         with pytest.raises(UnknownRun):
             await backend.run_and_operations("run_nothing")
+
+
+def _outcome(result: OperationRecord | IllegalTransition) -> tuple[Any, ...]:
+    """What a record (or its refusal) says, without the instant it was written."""
+    if isinstance(result, IllegalTransition):
+        return (type(result).__name__, result.state)
+    return (
+        result.status.value, result.cause, result.error, result.result, result.has_result,
+        result.cancel_state, [(e.kind, e.ref, e.detail) for e in result.evidence],
+        result.attempts,
+    )  # fmt: skip

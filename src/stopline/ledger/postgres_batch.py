@@ -41,11 +41,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 
-from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import OpEvent, OpStatus
-from stopline.errors import UnknownOperation
-from stopline.ledger import rows
+from stopline.domain.vocab import OpEvent
 from stopline.ledger.backend import GateResult, GateVerdict
+from stopline.ledger.engine.record import recorded
 from stopline.ledger.postgres_dialect import Forms, many_rows
 from stopline.ledger.postgres_errors import connection_lost
 from stopline.ledger.postgres_reserved import Lease, Reserved
@@ -369,7 +367,7 @@ def _statement(stretch: Sequence[Job], one_row: bool) -> tuple[str, Any]:
     params = [j.params() for j in stretch if j.params is not None]
     if one_row:
         return pg_sql(forms.one), params[0]
-    return forms.many, many_rows(params)
+    return pg_sql(forms.many), many_rows(params)
 
 
 def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict[str, int]:
@@ -381,13 +379,9 @@ def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict
 
 def _recorded(job: Job, row: Sequence[Any]) -> Outcome:
     source, moved, *columns = row
-    if source is None:
-        return _error(UnknownOperation(job.op_id))
-    if not moved:
-        assert job.params is not None
-        try:
-            apply(OPERATION_TABLE, OpStatus(source), OpEvent(job.params()["kind"]))
-        except Exception as exc:  # IllegalTransition: what ``record`` raises
-            return _error(exc)
-        return _error(AssertionError(f"record of {job.op_id}: allowed but nothing changed"))
-    return _value(rows.op_from_row(columns))
+    assert job.params is not None
+    event = OpEvent(job.params()["kind"])
+    try:
+        return _value(recorded(job.op_id, event, source, columns if moved else None))
+    except Exception as exc:  # UnknownOperation, IllegalTransition: what ``record`` raises
+        return _error(exc)

@@ -85,6 +85,14 @@ class PostgresDialect(Dialect):
             return None, None
         return row[0], (row[2:] if row[1] else None)
 
+    async def apply_outcomes(
+        self, db: Db, event: OpEvent, many: Sequence[dict[str, Any]]
+    ) -> list[tuple[str | None, Sequence[Any] | None]]:
+        if len(many) == 1:
+            return [await self.apply_outcome(db, event, many[0])]
+        found = await db.all(outcomes_sql(event), many_rows(many))
+        return [(row[0], row[2:] if row[1] else None) for row in found]
+
 
 def notify_payloads(run_ids: Sequence[str]) -> list[str]:
     """``run_ids`` as JSON arrays of at most ``NOTIFY_BYTES`` bytes each, in order (an id
@@ -189,7 +197,7 @@ def _req(types: dict[str, str]) -> str:
     columns = ", ".join(f'"{name}" {kind}' for name, kind in types.items())
     names = ", ".join(f'"{name}"' for name in types)
     return (
-        "req AS (SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)"
+        "req AS (SELECT * FROM ROWS FROM (json_to_recordset(:rows::json)"
         f" AS ({columns})) WITH ORDINALITY AS req({names}, ord))"
     )
 

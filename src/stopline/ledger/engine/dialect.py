@@ -12,6 +12,7 @@ what. PostgreSQL's is in ``stopline.ledger.postgres_dialect``.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -43,14 +44,35 @@ _OP_BY_ID = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = :id"
 
 
 @functools.cache
-def _outcome_update(event: OpEvent) -> str:
+def _outcome_update(event: OpEvent, which: str = "= :id") -> str:
     """``record``'s portable compare-and-set for ``event`` (the guard and target derived
-    from the operation table)."""
+    from the operation table), of the operation ``id {which}``."""
     guard, target = transition_case(event, "status")
     return (
         f"UPDATE operations SET status = {target}, {OUTCOME_SET.format(old='', new='')}"
-        f" WHERE id = :id AND {guard}"
+        f" WHERE id {which} AND {guard}"
     )
+
+
+_IDS = "(SELECT value FROM json_each(:ids))"
+_OPS_BY_IDS = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id IN {_IDS}"
+
+
+@functools.cache
+def _outcomes_sql(event: OpEvent) -> tuple[str, str, str]:
+    """``record``'s portable compare-and-set for many operations with the same update
+    (``:ids``, a JSON array): the statuses read, the events logged (before the rows
+    change: each reads its source status) returning the operations that moved, and
+    the update. The same guard, target and ``OUTCOME_SET`` as for one."""
+    guard, target = transition_case(event, "o.status")
+    read = f"SELECT id, status FROM operations WHERE id IN {_IDS}"
+    log = (
+        "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+        f" SELECT :now, o.run_id, o.id, :kind, o.status, {target}, :data"
+        " FROM json_each(:ids) AS j CROSS JOIN operations o ON o.id = j.value"
+        f" WHERE {guard} ORDER BY j.key RETURNING op_id"
+    )
+    return read, log, _outcome_update(event, f"IN {_IDS}")
 
 
 class Dialect:
@@ -126,3 +148,28 @@ class Dialect:
         values = (params["now"], found[1], params["id"], params["kind"], found[0], row[5])
         await db.run(_EVENT, (*values, params["data"]))
         return found[0], row
+
+    async def apply_outcomes(
+        self, db: Db, event: OpEvent, many: Sequence[dict[str, Any]]
+    ) -> list[tuple[str | None, Sequence[Any] | None]]:
+        """``apply_outcome`` for many operations (distinct ids), in order, each one's
+        pair. Those with the same update (a tree's interrupted calls) in a fixed number
+        of statements however many they are; one alone as one."""
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for params in many:
+            key = tuple((k, v) for k, v in params.items() if k != "id")
+            groups.setdefault(key, []).append(params["id"])
+        found: dict[str, tuple[str | None, Sequence[Any] | None]] = {}
+        for key, ids in groups.items():
+            if len(ids) == 1:
+                found[ids[0]] = await self.apply_outcome(db, event, {**dict(key), "id": ids[0]})
+                continue
+            bound = {**dict(key), "ids": json.dumps(ids)}
+            read, log, update = _outcomes_sql(event)
+            sources = dict(await db.all(read, bound))
+            moved = {op_id for (op_id,) in await db.all(log, bound)}
+            await db.run(update, bound)
+            after = {row[0]: row for row in await db.all(_OPS_BY_IDS, bound)} if moved else {}
+            for op_id in ids:
+                found[op_id] = (sources.get(op_id), after.get(op_id) if op_id in moved else None)
+        return [found[params["id"]] for params in many]
