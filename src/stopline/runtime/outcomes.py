@@ -38,10 +38,12 @@ __all__ = ["INTERRUPTED", "Outcomes", "lost_update"]
 INTERRUPTED = "local abort: the call was interrupted"
 
 
-def lost_update(ctx: CallContext, cause: Cause, detail: str) -> OutcomeUpdate:
+def lost_update(
+    ctx: CallContext, cause: Cause, detail: str, now: float | None = None
+) -> OutcomeUpdate:
     """R3: a lost answer, with its horizon when the effect can still land after now (R13)."""
     evidence = [Evidence.local(cause.value, detail)]
-    now = time.time()
+    now = time.time() if now is None else now
     horizon = ctx.horizon(now)
     if horizon > now:
         evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
@@ -139,7 +141,12 @@ class Outcomes:
         """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
         for the whole tree instead of one per call."""
         core = self._core
-        updates = [(ctx.op_id, lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED)) for ctx in ctxs]
+        now = time.time()
+        alike: dict[tuple[Evidence, ...], OutcomeUpdate] = {}  # one object per distinct update
+        updates = []
+        for ctx in ctxs:
+            update = lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED, now)
+            updates.append((ctx.op_id, alike.setdefault(tuple(update.evidence), update)))
         with anyio.CancelScope(shield=True):
             results = await core.backend.record_many(updates)
         runs: dict[str, None] = {}
