@@ -69,7 +69,7 @@ def main(
     figures = median_round(runs)
     out: dict[str, Any] = {f.name: f.to_json() for f in figures}
     width = max(len(f.name) for f in figures)
-    print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target")
+    print(f"{'figure':<{width}}  {'value':>12} {'unit':<6} {'baseline':>12}  {'ratio':>7}  target")
     for f in figures:
         print(f.row(width))
     for line in _versus_peers(figures):

@@ -69,6 +69,6 @@ class Figure:
         base = "-" if self.baseline is None else f"{self.baseline:,.1f}"
         ratio = "-" if self.ratio is None else f"{self.ratio:.2f}"
         return (
-            f"{self.name:<{width}}  {self.value:>12,.1f}  {base:>12}  {ratio:>7}  "
-            f"{self.target} {self.unit}".rstrip()
+            f"{self.name:<{width}}  {self.value:>12,.1f} {self.unit:<6} {base:>12}  {ratio:>7}  "
+            f"{self.target}".rstrip()
         )
