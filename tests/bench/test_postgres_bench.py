@@ -51,4 +51,9 @@ async def test_the_postgres_figures_are_measured_on_the_server(tmp_path: Path) -
     )
     assert found is not None, cancel
     assert float(found[1]) > 0 and float(found[2]) > 0
+    # what the throughput stands on: the server's share of the cores, the workers' CPU
+    workers = figures["gate_postgres_concurrent_ops_per_s"].note
+    found = re.search(r"server CPU (\d+)% of \d+ cores; the workers' CPU per op (\d+) us", workers)
+    assert found is not None, workers
+    assert int(found[2]) > 0
     assert bench_schemas(url) == before  # its two schemas dropped
