@@ -71,7 +71,7 @@ async def quiesce(ledger: stopline.Ledger) -> None:
     ``wait_all_tasks_blocked`` lets a step that was spawned but not yet started
     begin (and count itself busy); ``wait_idle`` then waits for the steps to end.
     """
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):  # a hang guard, not a timing: a loaded machine is slow
         while True:
             await wait_all_tasks_blocked()
             if ledger.idle:
