@@ -20,8 +20,11 @@ import stopline
 from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import OpStatus
 from stopline.errors import StoplineError
+from stopline.ledger import postgres_batch
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import PostgresBackend
+from stopline.ledger.postgres_batch import Job, _stretches
+from stopline.ledger.postgres_dialect import Forms
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
@@ -368,3 +371,93 @@ async def test_a_group_transaction_is_one_round_trip(
     assert backend.group.transactions == 1
     assert [o.status for o in got] == [OpStatus.COMMITTED]
     assert round_trips(trace) == 1
+
+
+# -- stretches: many runs' records in few statements, each run's in its order ----------
+def _job(op_id: str, forms: Forms, run: str | None) -> Job:
+    async def alone(doubt: bool, deadline: float, connection: Any) -> None:
+        raise AssertionError("not run here")
+
+    return Job(op_id, alone, forms=forms, params=dict, run=run)
+
+
+_GATE = Forms("gate one", "gate many", True)
+_OUTCOME = Forms("outcome one", "outcome many", False)
+
+
+def _shape(stretches: list[list[Job]]) -> list[list[str]]:
+    return [[job.op_id for job in stretch] for stretch in stretches]
+
+
+def test_interleaved_gates_and_outcomes_of_many_runs_go_in_one_stretch_per_kind() -> None:
+    work = [
+        _job("a2", _GATE, "a"),
+        _job("b1", _OUTCOME, "b"),
+        _job("c2", _GATE, "c"),
+        _job("d1", _OUTCOME, "d"),
+    ]
+    assert _shape(_stretches(work)) == [["a2", "c2"], ["b1", "d1"]]
+
+
+def test_a_runs_records_keep_their_order_across_stretches() -> None:
+    """A call's outcome, then the next call's intent, then that run's next outcome:
+    never written before what the run queued ahead of them."""
+    work = [
+        _job("r1", _OUTCOME, "r"),
+        _job("r2", _GATE, "r"),
+        _job("s1", _OUTCOME, "s"),
+        _job("r0", _OUTCOME, "r"),
+        _job("s2", _GATE, "s"),
+    ]
+    assert _shape(_stretches(work)) == [["r1", "s1"], ["r2", "s2"], ["r0"]]
+
+
+def test_a_record_of_no_known_run_keeps_its_place_among_all() -> None:
+    work = [
+        _job("a1", _GATE, "a"),
+        _job("x", _OUTCOME, None),
+        _job("b1", _GATE, "b"),
+        _job("c1", _OUTCOME, "c"),
+    ]
+    assert _shape(_stretches(work)) == [["a1"], ["x", "c1"], ["b1"]]
+
+
+async def test_many_runs_share_a_group_in_few_statements_each_in_its_order(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent runs: their gates and outcomes interleave in the queue, yet a group
+    transaction writes them in one statement per kind, and each run's log keeps its
+    calls' order (an outcome before the next call's intent)."""
+    groups: list[tuple[int, int]] = []  # (jobs, statements) per group transaction
+    chop = postgres_batch._stretches
+
+    def counted(work: list[Job]) -> list[list[Job]]:
+        stretches = chop(work)
+        groups.append((len(work), len(stretches)))
+        return stretches
+
+    monkeypatch.setattr(postgres_batch, "_stretches", counted)
+    provider = FakeProvider("send")
+    runs, calls = 12, 4
+    async with stopline.open(pg_url + NEVER) as ledger:
+
+        async def one(n: int) -> None:
+            async with ledger.run("r", owner="u", run_id=f"r{n}") as run:
+                for i in range(calls):
+                    await run.call(provider.tool, i)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(runs):
+                tg.start_soon(one, n)
+    big = [(jobs, statements) for jobs, statements in groups if jobs >= runs]
+    assert big, groups  # the runs did share group transactions
+    assert all(statements <= 4 for _, statements in big), big  # gate, 2 outcomes, gate
+    rows = sql(
+        pg_url, "SELECT run_id, op_id, kind FROM events WHERE op_id IS NOT NULL ORDER BY seq"
+    )
+    for n in range(runs):
+        mine = [(op, kind) for run_id, op, kind in rows if run_id == f"r{n}"]
+        ops = list(dict.fromkeys(op for op, _ in mine))
+        assert len(ops) == calls
+        expected = [(op, kind) for op in ops for kind in ("gate_passed", "accepted", "committed")]
+        assert mine == expected

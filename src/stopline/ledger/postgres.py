@@ -37,6 +37,7 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import time
@@ -85,6 +86,7 @@ __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
 _OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
+_RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 _RETRY = object()  # a settle function's answer: the write did not land, run it again
 
@@ -125,6 +127,10 @@ class PostgresBackend(SqlBackend):
             name="stopline",
         )
         self._doubts: dict[str, str] = {}  # op id -> gate attempt token, commit in doubt
+        # op id -> run id of the operations this process gated lately: where an outcome
+        # may go in a group transaction (``postgres_batch._stretches``); a miss only
+        # keeps the outcome in strict queue order
+        self._run_of: collections.OrderedDict[str, str] = collections.OrderedDict()
         self.listener = Listener(self)
         self.group = GroupCommit(self, group_commit_ms / 1000)
 
@@ -318,6 +324,14 @@ class PostgresBackend(SqlBackend):
         return await self._tx(body, safe=safe, settle=settle)
 
     # -- the writes whose lost reply is settled by reading back -----------------------
+    def _gated(self, spec: OperationSpec) -> str:
+        """Remember the operation's run for its outcomes (the latest ``_RUNS_KEPT``)."""
+        self._run_of[spec.id] = spec.run_id
+        self._run_of.move_to_end(spec.id)
+        if len(self._run_of) > _RUNS_KEPT:
+            self._run_of.popitem(last=False)
+        return spec.run_id
+
     async def gate(self, spec: OperationSpec) -> GateResult:
         token = uuid.uuid4().hex
 
@@ -340,7 +354,7 @@ class PostgresBackend(SqlBackend):
             forms = gate_forms(*intent_sql(self.dialect, False, False))
         params = functools.partial(gate_params, spec, time.time(), token)
         result: GateResult = await self.group.submit(
-            Job(spec.id, alone, forms=forms, params=params)
+            Job(spec.id, alone, forms=forms, params=params, run=self._gated(spec))
         )
         return result
 
@@ -373,7 +387,9 @@ class PostgresBackend(SqlBackend):
             )
 
         params = functools.partial(record_params, op_id, update, time.time())
-        return Job(op_id, alone, forms=outcome_forms(update.event), params=params, then=then)
+        forms = outcome_forms(update.event)
+        run = self._run_of.get(op_id)
+        return Job(op_id, alone, forms=forms, params=params, then=then, run=run)
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so; the

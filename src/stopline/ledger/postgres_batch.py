@@ -20,13 +20,15 @@ commits it alone. ``barrier`` waits until every outcome deferred so far has
 committed: every other transaction of the process waits on it first, so
 nothing the process reads or writes later misses one.
 
-Within a transaction the records keep their queue order (a stretch per kind,
-stretches in order); a duplicate operation id ends the batch (the next one
-takes it). When the transaction fails, nothing of it landed unless its
-commit was in doubt: each job then runs alone, in order, through the
-backend's own retries (a gate settles its doubt by its attempt token, an
-outcome by reading its status back), so each caller gets its own answer or
-its own typed error, within one ``retry_for`` for the whole batch.
+Within a transaction each run's records keep their queue order, and the
+records of many runs go in one statement per kind (``_stretches``: a job joins
+the last stretch of its kind unless its run has a later one); a duplicate
+operation id ends the batch (the next one takes it). When the transaction
+fails, nothing of it landed unless its commit was in doubt: each job then
+runs alone, in order, through the backend's own retries (a gate settles its
+doubt by its attempt token, an outcome by reading its status back), so each
+caller gets its own answer or its own typed error, within one ``retry_for``
+for the whole batch.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Job:
     """One write queued: a gate or an outcome (``forms``: its statement for one job and
     for many of its kind); ``then`` set: deferred, nobody waits."""
 
-    __slots__ = ("alone", "forms", "lead", "op_id", "outcome", "params", "then", "wake")
+    __slots__ = ("alone", "forms", "lead", "op_id", "outcome", "params", "run", "then", "wake")
 
     def __init__(
         self,
@@ -75,8 +77,10 @@ class Job:
         forms: Forms | None = None,
         params: Callable[[], dict[str, Any]] | None = None,
         then: Callable[[Outcome], None] | None = None,
+        run: str | None = None,
     ) -> None:
         self.op_id = op_id
+        self.run = run  # its operation's run, if known (else it keeps its place among all)
         self.alone = alone  # None: a barrier, nothing to write
         self.forms = forms  # None: never together with others
         self.params = params  # its parameters, made only when it goes with others
@@ -305,12 +309,7 @@ class GroupCommit:
         """``work`` as one transaction: (the jobs done with their outcomes, gates that
         must take the slow path)."""
         backend = self._backend
-        stretches: list[list[Job]] = []
-        for job in work:
-            if stretches and stretches[-1][0].forms is job.forms:  # cached: one object
-                stretches[-1].append(job)
-            else:
-                stretches.append([job])
+        stretches = _stretches(work)
         # The one-row gate waits for a run a cancel holds: only while the group holds no
         # other run (its first gate stretch); later ones skip a locked run (SKIP LOCKED,
         # the slow path takes it alone), so a group and a tree cancel never deadlock.
@@ -352,6 +351,39 @@ class GroupCommit:
                     (job, _recorded(job, row)) for job, row in zip(stretch, found, strict=True)
                 )
         return done, slow
+
+
+def _stretches(work: Sequence[Job]) -> list[list[Job]]:
+    """``work`` as stretches of one statement each (one kind, ``forms``), in order.
+
+    A job joins the last stretch of its kind if that stretch comes after every
+    earlier job of its run: so each run's records keep their queue order (an
+    outcome before the next call's intent, as the log says it), while the calls of
+    many runs, whose gates and outcomes interleave in the queue, go in two or three
+    statements instead of one each. A job whose run is not known keeps its place
+    among all: it and every later job go after everything before it."""
+    stretches: list[list[Job]] = []
+    last: dict[Forms | None, int] = {}  # the last stretch of each kind
+    after: dict[str, int] = {}  # the stretch of each run's latest job
+    floor = 0  # no job goes before the stretch of the latest job of no known run
+    for job in work:
+        at = floor if job.run is None else max(floor, after.get(job.run, 0))
+        mine = last.get(job.forms)
+        if job.run is None or mine is None or mine < at:
+            if job.run is None and mine is not None and mine == len(stretches) - 1:
+                index = mine  # the last stretch is of its kind: it ends it
+            else:
+                stretches.append([])
+                index = len(stretches) - 1
+            last[job.forms] = index
+        else:
+            index = mine
+        stretches[index].append(job)
+        if job.run is None:
+            floor = index
+        else:
+            after[job.run] = index
+    return stretches
 
 
 def _is_gate(stretch: Sequence[Job]) -> bool:
