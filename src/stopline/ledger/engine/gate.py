@@ -53,17 +53,19 @@ _APPROVED = (
 )
 
 
-def _eligible(compensation: bool) -> str:
+def _eligible(dialect: Dialect, compensation: bool) -> str:
+    """The run's state and grants; found by its id, never through the state index."""
+    state = dialect.unindexed("state")
     if compensation:  # any state but a pause, under the `compensate` grant
         states = _v(frozenset(RunState) - PAUSE_STATES)
-        return f"state IN ({states}) AND (grants & {int(Grant.COMPENSATE)}) <> 0"
-    return f"state = {_RUNNING} AND (grants & {int(Grant.INITIATE)}) <> 0"
+        return f"{state} IN ({states}) AND (grants & {int(Grant.COMPENSATE)}) <> 0"
+    return f"{state} = {_RUNNING} AND (grants & {int(Grant.INITIATE)}) <> 0"
 
 
 @functools.cache
 def intent_sql(dialect: Dialect, compensation: bool, approved: bool) -> tuple[str, str]:
     """``(where, values)``: which run may take the intent, and the intent's row."""
-    where = f"id = :run AND {_eligible(compensation)} AND {_lease_live(dialect)}"
+    where = f"id = :run AND {_eligible(dialect, compensation)} AND {_lease_live(dialect)}"
     if approved:
         where += f" AND {_APPROVED}"
     values = (

@@ -1,0 +1,87 @@
+"""The hot statements reach their rows through an index on PostgreSQL too.
+
+A gate or an outcome costs what the call touches, not what the ledger holds.
+On tables it has not analyzed yet (a new ledger, or one that grew since),
+PostgreSQL tied the state index with the primary key and could walk every
+live run for each gate, and took a group's outcomes by scanning the whole
+operations table. Each form, one row and many, is explained here on a ledger
+of thousands of live runs and operations that the planner has no statistics
+for.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from stopline.domain.model import Evidence
+from stopline.domain.vocab import OpEvent
+from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.engine.gate import gate_params, intent_sql
+from stopline.ledger.engine.record import record_params
+from stopline.ledger.postgres import PostgresBackend
+from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, many_rows, outcome_forms
+from stopline.ledger.postgres_txn import pg_sql
+from tests.ledger.contract import op_spec
+from tests.postgres.server import fresh_schema
+
+_TABLES = ("runs", "operations", "events", "approvals", "run_owners", "workers")
+RUNS, OPS = 3_000, 20_000
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from fresh_schema()
+
+
+def _explain(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[str]:
+    return [str(line) for (line,) in conn.execute("EXPLAIN " + pg_sql(sql), params)]
+
+
+async def test_the_gate_and_the_outcome_forms_use_their_indexes(pg_url: str) -> None:
+    opened = await PostgresBackend.open(pg_url)  # the schema, as the runtime makes it
+    await opened.close()
+    base, _, schema = pg_url.partition("?schema=")
+    with psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}") as conn:
+        now = time.time()
+        conn.execute(
+            "INSERT INTO runs (id, name, owner, tenant, state, fence, grants, policy,"
+            " created_at, updated_at) SELECT 'run_' || i, 'j', 'u', 't', 'running', 0, 15,"
+            " 'verify', %s, %s FROM generate_series(0, %s) i",
+            (now, now, RUNS - 1),
+        )
+        conn.execute(
+            "INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
+            " cancellable, can_verify, can_compensate, evidence, created_at, updated_at)"
+            " SELECT 'op_' || i, 'run_' || (i %% %s), 't', 't', 'd', 'requested', 'never',"
+            " 1, 0, '[]', %s, %s FROM generate_series(0, %s) i",
+            (RUNS, now, now, OPS - 1),
+        )
+        dialect = PostgresDialect(None)
+        gate = gate_forms(*intent_sql(dialect, False, False))
+        gates = [
+            gate_params(op_spec(f"new_{i}", f"run_{i}", digest="d"), now, None) for i in range(20)
+        ]
+        update = OutcomeUpdate(OpEvent.COMMITTED, [Evidence.local("response")])
+        outcome = outcome_forms(OpEvent.COMMITTED)
+        outcomes = [record_params(f"op_{i * 7}", update, now) for i in range(20)]
+        plans = {
+            "one gate": _explain(conn, gate.one, gates[0]),
+            "many gates": _explain(conn, gate.many, many_rows(gates)),
+            "one outcome": _explain(conn, outcome.one, outcomes[0]),
+            "many outcomes": _explain(conn, outcome.many, many_rows(outcomes)),
+        }
+    walks = [
+        (form, step)
+        for form, plan in plans.items()
+        for step in plan
+        if any(re.search(rf"Seq Scan on {t}\b", step) for t in _TABLES) or "runs_state" in step
+    ]
+    assert walks == []
+    assert all(any("operations_pkey" in step for step in plans[f]) for f in plans if "outcome" in f)
+    assert all(any("runs_pkey" in step for step in plans[f]) for f in plans if "gate" in f)
