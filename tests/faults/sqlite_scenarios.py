@@ -7,6 +7,7 @@ process and prints what it saw as JSON; the tests assert on that.
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +19,15 @@ import stopline
 from stopline.errors import LedgerUnavailable
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
+from tests.lifecycle.test_tree_cancel import cancel_a_tree, holding_tool
 
-__all__ = ["ask_on_a_full_disk", "fill_mid_run", "held_outcome", "open_when_full"]
+__all__ = [
+    "ask_on_a_full_disk",
+    "bulk_record_on_a_full_disk",
+    "fill_mid_run",
+    "held_outcome",
+    "open_when_full",
+]
 
 
 async def fill_mid_run(
@@ -145,6 +153,44 @@ async def ask_on_a_full_disk(
     }
 
 
+async def bulk_record_on_a_full_disk(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """The disk fills between a tree's fence and the one transaction that records every
+    call it interrupted (R3): that record fails typed as a background step and is
+    retried; once the disk has room every call is recorded once, and the tree settles."""
+    hold, all_in = holding_tool()
+    filled: list[bool] = []
+
+    def fill_once(run_ids: Any) -> None:  # the fence is durable and delivered: now
+        if not filled:
+            filled.append(True)
+            fill()
+
+    async with stopline.open(f"sqlite:///{path}", tools=[hold]) as ledger:
+        ledger.on_cancel(fill_once)
+        with anyio.fail_after(20):  # a hang fails here, not in CI's timeout
+            root = await cancel_a_tree(ledger, hold, all_in)
+            while "record_interrupted" not in ledger.health.steps:
+                await ledger.health.changed()
+        failing = ledger.health.steps["record_interrupted"].last_error
+        free()
+        final = await ledger.wait_settled(root, timeout=30)
+    with sqlite3.connect(path) as conn:
+        lost = dict(
+            conn.execute("SELECT op_id, count(*) FROM events WHERE kind = 'lost' GROUP BY op_id")
+        )
+    return {
+        "record_error": failing,
+        "state": final.run_state.value,
+        "statuses": sorted({line.status.value for line in final.lines}),
+        "calls": len(final.lines),
+        "lost_per_call": sorted(set(lost.values())),
+        "lost_calls": len(lost),
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -168,6 +214,8 @@ async def _main(scenario: str, path: Path) -> dict[str, Any]:
         return await held_outcome(path, fill, free)
     if scenario == "ask_on_a_full_disk":
         return await ask_on_a_full_disk(path, fill, free)
+    if scenario == "bulk_record_on_a_full_disk":
+        return await bulk_record_on_a_full_disk(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))
 
 

@@ -16,10 +16,12 @@ from stopline.errors import LedgerFull, LedgerIOError, LedgerReadOnly
 from tests.faults.disk import integrity, read_only, tiny_disk
 from tests.faults.sqlite_scenarios import (
     ask_on_a_full_disk,
+    bulk_record_on_a_full_disk,
     fill_mid_run,
     held_outcome,
     open_when_full,
 )
+from tests.lifecycle.test_tree_cancel import CHILDREN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,6 +91,25 @@ async def test_a_cancel_whose_provider_ask_meets_a_full_disk_returns_and_asks_la
     assert seen["asked_after"] == ["run_ask/x"]  # retried once the disk had room: once
     assert seen["state"] == "cancelled"
     assert seen["provider_cancel"] == "the provider confirmed the cancel"
+    assert seen["integrity"] == "ok"
+
+
+async def test_a_trees_bulk_record_on_a_full_disk_is_retried_and_records_each_call_once(
+    tmp_path: Path,
+) -> None:
+    """The set-based record of a tree's interrupted calls meets a full disk: it fails
+    typed (a background step, retried, nothing else cancelled), and once the disk frees
+    every call is recorded once (not per retry) and the tree settles on its read-backs."""
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await bulk_record_on_a_full_disk(disk.path / "ledger.db", disk.fill, disk.free)
+        else:
+            seen = in_child("bulk_record_on_a_full_disk", tmp_path / "ledger.db")
+    assert seen["record_error"].startswith((LedgerFull.__name__, LedgerIOError.__name__))
+    assert seen["calls"] == seen["lost_calls"] == CHILDREN  # every call recorded...
+    assert seen["lost_per_call"] == [1]  # ...once
+    assert seen["state"] == "cancelled"
+    assert seen["statuses"] == ["not_committed"]  # each read back: it never happened
     assert seen["integrity"] == "ok"
 
 
