@@ -37,7 +37,6 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 
 from __future__ import annotations
 
-import collections
 import functools
 import re
 import time
@@ -130,7 +129,7 @@ class PostgresBackend(SqlBackend):
         # op id -> run id of the operations this process gated lately: where an outcome
         # may go in a group transaction (``postgres_batch._stretches``); a miss only
         # keeps the outcome in strict queue order
-        self._run_of: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._run_of: dict[str, str] = {}  # in insertion order: the oldest goes first
         self.listener = Listener(self)
         self.group = GroupCommit(self, group_commit_ms / 1000)
 
@@ -326,10 +325,10 @@ class PostgresBackend(SqlBackend):
     # -- the writes whose lost reply is settled by reading back -----------------------
     def _gated(self, spec: OperationSpec) -> str:
         """Remember the operation's run for its outcomes (the latest ``_RUNS_KEPT``)."""
-        self._run_of[spec.id] = spec.run_id
-        self._run_of.move_to_end(spec.id)
-        if len(self._run_of) > _RUNS_KEPT:
-            self._run_of.popitem(last=False)
+        runs = self._run_of
+        runs[spec.id] = spec.run_id
+        if len(runs) > _RUNS_KEPT:
+            del runs[next(iter(runs))]
         return spec.run_id
 
     async def gate(self, spec: OperationSpec) -> GateResult:
