@@ -48,7 +48,7 @@ from stopline.domain.vocab import (
     Policy,
     RunEvent,
 )
-from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.backend import (
     Backend,
     GateResult,
@@ -216,6 +216,21 @@ class TracedBackend(ForwardingBackend):
             return run, changed
         result = await self.cancel(run_id, by=by, reason=reason)
         return result.run, result.first
+
+    async def run_events(
+        self, items: Sequence[tuple[str, RunEvent]], *, by: str
+    ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+        # as ``run_event``: the ending runs' operations read before the write, in one read
+        ending = [run_id for run_id, event in items if event in _RUN_END_EVENTS]
+        ops: dict[str, list[OperationRecord]] = {}
+        for found in await self.inner.runs_and_operations(ending) if ending else []:
+            if not isinstance(found, UnknownRun):
+                ops[found[0].id] = found[1]
+        results = await self.inner.run_events(items, by=by)
+        for (run_id, event), result in zip(items, results, strict=True):
+            if isinstance(result, tuple) and result[1]:
+                self._run_changed(result[0], event, ops.get(run_id, []))
+        return results
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         span = self._t.tracer.start_span(

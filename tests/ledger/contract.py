@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -15,7 +16,13 @@ import pytest
 
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpEvent, OpStatus, RunEvent, RunState
-from stopline.errors import IdempotencyConflict, IllegalTransition, UnknownOperation, UnknownRun
+from stopline.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    UnknownOperation,
+    UnknownRun,
+)
 from stopline.ledger.backend import Backend, GateVerdict, Note, OutcomeUpdate, RunSpec
 
 
@@ -292,6 +299,107 @@ class LedgerContract:
         assert ops == await backend.operations("run_a")
         with pytest.raises(UnknownRun):
             await backend.run_and_operations("run_nothing")
+
+    async def test_runs_and_operations_is_run_and_operations_run_by_run(
+        self, backend: Backend
+    ) -> None:
+        """One read for many runs (a cancelled tree's settling): each run and its own
+        operations, in the order asked, as ``run_and_operations`` reads them; an unknown
+        run in its place."""
+        for run_id in ("run_a", "run_b", "run_c"):
+            await backend.create_run(run_spec(run_id))
+        await backend.create_run(run_spec("run_d", parent_id="run_a"))
+        await backend.gate(op_spec("run_a/2", "run_a", digest="d2"))
+        await backend.gate(op_spec("run_a/1", "run_a", digest="d1"))
+        await backend.gate(op_spec("run_d/1", "run_d"))
+        await backend.gate(op_spec("run_c/1", "run_c"))
+        await backend.record("run_c/1", COMMIT)
+        asked = ["run_c", "run_nothing", "run_a", "run_b", "run_d", "run_a"]
+        found = await backend.runs_and_operations(asked)
+        for run_id, got in zip(asked, found, strict=True):
+            if run_id == "run_nothing":
+                assert isinstance(got, UnknownRun)
+                continue
+            assert got == await backend.run_and_operations(run_id)
+        assert [op.id for op in found[2][1]] == ["run_a/2", "run_a/1"]  # type: ignore[index]
+        assert _same(found, await Backend.runs_and_operations(backend, asked))  # the default
+        assert await backend.runs_and_operations([]) == []
+
+    async def test_get_operations_is_get_operation_one_by_one(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec("run_a/1"))
+        await backend.gate(op_spec("run_a/2", digest="d2"))
+        await backend.record("run_a/2", COMMIT)
+        asked = ["run_a/2", "run_a/9", "run_a/1", "run_a/2"]
+        found = await backend.get_operations(asked)
+        assert isinstance(found[1], UnknownOperation)
+        assert [found[0], found[2], found[3]] == [
+            await backend.get_operation(op_id) for op_id in ("run_a/2", "run_a/1", "run_a/2")
+        ]
+        assert _same(found, await Backend.get_operations(backend, asked))  # the default
+
+    async def test_run_events_is_run_event_one_by_one(self, backend: Backend) -> None:
+        """The set-based ``run_events`` (a tree's runs settling together) moves, refuses
+        and logs exactly what ``run_event`` does run by run: the same table."""
+        moves = [
+            ("b", RunEvent.SETTLE),
+            ("a", RunEvent.SETTLE),  # logged in the order asked, not the ids'
+            ("c", RunEvent.SETTLED),  # running: refused
+            ("a", RunEvent.SETTLED),  # named twice: the second meets the first's move
+            ("nothing", RunEvent.SETTLE),  # unknown: in its place
+            ("d", RunEvent.COMPLETE),
+            ("b", RunEvent.ESCALATE),
+        ]
+        results = {}
+        for side in ("many", "each"):
+            for name in "abcd":
+                await backend.create_run(run_spec(f"{side}_{name}"))
+            for name in "ab":
+                await backend.cancel(f"{side}_{name}", by="user:1")
+            items = [(f"{side}_{name}", event) for name, event in moves]
+            if side == "many":
+                got = await backend.run_events(items, by="system")
+            else:  # the seam's own default: ``run_event`` run by run
+                got = await Backend.run_events(backend, items, by="system")
+            results[side] = (
+                [_moved(r) for r in got],
+                [
+                    (e.kind, e.from_state, e.to_state, {**e.data, "root": ""})
+                    for name in "abcd"
+                    for e in await backend.events(f"{side}_{name}")
+                    if e.kind != "run_created"
+                ],
+            )
+        assert results["many"] == results["each"]
+        assert [r[0] for r in results["many"][0]] == [
+            "settling", "settling", "IllegalTransition", "cancelled", "UnknownRun", "completed",
+            "needs_review",
+        ]  # fmt: skip
+
+    async def test_run_events_refuses_a_cancel_and_writes_nothing(self, backend: Backend) -> None:
+        await backend.create_run(run_spec())
+        before = await backend.events("run_a")
+        with pytest.raises(InvalidInput, match="cancel"):
+            await backend.run_events([("run_a", RunEvent.CANCEL)], by="user:1")
+        assert await backend.events("run_a") == before
+        assert (await backend.get_run("run_a")).state is RunState.RUNNING
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """The same answers, an error compared by its type and message."""
+
+    def key(x: Any) -> Any:
+        return (type(x).__name__, str(x)) if isinstance(x, Exception) else x
+
+    return [key(x) for x in a] == [key(x) for x in b]
+
+
+def _moved(result: Any) -> tuple[Any, ...]:
+    """What a run transition (or its refusal) says, without the instant it was written."""
+    if isinstance(result, Exception):
+        return (type(result).__name__,)
+    run, changed = result
+    return (run.state.value, changed, run.id.split("_", 1)[1])
 
 
 def _outcome(result: OperationRecord | IllegalTransition) -> tuple[Any, ...]:

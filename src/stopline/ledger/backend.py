@@ -21,8 +21,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -45,7 +45,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -61,6 +61,27 @@ __all__ = [
     "RunControl",
     "RunSpec",
 ]
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+E = TypeVar("E", bound=Exception)
+
+
+async def _each(
+    call: Callable[[T], Awaitable[R]],
+    items: Sequence[T],
+    refused: type[E] | tuple[type[E], ...],
+) -> list[R | E]:
+    """``call`` of each item in turn, a refusal (``refused``) returned in its place: the
+    many-at-once methods of a backend that has no faster way."""
+    out: list[R | E] = []
+    for item in items:
+        try:
+            out.append(await call(item))
+        except refused as exc:
+            out.append(exc)
+    return out
 
 
 class GateVerdict(enum.Enum):
@@ -165,13 +186,7 @@ class Journal(abc.ABC):
         """``record`` for many operations (a cancelled tree's interrupted calls); one
         transaction where the backend can. An illegal transition is returned in its
         place, not raised, and leaves that operation as it was."""
-        out: list[OperationRecord | IllegalTransition] = []
-        for op_id, update in items:
-            try:
-                out.append(await self.record(op_id, update))
-            except IllegalTransition as exc:
-                out.append(exc)
-        return out
+        return await _each(lambda item: self.record(*item), items, IllegalTransition)
 
     @abc.abstractmethod
     async def note(
@@ -209,6 +224,17 @@ class RunControl(abc.ABC):
 
         Returns the run and whether this call changed it.
         """
+
+    async def run_events(
+        self, items: Sequence[tuple[str, RunEvent]], *, by: str
+    ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+        """``run_event`` for many runs (a cancelled tree's runs settling together), one
+        transaction where the backend can; never ``CANCEL``. An illegal move or an
+        unknown run is returned in its place, not raised, and leaves that run as it was."""
+        moved = await _each(
+            lambda item: self.run_event(*item, by=by), items, (IllegalTransition, UnknownRun)
+        )
+        return cast("list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]", moved)
 
     @abc.abstractmethod
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord: ...
@@ -282,8 +308,23 @@ class Queries(abc.ABC):
         """``get_run`` and its ``operations`` in one read, one snapshot (settling a run
         and building its receipt read both)."""
 
+    async def runs_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        """``run_and_operations`` of many runs (their own operations), one read where the
+        backend can (a cancelled tree's runs settling together); an unknown run is
+        returned in its place, not raised."""
+        return await _each(self.run_and_operations, run_ids, UnknownRun)
+
     @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...
+
+    async def get_operations(
+        self, op_ids: Sequence[str]
+    ) -> list[OperationRecord | UnknownOperation]:
+        """``get_operation`` of many, one read where the backend can (a cancelled tree's
+        calls verified together); an unknown operation is returned in its place."""
+        return await _each(self.get_operation, op_ids, UnknownOperation)
 
     @abc.abstractmethod
     async def events(self, run_id: str) -> list[EventRecord]: ...

@@ -18,7 +18,7 @@ import anyio.abc
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.leases import WorkerLease
 
@@ -98,6 +98,11 @@ class ForwardingBackend(Backend):
     ) -> tuple[RunRecord, bool]:
         return await self.inner.run_event(run_id, event, by=by, reason=reason)
 
+    async def run_events(
+        self, items: Sequence[tuple[str, RunEvent]], *, by: str
+    ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+        return await self.inner.run_events(items, by=by)
+
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         return await self.inner.set_phase(run_id, kind, policy)
 
@@ -158,8 +163,18 @@ class ForwardingBackend(Backend):
     ) -> tuple[RunRecord, list[OperationRecord]]:
         return await self.inner.run_and_operations(run_id, descendants=descendants)
 
+    async def runs_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        return await self.inner.runs_and_operations(run_ids)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self.inner.get_operation(op_id)
+
+    async def get_operations(
+        self, op_ids: Sequence[str]
+    ) -> list[OperationRecord | UnknownOperation]:
+        return await self.inner.get_operations(op_ids)
 
     async def events(self, run_id: str) -> list[EventRecord]:
         return await self.inner.events(run_id)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import IllegalTransition, UnknownOperation
+from stopline.errors import IllegalTransition, InvalidInput, UnknownOperation, UnknownRun
 from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine import fence, reads, runs, truth
@@ -56,6 +56,13 @@ class SqlBackend(Backend):
             result = await self.cancel(run_id, by=by, reason=reason)
             return result.run, result.first
         return await self._execute(lambda db: runs.run_event(db, run_id, event, by, reason))
+
+    async def run_events(
+        self, items: Sequence[tuple[str, RunEvent]], *, by: str
+    ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+        if any(event is RunEvent.CANCEL for _, event in items):
+            raise InvalidInput("run event", "a cancel is the subtree fence: use cancel()")
+        return await self._execute(lambda db: runs.run_events(db, items, by))
 
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         return await self._execute(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
@@ -98,8 +105,18 @@ class SqlBackend(Backend):
             lambda db: reads.run_and_operations(db, run_id, descendants), safe=True
         )
 
+    async def runs_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        return await self._execute(lambda db: reads.runs_and_operations(db, run_ids), safe=True)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)
+
+    async def get_operations(
+        self, op_ids: Sequence[str]
+    ) -> list[OperationRecord | UnknownOperation]:
+        return await self._execute(lambda db: reads.load_ops(db, op_ids), safe=True)
 
     async def events(self, run_id: str) -> list[EventRecord]:
         return await self._execute(lambda db: reads.events(db, run_id), safe=True)

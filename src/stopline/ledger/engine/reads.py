@@ -28,7 +28,9 @@ from stopline.ledger.engine.guards import (
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
+    "EVENT_SQL",
     "approvals",
+    "chunks",
     "compensations",
     "event",
     "events",
@@ -41,14 +43,28 @@ __all__ = [
     "list_runs",
     "load_approval",
     "load_op",
+    "load_ops",
     "load_run",
     "operations",
     "run_query",
+    "runs_and_operations",
     "unresolved",
     "wanted_open",
 ]
 
-_EVENT_SQL = (
+# ids per statement in a read of many: well inside SQLite's 32,766 parameters
+_IDS_PER_STATEMENT = 4_096
+
+
+def chunks(ids: Sequence[str]) -> list[list[str]]:
+    """``ids`` without repeats, cut into lists short enough for one statement's ``IN``."""
+    distinct = list(dict.fromkeys(ids))
+    return [
+        distinct[at : at + _IDS_PER_STATEMENT] for at in range(0, len(distinct), _IDS_PER_STATEMENT)
+    ]
+
+
+EVENT_SQL = (
     "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
@@ -82,6 +98,20 @@ async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
     return rows.op_from_row(row)
 
 
+async def load_ops(db: Db, op_ids: Sequence[str]) -> list[OperationRecord | UnknownOperation]:
+    """``load_op`` of many operations, a fixed number of statements per 4,096 ids; an
+    unknown one is returned in its place."""
+    found: dict[str, OperationRecord] = {}
+    async with db.transaction():
+        for chunk in chunks(op_ids):
+            ids, params = db.dialect.in_list("id", chunk)
+            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {ids}"
+            for row in await db.all(sql, params):
+                op = rows.op_from_row(row)
+                found[op.id] = op
+    return [found[o] if o in found else UnknownOperation(o) for o in op_ids]
+
+
 async def load_approval(db: Db, approval_id: str, *, lock: str = "") -> ApprovalRecord:
     sql = f"SELECT {rows.APPROVAL_COLUMNS} FROM approvals WHERE id = ?{lock}"
     row = await db.one(sql, (approval_id,))
@@ -100,7 +130,7 @@ async def event(
     to_state: str | None,
     data: dict[str, Any],
 ) -> None:
-    await db.run(_EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data)))
+    await db.run(EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data)))
 
 
 async def events(db: Db, run_id: str) -> list[EventRecord]:
@@ -143,6 +173,28 @@ async def run_and_operations(
     async with db.transaction():
         run = await load_run(db, run_id)
         return run, await _operations(db, run_id, descendants)
+
+
+async def runs_and_operations(
+    db: Db, run_ids: Sequence[str]
+) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+    """``run_and_operations`` of many runs (their own operations) in one transaction,
+    one snapshot, a fixed number of statements per 4,096 runs; an unknown run is
+    returned in its place."""
+    found: dict[str, RunRecord] = {}
+    ops: dict[str, list[OperationRecord]] = {}
+    async with db.transaction():
+        for chunk in chunks(run_ids):
+            ids, params = db.dialect.in_list("id", chunk)
+            for row in await db.all(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {ids}", params):
+                run = rows.run_from_row(row)
+                found[run.id] = run
+            ids, params = db.dialect.in_list("run_id", chunk)
+            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {ids} ORDER BY created_at, id"
+            for row in await db.all(sql, params):
+                op = rows.op_from_row(row)
+                ops.setdefault(op.run_id, []).append(op)
+    return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
 async def _operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:

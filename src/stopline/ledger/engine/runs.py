@@ -9,13 +9,13 @@ from typing import Any
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import UnknownOperation, UnknownRun
+from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.reads import event, load_op, load_run
+from stopline.ledger.engine.reads import EVENT_SQL, chunks, event, load_op, load_run
 
-__all__ = ["create_run", "note", "note_many", "run_event", "set_phase"]
+__all__ = ["create_run", "note", "note_many", "run_event", "run_events", "set_phase"]
 
 
 async def create_run(db: Db, spec: RunSpec) -> RunRecord:
@@ -62,6 +62,77 @@ async def run_event(
         data = {"by": by, "reason": reason}
         await event(db, now, run_id, None, kind.value, run.state.value, target.value, data)
         return await load_run(db, run_id), True
+
+
+async def run_events(
+    db: Db, items: Sequence[tuple[str, RunEvent]], by: str
+) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+    """``run_event`` for many runs in one transaction, at one instant (a cancelled tree's
+    runs settling together); an illegal move or an unknown run is returned in its
+    place, writes nothing for that run, and the others are written.
+
+    Set-based: the runs are read (and locked, in id order) in one statement, each
+    move checked against the table as ``run_event`` checks it, and the runs making
+    the same move are updated and logged together. A run named twice is moved in a
+    later stretch, as one after the other."""
+    now = time.time()
+    data = rows.dump_data({"by": by, "reason": ""})
+    out: dict[int, tuple[RunRecord, bool] | IllegalTransition | UnknownRun] = {}
+    async with db.transaction():
+        for stretch in _stretches([run_id for run_id, _ in items]):
+            runs = await _load_runs(db, [items[i][0] for i in stretch], lock=True)
+            moves: dict[tuple[RunState, RunState, RunEvent], list[str]] = {}
+            for i in stretch:
+                run_id, kind = items[i]
+                run = runs.get(run_id)
+                if run is None:
+                    out[i] = UnknownRun(run_id)
+                    continue
+                try:
+                    target = apply(RUN_TABLE, run.state, kind)
+                except IllegalTransition as exc:
+                    out[i] = exc
+                    continue
+                moves.setdefault((run.state, target, kind), []).append(run_id)
+            for (source, target, kind), ids in moves.items():
+                for chunk in chunks(ids):
+                    which, params = db.dialect.in_list("id", chunk)
+                    state = db.dialect.unindexed("state")  # the ids' own index, not the state's
+                    await db.run(
+                        f"UPDATE runs SET state = ?, updated_at = ? WHERE {which} AND {state} = ?",
+                        (target.value, now, *params, source.value),
+                    )
+                logged = [(now, r, None, kind.value, source.value, target.value, data) for r in ids]
+                await db.many(EVENT_SQL, logged)
+            moved = await _load_runs(db, [r for ids in moves.values() for r in ids])
+            for i in stretch:
+                if i not in out:  # moved
+                    out[i] = (moved[items[i][0]], True)
+    return [out[i] for i in range(len(items))]
+
+
+def _stretches(ids: Sequence[str]) -> list[list[int]]:
+    """The items' indexes, in order, cut where an id repeats."""
+    stretches: list[list[int]] = [[]]
+    seen: set[str] = set()
+    for i, run_id in enumerate(ids):
+        if run_id in seen:
+            stretches.append([])
+            seen = set()
+        stretches[-1].append(i)
+        seen.add(run_id)
+    return stretches
+
+
+async def _load_runs(db: Db, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, RunRecord]:
+    """The runs of ``run_ids`` that exist, by id (with ``lock``, locked in id order)."""
+    locked = f" ORDER BY id{db.dialect.for_update}" if lock and db.dialect.for_update else ""
+    found: dict[str, RunRecord] = {}
+    for chunk in chunks(sorted(run_ids)):
+        which, params = db.dialect.in_list("id", chunk)
+        sql = f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {which}{locked}"
+        found.update((run.id, run) for run in map(rows.run_from_row, await db.all(sql, params)))
+    return found
 
 
 async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
