@@ -6,23 +6,29 @@ process and prints what it saw as JSON; the tests assert on that.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 import stopline
-from stopline.errors import LedgerUnavailable
+from stopline.domain.model import RunRecord
+from stopline.domain.vocab import RunEvent
+from stopline.errors import IllegalTransition, LedgerUnavailable, UnknownRun
+from stopline.ledger.backend import Backend
+from stopline.ledger.forwarding import ForwardingBackend
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
 from tests.lifecycle.test_tree_cancel import cancel_a_tree, holding_tool
 
 __all__ = [
     "ask_on_a_full_disk",
+    "batched_settle_on_a_full_disk",
     "bulk_record_on_a_full_disk",
     "fill_mid_run",
     "held_outcome",
@@ -191,6 +197,58 @@ async def bulk_record_on_a_full_disk(
     }
 
 
+class _FillOnFirstMove(ForwardingBackend):
+    """Fills the disk just before the first batched move of runs is written."""
+
+    def __init__(self, inner: Backend, fill: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self._fill: Callable[[], None] | None = fill
+
+    async def run_events(
+        self, items: Sequence[tuple[str, RunEvent]], *, by: str
+    ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
+        fill, self._fill = self._fill, None
+        if fill is not None:
+            fill()
+        return await self.inner.run_events(items, by=by)
+
+
+async def batched_settle_on_a_full_disk(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """The disk fills just before a cancelled tree's runs are moved together in one
+    transaction: the step fails typed for every run in it, each run's advance is
+    retried in the background, and once the disk has room every run settles, its
+    moves logged once each."""
+    hold, all_in = holding_tool()
+    observe = functools.partial(_FillOnFirstMove, fill=fill)
+    async with stopline.open(f"sqlite:///{path}", tools=[hold], observers=[observe]) as ledger:
+        with anyio.fail_after(20):  # a hang fails here, not in CI's timeout
+            root = await cancel_a_tree(ledger, hold, all_in)
+            while not {"advance", "advance_many"} & ledger.health.steps.keys():
+                await ledger.health.changed()
+        step = ({"advance", "advance_many"} & ledger.health.steps.keys()).pop()
+        failing = ledger.health.steps[step].last_error
+        free()
+        final = await ledger.wait_settled(root, timeout=30)
+        children = [r for r in await ledger.backend.list_runs(limit=100) if r.id != root]
+    with sqlite3.connect(path) as conn:
+        moves = conn.execute(
+            "SELECT run_id, kind, count(*) FROM events WHERE kind IN ('settle', 'settled')"
+            " GROUP BY run_id, kind"
+        ).fetchall()
+    return {
+        "step_error": failing,
+        "state": final.run_state.value,
+        "statuses": sorted({line.status.value for line in final.lines}),
+        "children": len(children),
+        "children_states": sorted({r.state.value for r in children}),
+        "moves_per_run": sorted({(kind, n) for _, kind, n in moves}),
+        "moved_runs": len({run_id for run_id, _, _ in moves}),
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -216,6 +274,8 @@ async def _main(scenario: str, path: Path) -> dict[str, Any]:
         return await ask_on_a_full_disk(path, fill, free)
     if scenario == "bulk_record_on_a_full_disk":
         return await bulk_record_on_a_full_disk(path, fill, free)
+    if scenario == "batched_settle_on_a_full_disk":
+        return await batched_settle_on_a_full_disk(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))
 
 

@@ -67,7 +67,7 @@ async def test_per_run_state_is_dropped_when_runs_settle(tmp_path: Path) -> None
             "local runs": core.runs,
             "change events": core._changes,
             "held outcomes": core.outbox.held,
-            "settler locks": settler._locks,
+            "settler wanted": settler._wanted,
             "verifying": settler._verifying,
             "asking": settler._asking,
             "telemetry runs": telemetry.runs,

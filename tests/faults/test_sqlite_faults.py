@@ -16,6 +16,7 @@ from stopline.errors import LedgerFull, LedgerIOError, LedgerReadOnly
 from tests.faults.disk import integrity, read_only, tiny_disk
 from tests.faults.sqlite_scenarios import (
     ask_on_a_full_disk,
+    batched_settle_on_a_full_disk,
     bulk_record_on_a_full_disk,
     fill_mid_run,
     held_outcome,
@@ -110,6 +111,29 @@ async def test_a_trees_bulk_record_on_a_full_disk_is_retried_and_records_each_ca
     assert seen["lost_per_call"] == [1]  # ...once
     assert seen["state"] == "cancelled"
     assert seen["statuses"] == ["not_committed"]  # each read back: it never happened
+    assert seen["integrity"] == "ok"
+
+
+async def test_a_trees_batched_settle_step_on_a_full_disk_is_retried_and_moves_each_run_once(
+    tmp_path: Path,
+) -> None:
+    """The one transaction that moves a cancelled tree's runs together meets a full
+    disk: the step fails typed for every run in it (a background step, retried), and
+    once the disk frees each run settles, its moves logged once (not per retry)."""
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await batched_settle_on_a_full_disk(
+                disk.path / "ledger.db", disk.fill, disk.free
+            )
+        else:
+            seen = in_child("batched_settle_on_a_full_disk", tmp_path / "ledger.db")
+    assert seen["step_error"].startswith((LedgerFull.__name__, LedgerIOError.__name__))
+    assert seen["children"] == CHILDREN
+    assert seen["children_states"] == ["cancelled"]
+    assert seen["moved_runs"] == CHILDREN + 1  # the children and the root
+    assert seen["moves_per_run"] == [("settle", 1), ("settled", 1)]  # each once
+    assert seen["state"] == "cancelled"
+    assert seen["statuses"] == ["not_committed"]
     assert seen["integrity"] == "ok"
 
 

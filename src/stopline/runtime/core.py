@@ -110,6 +110,11 @@ class Core:
         tg, self._tg, self._closing = self._tg, None, True
         return tg
 
+    @property
+    def running(self) -> bool:
+        """Whether background work can start now (the ledger is open, not closing)."""
+        return self._tg is not None
+
     def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Start background work that outlives the caller's scope."""
         if self._tg is None:

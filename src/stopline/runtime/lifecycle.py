@@ -154,7 +154,7 @@ class Lifecycle:
             core.changed(released)
         rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
         if rest:
-            core.spawn(core.outcomes.advance_all, rest)
+            core.spawn(core.settler.advance_many, rest)
         for sent in asked:
             await sent.wait()
 

@@ -25,8 +25,9 @@ from anyio.abc import TaskStatus
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
-from stopline.errors import IllegalTransition, StoplineError
+from stopline.errors import IllegalTransition, StoplineError, UnknownOperation
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Verdict
 
@@ -60,6 +61,9 @@ class Outcomes:
             tuple[str, OutcomeUpdate, Callable[[], OperationRecord]]
         ] = collections.deque()
         self._committed_ready = anyio.Event()
+        self._verdicts: Batches[tuple[str, OutcomeUpdate], OperationRecord] = Batches(
+            core, self._record_verdicts
+        )
 
     def in_hand(self) -> set[str]:
         """Operations whose outcome this process holds, not durable yet: queued for the
@@ -69,32 +73,67 @@ class Outcomes:
     # -- recording -------------------------------------------------------------------
     async def resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
-        backend = self._core.backend
         try:
-            op = await backend.record(op_id, update)
+            op = await self._core.backend.record(op_id, update)
         except IllegalTransition:
-            current = await backend.get_operation(op_id)
-            if current.status in CONTRADICTS.get(update.event, ()):
-                op = await backend.record(
-                    op_id,
-                    dataclasses.replace(
-                        update,
-                        event=OpEvent.CONFLICT,
-                        error=f"{update.event.value} contradicts recorded {current.status.value}",
-                    ),
-                )
-            else:
-                op = await backend.note(
-                    op_id,
-                    f"evidence_{update.event.value}",  # derived from the OpEvent
-                    {
-                        "evidence": [e.to_json() for e in update.evidence],
-                        "late": update.late,
-                    },
-                    cancel_state=update.cancel_state,
-                )
+            op = await self._repeated(op_id, update)
         self.after_change(op)
         return op
+
+    async def verdict(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """``resolve`` for what a read-back proved: the verdicts found at one moment (a
+        cancelled tree's calls, verified together) are recorded in one transaction."""
+        return await self._verdicts.one((op_id, update))
+
+    async def _record_verdicts(
+        self, items: list[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | Exception]:
+        try:
+            results = await self._core.backend.record_many(items)
+        except UnknownOperation:  # one is not in the ledger, and none was written: alone
+            return [await self._alone(op_id, update) for op_id, update in items]
+        out: list[OperationRecord | Exception] = []
+        for (op_id, update), result in zip(items, results, strict=True):
+            if isinstance(result, IllegalTransition):
+                out.append(await self._alone(op_id, update, refused=True))
+                continue
+            out.append(result)
+        self.after_changes([r for r in results if not isinstance(r, IllegalTransition)])
+        return out
+
+    async def _alone(
+        self, op_id: str, update: OutcomeUpdate, *, refused: bool = False
+    ) -> OperationRecord | Exception:
+        """``resolve``, its error returned (``refused``: its record was refused already)."""
+        try:
+            if not refused:
+                return await self.resolve(op_id, update)
+            op = await self._repeated(op_id, update)
+        except Exception as exc:
+            return exc
+        self.after_change(op)
+        return op
+
+    async def _repeated(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
+        """An outcome the operation's status refused: a contradiction goes to review, a
+        repeat that agrees is kept as evidence."""
+        backend = self._core.backend
+        current = await backend.get_operation(op_id)
+        if current.status in CONTRADICTS.get(update.event, ()):
+            return await backend.record(
+                op_id,
+                dataclasses.replace(
+                    update,
+                    event=OpEvent.CONFLICT,
+                    error=f"{update.event.value} contradicts recorded {current.status.value}",
+                ),
+            )
+        return await backend.note(
+            op_id,
+            f"evidence_{update.event.value}",  # derived from the OpEvent
+            {"evidence": [e.to_json() for e in update.evidence], "late": update.late},
+            cancel_state=update.cancel_state,
+        )
 
     def defer(self, op_id: str, update: OutcomeUpdate) -> None:
         """Queue a call's outcome for the next group commit (ADR 0022); ``recording``
@@ -149,14 +188,13 @@ class Outcomes:
             updates.append((ctx.op_id, alike.setdefault(tuple(update.evidence), update)))
         with anyio.CancelScope(shield=True):
             results = await core.backend.record_many(updates)
-        runs: dict[str, None] = {}
+        recorded = []
         for (op_id, update), result in zip(updates, results, strict=True):
             if isinstance(result, IllegalTransition):
                 core.spawn(self.resolve, op_id, update)  # it ended meanwhile: evidence
                 continue
-            runs[result.run_id] = None
-            self.after_change(result, advance=False)
-        await self.advance_all(list(runs))  # what after_change would have done, run by run
+            recorded.append(result)
+        self.after_changes(recorded)  # their runs move on together, in one step
 
     async def late_response(
         self, op_id: str, verdict: Verdict, *, result: Any = None, ref: str = "", detail: str = ""
@@ -190,10 +228,6 @@ class Outcomes:
         self._core.changed(run_id)
         await self._core.settler.advance(run_id)
 
-    async def advance_all(self, run_ids: Sequence[str]) -> None:
-        for run_id in run_ids:
-            await self._core.settler.advance(run_id)
-
     async def settle_pause(self, run_id: str) -> None:
         await self._core.backend.settle_pause(run_id)
         self._core.changed(run_id)
@@ -202,16 +236,25 @@ class Outcomes:
     def after_change(self, op: OperationRecord, *, advance: bool = True) -> None:
         """Wake the run's waiters, settle a correction's link, verify an ``unknown``, and
         (with ``advance``) move a cancelled or pausing run on."""
+        self.after_changes([op], advance=advance)
+
+    def after_changes(self, ops: Sequence[OperationRecord], *, advance: bool = True) -> None:
+        """``after_change`` for many operations: their cancelled runs move on together."""
         core = self._core
-        core.changed(op.run_id)
-        if op.compensates is not None and op.status.resolved:
-            core.spawn(core.compensator.link, op)  # a settled correction settles its link
-        if op.status is OpStatus.UNKNOWN:
-            core.settler.verify_soon(op)
+        for op in ops:
+            core.changed(op.run_id)
+            if op.compensates is not None and op.status.resolved:
+                core.spawn(core.compensator.link, op)  # a settled correction settles its link
+            if op.status is OpStatus.UNKNOWN:
+                core.settler.verify_soon(op)
         if not advance:
             return
-        run = core.runs.get(op.run_id)
-        if run is None or run.cancel_requested:
-            core.spawn(core.settler.advance, op.run_id)
-        elif run.pause_requested and not run.in_flight:
-            core.spawn(self.settle_pause, op.run_id)
+        moving = []
+        for run_id in dict.fromkeys(op.run_id for op in ops):
+            run = core.runs.get(run_id)
+            if run is None or run.cancel_requested:
+                moving.append(run_id)
+            elif run.pause_requested and not run.in_flight:
+                core.spawn(self.settle_pause, run_id)
+        if moving:
+            core.spawn(core.settler.advance_many, moving)

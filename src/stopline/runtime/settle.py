@@ -2,11 +2,15 @@
 
 ``advance`` moves a cancelled run along ``cancelling -> settling ->
 cancelled | needs_review`` as the evidence comes in; it is safe to call at
-any time and from many places (it takes a per-run lock and re-reads the
-ledger). Verification only reads (R5); an operation whose read-back budget
-is spent, or whose tool has no verifier, goes to review. A cancelled run's
-committed operations whose tool declares ``compensation=always`` are
-corrected before the run settles (S8).
+any time and from many places. One task takes the steps (``Batches``, ADR
+0037): the runs asked for while a step is under way are read together and
+moved together in the next, so a run is never in two steps at once and each
+step acts on what it read. Verification only reads (R5); the read-backs that
+wake together read their operations together and record their verdicts in
+one transaction. An operation whose read-back budget is spent, or whose tool
+has no verifier, goes to review. A cancelled run's committed operations
+whose tool declares ``compensation=always`` are corrected before the run
+settles (S8).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,8 +34,9 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import IllegalTransition
+from stopline.errors import UnknownRun
 from stopline.ledger.backend import Note, OutcomeUpdate
+from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
@@ -93,10 +98,14 @@ class VerifyBudget:
 class Settler:
     def __init__(self, core: Core) -> None:
         self._core = core
-        self._locks: dict[str, anyio.Lock] = {}
-        # runs with an advance waiting to start: another request for one is redundant,
-        # as the waiting one reads the state when it starts (a cancelled tree asks often)
-        self._queued: set[str] = set()
+        # runs waiting for the next step: another request for one is redundant, as that
+        # step reads the state when it begins (a cancelled tree asks often)
+        self._wanted: set[str] = set()
+        self._steps: Batches[str, Exception | None] = Batches(core, self._step)
+        # verifications read their operations together (a tree's wake at one moment)
+        self._reads: Batches[str, OperationRecord] = Batches(
+            core, lambda op_ids: core.backend.get_operations(op_ids)
+        )
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
@@ -297,7 +306,7 @@ class Settler:
                     if done:
                         return current
                 spent = Evidence.local("verify_budget_spent", f"{reads} read-backs found no answer")
-                return await core.outcomes.resolve(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
+                return await core.outcomes.verdict(op.id, OutcomeUpdate(OpEvent.ESCALATED, [spent]))
         finally:
             self._not_yet.discard(op.id)
             done_event = self._verifying.pop(op.id, None)
@@ -306,7 +315,7 @@ class Settler:
 
     async def _one_read(self, op: OperationRecord) -> tuple[OperationRecord, bool]:
         """One read-back unless something else settled it; whether it is settled now."""
-        current = await self._core.backend.get_operation(op.id)
+        current = await self._reads.one(op.id)
         if current.status is not OpStatus.UNKNOWN:
             return current, True
         current = await self.read_back(current)
@@ -332,7 +341,7 @@ class Settler:
             return op  # its tool is not registered here: leave it for one that has it
         if verify_fn is None:
             name = op.tool if tool is None else tool.name
-            return await core.outcomes.resolve(
+            return await core.outcomes.verdict(
                 op.id,
                 OutcomeUpdate(
                     OpEvent.ESCALATED,
@@ -352,7 +361,7 @@ class Settler:
             )
         if read.verdict is Verdict.UNKNOWN:
             if not read.detail:
-                return await core.backend.get_operation(op.id)
+                return await self._reads.one(op.id)
             # kept as evidence: why this look found no answer (a verifier's transport error)
             looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
             return await core.backend.note(
@@ -363,11 +372,11 @@ class Settler:
         if read.verdict is Verdict.NOT_COMMITTED and early and not read.ended:
             # R13: not found is "not yet" while the effect can still land
             self._not_yet.add(op.id)
-            return await core.backend.get_operation(op.id)
+            return await self._reads.one(op.id)
         committed = read.verdict is Verdict.COMMITTED
         event = OpEvent.VERIFIED_COMMITTED if committed else OpEvent.VERIFIED_NOT_COMMITTED
         evidence = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)
-        return await core.outcomes.resolve(
+        return await core.outcomes.verdict(
             op.id,
             OutcomeUpdate(
                 event,
@@ -380,62 +389,78 @@ class Settler:
     # -- the run -------------------------------------------------------------------
     async def advance(self, run_id: str) -> None:
         """Move a cancelled run towards settled, as far as the evidence allows."""
-        if run_id in self._queued:
+        await self.advance_many([run_id])
+
+    async def advance_many(self, run_ids: Sequence[str]) -> None:
+        """``advance`` for many runs. Runs asked for while a step is under way are
+        stepped together in the next (a cancelled tree's runs settle together: one
+        read, one write); a run already waiting for it is not asked again, as that
+        step reads the ledger when it begins. Raises the first of these runs' errors."""
+        fresh = [r for r in dict.fromkeys(run_ids) if r not in self._wanted]
+        if not fresh:
             return
-        self._queued.add(run_id)
+        self._wanted.update(fresh)
         try:
             async with self.working():
-                await self._advance(run_id)
+                errors = await self._steps.many(fresh)
         finally:
-            self._queued.discard(run_id)
+            self._wanted.difference_update(fresh)
+        for error in errors:
+            if error is not None:
+                raise error
 
-    @contextlib.asynccontextmanager
-    async def _run_lock(self, run_id: str) -> AsyncIterator[None]:
-        """The run's lock, dropped from the map once nobody waits for it (bounded)."""
-        lock = self._locks.setdefault(run_id, anyio.Lock())
-        try:
-            async with lock:
-                yield
-        finally:
-            if not lock.statistics().tasks_waiting and self._locks.get(run_id) is lock:
-                del self._locks[run_id]
-
-    async def _advance(self, run_id: str) -> None:
+    async def _step(self, run_ids: list[str]) -> list[Exception | None]:
+        """One step of these runs: read them in one read, decide each run's move, write
+        the moves in one transaction, then verify what is ``unknown``. Never two steps
+        at once (one task serves them), so a run's move follows from what was read."""
         core = self._core
-        async with self._run_lock(run_id):
-            self._queued.discard(run_id)  # from here on, what happens next is read
+        self._wanted.difference_update(run_ids)  # from here on, what happens next is read
+        errors: dict[str, Exception] = {}
+        ready = []
+        for run_id in run_ids:
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
-                return  # local calls still running; their outcomes call us again
-            if run_id in self._asking:
-                return  # a provider has yet to answer our cancel; its answer calls us again
-            run, ops = await core.backend.run_and_operations(run_id)  # one read per step
-            if run.state not in _CANCELLED:
-                return
-            statuses = {op.status for op in ops}
-            if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
-                return
+                continue  # local calls still running; their outcomes call us again
+            if run_id not in self._asking:  # else a provider's answer calls us again
+                ready.append(run_id)
+        moves: list[tuple[str, RunEvent]] = []
+        unknown: list[OperationRecord] = []
+        stepped: list[str] = []
+        found = await core.backend.runs_and_operations(ready) if ready else []
+        for run_id, got in zip(ready, found, strict=True):
+            if isinstance(got, UnknownRun):
+                errors[run_id] = got
+                continue
+            run, ops = got
+            if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
+                continue
             if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
-                statuses = {op.status for op in ops}
-            try:
-                if statuses & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
-                    if run.state is RunState.CANCELLING:  # a correction is on its way
-                        await core.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
-                elif statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
-                    if run.state is RunState.CANCELLING:
-                        await core.backend.run_event(run_id, RunEvent.SETTLE, by=SYSTEM.id)
-                    for op in ops:
-                        if op.status is OpStatus.UNKNOWN:
-                            self.verify_soon(op)
-                elif statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
-                    if run.state is not RunState.NEEDS_REVIEW:
-                        await core.backend.run_event(run_id, RunEvent.ESCALATE, by=SYSTEM.id)
-                elif run.state is RunState.NEEDS_REVIEW:
-                    # every review item was settled by later evidence or a reviewer
-                    await core.backend.run_event(run_id, RunEvent.REVIEWED, by=SYSTEM.id)
-                else:
-                    await core.backend.run_event(run_id, RunEvent.SETTLED, by=SYSTEM.id)
-            except IllegalTransition:
-                pass  # another process moved it first
+            stepped.append(run_id)
+            move, verify = _move(run.state, {op.status for op in ops})
+            if move is not None:
+                moves.append((run_id, move))
+            if verify:
+                unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
+        if moves:
+            # an illegal move: another process moved the run first
+            await core.backend.run_events(moves, by=SYSTEM.id)
+        for op in unknown:
+            self.verify_soon(op)
+        for run_id in stepped:
             core.changed(run_id)
+        return [errors.get(run_id) for run_id in run_ids]
+
+
+def _move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
+    """A cancelled run's next move, from its operations' statuses, and whether its
+    ``unknown`` operations are to be verified."""
+    if any(status.in_flight for status in statuses):  # a correction is on its way
+        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), False
+    if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
+        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), True
+    if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
+        return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), False
+    if state is RunState.NEEDS_REVIEW:  # every review item was settled by later evidence
+        return RunEvent.REVIEWED, False
+    return RunEvent.SETTLED, False
