@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stopline.domain.lifecycle import ApprovalRecord, Checkpoint
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
@@ -26,6 +26,9 @@ from stopline.ledger.engine.guards import (
     sql_values,
 )
 from stopline.ledger.leases import WorkerLease
+
+if TYPE_CHECKING:
+    from stopline.ledger.engine.dialect import Dialect
 
 __all__ = [
     "EVENT_SQL",
@@ -45,9 +48,12 @@ __all__ = [
     "load_op",
     "load_ops",
     "load_run",
+    "load_runs",
     "operations",
+    "ops_query",
     "run_query",
     "runs_and_operations",
+    "runs_query",
     "unresolved",
     "wanted_open",
 ]
@@ -98,15 +104,39 @@ async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
     return rows.op_from_row(row)
 
 
+def runs_query(
+    dialect: Dialect, run_ids: Sequence[str], *, lock: bool = False
+) -> tuple[str, list[Any]]:
+    """The statement reading the runs of ``run_ids`` (one chunk); with ``lock``, locked
+    in id order (two writers locking the same runs never wait on each other in turn)."""
+    which, params = dialect.in_list("id", run_ids)
+    locked = f" ORDER BY id{dialect.for_update}" if lock and dialect.for_update else ""
+    return f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {which}{locked}", params
+
+
+def ops_query(dialect: Dialect, column: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
+    """The statement reading the operations whose ``column`` (``id`` or ``run_id``) is
+    one of ``ids`` (one chunk), in the operations' order."""
+    which, params = dialect.in_list(column, ids)
+    return f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {which} ORDER BY created_at, id", params
+
+
+async def load_runs(db: Db, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, RunRecord]:
+    """The runs of ``run_ids`` that exist, by id (with ``lock``, locked in id order)."""
+    found: dict[str, RunRecord] = {}
+    for chunk in chunks(sorted(run_ids)):
+        runs = map(rows.run_from_row, await db.all(*runs_query(db.dialect, chunk, lock=lock)))
+        found.update((run.id, run) for run in runs)
+    return found
+
+
 async def load_ops(db: Db, op_ids: Sequence[str]) -> list[OperationRecord | UnknownOperation]:
     """``load_op`` of many operations, a fixed number of statements per 4,096 ids; an
     unknown one is returned in its place."""
     found: dict[str, OperationRecord] = {}
     async with db.transaction():
         for chunk in chunks(op_ids):
-            ids, params = db.dialect.in_list("id", chunk)
-            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {ids}"
-            for row in await db.all(sql, params):
+            for row in await db.all(*ops_query(db.dialect, "id", chunk)):
                 op = rows.op_from_row(row)
                 found[op.id] = op
     return [found[o] if o in found else UnknownOperation(o) for o in op_ids]
@@ -181,17 +211,11 @@ async def runs_and_operations(
     """``run_and_operations`` of many runs (their own operations) in one transaction,
     one snapshot, a fixed number of statements per 4,096 runs; an unknown run is
     returned in its place."""
-    found: dict[str, RunRecord] = {}
     ops: dict[str, list[OperationRecord]] = {}
     async with db.transaction():
+        found = await load_runs(db, run_ids)
         for chunk in chunks(run_ids):
-            ids, params = db.dialect.in_list("id", chunk)
-            for row in await db.all(f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {ids}", params):
-                run = rows.run_from_row(row)
-                found[run.id] = run
-            ids, params = db.dialect.in_list("run_id", chunk)
-            sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {ids} ORDER BY created_at, id"
-            for row in await db.all(sql, params):
+            for row in await db.all(*ops_query(db.dialect, "run_id", chunk)):
                 op = rows.op_from_row(row)
                 ops.setdefault(op.run_id, []).append(op)
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]

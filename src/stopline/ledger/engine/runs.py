@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
@@ -13,9 +13,20 @@ from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.reads import EVENT_SQL, chunks, event, load_op, load_run
+from stopline.ledger.engine.reads import EVENT_SQL, chunks, event, load_op, load_run, load_runs
 
-__all__ = ["create_run", "note", "note_many", "run_event", "run_events", "set_phase"]
+if TYPE_CHECKING:
+    from stopline.ledger.engine.dialect import Dialect
+
+__all__ = [
+    "create_run",
+    "move_query",
+    "note",
+    "note_many",
+    "run_event",
+    "run_events",
+    "set_phase",
+]
 
 
 async def create_run(db: Db, spec: RunSpec) -> RunRecord:
@@ -80,7 +91,7 @@ async def run_events(
     out: dict[int, tuple[RunRecord, bool] | IllegalTransition | UnknownRun] = {}
     async with db.transaction():
         for stretch in _stretches([run_id for run_id, _ in items]):
-            runs = await _load_runs(db, [items[i][0] for i in stretch], lock=True)
+            runs = await load_runs(db, [items[i][0] for i in stretch], lock=True)
             moves: dict[tuple[RunState, RunState, RunEvent], list[str]] = {}
             for i in stretch:
                 run_id, kind = items[i]
@@ -96,15 +107,10 @@ async def run_events(
                 moves.setdefault((run.state, target, kind), []).append(run_id)
             for (source, target, kind), ids in moves.items():
                 for chunk in chunks(ids):
-                    which, params = db.dialect.in_list("id", chunk)
-                    state = db.dialect.unindexed("state")  # the ids' own index, not the state's
-                    await db.run(
-                        f"UPDATE runs SET state = ?, updated_at = ? WHERE {which} AND {state} = ?",
-                        (target.value, now, *params, source.value),
-                    )
+                    await db.run(*move_query(db.dialect, chunk, source, target, now))
                 logged = [(now, r, None, kind.value, source.value, target.value, data) for r in ids]
                 await db.many(EVENT_SQL, logged)
-            moved = await _load_runs(db, [r for ids in moves.values() for r in ids])
+            moved = await load_runs(db, [r for ids in moves.values() for r in ids])
             for i in stretch:
                 if i not in out:  # moved
                     out[i] = (moved[items[i][0]], True)
@@ -124,15 +130,14 @@ def _stretches(ids: Sequence[str]) -> list[list[int]]:
     return stretches
 
 
-async def _load_runs(db: Db, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, RunRecord]:
-    """The runs of ``run_ids`` that exist, by id (with ``lock``, locked in id order)."""
-    locked = f" ORDER BY id{db.dialect.for_update}" if lock and db.dialect.for_update else ""
-    found: dict[str, RunRecord] = {}
-    for chunk in chunks(sorted(run_ids)):
-        which, params = db.dialect.in_list("id", chunk)
-        sql = f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {which}{locked}"
-        found.update((run.id, run) for run in map(rows.run_from_row, await db.all(sql, params)))
-    return found
+def move_query(
+    dialect: Dialect, run_ids: Sequence[str], source: RunState, target: RunState, now: float
+) -> tuple[str, list[Any]]:
+    """The statement moving the runs of ``run_ids`` (one chunk) from ``source``."""
+    which, params = dialect.in_list("id", run_ids)
+    state = dialect.unindexed("state")  # the ids' own index, not the state's
+    sql = f"UPDATE runs SET state = ?, updated_at = ? WHERE {which} AND {state} = ?"
+    return sql, [target.value, now, *params, source.value]
 
 
 async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
