@@ -225,6 +225,43 @@ class LedgerContract:
         events = [(e.kind, e.data) for e in (await backend.events("run_a"))[-2:]]
         assert events == [("cancel_not_asked", {"n": 1}), ("cancel_not_supported", {"n": 2})]
 
+    async def test_note_many_is_note_one_by_one(self, backend: Backend) -> None:
+        """The set-based ``note_many`` (a tree's provider answers) writes and logs exactly
+        what ``note`` does note by note."""
+        notes: list[tuple[str, str, dict[str, Any], str | None]] = [
+            ("2", "cancel_not_supported", {"n": 2}, "not_supported"),
+            ("1", "cancel_asked", {"n": 1, "channel": "x"}, "asked"),  # in the order asked
+            ("3", "progress", {"progress": 0.5}, None),  # no cancel state: none set
+            ("1", "cancel_confirmed", {"n": 11}, "confirmed"),  # named twice: in order
+            ("9", "progress", {}, None),  # unknown: in its place
+            ("4", "cancel_not_asked", {"n": 4}, "not_asked"),
+        ]
+        results = {}
+        for run_id in ("run_many", "run_each"):
+            await backend.create_run(run_spec(run_id))
+            for n in range(1, 5):
+                await backend.gate(op_spec(f"{run_id}/{n}", run_id, digest=f"d{n}"))
+            await backend.record(f"{run_id}/4", COMMIT)
+            items = [Note(f"{run_id}/{n}", kind, data, state) for n, kind, data, state in notes]
+            if run_id == "run_many":
+                got = await backend.note_many(items)
+            else:  # the seam's own default: ``note`` note by note
+                got = await Backend.note_many(backend, items)
+            results[run_id] = (
+                [
+                    type(r).__name__ if isinstance(r, Exception) else (r.status, r.cancel_state)
+                    for r in got
+                ],
+                [
+                    (e.op_id and e.op_id.split("/")[1], e.kind, e.from_state, e.to_state, e.data)
+                    for e in await backend.events(run_id)
+                    if e.op_id and e.kind not in ("gate_passed", "committed")
+                ],
+            )
+        assert results["run_many"] == results["run_each"]
+        assert results["run_many"][0][4] == "UnknownOperation"
+        assert results["run_many"][0][3] == (OpStatus.REQUESTED, "confirmed")
+
     async def test_record_many_is_record_one_by_one(self, backend: Backend) -> None:
         """The set-based ``record_many`` (a tree's interrupted calls) moves, refuses and
         logs exactly what ``record`` does call by call: the same rule, one spelling."""

@@ -194,10 +194,13 @@ class Journal(abc.ABC):
     ) -> OperationRecord:
         """Append an event that changes no status (progress, cancel asked, late copy)."""
 
-    @abc.abstractmethod
     async def note_many(self, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
-        """``note`` for many operations in one transaction (a cancelled tree's provider
-        answers); an unknown operation is returned in its place, not raised."""
+        """``note`` for many operations in one transaction where the backend can (a
+        cancelled tree's provider answers); an unknown operation is returned in its
+        place, not raised."""
+        return await _each(
+            lambda n: self.note(n.op_id, n.kind, n.data, n.cancel_state), notes, UnknownOperation
+        )
 
     @abc.abstractmethod
     async def audit(

@@ -114,11 +114,17 @@ def runs_query(
     return f"SELECT {rows.RUN_COLUMNS} FROM runs WHERE {which}{locked}", params
 
 
-def ops_query(dialect: Dialect, column: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
+def ops_query(
+    dialect: Dialect, column: str, ids: Sequence[str], *, lock: bool = False
+) -> tuple[str, list[Any]]:
     """The statement reading the operations whose ``column`` (``id`` or ``run_id``) is
-    one of ``ids`` (one chunk), in the operations' order."""
+    one of ``ids`` (one chunk), in the operations' order; with ``lock``, locked in id
+    order instead."""
     which, params = dialect.in_list(column, ids)
-    return f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {which} ORDER BY created_at, id", params
+    order = "created_at, id"
+    if lock and dialect.for_update:
+        order = f"id{dialect.for_update}"
+    return f"SELECT {rows.OP_COLUMNS} FROM operations WHERE {which} ORDER BY {order}", params
 
 
 async def load_runs(db: Db, run_ids: Sequence[str], *, lock: bool = False) -> dict[str, RunRecord]:
@@ -130,13 +136,15 @@ async def load_runs(db: Db, run_ids: Sequence[str], *, lock: bool = False) -> di
     return found
 
 
-async def load_ops(db: Db, op_ids: Sequence[str]) -> list[OperationRecord | UnknownOperation]:
+async def load_ops(
+    db: Db, op_ids: Sequence[str], *, lock: bool = False
+) -> list[OperationRecord | UnknownOperation]:
     """``load_op`` of many operations, a fixed number of statements per 4,096 ids; an
-    unknown one is returned in its place."""
+    unknown one is returned in its place. With ``lock``, locked in id order."""
     found: dict[str, OperationRecord] = {}
     async with db.transaction():
-        for chunk in chunks(op_ids):
-            for row in await db.all(*ops_query(db.dialect, "id", chunk)):
+        for chunk in chunks(sorted(op_ids) if lock else op_ids):
+            for row in await db.all(*ops_query(db.dialect, "id", chunk, lock=lock)):
                 op = rows.op_from_row(row)
                 found[op.id] = op
     return [found[o] if o in found else UnknownOperation(o) for o in op_ids]

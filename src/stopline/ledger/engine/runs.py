@@ -13,7 +13,15 @@ from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.reads import EVENT_SQL, chunks, event, load_op, load_run, load_runs
+from stopline.ledger.engine.reads import (
+    EVENT_SQL,
+    chunks,
+    event,
+    load_op,
+    load_ops,
+    load_run,
+    load_runs,
+)
 
 if TYPE_CHECKING:
     from stopline.ledger.engine.dialect import Dialect
@@ -171,13 +179,36 @@ async def note(
 
 
 async def note_many(db: Db, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
-    """``note`` for many operations in one transaction; an unknown one is returned in its
-    place and the others are written."""
-    out: list[OperationRecord | UnknownOperation] = []
+    """``note`` for many operations in one transaction, at one instant (a cancelled tree's
+    provider answers); an unknown one is returned in its place and the others are
+    written. Set-based: the operations read (and locked, in id order) together, the
+    cancel states set together, the events logged together; an operation noted twice
+    is noted in a later stretch, as one after the other."""
+    now = time.time()
+    out: dict[int, OperationRecord | UnknownOperation] = {}
     async with db.transaction():
-        for n in notes:
-            try:
-                out.append(await note(db, n.op_id, n.kind, n.data, n.cancel_state))
-            except UnknownOperation as exc:
-                out.append(exc)
-    return out
+        for stretch in _stretches([n.op_id for n in notes]):
+            found = await load_ops(db, [notes[i].op_id for i in stretch], lock=True)
+            states: dict[str, list[str]] = {}
+            logged = []
+            for i, op in zip(stretch, found, strict=True):
+                if isinstance(op, UnknownOperation):
+                    out[i] = op
+                    continue
+                n = notes[i]
+                if n.cancel_state is not None:
+                    states.setdefault(n.cancel_state, []).append(op.id)
+                status = op.status.value
+                logged.append(
+                    (now, op.run_id, op.id, n.kind, status, status, rows.dump_data(n.data))
+                )
+            for state, ids in states.items():
+                for chunk in chunks(ids):
+                    which, params = db.dialect.in_list("id", chunk)
+                    sql = f"UPDATE operations SET cancel_state = ?, updated_at = ? WHERE {which}"
+                    await db.run(sql, (state, now, *params))
+            await db.many(EVENT_SQL, logged)
+            known = [i for i in stretch if i not in out]
+            after = await load_ops(db, [notes[i].op_id for i in known])
+            out.update(zip(known, after, strict=True))
+    return [out[i] for i in range(len(notes))]
