@@ -396,6 +396,9 @@ class LedgerContract:
             items = [(f"{side}_{name}", event) for name, event in moves]
             if side == "many":
                 got = await backend.run_events(items, by="system")
+                last = {r[0].id: r[0] for r in got if isinstance(r, tuple)}
+                for run_id, run in last.items():  # each run as it was written, whole
+                    assert run == await backend.get_run(run_id)
             else:  # the seam's own default: ``run_event`` run by run
                 got = await Backend.run_events(backend, items, by="system")
             results[side] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -92,8 +93,9 @@ async def run_events(
 
     Set-based: the runs are read (and locked, in id order) in one statement, each
     move checked against the table as ``run_event`` checks it, and the runs making
-    the same move are updated and logged together. A run named twice is moved in a
-    later stretch, as one after the other."""
+    the same move are updated and logged together; each run returned is the one read
+    with what the update wrote (its state and instant), not read again. A run named
+    twice is moved in a later stretch, as one after the other."""
     now = time.time()
     data = rows.dump_data({"by": by, "reason": ""})
     out: dict[int, tuple[RunRecord, bool] | IllegalTransition | UnknownRun] = {}
@@ -113,15 +115,13 @@ async def run_events(
                     out[i] = exc
                     continue
                 moves.setdefault((run.state, target, kind), []).append(run_id)
+                # what the update below writes of the run it read and holds (locked)
+                out[i] = (dataclasses.replace(run, state=target, updated_at=now), True)
             for (source, target, kind), ids in moves.items():
                 for chunk in chunks(ids):
                     await db.run(*move_query(db.dialect, chunk, source, target, now))
                 logged = [(now, r, None, kind.value, source.value, target.value, data) for r in ids]
                 await db.many(EVENT_SQL, logged)
-            moved = await load_runs(db, [r for ids in moves.values() for r in ids])
-            for i in stretch:
-                if i not in out:  # moved
-                    out[i] = (moved[items[i][0]], True)
     return [out[i] for i in range(len(items))]
 
 
