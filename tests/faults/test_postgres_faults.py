@@ -75,6 +75,35 @@ async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: Postgres
     assert kinds.count("cancel") == 1
 
 
+async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_retried(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the connection just before a childless run's cancel sends its one
+    batch (lock, fence, notification, read-back and ``COMMIT``): the commit was on its
+    way, so it is in doubt; a cancel is safe to run again, and runs again on a new
+    connection: the run is fenced once, and the second try says it was first."""
+    await backend.create_run(run_spec())
+    original = Tx.batch
+    killed: list[int] = []
+    used: list[int] = []
+
+    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+        used.append(self.conn.info.backend_pid)
+        if commit and not killed:
+            killed.append(self.conn.info.backend_pid)
+            with psycopg.connect(backend.conninfo, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
+        return await original(self, statements, commit=commit)
+
+    monkeypatch.setattr(Tx, "batch", batch)
+    result = await backend.cancel("run_a", by="u")
+    assert killed and used[0] == killed[0] and used[-1] != killed[0]
+    assert len(used) == 2  # one batch each try: the childless form, both times
+    assert result.first and result.fenced == ("run_a",)
+    assert result.run.state is RunState.CANCELLING
+    assert [e.kind for e in await backend.events("run_a")].count("cancel") == 1
+
+
 async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retried_whole(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,17 +116,18 @@ async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retrie
     killed: list[int] = []
     used: list[int] = []  # the server process of each batch's connection
 
-    async def batch(self: Tx, statements: Any) -> list[list[Any]]:
+    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
         used.append(self.conn.info.backend_pid)
-        if not killed and "run_owners" in statements[-1][0]:  # a level of the tree, read
+        if not killed and statements[-1][0].startswith("SELECT run_id, owner_run"):  # a level
             killed.append(self.conn.info.backend_pid)
             with psycopg.connect(backend.conninfo, autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
-        return await original(self, statements)
+        return await original(self, statements, commit=commit)
 
     monkeypatch.setattr(Tx, "batch", batch)
     result = await backend.cancel("root", by="u")
-    assert killed and used[:2] == [killed[0]] * 2  # after the root's batch, on its connection
+    # after the leaf form's try and the root's batch as a tree, on their connection
+    assert killed and used[:3] == [killed[0]] * 3
     assert used[-1] != killed[0]  # run again whole, on another connection
     assert result.first and result.fenced == ("root", "child", "grandchild")
     for run_id in result.fenced:

@@ -286,12 +286,14 @@ def round_trips(trace: Path) -> int:
     )
 
 
-async def test_a_cancel_is_two_round_trips_and_one_more_per_level_of_its_tree(
+async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
     pg_url: str, tmp_path: Path
 ) -> None:
-    """The cancel's statements go as batches (pipeline mode): a leaf's lock, read and
-    fence in one round trip, then the commit; a tree adds one per level read and one
-    for the rest of its fence. Counted from the protocol trace, not timed."""
+    """The cancel's statements go as batches (pipeline mode): a leaf's lock, fence,
+    notification, read-back and commit in one round trip; a tree's root, found with
+    children there, is cancelled again whole: its lock, links and fence in one, one
+    per level read, one for the rest of its fence, and the commit. Counted from the
+    protocol trace, not timed."""
     backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
     try:
         for run_id, parent in (("leaf", None), ("root", None), ("child", "root")):
@@ -309,7 +311,7 @@ async def test_a_cancel_is_two_round_trips_and_one_more_per_level_of_its_tree(
                         conn.pgconn.untrace()
             counts[run_id] = round_trips(trace)
             assert result.first
-        assert counts == {"leaf": 2, "root": 4}  # root: + the child's level, + its fence
+        assert counts == {"leaf": 1, "root": 5}  # root: the leaf's try, then 4 as a tree
         assert result.fenced == ("root", "child")
         for run_id in ("leaf", "root", "child"):
             assert (await backend.get_run(run_id)).state is RunState.CANCELLING

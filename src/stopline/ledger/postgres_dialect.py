@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from stopline.domain.vocab import OpEvent
 from stopline.ledger import rows
-from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
 from stopline.ledger.engine.guards import transition_case
 
@@ -72,6 +72,14 @@ class PostgresDialect(Dialect):
                 await at_commit("SELECT pg_notify(?, ?)", params)
             else:
                 await db.run("SELECT pg_notify(?, ?)", params)
+
+    def notify_fenced(self, run_id: str, where: str, params: Params) -> list[tuple[str, Params]]:
+        if self.channel is None:
+            return []
+        (payload,) = notify_payloads([run_id])
+        return [
+            ("SELECT pg_notify(?, ?) FROM runs WHERE " + where, (self.channel, payload, *params))
+        ]
 
     async def record_intent(
         self, db: Db, where: str, values: str, params: dict[str, Any]

@@ -59,6 +59,7 @@ class Tx(Db):
         self._depth = 0  # open ``transaction`` blocks
         self._begin = False  # a ``BEGIN`` to send with the next statement
         self._at_commit: list[tuple[str, Params]] = []  # to send with the ``COMMIT``
+        self._committed = False  # a batch sent the ``COMMIT`` already
 
     async def _execute(self, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
         if not self._begin:
@@ -86,13 +87,29 @@ class Tx(Db):
     async def run(self, sql: str, params: Params = ()) -> int:
         return (await self._execute(sql, params)).rowcount
 
-    async def batch(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
-        """The statements (with a pending ``BEGIN``) in one pipeline: one round trip."""
+    async def batch(
+        self, statements: Sequence[tuple[str, Params]], *, commit: bool = False
+    ) -> list[list[Any]]:
+        """The statements (with a pending ``BEGIN``) in one pipeline: one round trip.
+        ``commit``: the statements queued for the commit and the ``COMMIT`` go in it too
+        (the outermost transaction's last statements; its end sends nothing more)."""
+        if commit:
+            if self._depth != 1:
+                raise RuntimeError("a batch that commits ends the outermost transaction")
+            self.in_doubt = True
         async with self.conn.pipeline():
             if self._begin:
                 self._begin = False
                 await self.conn.execute("BEGIN")
             cursors = [await self.conn.execute(pg_sql(sql), p) for sql, p in statements]
+            if commit:
+                pending, self._at_commit = self._at_commit, []
+                for sql, params in pending:
+                    await self.conn.execute(pg_sql(sql), params)
+                await self.conn.execute("COMMIT")
+        if commit:
+            self.in_doubt = False
+            self._committed = True
         return [await c.fetchall() if c.description else [] for c in cursors]
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
@@ -127,18 +144,21 @@ class Tx(Db):
             return
         self._begin = True  # sent with the first statement
         self._depth = 1
+        self._committed = False
         try:
             yield
         except BaseException:
             self._depth = 0
             self._at_commit.clear()
-            if self._begin:  # nothing was sent: nothing to roll back
+            if self._begin or self._committed:  # nothing sent, or committed: no rollback
                 self._begin = False
                 raise
             with contextlib.suppress(psycopg.Error):  # a broken connection rolled back already
                 await self.conn.execute("ROLLBACK")
             raise
         self._depth = 0
+        if self._committed:  # by the body's last batch
+            return
         pending, self._at_commit = self._at_commit, []
         if self._begin and not pending:  # a body that ran no statement: no transaction
             self._begin = False

@@ -47,10 +47,17 @@ class Db(abc.ABC):
     @abc.abstractmethod
     async def many(self, sql: str, seq: Sequence[Params]) -> None: ...
 
-    async def batch(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+    async def batch(
+        self, statements: Sequence[tuple[str, Params]], *, commit: bool = False
+    ) -> list[list[Any]]:
         """Run ``statements`` in order, none needing another's result; each one's rows
         (``[]`` for one that returns none). In one round trip where the engine can
-        (PostgreSQL's pipeline mode); a statement sees what the earlier ones wrote."""
+        (PostgreSQL's pipeline mode); a statement sees what the earlier ones wrote.
+
+        ``commit``: they are the last of the outermost transaction, and its ``COMMIT``
+        goes with them (in the same round trip on PostgreSQL); the body reads their
+        rows and writes nothing more. Where the transaction is the caller's (SQLite's
+        writer), it commits when the body ends, as always."""
         return [await self.all(sql, params) for sql, params in statements]
 
     async def commit_one(self, sql: str, params: Params = ()) -> Any:

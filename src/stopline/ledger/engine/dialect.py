@@ -18,7 +18,7 @@ from typing import Any
 
 from stopline.domain.vocab import OpEvent
 from stopline.ledger import rows
-from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import transition_case
 
 __all__ = ["OUTCOME_SET", "Dialect"]
@@ -109,6 +109,11 @@ class Dialect:
 
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         """Tell other processes these runs were fenced, at commit (nothing here)."""
+
+    def notify_fenced(self, run_id: str, where: str, params: Params) -> list[tuple[str, Params]]:
+        """The statements telling other processes ``run_id`` was fenced if ``where``
+        picks it from ``runs`` (read before it changes; sent at commit): none here."""
+        return []
 
     async def record_intent(
         self, db: Db, where: str, values: str, params: dict[str, Any]

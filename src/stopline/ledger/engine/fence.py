@@ -107,7 +107,14 @@ async def _closure(
 
 
 def _fence(
-    dialect: Dialect, runs: list[str], root: str, by: str, reason: str, now: float
+    dialect: Dialect,
+    runs: list[str],
+    root: str,
+    by: str,
+    reason: str,
+    now: float,
+    *,
+    lone: bool = False,
 ) -> list[tuple[str, Params]]:
     """The writes fencing those of ``runs`` still cancellable: their live approvals
     withdrawn, their cancel events (returning the runs fenced), the runs fenced.
@@ -115,9 +122,20 @@ def _fence(
     Set-based, whatever the tree's size (a tree of 10,000 is normal): no per-run
     statement or parameter row. Each picks its rows before the runs change (the
     approvals and the events first), so the three agree and none needs another's
-    result: one ``Db.batch``. Every run written is locked already."""
+    result: one ``Db.batch``. Every run written is locked already.
+
+    ``lone``: only a run that owns no live run (its links cannot change while it is
+    locked: a link is made or released only under its owner's lock), with its
+    notification first (the dialect's, sent at commit) and the run returned as
+    fenced: the whole cancel of a run with no children, which needs nothing read
+    before it can commit."""
     ids, params = dialect.in_list("id", runs)
     cancellable = f"{ids} AND {dialect.unindexed('state')} IN ({sql_values(CANCELLABLE)})"
+    if lone:
+        cancellable += (
+            " AND NOT EXISTS (SELECT 1 FROM run_owners"
+            " WHERE owner_run = runs.id AND released_at IS NULL)"
+        )
     text = dialect.text
     data = rows.dump_data({"by": by, "reason": reason, "root": root})
     withdraw = (
@@ -135,24 +153,49 @@ def _fence(
     fence = (
         "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
         " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
-        f" cancelled_at = ?, updated_at = ? WHERE {cancellable}",
+        f" cancelled_at = ?, updated_at = ? WHERE {cancellable}"
+        + (f" RETURNING {rows.RUN_COLUMNS}" if lone else ""),
         (
             _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, root, reason,
             f"owner {root} cancelled" + (f": {reason}" if reason else ""), now, now,
             *params,
         ),
     )  # fmt: skip
-    return [withdraw, log, fence]
+    notify = dialect.notify_fenced(root, cancellable, params) if lone else []
+    return [*notify, withdraw, log, fence]
 
 
 async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
     """Fence the run and every run it owns exclusively, in one transaction (R1, R6).
 
-    The root is fenced in the round trip that locks it: its lock, its links, its
-    fence (matching nothing unless it is cancellable) and its row read back go as
-    one batch, so a run with no children costs two round trips on PostgreSQL with
-    the commit. The rest of the closure, locked level by level as it is read,
-    is fenced in one more batch, before the commit: one transaction for the tree."""
+    A run that owns no live run is fenced in the round trip that locks it and
+    commits: its lock, its notification and its fence (matching nothing unless it
+    is cancellable and owns no live run, and returning it as fenced) go as one
+    batch with the ``COMMIT``. So a run with no children costs one round trip on
+    PostgreSQL. A run found cancellable with children is a tree: its cancel runs
+    again as ``_tree``, which reads the closure level by level, one transaction."""
+    dialect = db.dialect
+    async with db.transaction():
+        now = time.time()
+        results = await db.batch(
+            [
+                run_query(run_id, dialect.for_update),
+                *_fence(dialect, [run_id], run_id, by, reason, now, lone=True),
+            ],
+            commit=True,
+        )
+    root = found_run(results[0], run_id)
+    if root.state not in CANCELLABLE:
+        return CancelResult(root, False, (), ())  # R7: the first cancel wins
+    if results[-1]:  # fenced: it owned no live run
+        return CancelResult(found_run(results[-1], run_id), True, (run_id,), ())
+    return await _tree(db, run_id, by, reason)
+
+
+async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
+    """A cancel of a run that owns others: the root's lock, links, fence and read-back
+    in one round trip, each further level of the closure locked and read in one, the
+    rest of the fence in one more, then the commit with the notifications."""
     dialect = db.dialect
     async with db.transaction():
         now = time.time()
