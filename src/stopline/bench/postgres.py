@@ -170,6 +170,37 @@ async def _cross_process_cancels(url: str, n: int) -> tuple[list[float], list[fl
     return samples, txns
 
 
+async def _listener_main(url: str, n: int) -> None:
+    """The floor of the cross-process figure: a bare ``LISTEN`` connection, no ledger."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("LISTEN stopline_bench_floor")
+        for _ in range(n):
+            _say("in")
+            async for _note in conn.notifies(stop_after=1):
+                _say(repr(time.perf_counter()))
+
+
+async def _bare_notifies(url: str, n: int) -> list[float]:
+    """A bare ``NOTIFY`` (one autocommit statement) to the moment a listening process
+    has it, at the cancels' cadence: what the way between two processes costs here."""
+    import psycopg
+
+    child = await _Child.start("listener", url, str(n))
+    samples = []
+    try:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            for _ in range(n):
+                assert await child.line() == "in"
+                start = time.perf_counter()
+                await conn.execute("NOTIFY stopline_bench_floor")
+                samples.append(float(await child.line()) - start)
+    finally:
+        await child.close()
+    return samples
+
+
 # -- many workers ---------------------------------------------------------------------
 async def _worker_main(url: str, runs: int, per_run: int) -> None:
     async with stopline.open(url + "&pool_max=20") as ledger:
@@ -256,6 +287,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
         bare, bare_cpu = await _bare_samples(postgres, f"{schema}_bare", n)
         calls, gates, gate_cpu = await _gate_samples(url, n)
         cancels, cancel_txns = await _cross_process_cancels(url, 30 if quick else 200)
+        floor = await _bare_notifies(postgres, 30 if quick else 200)
         per_run = 10 if quick else 50
         workers = await _concurrent(url, 4, 50, per_run)
     finally:
@@ -284,7 +316,9 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             "<= 2 ms",
             "cancel() started in one process to the in-flight call's scope cancelled in "
             f"another (LISTEN/NOTIFY); p50 {median(cancels) * 1e3:.2f} ms, of which the "
-            f"cancel's own transaction p50 {median(cancel_txns) * 1e3:.2f} ms",
+            f"cancel's own transaction p50 {median(cancel_txns) * 1e3:.2f} ms; a bare NOTIFY "
+            f"to a listening process, same cadence: p50 {median(floor) * 1e3:.2f}, "
+            f"p99 {percentile(floor, 99) * 1e3:.2f} ms",
         ),
         Figure(
             "gate_postgres_concurrent_ops_per_s",
@@ -302,6 +336,8 @@ def _child_main(argv: list[str]) -> None:
     role, url, *rest = argv
     if role == "victim":
         anyio.run(_victim_main, url, int(rest[0]))
+    elif role == "listener":
+        anyio.run(_listener_main, url, int(rest[0]))
     else:
         anyio.run(_worker_main, url, int(rest[0]), int(rest[1]))
 
