@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 
-from stopline.domain.vocab import OpEvent
 from stopline.ledger.backend import GateResult, GateVerdict
 from stopline.ledger.engine.record import recorded
 from stopline.ledger.postgres_dialect import Forms, many_rows
@@ -411,8 +410,8 @@ def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict
 
 def _recorded(job: Job, row: Sequence[Any]) -> Outcome:
     source, moved, *columns = row
-    assert job.params is not None
-    event = OpEvent(job.params()["kind"])
+    assert job.forms is not None and job.forms.event is not None
+    event = job.forms.event  # not from its parameters: they are made once, to be sent
     try:
         return _value(recorded(job.op_id, event, source, columns if moved else None))
     except Exception as exc:  # UnknownOperation, IllegalTransition: what ``record`` raises

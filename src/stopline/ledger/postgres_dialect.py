@@ -164,11 +164,12 @@ FROM old LEFT JOIN upd ON true
 class Forms(NamedTuple):
     """A hot statement for the group commit: for one operation (the engine's
     placeholders) and for many (one JSON parameter); ``gate``: the gate's, else
-    ``record``'s."""
+    ``record``'s, of ``event``."""
 
     one: str
     many: str
     gate: bool
+    event: OpEvent | None = None
 
 
 @functools.cache
@@ -178,7 +179,7 @@ def gate_forms(where: str, values: str) -> Forms:
 
 @functools.cache
 def outcome_forms(event: OpEvent) -> Forms:
-    return Forms(_outcome_sql(event), outcomes_sql(event), False)
+    return Forms(_outcome_sql(event), outcomes_sql(event), False, event)
 
 
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
