@@ -104,6 +104,37 @@ async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_r
     assert [e.kind for e in await backend.events("run_a")].count("cancel") == 1
 
 
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-left", "reply-lost"])
+async def test_a_run_created_in_one_round_trip_is_settled_after_its_connection_dies(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The server ends the connection under a run's creation, whose row, event and
+    ``COMMIT`` go in one round trip: before the batch left (nothing landed: it runs
+    again) or after it committed (its reply lost: the run is found there, and is the
+    answer). Either way the run is created once, with one ``run_created`` event."""
+    original = Tx.batch
+    killed: list[int] = []
+
+    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+        if not commit or killed:
+            return await original(self, statements, commit=commit)
+        killed.append(self.conn.info.backend_pid)
+        if landed:
+            await original(self, statements, commit=commit)
+        with psycopg.connect(backend.conninfo, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
+        if not landed:
+            return await original(self, statements, commit=commit)
+        self.in_doubt = True  # the reply of a sent COMMIT never came
+        raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Tx, "batch", batch)
+    run = await backend.create_run(run_spec("run_new"))
+    assert killed
+    assert run == await backend.get_run("run_new")
+    assert [e.kind for e in await backend.events("run_new")] == ["run_created"]
+
+
 async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retried_whole(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import stopline
 from stopline.domain.lifecycle import CancelResult
-from stopline.domain.vocab import OpStatus, RunState
+from stopline.domain.vocab import OpStatus, RunEvent, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
@@ -316,6 +316,44 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
         for run_id in ("leaf", "root", "child"):
             assert (await backend.get_run(run_id)).state is RunState.CANCELLING
             assert [e.kind for e in await backend.events(run_id)].count("cancel") == 1
+    finally:
+        await backend.close()
+
+
+async def test_a_run_is_created_in_one_round_trip_and_moved_in_two(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A run's creation sends its row, its event and its read-back with the ``COMMIT``
+    (a child's locks its parent first: one more); a move locks and reads the run, then
+    sends the move and its event with the ``COMMIT``. Counted from the protocol trace."""
+    backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
+    try:
+
+        async def traced(name: str, act: Callable[[], Awaitable[T]]) -> tuple[T, int]:
+            trace = tmp_path / f"{name}.trace"
+            with trace.open("w") as out:
+                async with backend._pool.connection() as conn:  # the pool's one connection
+                    conn.pgconn.trace(out.fileno())
+                try:
+                    result = await act()
+                finally:
+                    async with backend._pool.connection() as conn:
+                        conn.pgconn.untrace()
+            return result, round_trips(trace)
+
+        parent, created = await traced("parent", lambda: backend.create_run(run_spec("p")))
+        child, with_parent = await traced(
+            "child", lambda: backend.create_run(run_spec("c", parent_id="p"))
+        )
+        assert parent == await backend.get_run("p") and child == await backend.get_run("c")
+        (moved, _), move = await traced(
+            "move", lambda: backend.run_event("c", RunEvent.COMPLETE, by="u")
+        )
+        assert (created, with_parent, move) == (1, 2, 2)
+        assert moved == await backend.get_run("c")  # as read, with what the move wrote
+        assert moved.state is not RunState.RUNNING
+        kinds = [e.kind for e in await backend.events("c")]
+        assert kinds == ["run_created", "complete"]
     finally:
         await backend.close()
 

@@ -70,7 +70,7 @@ from stopline.ledger import milliseconds_option
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
-from stopline.ledger.engine.reads import load_op
+from stopline.ledger.engine.reads import found_run, load_op, run_query
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_batch import GroupCommit, Job
@@ -406,7 +406,7 @@ class PostgresBackend(SqlBackend):
     # (a child created or a phase entered waits for no one's outcome; what it writes
     # cannot disagree with one: the group commit keeps their order with the gates)
     async def create_run(self, spec: RunSpec) -> RunRecord:
-        return await self.attempts(lambda db: runs.create_run(db, spec))
+        return await self.attempts(lambda db: runs.create_run(db, spec), settle=_run_landed(spec))
 
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
         await self.attempts(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
@@ -444,6 +444,22 @@ def _gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[An
     async def settle(tx: Tx) -> Any:
         fence = await gate_committed(tx, spec.id, token)
         return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
+
+    return settle
+
+
+def _run_landed(spec: RunSpec) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the run was created (a run of this id, name, owner, tenant and
+    parent is there) or not (retry); a different run of this id is left to the retry,
+    which the ledger refuses as it refuses any id taken."""
+
+    async def settle(tx: Tx) -> Any:
+        found = await tx.all(*run_query(spec.id))
+        if not found:
+            return _RETRY
+        run = found_run(found, spec.id)
+        mine = (run.name, run.owner, run.tenant, run.parent_id)
+        return run if mine == (spec.name, spec.owner, spec.tenant, spec.parent_id) else _RETRY
 
     return settle
 

@@ -15,7 +15,7 @@ from stopline.domain.model import EventRecord, OperationRecord, RunRecord
 from stopline.domain.vocab import LogKind, OpEvent, OpStatus, RunState
 from stopline.errors import NotFound, UnknownOperation, UnknownRun
 from stopline.ledger import rows
-from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import (
     DEFAULT_UNRESOLVED,
     FENCED,
@@ -36,6 +36,7 @@ __all__ = [
     "chunks",
     "compensations",
     "event",
+    "event_statement",
     "events",
     "fenced_among",
     "first_unsettled",
@@ -158,6 +159,19 @@ async def load_approval(db: Db, approval_id: str, *, lock: str = "") -> Approval
     return rows.approval_from_row(row)
 
 
+def event_statement(
+    at: float,
+    run_id: str,
+    op_id: str | None,
+    kind: str,
+    from_state: str | None,
+    to_state: str | None,
+    data: dict[str, Any],
+) -> tuple[str, Params]:
+    """The statement logging one event (for a ``Db.batch``)."""
+    return EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data))
+
+
 async def event(
     db: Db,
     at: float,
@@ -168,7 +182,7 @@ async def event(
     to_state: str | None,
     data: dict[str, Any],
 ) -> None:
-    await db.run(EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data)))
+    await db.run(*event_statement(at, run_id, op_id, kind, from_state, to_state, data))
 
 
 async def events(db: Db, run_id: str) -> list[EventRecord]:

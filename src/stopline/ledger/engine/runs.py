@@ -13,15 +13,18 @@ from stopline.domain.vocab import Grant, LogKind, PhaseKind, Policy, RunEvent, R
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
-from stopline.ledger.engine.db import Db
+from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.reads import (
     EVENT_SQL,
     chunks,
     event,
+    event_statement,
+    found_run,
     load_op,
     load_ops,
     load_run,
     load_runs,
+    run_query,
 )
 
 if TYPE_CHECKING:
@@ -39,6 +42,8 @@ __all__ = [
 
 
 async def create_run(db: Db, spec: RunSpec) -> RunRecord:
+    """The run, its ownership link and its ``run_created`` event, written and read back
+    with the commit (one round trip on PostgreSQL; one more to lock a parent first)."""
     async with db.transaction():
         now = time.time()
         state, grants = RunState.RUNNING, spec.grants
@@ -48,40 +53,54 @@ async def create_run(db: Db, spec: RunSpec) -> RunRecord:
             if not parent.grants & Grant.INITIATE:
                 grants &= ~Grant.INITIATE  # born fenced
                 state = RunState.CANCELLING
-        await db.run(
-            f"INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES"
-            " (?, ?, ?, ?, ?, ?, 0, ?, NULL, ?, ?, ?, NULL, NULL, NULL)",
+        writes: list[tuple[str, Params]] = [
             (
-                spec.id, spec.name, spec.owner, spec.tenant, spec.parent_id, state.value,
-                int(grants), spec.policy.value, now, now,
-            ),
-        )  # fmt: skip
+                f"INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES"
+                " (?, ?, ?, ?, ?, ?, 0, ?, NULL, ?, ?, ?, NULL, NULL, NULL)",
+                (
+                    spec.id, spec.name, spec.owner, spec.tenant, spec.parent_id, state.value,
+                    int(grants), spec.policy.value, now, now,
+                ),
+            )
+        ]  # fmt: skip
         if spec.parent_id is not None:
-            await db.run(
-                "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-                " VALUES (?, ?, ?, ?)",
-                (spec.id, spec.parent_id, int(not spec.shared), now),
+            writes.append(
+                (
+                    "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (spec.id, spec.parent_id, int(not spec.shared), now),
+                )
             )
         data = {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id}
-        await event(db, now, spec.id, None, LogKind.RUN_CREATED, None, state.value, data)
-        return await load_run(db, spec.id)
+        writes.append(
+            event_statement(now, spec.id, None, LogKind.RUN_CREATED, None, state.value, data)
+        )
+        found = await db.batch([*writes, run_query(spec.id)], commit=True)
+    return found_run(found[-1], spec.id)
 
 
 async def run_event(
     db: Db, run_id: str, kind: RunEvent, by: str, reason: str
 ) -> tuple[RunRecord, bool]:
-    """A run transition other than cancel (which is the subtree fence, in ``fence``)."""
+    """A run transition other than cancel (which is the subtree fence, in ``fence``): the
+    run locked and read, then its move and event sent with the commit; the run returned
+    is the one read with what the move wrote (its state and instant)."""
     async with db.transaction():
         run = await load_run(db, run_id, lock=db.dialect.for_update)
         target = apply(RUN_TABLE, run.state, kind)
         now = time.time()
-        await db.run(
-            "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
-            (target.value, now, run_id, run.state.value),
-        )
         data = {"by": by, "reason": reason}
-        await event(db, now, run_id, None, kind.value, run.state.value, target.value, data)
-        return await load_run(db, run_id), True
+        await db.batch(
+            [
+                (
+                    "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
+                    (target.value, now, run_id, run.state.value),
+                ),
+                event_statement(now, run_id, None, kind.value, run.state.value, target.value, data),
+            ],
+            commit=True,
+        )
+    return dataclasses.replace(run, state=target, updated_at=now), True
 
 
 async def run_events(
