@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import run_spec
-from tests.postgres.server import Outage, fresh_schema
+from tests.postgres.server import Outage, fresh_schema, terminate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -75,6 +75,41 @@ async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: Postgres
     assert kinds.count("cancel") == 1
 
 
+class EndedAtBatch:
+    """``Tx.batch`` patched: the server ends the connection of the first batch that
+    ``when(statements, commit)`` picks, before it leaves, or (``reply_lost``) after it
+    committed, its reply lost. ``ended``: that connection's server process; ``used``:
+    each batch's."""
+
+    def __init__(
+        self,
+        backend: PostgresBackend,
+        monkeypatch: pytest.MonkeyPatch,
+        when: Callable[[Sequence[Any], bool], bool],
+        *,
+        reply_lost: bool = False,
+    ) -> None:
+        self.ended: list[int] = []
+        self.used: list[int] = []
+        original = Tx.batch
+
+        async def batch(tx: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+            pid = tx.conn.info.backend_pid
+            self.used.append(pid)
+            if self.ended or not when(statements, commit):
+                return await original(tx, statements, commit=commit)
+            self.ended.append(pid)
+            if not reply_lost:
+                terminate(backend.conninfo, pid)
+                return await original(tx, statements, commit=commit)
+            await original(tx, statements, commit=commit)
+            terminate(backend.conninfo, pid)
+            tx.in_doubt = True  # the reply of a sent COMMIT never came
+            raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
+
+        monkeypatch.setattr(Tx, "batch", batch)
+
+
 async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_retried(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,20 +118,9 @@ async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_r
     way, so it is in doubt; a cancel is safe to run again, and runs again on a new
     connection: the run is fenced once, and the second try says it was first."""
     await backend.create_run(run_spec())
-    original = Tx.batch
-    killed: list[int] = []
-    used: list[int] = []
-
-    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
-        used.append(self.conn.info.backend_pid)
-        if commit and not killed:
-            killed.append(self.conn.info.backend_pid)
-            with psycopg.connect(backend.conninfo, autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
-        return await original(self, statements, commit=commit)
-
-    monkeypatch.setattr(Tx, "batch", batch)
+    ended = EndedAtBatch(backend, monkeypatch, lambda statements, commit: commit)
     result = await backend.cancel("run_a", by="u")
+    killed, used = ended.ended, ended.used
     assert killed and used[0] == killed[0] and used[-1] != killed[0]
     assert len(used) == 2  # one batch each try: the childless form, both times
     assert result.first and result.fenced == ("run_a",)
@@ -112,25 +136,9 @@ async def test_a_run_created_in_one_round_trip_is_settled_after_its_connection_d
     ``COMMIT`` go in one round trip: before the batch left (nothing landed: it runs
     again) or after it committed (its reply lost: the run is found there, and is the
     answer). Either way the run is created once, with one ``run_created`` event."""
-    original = Tx.batch
-    killed: list[int] = []
-
-    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
-        if not commit or killed:
-            return await original(self, statements, commit=commit)
-        killed.append(self.conn.info.backend_pid)
-        if landed:
-            await original(self, statements, commit=commit)
-        with psycopg.connect(backend.conninfo, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
-        if not landed:
-            return await original(self, statements, commit=commit)
-        self.in_doubt = True  # the reply of a sent COMMIT never came
-        raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
-
-    monkeypatch.setattr(Tx, "batch", batch)
+    ended = EndedAtBatch(backend, monkeypatch, lambda statements, commit: commit, reply_lost=landed)
     run = await backend.create_run(run_spec("run_new"))
-    assert killed
+    assert ended.ended
     assert run == await backend.get_run("run_new")
     assert [e.kind for e in await backend.events("run_new")] == ["run_created"]
 
@@ -143,20 +151,13 @@ async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retrie
     cancel runs again on a new connection, and every run is fenced once."""
     for run_id, parent in (("root", None), ("child", "root"), ("grandchild", "child")):
         await backend.create_run(run_spec(run_id, parent_id=parent))
-    original = Tx.batch
-    killed: list[int] = []
-    used: list[int] = []  # the server process of each batch's connection
-
-    async def batch(self: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
-        used.append(self.conn.info.backend_pid)
-        if not killed and statements[-1][0].startswith("SELECT run_id, owner_run"):  # a level
-            killed.append(self.conn.info.backend_pid)
-            with psycopg.connect(backend.conninfo, autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(%s)", (killed[0],))
-        return await original(self, statements, commit=commit)
-
-    monkeypatch.setattr(Tx, "batch", batch)
+    ended = EndedAtBatch(  # at a level of the tree, read
+        backend,
+        monkeypatch,
+        lambda statements, commit: statements[-1][0].startswith("SELECT run_id, owner_run"),
+    )
     result = await backend.cancel("root", by="u")
+    killed, used = ended.ended, ended.used
     # after the leaf form's try and the root's batch as a tree, on their connection
     assert killed and used[:3] == [killed[0]] * 3
     assert used[-1] != killed[0]  # run again whole, on another connection

@@ -12,7 +12,7 @@ from stopline.domain.vocab import LogKind, RunState
 from stopline.errors import IllegalTransition, NotPermitted
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.reads import event, first_unsettled, load_approval, load_run
+from stopline.ledger.engine.reads import event_statement, first_unsettled, load_approval, load_run
 
 __all__ = ["audit", "checkpoint", "decide_approval", "request_approval"]
 
@@ -37,7 +37,9 @@ async def request_approval(
             (approval_id, run_id, scope, approver, ApprovalStatus.PENDING, requested_by, now),
         )
         data = {"approval": approval_id, "scope": scope, "approver": approver}
-        await event(db, now, run_id, None, LogKind.APPROVAL_REQUESTED, None, None, data)
+        await db.run(
+            *event_statement(now, run_id, None, LogKind.APPROVAL_REQUESTED, None, None, data)
+        )
         return await load_approval(db, approval_id)
 
 
@@ -56,7 +58,9 @@ async def decide_approval(
             (status, by, now, expires_at, approval_id, ApprovalStatus.PENDING),
         )
         data = {"approval": approval_id, "by": by, "expires_at": expires_at}
-        await event(db, now, approval.run_id, None, _LOGGED[status], None, None, data)
+        await db.run(
+            *event_statement(now, approval.run_id, None, _LOGGED[status], None, None, data)
+        )
         return await load_approval(db, approval_id)
 
 
@@ -81,7 +85,7 @@ async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
             (run_id, seq, name, now, json.dumps(state), rows.dump_evidence(evidence)),
         )
         data = {"seq": seq, "name": name, "operations": len(ops)}
-        await event(db, now, run_id, None, LogKind.CHECKPOINT, None, None, data)
+        await db.run(*event_statement(now, run_id, None, LogKind.CHECKPOINT, None, None, data))
         return Checkpoint(run_id, seq, name, now, state, tuple(ops))
 
 
@@ -90,4 +94,4 @@ async def audit(
 ) -> None:
     data = {"principal": principal, "action": action, "allowed": allowed, "detail": detail}
     kind = LogKind.AUDIT if allowed else LogKind.DENIED
-    await event(db, time.time(), run_id, None, kind, None, None, data)
+    await db.run(*event_statement(time.time(), run_id, None, kind, None, None, data))

@@ -27,7 +27,13 @@ from stopline.ledger.engine.guards import (
     NOTHING_TO_RESUME,
     sql_values,
 )
-from stopline.ledger.engine.reads import event, first_unsettled, found_run, load_run, run_query
+from stopline.ledger.engine.reads import (
+    event_statement,
+    first_unsettled,
+    found_run,
+    load_run,
+    run_query,
+)
 
 __all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
 
@@ -46,7 +52,7 @@ async def add_owner(db: Db, run_id: str, owner_run: str, exclusive: bool) -> Non
             (child.id, owner.id, int(exclusive), now),
         )
         data = {"owner": owner.id, "exclusive": exclusive}
-        await event(db, now, child.id, None, LogKind.OWNER_ADDED, None, None, data)
+        await db.run(*event_statement(now, child.id, None, LogKind.OWNER_ADDED, None, None, data))
 
 
 def _links(dialect: Dialect, parents: list[str], *, exclusive_only: bool) -> tuple[str, Params]:
@@ -218,7 +224,11 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
             live += [r for r in fenced[1:] if r in fenced_now]  # in closure order
         for child in released:
             data_released = {"owner_cancelled": run_id}
-            await event(db, now, child, None, LogKind.OWNER_RELEASED, None, None, data_released)
+            await db.run(
+                *event_statement(
+                    now, child, None, LogKind.OWNER_RELEASED, None, None, data_released
+                )
+            )
         await dialect.notify_cancel(db, live)  # sent at commit, never for a rollback
         return CancelResult(found_run(after, run_id), True, tuple(live), tuple(released))
 
@@ -243,7 +253,7 @@ async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
                 "UPDATE runs SET state = ?, updated_at = ? WHERE id = ?", (target, now, rid)
             )
             data = {"by": by, "reason": reason}
-            await event(db, now, rid, None, RunEvent.PAUSE, run.state, target, data)
+            await db.run(*event_statement(now, rid, None, RunEvent.PAUSE, run.state, target, data))
             await settle_pause(db, rid)
             paused.append(rid)
         return paused
@@ -267,7 +277,7 @@ async def settle_pause(db: Db, run_id: str) -> RunRecord:
         await db.run(
             "UPDATE runs SET state = ?, updated_at = ? WHERE id = ?", (target, now, run_id)
         )
-        await event(db, now, run_id, None, RunEvent.PAUSED, run.state, target, {})
+        await db.run(*event_statement(now, run_id, None, RunEvent.PAUSED, run.state, target, {}))
         return await load_run(db, run_id)
 
 
@@ -299,5 +309,5 @@ async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
             (target, int(Grant.INITIATE), now, run_id),
         )
         data = {"by": by, "expired_approvals": expired}
-        await event(db, now, run_id, None, RunEvent.RESUME, run.state, target, data)
+        await db.run(*event_statement(now, run_id, None, RunEvent.RESUME, run.state, target, data))
         return await load_run(db, run_id), expired

@@ -30,7 +30,7 @@ from stopline.ledger.engine.dialect import Dialect
 from stopline.ledger.engine.fence import settle_pause
 from stopline.ledger.engine.guards import FENCED, PAUSE_STATES, RETRYABLE
 from stopline.ledger.engine.guards import sql_values as _v
-from stopline.ledger.engine.reads import event, load_op, load_run
+from stopline.ledger.engine.reads import event_statement, load_op, load_run
 
 __all__ = ["gate", "gate_committed", "gate_params", "intent_sql"]
 
@@ -189,15 +189,19 @@ async def _seen_before(
         data: dict[str, Any] = {"fence": run.fence, "retry": True}
         if params["token"] is not None:
             data["attempt"] = params["token"]
-        await event(
-            db, now, spec.run_id, spec.id, OpEvent.GATE_PASSED, existing.status, target, data
+        await db.run(
+            *event_statement(
+                now, spec.run_id, spec.id, OpEvent.GATE_PASSED, existing.status, target, data
+            )
         )
         return GateResult(GateVerdict.PASSED, fence=run.fence)
     if existing.status is OpStatus.NOT_COMMITTED and run.state in FENCED:
         # R1: a retry timer or redelivery after the fence; the attempt is refused
         data = {"fence": run.fence, "retry": True, "run_state": run.state.value}
         status = existing.status
-        await event(db, now, spec.run_id, spec.id, OpEvent.GATE_REFUSED, status, status, data)
+        await db.run(
+            *event_statement(now, spec.run_id, spec.id, OpEvent.GATE_REFUSED, status, status, data)
+        )
         return GateResult(GateVerdict.PREVENTED, existing, run.fence)
     return GateResult(GateVerdict.EXISTING, existing, run.fence)
 
@@ -217,7 +221,9 @@ async def _prevent(db: Db, spec: OperationSpec, run: RunRecord, now: float) -> O
         ),
     )  # fmt: skip
     data = {"fence": run.fence, "run_state": run.state.value}
-    await event(
-        db, now, spec.run_id, spec.id, OpEvent.GATE_REFUSED, OpStatus.NOT_STARTED, target, data
+    await db.run(
+        *event_statement(
+            now, spec.run_id, spec.id, OpEvent.GATE_REFUSED, OpStatus.NOT_STARTED, target, data
+        )
     )
     return await load_op(db, spec.id)

@@ -35,7 +35,6 @@ __all__ = [
     "approvals",
     "chunks",
     "compensations",
-    "event",
     "event_statement",
     "events",
     "fenced_among",
@@ -170,19 +169,6 @@ def event_statement(
 ) -> tuple[str, Params]:
     """The statement logging one event (for a ``Db.batch``)."""
     return EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data))
-
-
-async def event(
-    db: Db,
-    at: float,
-    run_id: str,
-    op_id: str | None,
-    kind: str,
-    from_state: str | None,
-    to_state: str | None,
-    data: dict[str, Any],
-) -> None:
-    await db.run(*event_statement(at, run_id, op_id, kind, from_state, to_state, data))
 
 
 async def events(db: Db, run_id: str) -> list[EventRecord]:

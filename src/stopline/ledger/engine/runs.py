@@ -17,7 +17,6 @@ from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.reads import (
     EVENT_SQL,
     chunks,
-    event,
     event_statement,
     found_run,
     load_op,
@@ -177,7 +176,7 @@ async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> Run
         if not changed:
             raise UnknownRun(run_id)
         data = {"phase": kind.value, "policy": policy.value}
-        await event(db, now, run_id, None, LogKind.PHASE, None, None, data)
+        await db.run(*event_statement(now, run_id, None, LogKind.PHASE, None, None, data))
         return await load_run(db, run_id)
 
 
@@ -193,7 +192,9 @@ async def note(
                 "UPDATE operations SET cancel_state = ?, updated_at = ? WHERE id = ?",
                 (cancel_state, now, op_id),
             )
-        await event(db, now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
+        await db.run(
+            *event_statement(now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
+        )
         return await load_op(db, op_id)
 
 
