@@ -12,6 +12,7 @@ import pytest
 
 import stopline
 from stopline import Principal, RunState
+from stopline.domain.vocab import RunEvent
 from stopline.errors import CancelInDoubt, InvalidInput
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
@@ -141,6 +142,23 @@ async def test_a_run_created_in_one_round_trip_is_settled_after_its_connection_d
     assert ended.ended
     assert run == await backend.get_run("run_new")
     assert [e.kind for e in await backend.events("run_new")] == ["run_created"]
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-left", "reply-lost"])
+async def test_a_run_moved_with_its_commit_is_settled_after_its_connection_dies(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The server ends the connection under a run's move, whose write, event and
+    ``COMMIT`` go in one round trip: before it left (it runs again) or after it
+    committed (its reply lost: the run is found moved on, and is the answer). The run
+    moves once, with one event."""
+    await backend.create_run(run_spec("run_m"))
+    ended = EndedAtBatch(backend, monkeypatch, lambda statements, commit: commit, reply_lost=landed)
+    run, moved = await backend.run_event("run_m", RunEvent.COMPLETE, by="u")
+    assert ended.ended and moved
+    assert run.state is RunState.COMPLETED
+    assert run == await backend.get_run("run_m")
+    assert [e.kind for e in await backend.events("run_m")] == ["run_created", "complete"]
 
 
 async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retried_whole(

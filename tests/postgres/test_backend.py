@@ -19,7 +19,7 @@ import pytest
 
 import stopline
 from stopline.domain.lifecycle import CancelResult
-from stopline.domain.vocab import OpStatus, RunEvent, RunState
+from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
@@ -320,12 +320,13 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
         await backend.close()
 
 
-async def test_a_run_is_created_in_one_round_trip_and_moved_in_two(
+async def test_a_run_is_created_in_one_round_trip_and_changed_in_two(
     pg_url: str, tmp_path: Path
 ) -> None:
     """A run's creation sends its row, its event and its read-back with the ``COMMIT``
-    (a child's locks its parent first: one more); a move locks and reads the run, then
-    sends the move and its event with the ``COMMIT``. Counted from the protocol trace."""
+    (a child's locks its parent first: one more); a phase entered or a move locks and
+    reads the run, then sends the change and its event with the ``COMMIT``. Counted
+    from the protocol trace."""
     backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
     try:
 
@@ -346,14 +347,18 @@ async def test_a_run_is_created_in_one_round_trip_and_moved_in_two(
             "child", lambda: backend.create_run(run_spec("c", parent_id="p"))
         )
         assert parent == await backend.get_run("p") and child == await backend.get_run("c")
+        phased, phase = await traced(
+            "phase", lambda: backend.set_phase("c", PhaseKind.READING, Policy.IMMEDIATE)
+        )
+        assert phased == await backend.get_run("c")  # as read, with what the change wrote
         (moved, _), move = await traced(
             "move", lambda: backend.run_event("c", RunEvent.COMPLETE, by="u")
         )
-        assert (created, with_parent, move) == (1, 2, 2)
+        assert (created, with_parent, phase, move) == (1, 2, 2, 2)
         assert moved == await backend.get_run("c")  # as read, with what the move wrote
         assert moved.state is not RunState.RUNNING
         kinds = [e.kind for e in await backend.events("c")]
-        assert kinds == ["run_created", "complete"]
+        assert kinds == ["run_created", "phase", "complete"]
     finally:
         await backend.close()
 

@@ -54,8 +54,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
-from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy
+from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
+from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy, RunEvent
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
@@ -414,6 +414,16 @@ class PostgresBackend(SqlBackend):
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         return await self.attempts(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
+    async def run_event(
+        self, run_id: str, event: RunEvent, *, by: str, reason: str = ""
+    ) -> tuple[RunRecord, bool]:
+        if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
+            return await super().run_event(run_id, event, by=by, reason=reason)
+        return await self._tx(
+            lambda db: runs.run_event(db, run_id, event, by, reason),
+            settle=_run_moved(run_id, event),
+        )
+
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
     ) -> GateResult:
@@ -460,6 +470,21 @@ def _run_landed(spec: RunSpec) -> Callable[[Tx], Awaitable[Any]]:
         run = found_run(found, spec.id)
         mine = (run.name, run.owner, run.tenant, run.parent_id)
         return run if mine == (spec.name, spec.owner, spec.tenant, spec.parent_id) else _RETRY
+
+    return settle
+
+
+def _run_moved(run_id: str, event: RunEvent) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the move landed (the run's state no longer takes ``event``:
+    it moved on) or not (retry), as for an outcome."""
+
+    async def settle(tx: Tx) -> Any:
+        run = found_run(await tx.all(*run_query(run_id)), run_id)
+        try:
+            apply(RUN_TABLE, run.state, event)
+        except IllegalTransition:
+            return run, True
+        return _RETRY
 
     return settle
 

@@ -167,17 +167,23 @@ def move_query(
 
 
 async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+    """The run's phase: the run locked and read, then the change and its event sent with
+    the commit; the run returned as read with what the change wrote."""
     async with db.transaction():
+        run = await load_run(db, run_id, lock=db.dialect.for_update)
         now = time.time()
-        changed = await db.run(
-            "UPDATE runs SET phase = ?, policy = ?, updated_at = ? WHERE id = ?",
-            (kind.value, policy.value, now, run_id),
-        )
-        if not changed:
-            raise UnknownRun(run_id)
         data = {"phase": kind.value, "policy": policy.value}
-        await db.run(*event_statement(now, run_id, None, LogKind.PHASE, None, None, data))
-        return await load_run(db, run_id)
+        await db.batch(
+            [
+                (
+                    "UPDATE runs SET phase = ?, policy = ?, updated_at = ? WHERE id = ?",
+                    (kind.value, policy.value, now, run_id),
+                ),
+                event_statement(now, run_id, None, LogKind.PHASE, None, None, data),
+            ],
+            commit=True,
+        )
+    return dataclasses.replace(run, phase=kind, policy=policy, updated_at=now)
 
 
 async def note(
