@@ -54,23 +54,21 @@ from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
-from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
 from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy, RunEvent
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
     GateInDoubt,
-    IllegalTransition,
     LeaseExpired,
     LedgerError,
     LedgerUnavailable,
     StoplineError,
 )
 from stopline.ledger import milliseconds_option
-from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
-from stopline.ledger.engine.reads import found_run, load_op, run_query
+from stopline.ledger.engine.reads import load_op
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_batch import GroupCommit, Job
@@ -79,6 +77,13 @@ from stopline.ledger.postgres_errors import connection_lost, map_error, redact, 
 from stopline.ledger.postgres_listen import Listener
 from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_schema import check, migrate
+from stopline.ledger.postgres_settle import (
+    RETRY,
+    gate_landed,
+    outcome_landed,
+    run_landed,
+    run_moved,
+)
 from stopline.ledger.postgres_txn import Tx
 
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
@@ -87,7 +92,6 @@ T = TypeVar("T")
 _OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
-_RETRY = object()  # a settle function's answer: the write did not land, run it again
 
 
 class PostgresBackend(SqlBackend):
@@ -247,7 +251,7 @@ class PostgresBackend(SqlBackend):
 
         ``safe``: the write is idempotent, run it again even if its commit was in
         doubt. ``settle(tx)``: after a doubt, find out whether it landed (its
-        result) or not (``_RETRY``). ``in_doubt()``: the error raised when the
+        result) or not (``RETRY``). ``in_doubt()``: the error raised when the
         doubt cannot be settled in time. ``doubt``: a commit is in doubt already
         (the group transaction it was part of lost its reply). ``connection``:
         where each attempt takes its connection (the pool's by default; the group
@@ -268,7 +272,7 @@ class PostgresBackend(SqlBackend):
                             await self.settle_gate_doubts(tx)
                         if doubt and settle is not None:
                             landed = await settle(tx)
-                            if landed is not _RETRY:
+                            if landed is not RETRY:
                                 return landed  # type: ignore[no-any-return]
                         doubt = False
                         return await body(tx)
@@ -319,7 +323,7 @@ class PostgresBackend(SqlBackend):
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
     ) -> T:
-        settle = None if outcome is None else _outcome_landed(*outcome)
+        settle = None if outcome is None else outcome_landed(*outcome)
         return await self._tx(body, safe=safe, settle=settle)
 
     # -- the writes whose lost reply is settled by reading back -----------------------
@@ -341,7 +345,7 @@ class PostgresBackend(SqlBackend):
         async def alone(doubt: bool, deadline: float, connection: Lease) -> GateResult:
             return await self.attempts(
                 lambda tx: gate(tx, spec, token),
-                settle=_gate_landed(spec, token),
+                settle=gate_landed(spec, token),
                 in_doubt=in_doubt,
                 doubt=doubt,
                 deadline=deadline,
@@ -379,7 +383,7 @@ class PostgresBackend(SqlBackend):
         async def alone(doubt: bool, deadline: float, connection: Lease) -> OperationRecord:
             return await self.attempts(
                 lambda tx: record(tx, op_id, update),
-                settle=_outcome_landed(op_id, update),
+                settle=outcome_landed(op_id, update),
                 doubt=doubt,
                 deadline=deadline,
                 connection=connection,
@@ -406,7 +410,7 @@ class PostgresBackend(SqlBackend):
     # (a child created or a phase entered waits for no one's outcome; what it writes
     # cannot disagree with one: the group commit keeps their order with the gates)
     async def create_run(self, spec: RunSpec) -> RunRecord:
-        return await self.attempts(lambda db: runs.create_run(db, spec), settle=_run_landed(spec))
+        return await self.attempts(lambda db: runs.create_run(db, spec), settle=run_landed(spec))
 
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
         await self.attempts(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
@@ -421,7 +425,7 @@ class PostgresBackend(SqlBackend):
             return await super().run_event(run_id, event, by=by, reason=reason)
         return await self._tx(
             lambda db: runs.run_event(db, run_id, event, by, reason),
-            settle=_run_moved(run_id, event),
+            settle=run_moved(run_id, event),
         )
 
     async def begin_compensation(
@@ -430,7 +434,7 @@ class PostgresBackend(SqlBackend):
         token = uuid.uuid4().hex
         return await self._tx(
             lambda tx: begin_compensation(tx, spec, evidence, token),
-            settle=_gate_landed(spec, token),
+            settle=gate_landed(spec, token),
         )
 
     # -- many processes --------------------------------------------------------------
@@ -446,58 +450,3 @@ class PostgresBackend(SqlBackend):
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         await self.listener.run(on_cancel, task_status=task_status)
-
-
-def _gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[Any]]:
-    """After a lost reply: the gate attempt ``token`` landed (``PASSED``) or not (retry)."""
-
-    async def settle(tx: Tx) -> Any:
-        fence = await gate_committed(tx, spec.id, token)
-        return _RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
-
-    return settle
-
-
-def _run_landed(spec: RunSpec) -> Callable[[Tx], Awaitable[Any]]:
-    """After a lost reply: the run was created (a run of this id, name, owner, tenant and
-    parent is there) or not (retry); a different run of this id is left to the retry,
-    which the ledger refuses as it refuses any id taken."""
-
-    async def settle(tx: Tx) -> Any:
-        found = await tx.all(*run_query(spec.id))
-        if not found:
-            return _RETRY
-        run = found_run(found, spec.id)
-        mine = (run.name, run.owner, run.tenant, run.parent_id)
-        return run if mine == (spec.name, spec.owner, spec.tenant, spec.parent_id) else _RETRY
-
-    return settle
-
-
-def _run_moved(run_id: str, event: RunEvent) -> Callable[[Tx], Awaitable[Any]]:
-    """After a lost reply: the move landed (the run's state no longer takes ``event``:
-    it moved on) or not (retry), as for an outcome."""
-
-    async def settle(tx: Tx) -> Any:
-        run = found_run(await tx.all(*run_query(run_id)), run_id)
-        try:
-            apply(RUN_TABLE, run.state, event)
-        except IllegalTransition:
-            return run, True
-        return _RETRY
-
-    return settle
-
-
-def _outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitable[Any]]:
-    """After a lost reply: the outcome landed (the status moved on) or not (retry)."""
-
-    async def settle(tx: Tx) -> Any:
-        op = await load_op(tx, op_id)
-        try:
-            apply(OPERATION_TABLE, op.status, update.event)
-        except IllegalTransition:
-            return op  # the status moved on: the write landed
-        return _RETRY
-
-    return settle

@@ -1,0 +1,77 @@
+"""What a PostgreSQL write whose reply was lost did: each answers from the ledger
+whether the write landed (its result) or not (``RETRY``: run it again).
+
+``PostgresBackend.attempts`` calls one after a doubt, on a new connection."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stopline.domain.model import OperationSpec
+from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply
+from stopline.domain.vocab import RunEvent
+from stopline.errors import IllegalTransition
+from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
+from stopline.ledger.engine.gate import gate_committed
+from stopline.ledger.engine.reads import found_run, load_op, run_query
+from stopline.ledger.postgres_txn import Tx
+
+__all__ = ["RETRY", "gate_landed", "outcome_landed", "run_landed", "run_moved"]
+
+RETRY = object()  # a settle function's answer: the write did not land, run it again
+
+
+def gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the gate attempt ``token`` landed (``PASSED``) or not (retry)."""
+
+    async def settle(tx: Tx) -> Any:
+        fence = await gate_committed(tx, spec.id, token)
+        return RETRY if fence is None else GateResult(GateVerdict.PASSED, fence=fence)
+
+    return settle
+
+
+def run_landed(spec: RunSpec) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the run was created (a run of this id, name, owner, tenant and
+    parent is there) or not (retry); a different run of this id is left to the retry,
+    which the ledger refuses as it refuses any id taken."""
+
+    async def settle(tx: Tx) -> Any:
+        found = await tx.all(*run_query(spec.id))
+        if not found:
+            return RETRY
+        run = found_run(found, spec.id)
+        mine = (run.name, run.owner, run.tenant, run.parent_id)
+        return run if mine == (spec.name, spec.owner, spec.tenant, spec.parent_id) else RETRY
+
+    return settle
+
+
+def run_moved(run_id: str, event: RunEvent) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the move landed (the run's state no longer takes ``event``:
+    it moved on) or not (retry), as for an outcome."""
+
+    async def settle(tx: Tx) -> Any:
+        run = found_run(await tx.all(*run_query(run_id)), run_id)
+        try:
+            apply(RUN_TABLE, run.state, event)
+        except IllegalTransition:
+            return run, True
+        return RETRY
+
+    return settle
+
+
+def outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: the outcome landed (the status moved on) or not (retry)."""
+
+    async def settle(tx: Tx) -> Any:
+        op = await load_op(tx, op_id)
+        try:
+            apply(OPERATION_TABLE, op.status, update.event)
+        except IllegalTransition:
+            return op  # the status moved on: the write landed
+        return RETRY
+
+    return settle
