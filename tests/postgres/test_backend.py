@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -286,6 +287,22 @@ def round_trips(trace: Path) -> int:
     )
 
 
+async def traced(
+    backend: PostgresBackend, trace: Path, act: Callable[[], Awaitable[T]]
+) -> tuple[T, int]:
+    """``act()``'s result and its round trips on the pool's one connection, from a libpq
+    protocol trace written to ``trace``."""
+    with trace.open("w") as out:
+        async with backend._pool.connection() as conn:  # the pool's one connection
+            conn.pgconn.trace(out.fileno())
+        try:
+            result = await act()
+        finally:
+            async with backend._pool.connection() as conn:
+                conn.pgconn.untrace()
+    return result, round_trips(trace)
+
+
 async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
     pg_url: str, tmp_path: Path
 ) -> None:
@@ -300,16 +317,11 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
             await backend.create_run(run_spec(run_id, parent_id=parent))
         counts = {}
         for run_id in ("leaf", "root"):
-            trace = tmp_path / f"{run_id}.trace"
-            with trace.open("w") as out:
-                async with backend._pool.connection() as conn:  # the pool's one connection
-                    conn.pgconn.trace(out.fileno())
-                try:
-                    result = await backend.cancel(run_id, by="u")
-                finally:
-                    async with backend._pool.connection() as conn:
-                        conn.pgconn.untrace()
-            counts[run_id] = round_trips(trace)
+            result, counts[run_id] = await traced(
+                backend,
+                tmp_path / f"{run_id}.trace",
+                functools.partial(backend.cancel, run_id, by="u"),
+            )
             assert result.first
         assert counts == {"leaf": 1, "root": 5}  # root: the leaf's try, then 4 as a tree
         assert result.fenced == ("root", "child")
@@ -329,30 +341,25 @@ async def test_a_run_is_created_in_one_round_trip_and_changed_in_two(
     from the protocol trace."""
     backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
     try:
-
-        async def traced(name: str, act: Callable[[], Awaitable[T]]) -> tuple[T, int]:
-            trace = tmp_path / f"{name}.trace"
-            with trace.open("w") as out:
-                async with backend._pool.connection() as conn:  # the pool's one connection
-                    conn.pgconn.trace(out.fileno())
-                try:
-                    result = await act()
-                finally:
-                    async with backend._pool.connection() as conn:
-                        conn.pgconn.untrace()
-            return result, round_trips(trace)
-
-        parent, created = await traced("parent", lambda: backend.create_run(run_spec("p")))
+        parent, created = await traced(
+            backend, tmp_path / "parent.trace", lambda: backend.create_run(run_spec("p"))
+        )
         child, with_parent = await traced(
-            "child", lambda: backend.create_run(run_spec("c", parent_id="p"))
+            backend,
+            tmp_path / "child.trace",
+            lambda: backend.create_run(run_spec("c", parent_id="p")),
         )
         assert parent == await backend.get_run("p") and child == await backend.get_run("c")
         phased, phase = await traced(
-            "phase", lambda: backend.set_phase("c", PhaseKind.READING, Policy.IMMEDIATE)
+            backend,
+            tmp_path / "phase.trace",
+            lambda: backend.set_phase("c", PhaseKind.READING, Policy.IMMEDIATE),
         )
         assert phased == await backend.get_run("c")  # as read, with what the change wrote
         (moved, _), move = await traced(
-            "move", lambda: backend.run_event("c", RunEvent.COMPLETE, by="u")
+            backend,
+            tmp_path / "move.trace",
+            lambda: backend.run_event("c", RunEvent.COMPLETE, by="u"),
         )
         assert (created, with_parent, phase, move) == (1, 2, 2, 2)
         assert moved == await backend.get_run("c")  # as read, with what the move wrote

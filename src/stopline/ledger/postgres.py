@@ -418,11 +418,9 @@ class PostgresBackend(SqlBackend):
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         return await self.attempts(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
-    async def run_event(
-        self, run_id: str, event: RunEvent, *, by: str, reason: str = ""
+    async def _move(
+        self, run_id: str, event: RunEvent, by: str, reason: str
     ) -> tuple[RunRecord, bool]:
-        if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
-            return await super().run_event(run_id, event, by=by, reason=reason)
         return await self._tx(
             lambda db: runs.run_event(db, run_id, event, by, reason),
             settle=run_moved(run_id, event),

@@ -14,7 +14,7 @@ from stopline.domain.vocab import RunEvent
 from stopline.errors import IllegalTransition
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.engine.gate import gate_committed
-from stopline.ledger.engine.reads import found_run, load_op, run_query
+from stopline.ledger.engine.reads import found_run, load_op, load_run, run_query
 from stopline.ledger.postgres_txn import Tx
 
 __all__ = ["RETRY", "gate_landed", "outcome_landed", "run_landed", "run_moved"]
@@ -53,7 +53,7 @@ def run_moved(run_id: str, event: RunEvent) -> Callable[[Tx], Awaitable[Any]]:
     it moved on) or not (retry), as for an outcome."""
 
     async def settle(tx: Tx) -> Any:
-        run = found_run(await tx.all(*run_query(run_id)), run_id)
+        run = await load_run(tx, run_id)
         try:
             apply(RUN_TABLE, run.state, event)
         except IllegalTransition:

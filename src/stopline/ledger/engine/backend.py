@@ -55,6 +55,13 @@ class SqlBackend(Backend):
         if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
             result = await self.cancel(run_id, by=by, reason=reason)
             return result.run, result.first
+        return await self._move(run_id, event, by, reason)
+
+    async def _move(
+        self, run_id: str, event: RunEvent, by: str, reason: str
+    ) -> tuple[RunRecord, bool]:
+        """A run's move other than cancel, as one transaction (a backend whose commit can
+        be in doubt settles it here)."""
         return await self._execute(lambda db: runs.run_event(db, run_id, event, by, reason))
 
     async def run_events(
