@@ -3,9 +3,9 @@
 Gates and outcomes of one process queue here in the order they are asked for.
 Whoever finds no transaction running leads one: it takes what is queued (its
 own job first among them) and commits it as one transaction, one round trip
-(psycopg's pipeline mode: ``BEGIN``, one statement per stretch of jobs of one
-kind, ``COMMIT``); the jobs queued meanwhile wait, and the first caller among
-them leads the next. A lone caller finds nothing queued and runs its job
+(``Tx.batch``, one pipeline: ``BEGIN``, one statement per stretch of jobs of
+one kind, ``COMMIT``); the jobs queued meanwhile wait, and the first caller
+among them leads the next. A lone caller finds nothing queued and runs its job
 alone, exactly as without the queue (one statement, one commit), with no
 task in between.
 
@@ -48,7 +48,7 @@ from stopline.ledger.engine.record import recorded
 from stopline.ledger.postgres_dialect import Forms, many_rows
 from stopline.ledger.postgres_errors import connection_lost
 from stopline.ledger.postgres_reserved import Lease, Reserved
-from stopline.ledger.postgres_txn import Tx, pg_sql
+from stopline.ledger.postgres_txn import Tx
 
 if TYPE_CHECKING:
     from stopline.ledger.postgres import PostgresBackend
@@ -320,16 +320,10 @@ class GroupCommit:
                 await backend.settle_gate_doubts(tx)
             if self.before_batch is not None:
                 await self.before_batch(conn.info.backend_pid)
+            statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
             try:
-                async with conn.pipeline():  # sent, and every result read, at its exit:
-                    await conn.execute("BEGIN")  # one Sync, one round trip
-                    cursors = [
-                        await conn.execute(*_statement(s, one))
-                        for s, one in zip(stretches, one_row, strict=True)
-                    ]
-                    tx.in_doubt = True
-                    await conn.execute("COMMIT")
-                results = [await cur.fetchall() for cur in cursors]
+                async with tx.transaction():  # BEGIN, the statements, COMMIT: one pipeline
+                    results = await tx.batch(statements, commit=True)
             except (psycopg.Error, OSError) as exc:
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
         done: list[tuple[Job, Outcome]] = []
@@ -397,8 +391,8 @@ def _statement(stretch: Sequence[Job], one_row: bool) -> tuple[str, Any]:
     assert forms is not None
     params = [j.params() for j in stretch if j.params is not None]
     if one_row:
-        return pg_sql(forms.one), params[0]
-    return pg_sql(forms.many), many_rows(params)
+        return forms.one, params[0]
+    return forms.many, many_rows(params)
 
 
 def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict[str, int]:
