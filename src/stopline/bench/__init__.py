@@ -5,6 +5,8 @@ baseline measured moments earlier on the same machine is what we compare.
 Each suite module exposes ``async def measure(quick: bool, **options) ->
 list[Figure]``; this module runs them, prints a table and writes JSON
 ``{name: {"value", "unit", "baseline", "ratio", "target", "note"}}``.
+Each figure's note ends with the share of CPU time the hypervisor stole while
+its suite ran, and ``machine_cpu_steal_pct`` is the whole run's (``machine``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 import anyio
 
 from stopline.bench.figures import Figure
+from stopline.bench.machine import CpuTimes, cpu_times
 
-__all__ = ["SUITES", "Figure", "main", "median_round", "run_suites"]
+__all__ = ["SUITES", "Figure", "main", "median_round", "run_suites", "steal_figure", "with_steal"]
 
 # module name under stopline.bench -> the options it takes
 SUITES: tuple[str, ...] = ("core", "lifecycle", "truth", "mcp", "postgres", "engines")
@@ -34,14 +37,47 @@ async def run_suites(
     from stopline.cli.progress import progress
 
     figures: list[Figure] = []
+    first = cpu_times()
     with progress("benchmarks", total=len(only)) as bar:
         for name in only:
             bar.describe(f"bench: {name}")
             module = importlib.import_module(f"stopline.bench.{name}")
             measure: Callable[..., Awaitable[list[Figure]]] = module.measure
-            figures.extend(await measure(quick=quick, workdir=workdir, postgres=postgres))
+            before = cpu_times()
+            measured = await measure(quick=quick, workdir=workdir, postgres=postgres)
+            figures.extend(with_steal(measured, before, cpu_times()))
             bar.advance()
-    return figures
+    whole = steal_figure(first, cpu_times())
+    return figures if whole is None else [*figures, whole]
+
+
+def _share(before: CpuTimes | None, after: CpuTimes | None) -> float | None:
+    return None if before is None or after is None else before.steal_share(after)
+
+
+def with_steal(
+    figures: list[Figure], before: CpuTimes | None, after: CpuTimes | None
+) -> list[Figure]:
+    """The figures of one suite, each note ending with the CPU time stolen meanwhile."""
+    share = _share(before, after)
+    if share is None:
+        return figures
+    said = f"CPU stolen by the hypervisor during its suite: {share:.0%}"
+    return [dataclasses.replace(f, note=f"{f.note}; {said}".lstrip("; ")) for f in figures]
+
+
+def steal_figure(before: CpuTimes | None, after: CpuTimes | None) -> Figure | None:
+    """The whole run's stolen share as a figure of its own (no target: the machine's)."""
+    share = _share(before, after)
+    if share is None:
+        return None
+    return Figure(
+        "machine_cpu_steal_pct",
+        share * 100,
+        "%",
+        note="share of all cores' CPU time the hypervisor took while the benchmarks ran "
+        "(/proc/stat); high: absolute figures of this run are the machine's, not ours",
+    )
 
 
 def main(
