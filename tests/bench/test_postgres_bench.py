@@ -53,10 +53,16 @@ async def test_the_postgres_figures_are_measured_on_the_server(tmp_path: Path) -
     assert float(found[1]) > 0 and float(found[2]) > 0
     # and its floor in the same run: a bare NOTIFY to another listening process
     floor = re.search(
-        r"a bare NOTIFY to a listening process, same cadence: p50 ([\d.]+), p99 ([\d.]+) ms", cancel
+        r"a bare NOTIFY to a listening process: p50 ([\d.]+), p99 ([\d.]+) ms", cancel
     )
     assert floor is not None, cancel
     assert 0 < float(floor[1]) <= float(floor[2])
+    # and the floor of any durable cancel: a bare fence and NOTIFY, one round trip, whose
+    # p99 is the figure's baseline
+    durable = re.search(r"round trip\) to the listening process, p99 \(p50 ([\d.]+) ms\)", cancel)
+    assert durable is not None, cancel
+    baseline = figures["cancel_cross_process_p99_ms"].baseline
+    assert baseline is not None and 0 < float(durable[1]) <= baseline
     # what the throughput stands on: the server's share of the cores, the workers' CPU
     workers = figures["gate_postgres_concurrent_ops_per_s"].note
     found = re.search(r"server CPU (\d+)% of \d+ cores; the workers' CPU per op (\d+) us", workers)
