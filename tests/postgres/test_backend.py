@@ -479,3 +479,32 @@ async def test_a_cancel_too_large_for_one_notification_is_notified_in_several(
     result = await notified(pg_url, heard, act)
     assert result.first and set(result.fenced) == set(ids)
     assert len(heard.seen) == 2 and sorted(r for batch in heard.seen for r in batch) == sorted(ids)
+
+
+async def test_one_value_or_many_the_same_runs_and_a_batch_tells_rows_from_none(
+    backend: PostgresBackend,
+) -> None:
+    """``in_list`` of one value is ``column = ?`` (no array to build; most cancels name
+    one run), of many ``= ANY(?)``: each selects what ``IN`` would. ``Tx.batch`` gives
+    a statement that returns no rows (an ``UPDATE``) ``[]``, one that returns rows (a
+    ``SELECT`` finding none too) its rows."""
+    for run_id in ("run_a", "run_b", "run_c"):
+        await backend.create_run(run_spec(run_id))
+    dialect = backend.dialect
+    one, one_params = dialect.in_list("id", ["run_b"])
+    many, many_params = dialect.in_list("id", ["run_c", "run_a", "nobody"])
+    assert (one, one_params) == ("id = ?", ["run_b"])
+    assert many == "id = ANY(?)"
+    async with backend._pool.connection() as conn:
+        tx = Tx(conn, backend.location, dialect)
+        async with tx.transaction():
+            found = await tx.batch(
+                [
+                    (f"SELECT id FROM runs WHERE {one}", one_params),
+                    (f"SELECT id FROM runs WHERE {many} ORDER BY id", many_params),
+                    ("UPDATE runs SET updated_at = updated_at WHERE id = ?", ["run_a"]),
+                    ("SELECT id FROM runs WHERE id = ?", ["nobody"]),
+                ],
+                commit=True,
+            )
+    assert found == [[("run_b",)], [("run_a",), ("run_c",)], [], []]

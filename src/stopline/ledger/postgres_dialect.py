@@ -46,6 +46,8 @@ class PostgresDialect(Dialect):
         self.channel = channel  # where cancels are notified; None: nobody listens
 
     def in_list(self, column: str, values: Collection[Any]) -> tuple[str, list[Any]]:
+        if len(values) == 1:  # most cancels: a value costs the client less than an array
+            return f"{column} = ?", list(values)
         return f"{column} = ANY(?)", [list(values)]
 
     def json_int(self, column: str, key: str) -> str:

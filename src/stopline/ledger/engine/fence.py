@@ -190,11 +190,11 @@ async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
             ],
             commit=True,
         )
+    if results[-1]:  # fenced: it owned no live run
+        return CancelResult(found_run(results[-1], run_id), True, (run_id,), ())
     root = found_run(results[0], run_id)
     if root.state not in CANCELLABLE:
         return CancelResult(root, False, (), ())  # R7: the first cancel wins
-    if results[-1]:  # fenced: it owned no live run
-        return CancelResult(found_run(results[-1], run_id), True, (run_id,), ())
     return await _tree(db, run_id, by, reason)
 
 
