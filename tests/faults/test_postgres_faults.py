@@ -48,8 +48,8 @@ def unreachable_after_lost_commit(backend: PostgresBackend) -> Iterator[None]:
         outage = Outage(backend, patch)
 
         @contextlib.asynccontextmanager
-        async def transaction(self: Tx) -> AsyncIterator[None]:
-            async with original_tx(self):
+        async def transaction(self: Tx, *, snapshot: bool = False) -> AsyncIterator[None]:
+            async with original_tx(self, snapshot=snapshot):
                 yield
             if state["armed"]:
                 state["armed"] = False

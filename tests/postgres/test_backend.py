@@ -23,6 +23,7 @@ from stopline.domain.lifecycle import CancelResult
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.backend import GateVerdict
+from stopline.ledger.engine import reads
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.schema import SCHEMA_VERSION
@@ -508,3 +509,27 @@ async def test_one_value_or_many_the_same_runs_and_a_batch_tells_rows_from_none(
                 commit=True,
             )
     assert found == [[("run_b",)], [("run_a",), ("run_c",)], [], []]
+
+
+async def test_a_run_and_its_operations_are_read_in_one_snapshot(
+    backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_and_operations`` reads the run, then its operations: at READ COMMITTED each
+    statement sees its own snapshot, so a write committed between them would be in
+    the second read only (a receipt or a settling step from two moments). Its
+    transaction is one snapshot: a write committed in between is in neither."""
+    await backend.create_run(run_spec())
+    assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
+    real_load_run = reads.load_run
+
+    async def load_run_then_a_write(db: Any, run_id: str, *, lock: str = "") -> Any:
+        run = await real_load_run(db, run_id, lock=lock)
+        sql(pg_url, "UPDATE operations SET status = 'committed' WHERE id = 'run_a/1:send'")
+        return run
+
+    monkeypatch.setattr(reads, "load_run", load_run_then_a_write)
+    _, ops = await backend.run_and_operations("run_a")
+    assert [op.status for op in ops] == [OpStatus.REQUESTED]  # as when the run was read
+    monkeypatch.undo()
+    _, ops = await backend.run_and_operations("run_a")
+    assert [op.status for op in ops] == [OpStatus.COMMITTED]  # the write did land

@@ -11,7 +11,9 @@ with ``at_commit`` (the cancel's notifications) with its ``COMMIT``
 moments a commit is on the wire, so the backend can tell a failure that
 rolled back (safe to retry) from one whose commit is in doubt.
 
-Isolation is READ COMMITTED with explicit row locks on ``runs``: the gate
+Isolation is READ COMMITTED with explicit row locks on ``runs`` (a body that
+only reads and asks for one snapshot, ``transaction(snapshot=True)``, is
+REPEATABLE READ, READ ONLY: a run and its operations read together agree): the gate
 takes its run ``FOR SHARE`` inside its one statement and a cancel takes the
 run ``FOR UPDATE`` before it writes its events, so in ``events.seq`` order
 every ``gate_passed`` of a run precedes its cancel (R1) exactly as SQLite's
@@ -36,6 +38,9 @@ from stopline.ledger.postgres_dialect import PostgresDialect
 __all__ = ["Tx", "pg_sql"]
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+# a transaction that only reads, every statement of it from one snapshot (read-only:
+# it never waits on, nor fails for, a writer)
+_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
 @functools.lru_cache(maxsize=512)
@@ -63,16 +68,20 @@ class Tx(Db):
         self.dialect = dialect or PostgresDialect(None)
         self.in_doubt = False  # a statement that commits (or COMMIT itself) is on the wire
         self._depth = 0  # open ``transaction`` blocks
-        self._begin = False  # a ``BEGIN`` to send with the next statement
+        self._begin: str | None = None  # a ``BEGIN`` to send with the next statement
         self._at_commit: list[tuple[str, Params]] = []  # to send with the ``COMMIT``
         self._committed = False  # a batch sent the ``COMMIT`` already
 
+    def _take_begin(self) -> str | None:
+        begin, self._begin = self._begin, None
+        return begin
+
     async def _execute(self, sql: str, params: Params) -> psycopg.AsyncCursor[Any]:
-        if not self._begin:
+        begin = self._take_begin()
+        if begin is None:
             return await self.conn.execute(pg_sql(sql), params)
-        self._begin = False
         async with self.conn.pipeline():  # BEGIN and the statement, one round trip
-            await self.conn.execute("BEGIN")
+            await self.conn.execute(begin)
             cur = await self.conn.execute(pg_sql(sql), params)
         return cur
 
@@ -104,9 +113,9 @@ class Tx(Db):
                 raise RuntimeError("a batch that commits ends the outermost transaction")
             self.in_doubt = True
         async with self.conn.pipeline():
-            if self._begin:
-                self._begin = False
-                await self.conn.execute("BEGIN")
+            begin = self._take_begin()
+            if begin is not None:
+                await self.conn.execute(begin)
             cursors = [await self.conn.execute(pg_sql(sql), p) for sql, p in statements]
             if commit:
                 pending, self._at_commit = self._at_commit, []
@@ -123,9 +132,9 @@ class Tx(Db):
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
         if not seq:
             return
-        if self._begin:
-            self._begin = False
-            await self.conn.execute("BEGIN")
+        begin = self._take_begin()
+        if begin is not None:
+            await self.conn.execute(begin)
         async with self.conn.cursor() as cur:
             await cur.executemany(pg_sql(sql), seq)
 
@@ -142,7 +151,7 @@ class Tx(Db):
         return row
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def transaction(self, *, snapshot: bool = False) -> AsyncIterator[None]:
         if self._depth:
             self._depth += 1
             try:
@@ -150,7 +159,7 @@ class Tx(Db):
             finally:
                 self._depth -= 1
             return
-        self._begin = True  # sent with the first statement
+        self._begin = _SNAPSHOT if snapshot else "BEGIN"  # sent with the first statement
         self._depth = 1
         self._committed = False
         try:
@@ -159,7 +168,7 @@ class Tx(Db):
             self._depth = 0
             self._at_commit.clear()
             if self._begin or self._committed:  # nothing sent, or committed: no rollback
-                self._begin = False
+                self._begin = None
                 raise
             with contextlib.suppress(psycopg.Error):  # a broken connection rolled back already
                 await self.conn.execute("ROLLBACK")
@@ -169,14 +178,14 @@ class Tx(Db):
             return
         pending, self._at_commit = self._at_commit, []
         if self._begin and not pending:  # a body that ran no statement: no transaction
-            self._begin = False
+            self._begin = None
             return
         self.in_doubt = True
         if pending:
             async with self.conn.pipeline():
-                if self._begin:
-                    self._begin = False
-                    await self.conn.execute("BEGIN")
+                begin = self._take_begin()
+                if begin is not None:
+                    await self.conn.execute(begin)
                 for sql, params in pending:
                     await self.conn.execute(pg_sql(sql), params)
                 await self.conn.execute("COMMIT")

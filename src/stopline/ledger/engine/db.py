@@ -65,8 +65,12 @@ class Db(abc.ABC):
         return await self.one(sql, params)
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        """The body's statements as one transaction (a no-op inside one already)."""
+    async def transaction(self, *, snapshot: bool = False) -> AsyncIterator[None]:
+        """The body's statements as one transaction (a no-op inside one already).
+
+        ``snapshot``: the body only reads, and all its statements read one snapshot,
+        where each would otherwise see its own (PostgreSQL's READ COMMITTED). A
+        transaction of SQLite's is one snapshot already."""
         yield
 
 

@@ -142,7 +142,7 @@ async def load_ops(
     """``load_op`` of many operations, a fixed number of statements per 4,096 ids; an
     unknown one is returned in its place. With ``lock``, locked in id order."""
     found: dict[str, OperationRecord] = {}
-    async with db.transaction():
+    async with db.transaction(snapshot=not lock):
         for chunk in chunks(sorted(op_ids) if lock else op_ids):
             for row in await db.all(*ops_query(db.dialect, "id", chunk, lock=lock)):
                 op = rows.op_from_row(row)
@@ -208,7 +208,7 @@ async def run_and_operations(
 ) -> tuple[RunRecord, list[OperationRecord]]:
     """The run and its operations (with ``descendants``, those of the runs it owns
     exclusively too), read in one transaction: one snapshot, one job on the writer."""
-    async with db.transaction():
+    async with db.transaction(snapshot=True):
         run = await load_run(db, run_id)
         return run, await _operations(db, run_id, descendants)
 
@@ -220,7 +220,7 @@ async def runs_and_operations(
     one snapshot, a fixed number of statements per 4,096 runs; an unknown run is
     returned in its place."""
     ops: dict[str, list[OperationRecord]] = {}
-    async with db.transaction():
+    async with db.transaction(snapshot=True):
         found = await load_runs(db, run_ids)
         for chunk in chunks(run_ids):
             for row in await db.all(*ops_query(db.dialect, "run_id", chunk)):
