@@ -21,9 +21,8 @@ import pytest
 import stopline
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
-from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
+from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew, UnknownRun
 from stopline.ledger.backend import GateVerdict
-from stopline.ledger.engine import reads
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.schema import SCHEMA_VERSION
@@ -511,25 +510,42 @@ async def test_one_value_or_many_the_same_runs_and_a_batch_tells_rows_from_none(
     assert found == [[("run_b",)], [("run_a",), ("run_c",)], [], []]
 
 
-async def test_a_run_and_its_operations_are_read_in_one_snapshot(
-    backend: PostgresBackend, pg_url: str, monkeypatch: pytest.MonkeyPatch
+async def test_a_run_and_its_operations_are_read_from_one_snapshot_in_one_round_trip(
+    pg_url: str, tmp_path: Path
 ) -> None:
-    """``run_and_operations`` reads the run, then its operations: at READ COMMITTED each
-    statement sees its own snapshot, so a write committed between them would be in
-    the second read only (a receipt or a settling step from two moments). Its
-    transaction is one snapshot: a write committed in between is in neither."""
-    await backend.create_run(run_spec())
-    assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
-    real_load_run = reads.load_run
-
-    async def load_run_then_a_write(db: Any, run_id: str, *, lock: str = "") -> Any:
-        run = await real_load_run(db, run_id, lock=lock)
-        sql(pg_url, "UPDATE operations SET status = 'committed' WHERE id = 'run_a/1:send'")
-        return run
-
-    monkeypatch.setattr(reads, "load_run", load_run_then_a_write)
-    _, ops = await backend.run_and_operations("run_a")
-    assert [op.status for op in ops] == [OpStatus.REQUESTED]  # as when the run was read
-    monkeypatch.undo()
-    _, ops = await backend.run_and_operations("run_a")
-    assert [op.status for op in ops] == [OpStatus.COMMITTED]  # the write did land
+    """At READ COMMITTED each statement of a transaction sees its own snapshot: a write
+    committed between a run's read and its operations' would be in the second only (a
+    receipt, a settling step, from two moments). A snapshot read is REPEATABLE READ,
+    READ ONLY: such a write is in neither read. ``run_and_operations`` is one: its
+    ``BEGIN``, both reads and ``COMMIT`` in one round trip (counted from the trace)."""
+    backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
+    try:
+        await backend.create_run(run_spec())
+        assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
+        status = "SELECT status FROM operations WHERE id = 'run_a/1:send'"
+        async with backend._pool.connection() as conn:
+            tx = Tx(conn, backend.location, backend.dialect)
+            async with tx.transaction(snapshot=True):
+                before = await tx.all(status)
+                sql(pg_url, "UPDATE operations SET status = 'committed'")  # another's write
+                after = await tx.all(status)
+        assert before == after == [("requested",)]
+        trace = tmp_path / "read.trace"
+        (run, ops), trips = await traced(
+            backend, trace, functools.partial(backend.run_and_operations, "run_a")
+        )
+        assert trips == 1
+        assert "REPEATABLE READ, READ ONLY" in trace.read_text()
+        assert run.id == "run_a"
+        assert [op.status for op in ops] == [OpStatus.COMMITTED]  # the write landed
+        (first, nobody), trips = await traced(
+            backend,
+            tmp_path / "many.trace",
+            functools.partial(backend.runs_and_operations, ["run_a", "nobody"]),
+        )
+        assert trips == 1
+        assert isinstance(nobody, UnknownRun)
+        assert not isinstance(first, UnknownRun)
+        assert [op.status for op in first[1]] == [OpStatus.COMMITTED]
+    finally:
+        await backend.close()

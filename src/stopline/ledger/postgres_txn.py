@@ -129,6 +129,12 @@ class Tx(Db):
         # object per column of each result (16 us for a run's row, measured)
         return [await c.fetchall() if _has_rows(c) else [] for c in cursors]
 
+    async def snapshot(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        if self._depth:  # part of the enclosing transaction
+            return await self.batch(statements)
+        async with self.transaction(snapshot=True):  # its BEGIN and COMMIT in the batch
+            return await self.batch(statements, commit=True)
+
     async def many(self, sql: str, seq: Sequence[Params]) -> None:
         if not seq:
             return

@@ -60,6 +60,14 @@ class Db(abc.ABC):
         writer), it commits when the body ends, as always."""
         return [await self.all(sql, params) for sql, params in statements]
 
+    async def snapshot(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """The rows of each of ``statements`` (reads), all from one snapshot: in a
+        transaction of their own (``transaction(snapshot=True)``), or as part of the
+        enclosing one. On PostgreSQL one round trip, its ``BEGIN`` and ``COMMIT`` with
+        them."""
+        async with self.transaction(snapshot=True):
+            return await self.batch(statements)
+
     async def commit_one(self, sql: str, params: Params = ()) -> Any:
         """One statement that is the whole transaction (it commits by itself)."""
         return await self.one(sql, params)

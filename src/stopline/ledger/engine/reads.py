@@ -200,56 +200,55 @@ async def fenced_among(db: Db, run_ids: Collection[str]) -> list[str]:
 
 async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
     await load_run(db, run_id)
-    return await _operations(db, run_id, descendants)
+    found = await db.all(*_operations_query(db.dialect, run_id, descendants))
+    return [rows.op_from_row(r) for r in found]
 
 
 async def run_and_operations(
     db: Db, run_id: str, descendants: bool = False
 ) -> tuple[RunRecord, list[OperationRecord]]:
     """The run and its operations (with ``descendants``, those of the runs it owns
-    exclusively too), read in one transaction: one snapshot, one job on the writer."""
-    async with db.transaction(snapshot=True):
-        run = await load_run(db, run_id)
-        return run, await _operations(db, run_id, descendants)
+    exclusively too), read from one snapshot: one round trip, one job on the writer."""
+    reads = [run_query(run_id), _operations_query(db.dialect, run_id, descendants)]
+    found, ops = await db.snapshot(reads)
+    return found_run(found, run_id), [rows.op_from_row(r) for r in ops]
 
 
 async def runs_and_operations(
     db: Db, run_ids: Sequence[str]
 ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
-    """``run_and_operations`` of many runs (their own operations) in one transaction,
-    one snapshot, a fixed number of statements per 4,096 runs; an unknown run is
-    returned in its place."""
+    """``run_and_operations`` of many runs (their own operations), from one snapshot,
+    two statements per 4,096 runs in one round trip; an unknown run is returned in its
+    place."""
+    dialect = db.dialect
+    reads = [runs_query(dialect, chunk) for chunk in chunks(sorted(run_ids))]
+    of_runs = len(reads)
+    reads += [ops_query(dialect, "run_id", chunk) for chunk in chunks(run_ids)]
+    results = await db.snapshot(reads)
+    found = {run.id: run for found in results[:of_runs] for run in map(rows.run_from_row, found)}
     ops: dict[str, list[OperationRecord]] = {}
-    async with db.transaction(snapshot=True):
-        found = await load_runs(db, run_ids)
-        for chunk in chunks(run_ids):
-            for row in await db.all(*ops_query(db.dialect, "run_id", chunk)):
-                op = rows.op_from_row(row)
-                ops.setdefault(op.run_id, []).append(op)
+    for op in (rows.op_from_row(row) for found in results[of_runs:] for row in found):
+        ops.setdefault(op.run_id, []).append(op)
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
-async def _operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
-    if descendants:
-        return await _tree_operations(db, run_id)
-    return await _own_operations(db, run_id)
-
-
-async def _tree_operations(db: Db, run_id: str) -> list[OperationRecord]:
+def _operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple[str, tuple[str]]:
+    """The statement reading the run's operations (with ``descendants``, those of the
+    runs it owns exclusively too), in their order."""
+    if not descendants:
+        return (
+            f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id",
+            (run_id,),
+        )
     sql = (
-        f"WITH RECURSIVE tree(id) AS (SELECT {db.dialect.text('?')} UNION"
+        f"WITH RECURSIVE tree(id) AS (SELECT {dialect.text('?')} UNION"
         " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
         # exclusive ownership is never released; saying so lets the partial index serve
         " WHERE o.exclusive = 1 AND o.released_at IS NULL)"
         f" SELECT {rows.OP_COLUMNS} FROM operations"
         " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, id"
     )
-    return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
-
-
-async def _own_operations(db: Db, run_id: str) -> list[OperationRecord]:
-    sql = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id"
-    return [rows.op_from_row(r) for r in await db.all(sql, (run_id,))]
+    return sql, (run_id,)
 
 
 def wanted_open(statuses: Collection[OpStatus] | None) -> list[OpStatus]:
