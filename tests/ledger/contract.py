@@ -186,8 +186,16 @@ class LedgerContract:
         await backend.create_run(run_spec())
         run, _ = await backend.run_event("run_a", RunEvent.COMPLETE, by="u")
         assert run.state is RunState.COMPLETED
+        assert run == await backend.get_run("run_a")  # as written, whole
+        logged = await backend.events("run_a")
+        assert [(e.kind, e.from_state, e.to_state) for e in logged[1:]] == [
+            ("complete", "running", "completed")
+        ]
         with pytest.raises(IllegalTransition):
             await backend.run_event("run_a", RunEvent.PAUSE, by="u")
+        assert await backend.events("run_a") == logged  # an illegal move writes nothing
+        with pytest.raises(UnknownRun):
+            await backend.run_event("nobody", RunEvent.COMPLETE, by="u")
         _, changed = await backend.run_event("run_a", RunEvent.CANCEL, by="u")
         assert not changed  # cancelling a finished run changes nothing (R7)
 

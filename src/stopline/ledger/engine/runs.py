@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db, Params
+from stopline.ledger.engine.guards import sql_values
 from stopline.ledger.engine.reads import (
     EVENT_SQL,
     chunks,
@@ -82,24 +84,53 @@ async def run_event(
     db: Db, run_id: str, kind: RunEvent, by: str, reason: str
 ) -> tuple[RunRecord, bool]:
     """A run transition other than cancel (which is the subtree fence, in ``fence``): the
-    run locked and read, then its move and event sent with the commit; the run returned
-    is the one read with what the move wrote (its state and instant)."""
+    run locked and read, its event and its move sent with them and the commit, one
+    round trip on PostgreSQL. The event and the move match only a state the run table
+    moves by ``kind`` (``_moves``: the table itself, in SQL), so an illegal move writes
+    nothing and is raised from the state read; the run returned is the one read with
+    what the move wrote (its state and instant)."""
+    moves = _moves(db.dialect.unindexed("state"), kind)
+    if moves is None:  # no state takes it: nothing to write, only the error to say
+        run = await load_run(db, run_id)
+        apply(RUN_TABLE, run.state, kind)  # raises IllegalTransition
+        raise AssertionError(f"{kind.value}: the run table has no move for it")
+    target_of, movable = moves
+    text = db.dialect.text
+    now = time.time()
+    data = rows.dump_data({"by": by, "reason": reason})
     async with db.transaction():
-        run = await load_run(db, run_id, lock=db.dialect.for_update)
-        target = apply(RUN_TABLE, run.state, kind)
-        now = time.time()
-        data = {"by": by, "reason": reason}
-        await db.batch(
+        found, _, _ = await db.batch(
             [
-                (
-                    "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = ?",
-                    (target.value, now, run_id, run.state.value),
+                run_query(run_id, db.dialect.for_update),
+                (  # the event first: it reads the state the move leaves
+                    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+                    f" SELECT ?, id, NULL, {text('?')}, state, {target_of}, {text('?')}"
+                    f" FROM runs WHERE id = ? AND {movable}",
+                    (now, kind.value, data, run_id),
                 ),
-                event_statement(now, run_id, None, kind.value, run.state.value, target.value, data),
+                (
+                    f"UPDATE runs SET state = {target_of}, updated_at = ?"
+                    f" WHERE id = ? AND {movable}",
+                    (now, run_id),
+                ),
             ],
             commit=True,
         )
+    run = found_run(found, run_id)
+    target = apply(RUN_TABLE, run.state, kind)  # illegal: the statements matched nothing
     return dataclasses.replace(run, state=target, updated_at=now), True
+
+
+@functools.cache
+def _moves(state: str, kind: RunEvent) -> tuple[str, str] | None:
+    """The run table's moves by ``kind`` in SQL, on ``state`` (the column as the dialect
+    keeps it off its index: the id's own serves): each state's target (a ``CASE``),
+    and the condition matching the states it moves; None if it moves none."""
+    moves = {source: target for (source, event), target in RUN_TABLE.items() if event is kind}
+    if not moves:
+        return None
+    whens = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in sorted(moves.items()))
+    return f"CASE {state} {whens} END", f"{state} IN ({sql_values(set(moves))})"
 
 
 async def run_events(
