@@ -15,7 +15,17 @@ import anyio
 import pytest
 
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec
-from stopline.domain.vocab import Cancellable, Cause, Grant, OpEvent, OpStatus, RunEvent, RunState
+from stopline.domain.vocab import (
+    Cancellable,
+    Cause,
+    Grant,
+    OpEvent,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunEvent,
+    RunState,
+)
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
@@ -198,6 +208,20 @@ class LedgerContract:
             await backend.run_event("nobody", RunEvent.COMPLETE, by="u")
         _, changed = await backend.run_event("run_a", RunEvent.CANCEL, by="u")
         assert not changed  # cancelling a finished run changes nothing (R7)
+
+    async def test_a_phase_is_written_with_its_event_and_an_unknown_run_gets_none(
+        self, backend: Backend
+    ) -> None:
+        await backend.create_run(run_spec())
+        run = await backend.set_phase("run_a", PhaseKind.COMMITTING, Policy.VERIFY)
+        assert (run.phase, run.policy) == (PhaseKind.COMMITTING, Policy.VERIFY)
+        assert run == await backend.get_run("run_a")  # as written, whole
+        phases = [e.data for e in await backend.events("run_a") if e.kind == "phase"]
+        assert phases == [{"phase": "committing", "policy": "verify"}]
+        with pytest.raises(UnknownRun):
+            await backend.set_phase("nobody", PhaseKind.COMMITTING, Policy.VERIFY)
+        with pytest.raises(UnknownRun):  # and it was not created by the change
+            await backend.get_run("nobody")
 
     async def test_child_of_fenced_parent_is_born_fenced(self, backend: Backend) -> None:
         await backend.create_run(run_spec("parent"))

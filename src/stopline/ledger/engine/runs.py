@@ -198,22 +198,30 @@ def move_query(
 
 
 async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
-    """The run's phase: the run locked and read, then the change and its event sent with
-    the commit; the run returned as read with what the change wrote."""
+    """The run's phase: the run locked and read, the change and its event (both only
+    for a run that is there) sent with them and the commit, one round trip on
+    PostgreSQL; the run returned as read with what the change wrote."""
+    text = db.dialect.text
+    now = time.time()
+    data = rows.dump_data({"phase": kind.value, "policy": policy.value})
     async with db.transaction():
-        run = await load_run(db, run_id, lock=db.dialect.for_update)
-        now = time.time()
-        data = {"phase": kind.value, "policy": policy.value}
-        await db.batch(
+        found, _, _ = await db.batch(
             [
+                run_query(run_id, db.dialect.for_update),
                 (
                     "UPDATE runs SET phase = ?, policy = ?, updated_at = ? WHERE id = ?",
                     (kind.value, policy.value, now, run_id),
                 ),
-                event_statement(now, run_id, None, LogKind.PHASE, None, None, data),
+                (
+                    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+                    f" SELECT ?, id, NULL, {text('?')}, NULL, NULL, {text('?')}"
+                    " FROM runs WHERE id = ?",
+                    (now, LogKind.PHASE.value, data, run_id),
+                ),
             ],
             commit=True,
         )
+    run = found_run(found, run_id)
     return dataclasses.replace(run, phase=kind, policy=policy, updated_at=now)
 
 
