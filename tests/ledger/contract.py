@@ -236,7 +236,16 @@ class LedgerContract:
         await backend.gate(op_spec())
         op = await backend.note("run_a/1:send", "progress", {"progress": 0.5}, cancel_state="asked")
         assert op.status is OpStatus.REQUESTED and op.cancel_state == "asked"
-        assert (await backend.events("run_a"))[-1].data == {"progress": 0.5}
+        assert op == await backend.get_operation("run_a/1:send")  # as written, whole
+        last = (await backend.events("run_a"))[-1]
+        assert (last.kind, last.op_id, last.data) == ("progress", "run_a/1:send", {"progress": 0.5})
+        assert (last.from_state, last.to_state) == ("requested", "requested")
+        plain = await backend.note("run_a/1:send", "late_copy", {"n": 1})  # no cancel state
+        assert plain == await backend.get_operation("run_a/1:send") == op
+        logged = await backend.events("run_a")
+        with pytest.raises(UnknownOperation):
+            await backend.note("run_a/9:nothing", "progress", {}, cancel_state="asked")
+        assert await backend.events("run_a") == logged  # nothing written for it
 
     async def test_note_many_writes_each_and_returns_an_unknown_operation(
         self, backend: Backend

@@ -332,14 +332,14 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
         await backend.close()
 
 
-async def test_a_run_is_created_moved_and_phased_in_one_round_trip(
+async def test_a_run_is_created_moved_phased_and_noted_in_one_round_trip(
     pg_url: str, tmp_path: Path
 ) -> None:
     """A run's creation sends its row, its event and its read-back with the ``COMMIT``
     (a child's locks its parent first: one more); a move sends the run's lock and read,
     its event and the move (each matching only a state the run table moves), and the
-    ``COMMIT`` together; a phase entered, the lock and read, the change and its event
-    and the ``COMMIT``. Counted from the protocol trace."""
+    ``COMMIT`` together; a phase entered, or a note on an operation, the lock and read,
+    the change and its event and the ``COMMIT``. Counted from the protocol trace."""
     backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
     try:
         parent, created = await traced(
@@ -357,16 +357,23 @@ async def test_a_run_is_created_moved_and_phased_in_one_round_trip(
             lambda: backend.set_phase("c", PhaseKind.READING, Policy.IMMEDIATE),
         )
         assert phased == await backend.get_run("c")  # as read, with what the change wrote
+        assert (await backend.gate(op_spec("c/1:send", run_id="c"))).verdict is GateVerdict.PASSED
+        noted, note = await traced(
+            backend,
+            tmp_path / "note.trace",
+            lambda: backend.note("c/1:send", "cancel_asked", {}, cancel_state="asked"),
+        )
+        assert noted == await backend.get_operation("c/1:send")
         (moved, _), move = await traced(
             backend,
             tmp_path / "move.trace",
             lambda: backend.run_event("c", RunEvent.COMPLETE, by="u"),
         )
-        assert (created, with_parent, phase, move) == (1, 2, 1, 1)
+        assert (created, with_parent, phase, note, move) == (1, 2, 1, 1, 1)
         assert moved == await backend.get_run("c")  # as read, with what the move wrote
         assert moved.state is not RunState.RUNNING
         kinds = [e.kind for e in await backend.events("c")]
-        assert kinds == ["run_created", "phase", "complete"]
+        assert kinds == ["run_created", "phase", "gate_passed", "cancel_asked", "complete"]
     finally:
         await backend.close()
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stopline.domain.model import OperationRecord, RunRecord
+from stopline.domain.model import CancelState, OperationRecord, RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
@@ -21,7 +21,6 @@ from stopline.ledger.engine.reads import (
     chunks,
     event_statement,
     found_run,
-    load_op,
     load_ops,
     load_run,
     load_runs,
@@ -228,19 +227,38 @@ async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> Run
 async def note(
     db: Db, op_id: str, kind: str, data: dict[str, Any], cancel_state: str | None
 ) -> OperationRecord:
-    """An event that changes no status (progress, cancel asked, a late copy)."""
-    async with db.transaction():
-        op = await load_op(db, op_id, lock=db.dialect.for_update)
-        now = time.time()
-        if cancel_state is not None:
-            await db.run(
+    """An event that changes no status (progress, cancel asked, a late copy): the
+    operation locked and read, its cancel state set and the event logged (both only
+    for an operation that is there) sent with them and the commit, one round trip on
+    PostgreSQL; the operation returned as read with what the change wrote."""
+    text = db.dialect.text
+    now = time.time()
+    statements: list[tuple[str, Params]] = [
+        (f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?{db.dialect.for_update}", (op_id,))
+    ]
+    if cancel_state is not None:
+        statements.append(
+            (
                 "UPDATE operations SET cancel_state = ?, updated_at = ? WHERE id = ?",
                 (cancel_state, now, op_id),
             )
-        await db.run(
-            *event_statement(now, op.run_id, op_id, kind, op.status.value, op.status.value, data)
         )
-        return await load_op(db, op_id)
+    statements.append(
+        (
+            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
+            f" SELECT ?, run_id, id, {text('?')}, status, status, {text('?')}"
+            " FROM operations WHERE id = ?",
+            (now, kind, rows.dump_data(data), op_id),
+        )
+    )
+    async with db.transaction():
+        found, *_ = await db.batch(statements, commit=True)
+    if not found:
+        raise UnknownOperation(op_id)
+    op = rows.op_from_row(found[0])
+    if cancel_state is None:
+        return op
+    return dataclasses.replace(op, cancel_state=CancelState.parse(cancel_state), updated_at=now)
 
 
 async def note_many(db: Db, notes: Sequence[Note]) -> list[OperationRecord | UnknownOperation]:
