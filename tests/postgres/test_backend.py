@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +23,9 @@ from stopline.domain.lifecycle import CancelResult
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew, UnknownRun
 from stopline.ledger.backend import GateVerdict
+from stopline.ledger.engine import fence, reads
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
+from stopline.ledger.postgres_listen import OwnCancels
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.schema import SCHEMA_VERSION
 from tests.ledger.contract import op_spec, run_spec
@@ -557,3 +559,78 @@ async def test_a_run_and_its_operations_are_read_from_one_snapshot_in_one_round_
         assert [op.status for op in first[1]] == [OpStatus.COMMITTED]
     finally:
         await backend.close()
+
+
+async def test_a_backends_own_cancel_is_not_handed_back_by_its_listener(pg_url: str) -> None:
+    """A cancel's notification comes back to the backend that committed it; its caller
+    has the fenced runs already (the runtime delivers them itself), so the listener
+    neither reads nor hands them on. A cancel by another backend, notified after it
+    (in commit order), is delivered as always; and once taken, a later notification
+    of the same run from the same server process is delivered too."""
+    heard = Heard()
+
+    async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
+        for run_id, parent in (("mine", None), ("tree", None), ("leaf", "tree"), ("theirs", None)):
+            await listener.create_run(run_spec(run_id, parent_id=parent))
+        checks: list[Sequence[str]] = []
+        real = reads.fenced_among
+
+        async def counted(db: Any, run_ids: Sequence[str]) -> list[str]:
+            checks.append(list(run_ids))
+            return await real(db, run_ids)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(reads, "fenced_among", counted)
+            assert (await listener.cancel("mine", by="u")).fenced == ("mine",)
+            assert (await listener.cancel("tree", by="u")).fenced == ("tree", "leaf")
+            await canceller.cancel("theirs", by="u")  # notified after the two above
+            with anyio.fail_after(10):
+                await heard.arrived.wait()
+        assert checks == [["theirs"]]  # the own ones were not even read
+
+    await notified(pg_url, heard, act)
+    assert heard.seen == [["theirs"]]
+
+
+def test_own_cancels_are_taken_once_per_server_process_and_expire() -> None:
+    own = OwnCancels(hold=60)
+    own.add(["a", "b"], pid=7)
+    assert own.others(["a", "b", "c"], pid=8) == ["a", "b", "c"]  # another process's
+    assert own.others(["a", "c"], pid=7) == ["c"]
+    assert own.others(["a", "b"], pid=7) == ["a"]  # a taken: a later cancel of it counts
+    expired = OwnCancels(hold=0)
+    expired.add(["a"], pid=7)
+    assert expired.others(["a"], pid=7) == ["a"]
+    many = OwnCancels(hold=60)
+    many.add([f"r{i}" for i in range(OwnCancels.LIMIT + 10)], pid=1)
+    assert many.others(["r0", f"r{OwnCancels.LIMIT + 9}"], pid=1) == ["r0"]  # oldest gone
+
+
+async def test_an_own_cancel_whose_reply_was_lost_is_handed_back_by_the_listener(
+    pg_url: str,
+) -> None:
+    """The cancel committed but its reply was lost: the retry finds the run fenced and
+    returns nothing fenced, so the runtime delivers nothing itself. Nothing was kept as
+    this backend's own, and the notification is handed on: it is how the cancel
+    reaches this process's calls."""
+    heard = Heard()
+
+    async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
+        await listener.create_run(run_spec("lost"))
+        real = fence.cancel
+        lost = {"armed": True}
+
+        async def reply_lost(tx: Tx, run_id: str, by: str, reason: str) -> CancelResult:
+            result = await real(tx, run_id, by, reason)  # committed
+            if lost.pop("armed", False):
+                tx.in_doubt = True
+                raise psycopg.OperationalError("simulated: server closed the connection")
+            return result
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fence, "cancel", reply_lost)
+            retried = await listener.cancel("lost", by="u")
+        assert retried.fenced == ()  # the retry found it fenced: the first cancel won
+
+    await notified(pg_url, heard, act)
+    assert heard.seen == [["lost"]]

@@ -74,7 +74,7 @@ from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
-from stopline.ledger.postgres_listen import Listener
+from stopline.ledger.postgres_listen import Listener, OwnCancels
 from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_settle import (
@@ -135,6 +135,7 @@ class PostgresBackend(SqlBackend):
         # keeps the outcome in strict queue order
         self._run_of: dict[str, str] = {}  # in insertion order: the oldest goes first
         self.listener = Listener(self)
+        self.own_cancels = OwnCancels()  # what the listener need not hand back
         self.group = GroupCommit(self, group_commit_ms / 1000)
 
     @classmethod
@@ -401,10 +402,19 @@ class PostgresBackend(SqlBackend):
             lost = "the connection was lost after it was sent and the ledger stayed unreachable"
             return CancelInDoubt(self.location, run_id, lost)
 
+        async def body(tx: Tx) -> CancelResult:
+            result = await fence.cancel(tx, run_id, by, reason)
+            # committed: the caller has these runs; their notification, when it comes
+            # back to this backend's listener, is not read or handed on again
+            self.own_cancels.add(result.fenced, tx.conn.info.backend_pid)
+            return result
+
         # not behind the deferred outcomes (it reads no operation): the fence goes first
-        return await self.attempts(
-            lambda tx: fence.cancel(tx, run_id, by, reason), safe=True, in_doubt=in_doubt
-        )
+        self.own_cancels.sending += 1
+        try:
+            return await self.attempts(body, safe=True, in_doubt=in_doubt)
+        finally:
+            self.own_cancels.sending -= 1
 
     # -- writes that read no operation: not behind the deferred outcomes ---------------
     # (a child created or a phase entered waits for no one's outcome; what it writes
