@@ -198,7 +198,8 @@ async def _bare_notifies(
     import psycopg
 
     child = await _Child.start("listener", url, str(2 * n))
-    bare, durable = [], []
+    bare: list[float] = []
+    durable: list[float] = []
     fence = (
         "UPDATE bare_fence SET fence = fence + 1 WHERE id = 'floor'",
         "NOTIFY stopline_bench_floor",
@@ -207,21 +208,24 @@ async def _bare_notifies(
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await conn.execute(f'SET search_path = "{schema}"')
             await conn.execute("INSERT INTO bare_fence VALUES ('floor', 0)")
-            for _ in range(n):
-                assert await child.line() == "in"
-                await anyio.sleep(idle)
-                start = time.perf_counter()
+
+            async def notify() -> None:
                 await conn.execute("NOTIFY stopline_bench_floor")
-                bare.append(float(await child.line()) - start)
-                assert await child.line() == "in"
-                await anyio.sleep(idle)
-                start = time.perf_counter()
+
+            async def commit_fence() -> None:
                 async with conn.pipeline():  # one round trip, as a childless run's cancel
                     await conn.execute("BEGIN")
                     for statement in fence:
                         await conn.execute(statement)
                     await conn.execute("COMMIT")
-                durable.append(float(await child.line()) - start)
+
+            for _ in range(n):
+                for act, samples in ((notify, bare), (commit_fence, durable)):
+                    assert await child.line() == "in"
+                    await anyio.sleep(idle)
+                    start = time.perf_counter()
+                    await act()
+                    samples.append(float(await child.line()) - start)
     finally:
         await child.close()
     return bare, durable

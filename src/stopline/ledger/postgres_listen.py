@@ -75,8 +75,9 @@ class OwnCancels:
     def add(self, run_ids: Sequence[str], pid: int) -> None:
         now = time.monotonic()
         kept = self._kept
-        for key in [k for k, until in kept.items() if until <= now]:
-            del kept[key]
+        # kept in the order they expire (each added at now + hold): the expired first
+        while kept and next(iter(kept.values())) <= now:
+            del kept[next(iter(kept))]
         for run_id in run_ids:
             kept.pop((run_id, pid), None)
             kept[(run_id, pid)] = now + self.hold
@@ -193,8 +194,8 @@ class Listener:
         except (ValueError, TypeError):
             log.warning("cancel listener: ignoring a malformed notification %r", payload[:200])
             return
-        own = self._backend.own_cancels
         if pid is not None:
+            own = self._backend.own_cancels
             if own.sending:
                 # a few turns of the loop first: an own cancel whose reply came in with
                 # this notification keeps its runs before they are looked for (with

@@ -5,7 +5,7 @@ whether the write landed (its result) or not (``RETRY``: run it again).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from stopline.domain.model import OperationSpec
@@ -48,17 +48,22 @@ def run_landed(spec: RunSpec) -> Callable[[Tx], Awaitable[Any]]:
     return settle
 
 
+def _moved_on(table: Mapping[tuple[Any, Any], Any], state: Any, event: Any) -> bool:
+    """The state no longer takes ``event``: the write that moved it by it landed."""
+    try:
+        apply(table, state, event)
+    except IllegalTransition:
+        return True
+    return False
+
+
 def run_moved(run_id: str, event: RunEvent) -> Callable[[Tx], Awaitable[Any]]:
     """After a lost reply: the move landed (the run's state no longer takes ``event``:
     it moved on) or not (retry), as for an outcome."""
 
     async def settle(tx: Tx) -> Any:
         run = await load_run(tx, run_id)
-        try:
-            apply(RUN_TABLE, run.state, event)
-        except IllegalTransition:
-            return run, True
-        return RETRY
+        return (run, True) if _moved_on(RUN_TABLE, run.state, event) else RETRY
 
     return settle
 
@@ -68,10 +73,6 @@ def outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitabl
 
     async def settle(tx: Tx) -> Any:
         op = await load_op(tx, op_id)
-        try:
-            apply(OPERATION_TABLE, op.status, update.event)
-        except IllegalTransition:
-            return op  # the status moved on: the write landed
-        return RETRY
+        return op if _moved_on(OPERATION_TABLE, op.status, update.event) else RETRY
 
     return settle

@@ -27,6 +27,8 @@ __all__ = [
     "run_from_row",
 ]
 
+# the head of every statement logging events (``VALUES`` or a ``SELECT`` follows)
+EVENT_INTO = "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
 APPROVAL_COLUMNS = (
     "id, run_id, scope, approver, status, expires_at, requested_by, decided_by, created_at,"
     " decided_at"

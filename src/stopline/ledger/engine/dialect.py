@@ -20,6 +20,7 @@ from stopline.domain.vocab import OpEvent
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import transition_case
+from stopline.ledger.engine.reads import EVENT_SQL
 
 __all__ = ["OUTCOME_SET", "Dialect"]
 
@@ -34,11 +35,6 @@ OUTCOME_SET = (
     " has_result = CASE WHEN :has_result = 1 THEN 1 ELSE {new}has_result END,"
     " cancel_state = COALESCE(:cancel_state, {new}cancel_state)"
 )
-_EVENT = (
-    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
 
 _OP_BY_ID = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = :id"
 
@@ -67,8 +63,7 @@ def _outcomes_sql(event: OpEvent) -> tuple[str, str, str]:
     guard, target = transition_case(event, "o.status")
     read = f"SELECT id, status FROM operations WHERE id IN {_IDS}"
     log = (
-        "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-        f" SELECT :now, o.run_id, o.id, :kind, o.status, {target}, :data"
+        f"{rows.EVENT_INTO} SELECT :now, o.run_id, o.id, :kind, o.status, {target}, :data"
         " FROM json_each(:ids) AS j CROSS JOIN operations o ON o.id = j.value"
         f" WHERE {guard} ORDER BY j.key RETURNING op_id"
     )
@@ -131,9 +126,8 @@ class Dialect:
             return None
         attempt = "" if params["token"] is None else ", 'attempt', :token"
         await db.run(
-            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-            f" SELECT :now, id, :id, :passed, :from, :to, json_object('fence', fence{attempt})"
-            " FROM runs WHERE id = :run",
+            f"{rows.EVENT_INTO} SELECT :now, id, :id, :passed, :from, :to,"
+            f" json_object('fence', fence{attempt}) FROM runs WHERE id = :run",
             params,
         )
         # read apart: on SQLite a RETURNING clause costs more than the statement (issue 18)
@@ -151,7 +145,7 @@ class Dialect:
         # the row read apart: on SQLite, RETURNING here cost ~2x the update (issue 18)
         row = await db.one(_OP_BY_ID, params)
         values = (params["now"], found[1], params["id"], params["kind"], found[0], row[5])
-        await db.run(_EVENT, (*values, params["data"]))
+        await db.run(EVENT_SQL, (*values, params["data"]))
         return found[0], row
 
     async def apply_outcomes(

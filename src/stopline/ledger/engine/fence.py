@@ -151,8 +151,8 @@ def _fence(
         (ApprovalStatus.WITHDRAWN, now, by, *params),
     )
     log = (
-        "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-        f" SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')} FROM runs"
+        f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')}"
+        " FROM runs"
         f" WHERE {cancellable} RETURNING run_id",
         (now, RunEvent.CANCEL, _CANCELLING, data, *params),
     )

@@ -39,6 +39,7 @@ __all__ = [
     "events",
     "fenced_among",
     "first_unsettled",
+    "found_op",
     "found_run",
     "in_flight_where",
     "in_flight_workers",
@@ -49,6 +50,7 @@ __all__ = [
     "load_ops",
     "load_run",
     "load_runs",
+    "op_query",
     "operations",
     "ops_query",
     "run_query",
@@ -70,10 +72,7 @@ def chunks(ids: Sequence[str]) -> list[list[str]]:
     ]
 
 
-EVENT_SQL = (
-    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
+EVENT_SQL = f"{rows.EVENT_INTO} VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
 def in_flight_where(column: str = "status") -> str:
@@ -97,11 +96,20 @@ async def load_run(db: Db, run_id: str, *, lock: str = "") -> RunRecord:
     return found_run(await db.all(*run_query(run_id, lock)), run_id)
 
 
-async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
-    row = await db.one(f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?{lock}", (op_id,))
-    if row is None:
+def op_query(op_id: str, lock: str = "") -> tuple[str, tuple[str]]:
+    """The statement ``load_op`` runs (for a ``Db.batch``); ``found_op`` reads its rows."""
+    return f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?{lock}", (op_id,)
+
+
+def found_op(found: Sequence[Any], op_id: str) -> OperationRecord:
+    """The operation in the rows of ``op_query``; ``UnknownOperation`` if there is none."""
+    if not found:
         raise UnknownOperation(op_id)
-    return rows.op_from_row(row)
+    return rows.op_from_row(found[0])
+
+
+async def load_op(db: Db, op_id: str, *, lock: str = "") -> OperationRecord:
+    return found_op(await db.all(*op_query(op_id, lock)), op_id)
 
 
 def runs_query(

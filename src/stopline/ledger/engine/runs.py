@@ -20,10 +20,12 @@ from stopline.ledger.engine.reads import (
     EVENT_SQL,
     chunks,
     event_statement,
+    found_op,
     found_run,
     load_ops,
     load_run,
     load_runs,
+    op_query,
     run_query,
 )
 
@@ -102,9 +104,8 @@ async def run_event(
             [
                 run_query(run_id, db.dialect.for_update),
                 (  # the event first: it reads the state the move leaves
-                    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-                    f" SELECT ?, id, NULL, {text('?')}, state, {target_of}, {text('?')}"
-                    f" FROM runs WHERE id = ? AND {movable}",
+                    f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state,"
+                    f" {target_of}, {text('?')} FROM runs WHERE id = ? AND {movable}",
                     (now, kind.value, data, run_id),
                 ),
                 (
@@ -212,8 +213,7 @@ async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> Run
                     (kind.value, policy.value, now, run_id),
                 ),
                 (
-                    "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-                    f" SELECT ?, id, NULL, {text('?')}, NULL, NULL, {text('?')}"
+                    f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, NULL, NULL, {text('?')}"
                     " FROM runs WHERE id = ?",
                     (now, LogKind.PHASE.value, data, run_id),
                 ),
@@ -233,9 +233,7 @@ async def note(
     PostgreSQL; the operation returned as read with what the change wrote."""
     text = db.dialect.text
     now = time.time()
-    statements: list[tuple[str, Params]] = [
-        (f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = ?{db.dialect.for_update}", (op_id,))
-    ]
+    statements: list[tuple[str, Params]] = [op_query(op_id, db.dialect.for_update)]
     if cancel_state is not None:
         statements.append(
             (
@@ -245,17 +243,14 @@ async def note(
         )
     statements.append(
         (
-            "INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)"
-            f" SELECT ?, run_id, id, {text('?')}, status, status, {text('?')}"
+            f"{rows.EVENT_INTO} SELECT ?, run_id, id, {text('?')}, status, status, {text('?')}"
             " FROM operations WHERE id = ?",
             (now, kind, rows.dump_data(data), op_id),
         )
     )
     async with db.transaction():
         found, *_ = await db.batch(statements, commit=True)
-    if not found:
-        raise UnknownOperation(op_id)
-    op = rows.op_from_row(found[0])
+    op = found_op(found, op_id)
     if cancel_state is None:
         return op
     return dataclasses.replace(op, cancel_state=CancelState.parse(cancel_state), updated_at=now)
