@@ -17,6 +17,7 @@ from stopline.errors import IllegalTransition
 __all__ = [
     "AGREES",
     "CONTRADICTS",
+    "FINAL_RUN_STATES",
     "OPERATION_TABLE",
     "RUN_TABLE",
     "apply",
@@ -95,6 +96,9 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     # R10: a cancelled run resumes only from an evidenced checkpoint (checked in the ledger)
     (_R.CANCELLED, _V.RESUME): _R.RUNNING,
 }
+
+# The states no run leaves (nothing in the table starts there): completed, failed.
+FINAL_RUN_STATES = frozenset(RunState) - {state for state, _ in RUN_TABLE}
 
 # Events that agree with an outcome already recorded: kept as evidence, no change.
 AGREES: dict[OpEvent, frozenset[OpStatus]] = {

@@ -12,7 +12,6 @@ settles its link, and a cancelled or pausing run moves on.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import time
@@ -29,6 +28,7 @@ from stopline.errors import IllegalTransition, StoplineError, UnknownOperation
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
+from stopline.runtime.settle import moves_on
 from stopline.runtime.tool import Verdict
 
 if TYPE_CHECKING:
@@ -223,9 +223,14 @@ class Outcomes:
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
         reason = "" if error is None else f"{type(error).__name__}: {error}"
-        with contextlib.suppress(IllegalTransition):  # cancelled elsewhere: settle below
-            await self._core.backend.run_event(run_id, event, by=by, reason=reason)
+        try:
+            run, _ = await self._core.backend.run_event(run_id, event, by=by, reason=reason)
+        except IllegalTransition:  # cancelled elsewhere meanwhile: it settles below
+            run = None
         self._core.changed(run_id)
+        if run is not None and not moves_on(run.state):
+            self._core.settler.ended(run)  # nothing to settle, now or later
+            return
         await self._core.settler.advance(run_id)
 
     async def settle_pause(self, run_id: str) -> None:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import SYSTEM
-from stopline.domain.model import CancelState, Evidence, OperationRecord
+from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline.domain.transitions import FINAL_RUN_STATES
 from stopline.domain.vocab import (
     Cancellable,
     EvidenceKind,
@@ -44,7 +45,7 @@ from stopline.runtime.tool import ReadBack, Verdict
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
-__all__ = ["Settler", "VerifyBudget"]
+__all__ = ["Settler", "VerifyBudget", "moves_on"]
 
 
 def _answer_state(answer: object) -> CancelState:
@@ -67,7 +68,14 @@ def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str
     return Note(ctx.op_id, kind, data, cancel_state=state)
 
 
+_FINAL_KEPT = 4096
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
+
+
+def moves_on(state: RunState) -> bool:
+    """Whether the settler has anything to do with a run in ``state``: a cancelled run
+    not yet settled. A step reads a run in any other state and leaves it as it is."""
+    return state in _CANCELLED
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +120,9 @@ class Settler:
         # answers known without asking, to write (their notes built by the writing task,
         # after the cancel that found them has interrupted what it had to)
         self._answers: list[tuple[CallContext, CancelState, str, str]] = []
+        # runs this process ended (completed, failed; the latest _FINAL_KEPT): no step reads
+        # them again (an outcome committed with a run's end asks for one)
+        self._final: dict[str, None] = {}
         self.busy = 0  # background steps running now
         self._idle = anyio.Event()  # set while ``busy`` is 0
         self._idle.set()
@@ -409,6 +420,14 @@ class Settler:
             if error is not None:
                 raise error
 
+    def ended(self, run: RunRecord) -> None:
+        """This process moved ``run`` by itself (it completed or failed): once nothing can
+        leave its state, no step of the settler reads it again."""
+        if run.state in FINAL_RUN_STATES:
+            self._final[run.id] = None
+            if len(self._final) > _FINAL_KEPT:
+                del self._final[next(iter(self._final))]
+
     async def _step(self, run_ids: list[str]) -> list[Exception | None]:
         """One step of these runs: read them in one read, decide each run's move, write
         the moves in one transaction, then verify what is ``unknown``. Never two steps
@@ -418,6 +437,8 @@ class Settler:
         errors: dict[str, Exception] = {}
         ready = []
         for run_id in run_ids:
+            if run_id in self._final:
+                continue  # it ended here, in a state nothing leaves: nothing to settle
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
                 continue  # local calls still running; their outcomes call us again
@@ -432,7 +453,7 @@ class Settler:
                 errors[run_id] = got
                 continue
             run, ops = got
-            if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
+            if not moves_on(run.state) or any(op.status.in_flight for op in ops):
                 continue
             if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
