@@ -17,7 +17,7 @@ from stopline.errors import CancelInDoubt, InvalidInput
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
-from tests.ledger.contract import run_spec
+from tests.ledger.contract import COMMIT, op_spec, run_spec
 from tests.postgres.server import Outage, fresh_schema, terminate
 
 pytestmark = pytest.mark.timeout(30)
@@ -159,6 +159,37 @@ async def test_a_run_moved_with_its_commit_is_settled_after_its_connection_dies(
     assert run.state is RunState.COMPLETED
     assert run == await backend.get_run("run_m")
     assert [e.kind for e in await backend.events("run_m")] == ["run_created", "complete"]
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-left", "reply-lost"])
+async def test_a_runs_end_riding_its_outcomes_group_is_settled_after_its_connection_dies(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """A run's end rides the group transaction of its last call's deferred outcome. The
+    server ends that transaction's connection before it left (each runs again, alone)
+    or after it committed (its reply lost: each is settled by reading back). Either
+    way the outcome lands once and the run moves once, each with one event."""
+    backend = await PostgresBackend.open(pg_url + "&retry_for=0.5&group_commit_ms=60000")
+    try:
+        await backend.create_run(run_spec("run_e"))
+        await backend.gate(op_spec("run_e/1:send", run_id="run_e"))
+        got: list[Any] = []
+        backend.record_deferred("run_e/1:send", COMMIT, lambda outcome: got.append(outcome()))
+
+        def together(statements: Sequence[Any], commit: bool) -> bool:
+            sent = " ".join(sql for sql, _ in statements)
+            return commit and "UPDATE runs SET state" in sent and "UPDATE operations" in sent
+
+        ended = EndedAtBatch(backend, monkeypatch, together, reply_lost=landed)
+        with anyio.fail_after(20):
+            run, moved = await backend.run_event("run_e", RunEvent.COMPLETE, by="u")
+        assert ended.ended and moved  # the group carrying both was the one cut
+        assert run.state is RunState.COMPLETED
+        assert [op.status for op in got] == [stopline.OpStatus.COMMITTED]
+        kinds = [e.kind for e in await backend.events("run_e")]
+        assert kinds == ["run_created", "gate_passed", "committed", "complete"]
+    finally:
+        await backend.close()
 
 
 async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retried_whole(

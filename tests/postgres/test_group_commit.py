@@ -81,6 +81,46 @@ async def test_each_outcome_rides_the_next_calls_intent(pg_url: str) -> None:
     assert sql(pg_url, "SELECT DISTINCT status FROM operations") == [("committed",)]
 
 
+async def test_a_runs_end_rides_its_last_outcomes_transaction(pg_url: str) -> None:
+    """A run's block ends after its last call: the call's deferred outcome and the run's
+    move commit in one transaction (they were two, the move waiting for the outcome's),
+    in that order, each once."""
+    provider = FakeProvider("send")
+    async with stopline.open(pg_url + NEVER) as ledger:
+        for n in range(3):
+            async with ledger.run("r", owner="u", run_id=f"r{n}") as run:
+                await run.call(provider.tool, n)
+    rows = sql(pg_url, "SELECT run_id, kind, xmin::text FROM events ORDER BY seq")
+    for n in range(3):
+        mine = [(kind, x) for run_id, kind, x in rows if run_id == f"r{n}"]
+        kinds = [kind for kind, _ in mine]
+        assert kinds == ["run_created", "gate_passed", "accepted", "committed", "complete"]
+        txn = dict(mine)
+        assert txn["committed"] == txn["complete"]
+    assert sql(pg_url, "SELECT DISTINCT state FROM runs") == [("completed",)]
+
+
+async def test_a_runs_move_never_joins_a_group_holding_a_gate(
+    backend: PostgresBackend,
+) -> None:
+    """A run's move may wait for its run's lock; a group holding another run's (a gate's)
+    must never wait for one (a tree cancel takes runs in its own order): the move then
+    goes in the next group. After outcomes alone it goes last, and ends the group."""
+    group = backend.group
+
+    def taken(*jobs: Job) -> list[str]:
+        group._queue.extend(jobs)
+        try:
+            return [job.op_id for job in group._take()]
+        finally:
+            group._queue.clear()
+
+    move = Job("move", _job("m", _GATE, None).alone, batch=([], lambda found: None))
+    assert taken(_job("o1", _OUTCOME, "a"), move, _job("o2", _OUTCOME, "b")) == ["o1", "move"]
+    assert taken(_job("g1", _GATE, "a"), _job("o1", _OUTCOME, "b"), move) == ["g1", "o1"]
+    assert taken(move, _job("g1", _GATE, "a")) == ["move"]
+
+
 async def test_concurrent_gates_share_one_transaction(backend: PostgresBackend) -> None:
     await backend.create_run(run_spec())
     results = {}

@@ -431,10 +431,23 @@ class PostgresBackend(SqlBackend):
     async def _move(
         self, run_id: str, event: RunEvent, by: str, reason: str
     ) -> tuple[RunRecord, bool]:
-        return await self._tx(
-            lambda db: runs.run_event(db, run_id, event, by, reason),
-            settle=run_moved(run_id, event),
-        )
+        def body(db: Db) -> Awaitable[tuple[RunRecord, bool]]:
+            return runs.run_event(db, run_id, event, by, reason)
+
+        settle = run_moved(run_id, event)
+        prepared = runs.run_event_batch(self.dialect, run_id, event, by, reason)
+        if not self.group.unsettled or prepared is None:
+            return await self._tx(body, settle=settle)
+
+        # outcomes deferred (a run's end after its last call): the move rides their
+        # transaction, after them, instead of waiting for it and then committing alone
+        async def alone(doubt: bool, deadline: float, connection: Lease) -> tuple[RunRecord, bool]:
+            return await self.attempts(
+                body, settle=settle, doubt=doubt, deadline=deadline, connection=connection
+            )
+
+        moved: tuple[RunRecord, bool] = await self.group.submit(Job(run_id, alone, batch=prepared))
+        return moved
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]

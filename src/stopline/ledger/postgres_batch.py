@@ -60,13 +60,20 @@ log = logging.getLogger("stopline.ledger.postgres")
 Outcome = Callable[[], Any]  # returns the job's result or raises its error
 # run the job by itself: (a commit in doubt already, deadline, the connection to run it on)
 Alone = Callable[[bool, float, Lease], Awaitable[Any]]
+# a transaction that is one batch: its statements (COMMIT goes with them), and its result
+# made of their rows (raising the transaction's own error)
+Batch = tuple[list[tuple[str, Any]], Callable[[Sequence[Sequence[Any]]], Any]]
 
 
 class Job:
     """One write queued: a gate or an outcome (``forms``: its statement for one job and
-    for many of its kind); ``then`` set: deferred, nobody waits."""
+    for many of its kind), or a transaction that is one batch (``batch``: its statements
+    and what makes its result of their rows), which rides a group's transaction after
+    what was queued before it; ``then`` set: deferred, nobody waits."""
 
-    __slots__ = ("alone", "forms", "lead", "op_id", "outcome", "params", "run", "then", "wake")
+    __slots__ = (
+        "alone", "batch", "forms", "lead", "op_id", "outcome", "params", "run", "then", "wake",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -77,8 +84,10 @@ class Job:
         params: Callable[[], dict[str, Any]] | None = None,
         then: Callable[[Outcome], None] | None = None,
         run: str | None = None,
+        batch: Batch | None = None,
     ) -> None:
         self.op_id = op_id
+        self.batch = batch  # forms is None: it goes last in a group, its statements its own
         self.run = run  # its operation's run, if known (else it keeps its place among all)
         self.alone = alone  # None: a barrier, nothing to write
         self.forms = forms  # None: never together with others
@@ -224,6 +233,12 @@ class GroupCommit:
         seen: set[str] = set()
         while self._queue and len(batch) < MAX_BATCH:
             job = self._queue[0]
+            if job.batch is not None:  # after everything queued before it; it ends the group
+                # only where the group holds no run's lock (no gate): it may wait for its
+                # run's, and a group never waits for a run while holding another
+                if not any(_is_gate([j]) for j in batch):
+                    batch.append(self._queue.popleft())
+                break
             if job.alone is not None and job.forms is None:  # one that is never grouped
                 if not any(j.alone is not None for j in batch):
                     batch.append(self._queue.popleft())
@@ -308,6 +323,9 @@ class GroupCommit:
         """``work`` as one transaction: (the jobs done with their outcomes, gates that
         must take the slow path)."""
         backend = self._backend
+        last = work[-1] if work[-1].batch is not None else None  # it goes last (``_take``)
+        if last is not None:
+            work = work[:-1]
         stretches = _stretches(work)
         # The one-row gate waits for a run a cancel holds: only while the group holds no
         # other run (its first gate stretch); later ones skip a locked run (SKIP LOCKED,
@@ -321,6 +339,8 @@ class GroupCommit:
             if self.before_batch is not None:
                 await self.before_batch(conn.info.backend_pid)
             statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
+            if last is not None and last.batch is not None:
+                statements.extend(last.batch[0])
             try:
                 async with tx.transaction():  # BEGIN, the statements, COMMIT: one pipeline
                     results = await tx.batch(statements, commit=True)
@@ -328,7 +348,9 @@ class GroupCommit:
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
         done: list[tuple[Job, Outcome]] = []
         slow: list[Job] = []
-        for stretch, found, one in zip(stretches, results, one_row, strict=True):
+        if last is not None and last.batch is not None:
+            done.append((last, _made(last.batch[1], results[len(stretches) :])))
+        for stretch, found, one in zip(stretches, results[: len(stretches)], one_row, strict=True):
             forms = stretch[0].forms
             assert forms is not None
             if forms.gate:
@@ -400,6 +422,14 @@ def _fences(stretch: Sequence[Job], found: Sequence[Any], one_row: bool) -> dict
     if one_row:
         return {stretch[0].op_id: int(found[0][0])} if found else {}
     return {str(op): int(fence) for op, fence in found}
+
+
+def _made(result: Callable[[Sequence[Sequence[Any]]], Any], found: Sequence[Any]) -> Outcome:
+    """A one-batch transaction's outcome, made of its statements' rows."""
+    try:
+        return _value(result(found))
+    except Exception as exc:  # UnknownRun, IllegalTransition: what its body raises
+        return _error(exc)
 
 
 def _recorded(job: Job, row: Sequence[Any]) -> Outcome:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stopline.domain.model import CancelState, OperationRecord, RunRecord
@@ -38,6 +38,7 @@ __all__ = [
     "note",
     "note_many",
     "run_event",
+    "run_event_batch",
     "run_events",
     "set_phase",
 ]
@@ -81,6 +82,45 @@ async def create_run(db: Db, spec: RunSpec) -> RunRecord:
     return found_run(found[-1], spec.id)
 
 
+Statements = list[tuple[str, Params]]
+
+
+def run_event_batch(
+    dialect: Dialect, run_id: str, kind: RunEvent, by: str, reason: str
+) -> tuple[Statements, Callable[[Sequence[Sequence[Any]]], tuple[RunRecord, bool]]] | None:
+    """``run_event`` as one batch: its statements (the last of their transaction: its
+    ``COMMIT`` goes with them) and what makes its result of their rows, which raises
+    ``UnknownRun`` or ``IllegalTransition``. None when no state moves by ``kind``. A
+    backend may send them with other statements in one transaction (PostgreSQL's group
+    commit, after the outcomes the run's calls deferred)."""
+    moves = _moves(dialect.unindexed("state"), kind)
+    if moves is None:
+        return None
+    target_of, movable = moves
+    text = dialect.text
+    now = time.time()
+    data = rows.dump_data({"by": by, "reason": reason})
+    statements: Statements = [
+        run_query(run_id, dialect.for_update),
+        (  # the event first: it reads the state the move leaves
+            f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state,"
+            f" {target_of}, {text('?')} FROM runs WHERE id = ? AND {movable}",
+            (now, kind.value, data, run_id),
+        ),
+        (
+            f"UPDATE runs SET state = {target_of}, updated_at = ? WHERE id = ? AND {movable}",
+            (now, run_id),
+        ),
+    ]
+
+    def moved(found: Sequence[Sequence[Any]]) -> tuple[RunRecord, bool]:
+        run = found_run(found[0], run_id)
+        target = apply(RUN_TABLE, run.state, kind)  # illegal: the statements matched nothing
+        return dataclasses.replace(run, state=target, updated_at=now), True
+
+    return statements, moved
+
+
 async def run_event(
     db: Db, run_id: str, kind: RunEvent, by: str, reason: str
 ) -> tuple[RunRecord, bool]:
@@ -90,35 +130,15 @@ async def run_event(
     moves by ``kind`` (``_moves``: the table itself, in SQL), so an illegal move writes
     nothing and is raised from the state read; the run returned is the one read with
     what the move wrote (its state and instant)."""
-    moves = _moves(db.dialect.unindexed("state"), kind)
-    if moves is None:  # no state takes it: nothing to write, only the error to say
+    prepared = run_event_batch(db.dialect, run_id, kind, by, reason)
+    if prepared is None:  # no state takes it: nothing to write, only the error to say
         run = await load_run(db, run_id)
         apply(RUN_TABLE, run.state, kind)  # raises IllegalTransition
         raise AssertionError(f"{kind.value}: the run table has no move for it")
-    target_of, movable = moves
-    text = db.dialect.text
-    now = time.time()
-    data = rows.dump_data({"by": by, "reason": reason})
+    statements, moved = prepared
     async with db.transaction():
-        found, _, _ = await db.batch(
-            [
-                run_query(run_id, db.dialect.for_update),
-                (  # the event first: it reads the state the move leaves
-                    f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state,"
-                    f" {target_of}, {text('?')} FROM runs WHERE id = ? AND {movable}",
-                    (now, kind.value, data, run_id),
-                ),
-                (
-                    f"UPDATE runs SET state = {target_of}, updated_at = ?"
-                    f" WHERE id = ? AND {movable}",
-                    (now, run_id),
-                ),
-            ],
-            commit=True,
-        )
-    run = found_run(found, run_id)
-    target = apply(RUN_TABLE, run.state, kind)  # illegal: the statements matched nothing
-    return dataclasses.replace(run, state=target, updated_at=now), True
+        found = await db.batch(statements, commit=True)
+    return moved(found)
 
 
 @functools.cache
