@@ -28,6 +28,7 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
         "gate_sqlite_us",
         "gate_sqlite_strict_us",
         "gate_dispatch_sqlite_us",
+        "run_one_call_sqlite_us",
         "gate_sqlite_wal_pages",
         "gate_sqlite_concurrent_ops_per_s",
         "cancel_inprocess_p99_ms",

@@ -32,6 +32,7 @@ async def test_the_postgres_figures_are_measured_on_the_server(tmp_path: Path) -
     figures = {f.name: f for f in await measure(quick=True, workdir=tmp_path, postgres=url)}
     assert list(figures) == [
         "gate_postgres_us",
+        "run_one_call_postgres_us",
         "cancel_cross_process_p99_ms",
         "gate_postgres_concurrent_ops_per_s",
     ]

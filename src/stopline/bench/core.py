@@ -23,7 +23,14 @@ from stopline.bench.figures import Figure, median, percentile, quiet_heap
 from stopline.bench.wal import last_commits
 from stopline.ledger.sqlite import SQLiteBackend
 
-__all__ = ["bare_txn", "bare_txn_samples", "gate_samples", "measure"]
+__all__ = [
+    "bare_txn",
+    "bare_txn_samples",
+    "gate_samples",
+    "measure",
+    "one_call_run_figure",
+    "one_call_runs",
+]
 
 
 @stopline.tool
@@ -91,6 +98,34 @@ async def gate_samples(
             whole.append(time.perf_counter() - start)
             before_dispatch.append(dispatched[-1] - start)
     return whole, before_dispatch
+
+
+async def one_call_runs(url: str, n: int) -> list[float]:
+    """Whole one-call runs, one after another: the run created, one gated call, the run
+    ended (its end and the call's outcome durable when its block is left)."""
+    samples = []
+    async with stopline.open(url) as ledger:
+        for i in range(n):
+            start = time.perf_counter()
+            async with ledger.run("bench", owner="bench") as run:
+                await run.call(_noop, i)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def one_call_run_figure(engine: str, runs: list[float], bare: float, bare_is: str) -> Figure:
+    """``run_one_call_<engine>_us``: a one-call run's p50 beside ``bare`` (seconds, this
+    run's), which ``bare_is``."""
+    return Figure(
+        f"run_one_call_{engine}_us",
+        median(runs) * 1e6,
+        "us",
+        bare * 1e6,
+        "",
+        "p50 of a run opened, one gated call, the run ended; its floor is three durable "
+        f"writes (the run, the call's intent, the run's end with the call's outcome); "
+        f"baseline: {bare_is}",
+    )
 
 
 async def wal_pages(workdir: Path, calls: int = 40) -> tuple[float, float]:
@@ -245,6 +280,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     url = f"sqlite:///{workdir / 'core.db'}"
     bare = await bare_txn_samples(workdir / "bare.db", n)
     gated, before_dispatch = await gate_samples(url, n)
+    runs_alone = await one_call_runs(f"sqlite:///{workdir / 'runs.db'}", n // 3)
     strict, _ = await gate_samples(f"sqlite:///{workdir / 'strict.db'}", n, durable_outcomes=True)
     runs, per_run = (100, 5) if quick else (100, 50)
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
@@ -279,6 +315,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             "ratio ~ 1.0",
             "p50 from run.call() to the provider invoked: the gate's one durable write",
         ),
+        one_call_run_figure("sqlite", runs_alone, median(bare), "one bare durable txn"),
         Figure(
             "gate_sqlite_wal_pages",
             pages,

@@ -26,6 +26,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import stopline
+from stopline.bench.core import one_call_run_figure, one_call_runs
 from stopline.bench.figures import Figure, median, percentile
 from stopline.domain.model import OperationSpec
 from stopline.ledger.backend import RunSpec
@@ -316,6 +317,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     try:
         bare, bare_cpu = await _bare_samples(postgres, f"{schema}_bare", n)
         calls, gates, gate_cpu = await _gate_samples(url, n)
+        runs_alone = await one_call_runs(url, n // 3)
         cancels, cancel_txns, idle = await _cross_process_cancels(url, 30 if quick else 200)
         floor, durable = await _bare_notifies(
             postgres, f"{schema}_bare", 30 if quick else 200, median(idle)
@@ -340,6 +342,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             f"client CPU per gate {gate_cpu * 1e6:.0f} us, per bare insert "
             f"{bare_cpu * 1e6:.0f} us",
         ),
+        one_call_run_figure("postgres", runs_alone, median(bare), "one bare conditional insert"),
         Figure(
             "cancel_cross_process_p99_ms",
             percentile(cancels, 99) * 1e3,
