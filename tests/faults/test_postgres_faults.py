@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -77,10 +77,10 @@ async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: Postgres
 
 
 class EndedAtBatch:
-    """``Tx.batch`` patched: the server ends the connection of the first batch that
-    ``when(statements, commit)`` picks, before it leaves, or (``reply_lost``) after it
-    committed, its reply lost. ``ended``: that connection's server process; ``used``:
-    each batch's."""
+    """``Tx.batch`` and ``Tx.implicit`` (a group transaction, which commits) patched: the
+    server ends the connection of the first batch that ``when(statements, commit)``
+    picks, before it leaves, or (``reply_lost``) after it committed, its reply lost.
+    ``ended``: that connection's server process; ``used``: each batch's."""
 
     def __init__(
         self,
@@ -92,23 +92,34 @@ class EndedAtBatch:
     ) -> None:
         self.ended: list[int] = []
         self.used: list[int] = []
-        original = Tx.batch
+        original, implicit = Tx.batch, Tx.implicit
+        Run = Callable[[], Awaitable[list[list[Any]]]]
 
-        async def batch(tx: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+        async def cut(tx: Tx, statements: Any, commit: bool, run: Run) -> list[list[Any]]:
             pid = tx.conn.info.backend_pid
             self.used.append(pid)
             if self.ended or not when(statements, commit):
-                return await original(tx, statements, commit=commit)
+                return await run()
             self.ended.append(pid)
             if not reply_lost:
                 terminate(backend.conninfo, pid)
-                return await original(tx, statements, commit=commit)
-            await original(tx, statements, commit=commit)
+                return await run()
+            await run()
             terminate(backend.conninfo, pid)
             tx.in_doubt = True  # the reply of a sent COMMIT never came
             raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
 
+        async def batch(tx: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+            def run() -> Awaitable[list[list[Any]]]:
+                return original(tx, statements, commit=commit)
+
+            return await cut(tx, statements, commit, run)
+
+        async def implicit_batch(tx: Tx, statements: Any) -> list[list[Any]]:
+            return await cut(tx, statements, True, lambda: implicit(tx, statements))
+
         monkeypatch.setattr(Tx, "batch", batch)
+        monkeypatch.setattr(Tx, "implicit", implicit_batch)
 
 
 async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_retried(

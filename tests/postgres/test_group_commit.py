@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 import stopline
 from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import OpStatus
 from stopline.errors import StoplineError
-from stopline.ledger import postgres_batch
+from stopline.ledger import postgres_batch, postgres_txn
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_batch import Job, _stretches
@@ -182,6 +183,44 @@ async def test_an_illegal_outcome_in_a_group_fails_alone(backend: PostgresBacken
         OpStatus.COMMITTED,
     ]
     assert isinstance(got[1], stopline.UnknownOperation)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [psycopg.ProgrammingError("simulated: a parameter it cannot send"), RuntimeError("a bug")],
+    ids=["psycopg", "other"],
+)
+async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """A group transaction is one pipeline with no ``BEGIN``: its ``Sync`` commits what
+    was sent even when the client fails before queuing the rest. So that failure is a
+    commit in doubt: each job runs alone after reading back whether it landed. The
+    outcome sent before the failure is found committed, not recorded again; the gate
+    never sent passes once."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+    got: list[Any] = []
+    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+    spell = postgres_txn.pg_sql
+    armed = [True]
+
+    def failing(sql: str) -> str:
+        if armed[0] and "INSERT INTO operations" in sql:  # the gate, after the outcome
+            armed[0] = False
+            raise failure
+        return spell(sql)
+
+    monkeypatch.setattr(postgres_txn, "pg_sql", failing)
+    with anyio.fail_after(20):
+        result = await backend.gate(op_spec("run_a/1:send"))
+    assert not armed[0]  # the group failed between its two statements
+    assert result.verdict is GateVerdict.PASSED
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+    kinds = [(e.op_id, e.kind) for e in await backend.events("run_a")]
+    assert kinds.count(("run_a/0:send", "committed")) == 1
+    assert kinds.count(("run_a/1:send", "gate_passed")) == 1
+    assert [e.kind for e in await backend.events("run_a") if e.kind.startswith("evidence")] == []
 
 
 async def test_a_group_transactions_connection_killed_loses_nothing(

@@ -3,8 +3,10 @@
 Gates and outcomes of one process queue here in the order they are asked for.
 Whoever finds no transaction running leads one: it takes what is queued (its
 own job first among them) and commits it as one transaction, one round trip
-(``Tx.batch``, one pipeline: ``BEGIN``, one statement per stretch of jobs of
-one kind, ``COMMIT``); the jobs queued meanwhile wait, and the first caller
+(``Tx.implicit``, one pipeline: one statement per stretch of jobs of one kind,
+committed by the pipeline's ``Sync``, no ``BEGIN`` or ``COMMIT`` sent; a
+failure with no error reply from the server, the client's own included, is
+a commit in doubt); the jobs queued meanwhile wait, and the first caller
 among them leads the next. A lone caller finds nothing queued and runs its job
 alone, exactly as without the queue (one statement, one commit), with no
 task in between.
@@ -341,11 +343,13 @@ class GroupCommit:
             statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
             if last is not None and last.batch is not None:
                 statements.extend(last.batch[0])
-            try:
-                async with tx.transaction():  # BEGIN, the statements, COMMIT: one pipeline
-                    results = await tx.batch(statements, commit=True)
+            try:  # one pipeline, its Sync the commit: no BEGIN or COMMIT to send
+                results = await tx.implicit(statements)
             except (psycopg.Error, OSError) as exc:
+                # no error reply from the server: what was sent may have committed
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
+            except Exception as exc:  # the client failed mid-way: the Sync committed the rest
+                raise _Failed(in_doubt=tx.in_doubt) from exc
         done: list[tuple[Job, Outcome]] = []
         slow: list[Job] = []
         if last is not None and last.batch is not None:

@@ -129,6 +129,21 @@ class Tx(Db):
         # object per column of each result (16 us for a run's row, measured)
         return [await c.fetchall() if _has_rows(c) else [] for c in cursors]
 
+    async def implicit(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """The statements as one transaction of their own without ``BEGIN`` or ``COMMIT``:
+        one pipeline, whose ``Sync`` commits them all (an error reply from the server
+        rolls them all back). Outside a transaction only. A commit is on the wire from
+        the first statement: should the client fail before the last is queued, the
+        pipeline's ``Sync`` still commits what was sent, so such a failure (one with
+        no error reply) leaves the commit in doubt, like a connection lost."""
+        if self._depth:
+            raise RuntimeError("an implicit transaction cannot be part of another")
+        self.in_doubt = True
+        async with self.conn.pipeline():
+            cursors = [await self.conn.execute(pg_sql(sql), p) for sql, p in statements]
+        self.in_doubt = False
+        return [await c.fetchall() if _has_rows(c) else [] for c in cursors]
+
     async def snapshot(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
         if self._depth:  # part of the enclosing transaction
             return await self.batch(statements)
