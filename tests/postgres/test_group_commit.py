@@ -19,7 +19,7 @@ import pytest
 
 import stopline
 from stopline.domain.model import OperationRecord
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, RunEvent, RunState
 from stopline.errors import StoplineError
 from stopline.ledger import postgres_batch, postgres_txn
 from stopline.ledger.backend import GateVerdict
@@ -221,6 +221,42 @@ async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
     assert kinds.count(("run_a/0:send", "committed")) == 1
     assert kinds.count(("run_a/1:send", "gate_passed")) == 1
     assert [e.kind for e in await backend.events("run_a") if e.kind.startswith("evidence")] == []
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [psycopg.ProgrammingError("simulated: a parameter it cannot send"), RuntimeError("a bug")],
+    ids=["psycopg", "other"],
+)
+async def test_a_client_failing_inside_a_runs_move_in_a_group_commits_none_of_it(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """A run's move is three statements (its lock, its event, its update): a group that
+    carries it keeps its ``BEGIN``, so the client failing after the event was sent
+    commits none of it; each job then runs alone, and the run moves once, with one
+    event (without ``BEGIN`` the ``Sync`` committed the event alone, and the retry
+    logged a second)."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+    got: list[Any] = []
+    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
+    spell = postgres_txn.pg_sql
+    armed = [True]
+
+    def failing(sql: str) -> str:
+        if armed[0] and sql.startswith("UPDATE runs SET state"):  # after the move's event
+            armed[0] = False
+            raise failure
+        return spell(sql)
+
+    monkeypatch.setattr(postgres_txn, "pg_sql", failing)
+    with anyio.fail_after(20):
+        run, moved = await backend.run_event("run_a", RunEvent.COMPLETE, by="u")
+    assert not armed[0]
+    assert moved and run.state is RunState.COMPLETED
+    assert [o.status for o in got] == [OpStatus.COMMITTED]
+    kinds = [e.kind for e in await backend.events("run_a")]
+    assert kinds == ["run_created", "gate_passed", "committed", "complete"]
 
 
 async def test_a_group_transactions_connection_killed_loses_nothing(

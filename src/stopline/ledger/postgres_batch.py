@@ -6,7 +6,9 @@ own job first among them) and commits it as one transaction, one round trip
 (``Tx.implicit``, one pipeline: one statement per stretch of jobs of one kind,
 committed by the pipeline's ``Sync``, no ``BEGIN`` or ``COMMIT`` sent; a
 failure with no error reply from the server, the client's own included, is
-a commit in doubt); the jobs queued meanwhile wait, and the first caller
+a commit in doubt; a group that carries a job of several statements, a run's
+move, keeps its ``BEGIN`` and ``COMMIT``: all of it or none); the jobs queued
+meanwhile wait, and the first caller
 among them leads the next. A lone caller finds nothing queued and runs its job
 alone, exactly as without the queue (one statement, one commit), with no
 task in between.
@@ -343,8 +345,13 @@ class GroupCommit:
             statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
             if last is not None and last.batch is not None:
                 statements.extend(last.batch[0])
-            try:  # one pipeline, its Sync the commit: no BEGIN or COMMIT to send
-                results = await tx.implicit(statements)
+            try:
+                if last is None:  # each job one statement: its Sync the commit, no BEGIN
+                    results = await tx.implicit(statements)
+                else:  # a job of several statements: all of them or none, even should
+                    # the client fail between two (the Sync would commit what was sent)
+                    async with tx.transaction():
+                        results = await tx.batch(statements, commit=True)
             except (psycopg.Error, OSError) as exc:
                 # no error reply from the server: what was sent may have committed
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
