@@ -435,8 +435,10 @@ class PostgresBackend(SqlBackend):
             return runs.run_event(db, run_id, event, by, reason)
 
         settle = run_moved(run_id, event)
-        prepared = runs.run_event_batch(self.dialect, run_id, event, by, reason)
-        if not self.group.unsettled or prepared is None:
+        prepared = None
+        if self.group.unsettled:
+            prepared = runs.run_event_batch(self.dialect, run_id, event, by, reason)
+        if prepared is None:
             return await self._tx(body, settle=settle)
 
         # outcomes deferred (a run's end after its last call): the move rides their
