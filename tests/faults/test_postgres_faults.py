@@ -77,10 +77,11 @@ async def test_a_cancel_whose_reply_is_lost_is_cancel_in_doubt(backend: Postgres
 
 
 class EndedAtBatch:
-    """``Tx.batch`` and ``Tx.implicit`` (a group transaction, which commits) patched: the
-    server ends the connection of the first batch that ``when(statements, commit)``
-    picks, before it leaves, or (``reply_lost``) after it committed, its reply lost.
-    ``ended``: that connection's server process; ``used``: each batch's."""
+    """``Tx.batch``, ``Tx.implicit`` (a group transaction) and ``Tx.write1`` (one
+    statement that commits by itself) patched: the server ends the connection of the
+    first of them that ``when(statements, commit)`` picks, before it leaves, or
+    (``reply_lost``) after it committed, its reply lost. ``ended``: that connection's
+    server process; ``used``: each one's."""
 
     def __init__(
         self,
@@ -92,10 +93,10 @@ class EndedAtBatch:
     ) -> None:
         self.ended: list[int] = []
         self.used: list[int] = []
-        original, implicit = Tx.batch, Tx.implicit
-        Run = Callable[[], Awaitable[list[list[Any]]]]
+        original, implicit, write1 = Tx.batch, Tx.implicit, Tx.write1
+        Run = Callable[[], Awaitable[Any]]
 
-        async def cut(tx: Tx, statements: Any, commit: bool, run: Run) -> list[list[Any]]:
+        async def cut(tx: Tx, statements: Any, commit: bool, run: Run) -> Any:
             pid = tx.conn.info.backend_pid
             self.used.append(pid)
             if self.ended or not when(statements, commit):
@@ -109,17 +110,21 @@ class EndedAtBatch:
             tx.in_doubt = True  # the reply of a sent COMMIT never came
             raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
 
-        async def batch(tx: Tx, statements: Any, *, commit: bool = False) -> list[list[Any]]:
+        async def batch(tx: Tx, statements: Any, *, commit: bool = False) -> Any:
             def run() -> Awaitable[list[list[Any]]]:
                 return original(tx, statements, commit=commit)
 
             return await cut(tx, statements, commit, run)
 
-        async def implicit_batch(tx: Tx, statements: Any) -> list[list[Any]]:
+        async def implicit_batch(tx: Tx, statements: Any) -> Any:
             return await cut(tx, statements, True, lambda: implicit(tx, statements))
+
+        async def one_statement(tx: Tx, sql: str, params: Any = ()) -> Any:
+            return await cut(tx, [(sql, params)], True, lambda: write1(tx, sql, params))
 
         monkeypatch.setattr(Tx, "batch", batch)
         monkeypatch.setattr(Tx, "implicit", implicit_batch)
+        monkeypatch.setattr(Tx, "write1", one_statement)
 
 
 async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_retried(
@@ -159,8 +164,8 @@ async def test_a_run_created_in_one_round_trip_is_settled_after_its_connection_d
 async def test_a_run_moved_with_its_commit_is_settled_after_its_connection_dies(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, landed: bool
 ) -> None:
-    """The server ends the connection under a run's move, whose write, event and
-    ``COMMIT`` go in one round trip: before it left (it runs again) or after it
+    """The server ends the connection under a run's move, one statement (its lock, event
+    and write) that commits by itself: before it left (it runs again) or after it
     committed (its reply lost: the run is found moved on, and is the answer). The run
     moves once, with one event."""
     await backend.create_run(run_spec("run_m"))

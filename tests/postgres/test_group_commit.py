@@ -228,14 +228,13 @@ async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
     [psycopg.ProgrammingError("simulated: a parameter it cannot send"), RuntimeError("a bug")],
     ids=["psycopg", "other"],
 )
-async def test_a_client_failing_inside_a_runs_move_in_a_group_commits_none_of_it(
+async def test_a_client_failing_before_a_runs_move_in_a_group_moves_it_once(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
 ) -> None:
-    """A run's move is three statements (its lock, its event, its update): a group that
-    carries it keeps its ``BEGIN``, so the client failing after the event was sent
-    commits none of it; each job then runs alone, and the run moves once, with one
-    event (without ``BEGIN`` the ``Sync`` committed the event alone, and the retry
-    logged a second)."""
+    """A run's end rides its outcome's group as one statement (its lock, event and
+    write, ``PostgresDialect.move_sql``), so it lands whole or not at all. The client
+    failing after the outcome was sent, before the move: the outcome is found
+    committed, and the run moves once, with one event."""
     await backend.create_run(run_spec())
     await backend.gate(op_spec("run_a/0:send"))
     got: list[Any] = []
@@ -244,7 +243,7 @@ async def test_a_client_failing_inside_a_runs_move_in_a_group_commits_none_of_it
     armed = [True]
 
     def failing(sql: str) -> str:
-        if armed[0] and sql.startswith("UPDATE runs SET state"):  # after the move's event
+        if armed[0] and "UPDATE runs SET state" in sql:  # the move, after the outcome
             armed[0] = False
             raise failure
         return spell(sql)

@@ -438,7 +438,7 @@ class PostgresBackend(SqlBackend):
         prepared = None
         if self.group.unsettled:
             prepared = runs.run_event_batch(self.dialect, run_id, event, by, reason)
-        if prepared is None:
+        if prepared is None or len(prepared[0]) != 1:  # a group's job is one statement
             return await self._tx(body, settle=settle)
 
         # outcomes deferred (a run's end after its last call): the move rides their

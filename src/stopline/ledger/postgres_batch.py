@@ -6,9 +6,8 @@ own job first among them) and commits it as one transaction, one round trip
 (``Tx.implicit``, one pipeline: one statement per stretch of jobs of one kind,
 committed by the pipeline's ``Sync``, no ``BEGIN`` or ``COMMIT`` sent; a
 failure with no error reply from the server, the client's own included, is
-a commit in doubt; a group that carries a job of several statements, a run's
-move, keeps its ``BEGIN`` and ``COMMIT``: all of it or none); the jobs queued
-meanwhile wait, and the first caller
+a commit in doubt: each job is one statement, so each lands whole or not at
+all); the jobs queued meanwhile wait, and the first caller
 among them leads the next. A lone caller finds nothing queued and runs its job
 alone, exactly as without the queue (one statement, one commit), with no
 task in between.
@@ -64,16 +63,17 @@ log = logging.getLogger("stopline.ledger.postgres")
 Outcome = Callable[[], Any]  # returns the job's result or raises its error
 # run the job by itself: (a commit in doubt already, deadline, the connection to run it on)
 Alone = Callable[[bool, float, Lease], Awaitable[Any]]
-# a transaction that is one batch: its statements (COMMIT goes with them), and its result
-# made of their rows (raising the transaction's own error)
+# a transaction that is one statement, in a batch: the statement (its commit the group's)
+# and its result made of its rows (raising the transaction's own error); one statement,
+# so it lands whole or not at all when a group's implicit transaction is cut short
 Batch = tuple[list[tuple[str, Any]], Callable[[Sequence[Sequence[Any]]], Any]]
 
 
 class Job:
     """One write queued: a gate or an outcome (``forms``: its statement for one job and
-    for many of its kind), or a transaction that is one batch (``batch``: its statements
-    and what makes its result of their rows), which rides a group's transaction after
-    what was queued before it; ``then`` set: deferred, nobody waits."""
+    for many of its kind), or a transaction that is one statement (``batch``: it, and
+    what makes its result of its rows), which rides a group's transaction after what
+    was queued before it; ``then`` set: deferred, nobody waits."""
 
     __slots__ = (
         "alone", "batch", "forms", "lead", "op_id", "outcome", "params", "run", "then", "wake",
@@ -345,13 +345,8 @@ class GroupCommit:
             statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
             if last is not None and last.batch is not None:
                 statements.extend(last.batch[0])
-            try:
-                if last is None:  # each job one statement: its Sync the commit, no BEGIN
-                    results = await tx.implicit(statements)
-                else:  # a job of several statements: all of them or none, even should
-                    # the client fail between two (the Sync would commit what was sent)
-                    async with tx.transaction():
-                        results = await tx.batch(statements, commit=True)
+            try:  # each job one statement: its Sync the commit, no BEGIN or COMMIT
+                results = await tx.implicit(statements)
             except (psycopg.Error, OSError) as exc:
                 # no error reply from the server: what was sent may have committed
                 raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc

@@ -24,11 +24,11 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
-from stopline.domain.vocab import OpEvent
+from stopline.domain.vocab import OpEvent, RunEvent
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
-from stopline.ledger.engine.guards import transition_case
+from stopline.ledger.engine.guards import run_moves, transition_case
 
 __all__ = ["NOTIFY_BYTES", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
 
@@ -63,6 +63,9 @@ class PostgresDialect(Dialect):
         # the planner, on tables it has not analyzed yet, ties the state index with the
         # primary key and may walk every live run: ``|| ''`` leaves the index out
         return f"({column} || '')"
+
+    def move_sql(self, kind: RunEvent) -> str | None:
+        return _move_sql(kind)
 
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         if self.channel is None:
@@ -159,6 +162,31 @@ ev AS (
 )
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
+"""
+
+
+@functools.cache
+def _move_sql(kind: RunEvent) -> str | None:
+    """``runs.run_event`` as one statement: the run locked and read, the event (from the
+    state read) and the move, both matching only a state the run table moves by
+    ``kind`` (``guards.run_moves``); the row as read. One statement commits whole by
+    itself, alone or in a group's implicit transaction."""
+    moves = run_moves("run.state", kind)
+    if moves is None:
+        return None
+    target_of, movable = moves
+    return f"""
+WITH run AS (SELECT {rows.RUN_COLUMNS} FROM runs WHERE id = :run FOR UPDATE),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT :now, run.id, NULL, :kind::text, run.state, {target_of}, :data::text
+    FROM run WHERE {movable}
+),
+upd AS (
+    UPDATE runs SET state = {target_of}, updated_at = :now FROM run
+    WHERE runs.id = run.id AND {movable}
+)
+SELECT * FROM run
 """
 
 

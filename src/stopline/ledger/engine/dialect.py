@@ -16,7 +16,7 @@ import json
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from stopline.domain.vocab import OpEvent
+from stopline.domain.vocab import OpEvent, RunEvent
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import transition_case
@@ -101,6 +101,13 @@ class Dialect:
         walks every live run of the ledger; ``+column`` (a no-op) leaves its index out,
         so a tree's statements cost what the tree holds, not what the ledger does."""
         return f"+{column}"
+
+    def move_sql(self, kind: RunEvent) -> str | None:
+        """A run's move by ``kind`` as one statement (``:run``, ``:now``, ``:kind``,
+        ``:data``): the run locked and read, its event and its move, returning the run's
+        row as read. None: the engine writes it in three statements (``runs``), or no
+        state moves by ``kind``."""
+        return None
 
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         """Tell other processes these runs were fenced, at commit (nothing here)."""

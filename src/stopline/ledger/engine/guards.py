@@ -29,6 +29,7 @@ __all__ = [
     "PAUSE_STATES",
     "RETRYABLE",
     "SETTLED",
+    "run_moves",
     "sql_values",
     "transition_case",
 ]
@@ -102,3 +103,15 @@ def transition_case(event: OpEvent, column: str) -> tuple[str, str]:
     guard = f"{column} IN ({sql_values(moves)})"
     cases = " ".join(f"WHEN {sql_values([s])} THEN {sql_values([t])}" for s, t in moves.items())
     return guard, (f"CASE {column} {cases} END" if moves else column)
+
+
+@functools.cache
+def run_moves(state: str, kind: RunEvent) -> tuple[str, str] | None:
+    """The run table's moves by ``kind`` in SQL, on ``state`` (the column as the dialect
+    keeps it off its index: the id's own serves): each state's target (a ``CASE``),
+    and the condition matching the states it moves; None if it moves none."""
+    moves = {source: target for (source, event), target in RUN_TABLE.items() if event is kind}
+    if not moves:
+        return None
+    whens = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in sorted(moves.items()))
+    return f"CASE {state} {whens} END", f"{state} IN ({sql_values(set(moves))})"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,7 +14,7 @@ from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger import rows
 from stopline.ledger.backend import Note, RunSpec
 from stopline.ledger.engine.db import Db, Params
-from stopline.ledger.engine.guards import sql_values
+from stopline.ledger.engine.guards import run_moves
 from stopline.ledger.engine.reads import (
     EVENT_SQL,
     chunks,
@@ -93,25 +92,30 @@ def run_event_batch(
     ``UnknownRun`` or ``IllegalTransition``. None when no state moves by ``kind``. A
     backend may send them with other statements in one transaction (PostgreSQL's group
     commit, after the outcomes the run's calls deferred)."""
-    moves = _moves(dialect.unindexed("state"), kind)
+    moves = run_moves(dialect.unindexed("state"), kind)
     if moves is None:
         return None
     target_of, movable = moves
     text = dialect.text
     now = time.time()
     data = rows.dump_data({"by": by, "reason": reason})
-    statements: Statements = [
-        run_query(run_id, dialect.for_update),
-        (  # the event first: it reads the state the move leaves
-            f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state,"
-            f" {target_of}, {text('?')} FROM runs WHERE id = ? AND {movable}",
-            (now, kind.value, data, run_id),
-        ),
-        (
-            f"UPDATE runs SET state = {target_of}, updated_at = ? WHERE id = ? AND {movable}",
-            (now, run_id),
-        ),
-    ]
+    fused = dialect.move_sql(kind)  # one statement where the engine can (PostgreSQL)
+    statements: Statements
+    if fused is not None:
+        statements = [(fused, {"run": run_id, "now": now, "kind": kind.value, "data": data})]
+    else:
+        statements = [
+            run_query(run_id, dialect.for_update),
+            (  # the event first: it reads the state the move leaves
+                f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state,"
+                f" {target_of}, {text('?')} FROM runs WHERE id = ? AND {movable}",
+                (now, kind.value, data, run_id),
+            ),
+            (
+                f"UPDATE runs SET state = {target_of}, updated_at = ? WHERE id = ? AND {movable}",
+                (now, run_id),
+            ),
+        ]
 
     def moved(found: Sequence[Sequence[Any]]) -> tuple[RunRecord, bool]:
         run = found_run(found[0], run_id)
@@ -126,31 +130,22 @@ async def run_event(
 ) -> tuple[RunRecord, bool]:
     """A run transition other than cancel (which is the subtree fence, in ``fence``): the
     run locked and read, its event and its move sent with them and the commit, one
-    round trip on PostgreSQL. The event and the move match only a state the run table
-    moves by ``kind`` (``_moves``: the table itself, in SQL), so an illegal move writes
-    nothing and is raised from the state read; the run returned is the one read with
-    what the move wrote (its state and instant)."""
+    statement on PostgreSQL. The event and the move match only a state the run table
+    moves by ``kind`` (``guards.run_moves``: the table itself, in SQL), so an illegal
+    move writes nothing and is raised from the state read; the run returned is the one
+    read with what the move wrote (its state and instant)."""
     prepared = run_event_batch(db.dialect, run_id, kind, by, reason)
     if prepared is None:  # no state takes it: nothing to write, only the error to say
         run = await load_run(db, run_id)
         apply(RUN_TABLE, run.state, kind)  # raises IllegalTransition
         raise AssertionError(f"{kind.value}: the run table has no move for it")
     statements, moved = prepared
+    if len(statements) == 1:  # one statement (PostgreSQL's): it commits by itself
+        row = await db.commit_one(*statements[0])
+        return moved([[] if row is None else [row]])
     async with db.transaction():
         found = await db.batch(statements, commit=True)
     return moved(found)
-
-
-@functools.cache
-def _moves(state: str, kind: RunEvent) -> tuple[str, str] | None:
-    """The run table's moves by ``kind`` in SQL, on ``state`` (the column as the dialect
-    keeps it off its index: the id's own serves): each state's target (a ``CASE``),
-    and the condition matching the states it moves; None if it moves none."""
-    moves = {source: target for (source, event), target in RUN_TABLE.items() if event is kind}
-    if not moves:
-        return None
-    whens = " ".join(f"WHEN '{s.value}' THEN '{t.value}'" for s, t in sorted(moves.items()))
-    return f"CASE {state} {whens} END", f"{state} IN ({sql_values(set(moves))})"
 
 
 async def run_events(
