@@ -185,19 +185,22 @@ async def test_an_illegal_outcome_in_a_group_fails_alone(backend: PostgresBacken
     assert isinstance(got[1], stopline.UnknownOperation)
 
 
-@pytest.mark.parametrize(
+CLIENT_FAILURES = pytest.mark.parametrize(
     "failure",
     [psycopg.ProgrammingError("simulated: a parameter it cannot send"), RuntimeError("a bug")],
     ids=["psycopg", "other"],
 )
-async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
-    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
-) -> None:
-    """A group transaction is one pipeline with no ``BEGIN``: its ``Sync`` commits what
-    was sent even when the client fails before queuing the rest. So that failure is a
-    commit in doubt: each job runs alone after reading back whether it landed. The
-    outcome sent before the failure is found committed, not recorded again; the gate
-    never sent passes once."""
+
+
+_THE_GATE, _THE_MOVE = "INSERT INTO operations", "UPDATE runs SET state"  # in their SQL
+
+
+async def _outcome_then_failing(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception, at: str
+) -> tuple[list[Any], list[bool]]:
+    """An outcome deferred; the client then fails once, queuing the first statement that
+    contains ``at`` (the next job of the group, after the outcome). The outcomes, and
+    whether the failure is still to come."""
     await backend.create_run(run_spec())
     await backend.gate(op_spec("run_a/0:send"))
     got: list[Any] = []
@@ -206,12 +209,25 @@ async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
     armed = [True]
 
     def failing(sql: str) -> str:
-        if armed[0] and "INSERT INTO operations" in sql:  # the gate, after the outcome
+        if armed[0] and at in sql:
             armed[0] = False
             raise failure
         return spell(sql)
 
     monkeypatch.setattr(postgres_txn, "pg_sql", failing)
+    return got, armed
+
+
+@CLIENT_FAILURES
+async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """A group transaction is one pipeline with no ``BEGIN``: its ``Sync`` commits what
+    was sent even when the client fails before queuing the rest. So that failure is a
+    commit in doubt: each job runs alone after reading back whether it landed. The
+    outcome sent before the failure is found committed, not recorded again; the gate
+    never sent passes once."""
+    got, armed = await _outcome_then_failing(backend, monkeypatch, failure, at=_THE_GATE)
     with anyio.fail_after(20):
         result = await backend.gate(op_spec("run_a/1:send"))
     assert not armed[0]  # the group failed between its two statements
@@ -223,11 +239,7 @@ async def test_a_client_failing_mid_group_is_a_commit_in_doubt(
     assert [e.kind for e in await backend.events("run_a") if e.kind.startswith("evidence")] == []
 
 
-@pytest.mark.parametrize(
-    "failure",
-    [psycopg.ProgrammingError("simulated: a parameter it cannot send"), RuntimeError("a bug")],
-    ids=["psycopg", "other"],
-)
+@CLIENT_FAILURES
 async def test_a_client_failing_before_a_runs_move_in_a_group_moves_it_once(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, failure: Exception
 ) -> None:
@@ -235,20 +247,7 @@ async def test_a_client_failing_before_a_runs_move_in_a_group_moves_it_once(
     write, ``PostgresDialect.move_sql``), so it lands whole or not at all. The client
     failing after the outcome was sent, before the move: the outcome is found
     committed, and the run moves once, with one event."""
-    await backend.create_run(run_spec())
-    await backend.gate(op_spec("run_a/0:send"))
-    got: list[Any] = []
-    backend.record_deferred("run_a/0:send", COMMIT, _collect(got))
-    spell = postgres_txn.pg_sql
-    armed = [True]
-
-    def failing(sql: str) -> str:
-        if armed[0] and "UPDATE runs SET state" in sql:  # the move, after the outcome
-            armed[0] = False
-            raise failure
-        return spell(sql)
-
-    monkeypatch.setattr(postgres_txn, "pg_sql", failing)
+    got, armed = await _outcome_then_failing(backend, monkeypatch, failure, at=_THE_MOVE)
     with anyio.fail_after(20):
         run, moved = await backend.run_event("run_a", RunEvent.COMPLETE, by="u")
     assert not armed[0]
