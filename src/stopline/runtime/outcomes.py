@@ -28,7 +28,6 @@ from stopline.errors import IllegalTransition, StoplineError, UnknownOperation
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
-from stopline.runtime.settle import moves_on
 from stopline.runtime.tool import Verdict
 
 if TYPE_CHECKING:
@@ -228,9 +227,8 @@ class Outcomes:
         except IllegalTransition:  # cancelled elsewhere meanwhile: it settles below
             run = None
         self._core.changed(run_id)
-        if run is not None and not moves_on(run.state):
-            self._core.settler.ended(run)  # nothing to settle, now or later
-            return
+        if run is not None and self._core.settler.ended(run):
+            return  # nothing to settle, now or later
         await self._core.settler.advance(run_id)
 
     async def settle_pause(self, run_id: str) -> None:

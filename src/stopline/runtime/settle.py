@@ -45,7 +45,7 @@ from stopline.runtime.tool import ReadBack, Verdict
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
-__all__ = ["Settler", "VerifyBudget", "moves_on"]
+__all__ = ["Settler", "VerifyBudget"]
 
 
 def _answer_state(answer: object) -> CancelState:
@@ -70,12 +70,6 @@ def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str
 
 _FINAL_KEPT = 4096
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
-
-
-def moves_on(state: RunState) -> bool:
-    """Whether the settler has anything to do with a run in ``state``: a cancelled run
-    not yet settled. A step reads a run in any other state and leaves it as it is."""
-    return state in _CANCELLED
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -420,13 +414,16 @@ class Settler:
             if error is not None:
                 raise error
 
-    def ended(self, run: RunRecord) -> None:
-        """This process moved ``run`` by itself (it completed or failed): once nothing can
-        leave its state, no step of the settler reads it again."""
-        if run.state in FINAL_RUN_STATES:
-            self._final[run.id] = None
-            if len(self._final) > _FINAL_KEPT:
-                del self._final[next(iter(self._final))]
+    def ended(self, run: RunRecord) -> bool:
+        """This process moved ``run`` by itself (it completed or failed). True if nothing
+        can leave its state: then there is nothing to settle, and no step of the settler
+        reads it again."""
+        if run.state not in FINAL_RUN_STATES:
+            return False
+        self._final[run.id] = None
+        if len(self._final) > _FINAL_KEPT:
+            del self._final[next(iter(self._final))]
+        return True
 
     async def _step(self, run_ids: list[str]) -> list[Exception | None]:
         """One step of these runs: read them in one read, decide each run's move, write
@@ -453,7 +450,7 @@ class Settler:
                 errors[run_id] = got
                 continue
             run, ops = got
-            if not moves_on(run.state) or any(op.status.in_flight for op in ops):
+            if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
                 continue
             if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)

@@ -95,8 +95,6 @@ def run_event_batch(
     moves = run_moves(dialect.unindexed("state"), kind)
     if moves is None:
         return None
-    target_of, movable = moves
-    text = dialect.text
     now = time.time()
     data = rows.dump_data({"by": by, "reason": reason})
     fused = dialect.move_sql(kind)  # one statement where the engine can (PostgreSQL)
@@ -104,6 +102,8 @@ def run_event_batch(
     if fused is not None:
         statements = [(fused, {"run": run_id, "now": now, "kind": kind.value, "data": data})]
     else:
+        target_of, movable = moves
+        text = dialect.text
         statements = [
             run_query(run_id, dialect.for_update),
             (  # the event first: it reads the state the move leaves
