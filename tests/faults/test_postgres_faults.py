@@ -290,3 +290,63 @@ async def test_a_megabyte_id_is_refused_before_the_network(pg_url: str) -> None:
                 await run.call(FakeProvider("send").tool, "x", key=huge)
         assert [r.id for r in await ledger.backend.list_runs()] == ["run_ok"]
         assert await ledger.backend.operations("run_ok") == []
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-left", "reply-lost"])
+async def test_a_phase_entered_with_its_commit_is_logged_once_after_its_connection_dies(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """The server ends the connection under a phase's one round trip (the run's lock and
+    read, its change, its event and the ``COMMIT``): before it left (it runs again) or
+    after it committed, its reply lost. Entering a phase is not safe to run twice (its
+    event would be logged twice), so the doubt is settled by reading back whether this
+    attempt's event is in the log: one ``phase`` event either way."""
+    await backend.create_run(run_spec("run_p"))
+    ended = EndedAtBatch(backend, monkeypatch, lambda statements, commit: commit, reply_lost=landed)
+    run = await backend.set_phase("run_p", stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE)
+    assert ended.ended
+    assert (run.phase, run.policy) == (stopline.PhaseKind.READING, stopline.Policy.IMMEDIATE)
+    assert run == await backend.get_run("run_p")
+    assert [e.kind for e in await backend.events("run_p")] == ["run_created", "phase"]
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-left", "reply-lost"])
+async def test_an_audit_is_logged_once_after_its_connection_dies(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, landed: bool
+) -> None:
+    """A denial's audit event is one statement that commits by itself; the server ends
+    its connection before it left or after it committed (its reply lost). The audit
+    trail says once what was denied, not twice."""
+    await backend.create_run(run_spec("run_d"))
+    ended = EndedAtBatch(backend, monkeypatch, lambda statements, commit: commit, reply_lost=landed)
+    await backend.audit("run_d", principal="eve", action="cancel", allowed=False, detail="no")
+    assert ended.ended
+    assert [e.kind for e in await backend.events("run_d")] == ["run_created", "denied"]
+
+
+async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner added (a link made or made again, and its event) commits, and the server
+    ends the connection before the reply: the link is there, and one ``owner_added``
+    event, not a second from the retry."""
+    await backend.create_run(run_spec("run_o"))
+    await backend.create_run(run_spec("run_c"))
+    original = Tx.transaction
+    ended: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def transaction(self: Tx, *, snapshot: bool = False) -> AsyncIterator[None]:
+        async with original(self, snapshot=snapshot):
+            yield
+        if not ended and not snapshot:
+            ended.append(self.conn.info.backend_pid)
+            terminate(backend.conninfo, ended[0])
+            self.in_doubt = True  # the reply of the sent COMMIT never came
+            raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Tx, "transaction", transaction)
+    await backend.add_owner("run_c", "run_o", exclusive=True)
+    assert ended
+    kinds = [e.kind for e in await backend.events("run_c")]
+    assert kinds == ["run_created", "owner_added"]

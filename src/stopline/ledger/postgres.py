@@ -38,10 +38,10 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
-from stopline.domain.vocab import Cause, OpEvent, OpStatus, PhaseKind, Policy, RunEvent
+from stopline.domain.vocab import Cause, LogKind, OpEvent, OpStatus, PhaseKind, Policy, RunEvent
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
@@ -67,8 +67,9 @@ from stopline.errors import (
 from stopline.ledger import milliseconds_option
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
+from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
-from stopline.ledger.engine.reads import load_op
+from stopline.ledger.engine.reads import load_op, load_run
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_batch import GroupCommit, Job
@@ -80,6 +81,7 @@ from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_settle import (
     RETRY,
     gate_landed,
+    logged,
     outcome_landed,
     run_landed,
     run_moved,
@@ -92,6 +94,16 @@ T = TypeVar("T")
 _OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
+
+
+def _token() -> str:
+    """A write attempt's mark, read back after its reply is lost (a UUID's 32 hex digits,
+    without building a ``uuid.UUID`` on every gate)."""
+    return os.urandom(16).hex()
+
+
+async def _nothing(tx: Tx) -> None:
+    """The answer of a write that returns nothing, once found landed."""
 
 
 class PostgresBackend(SqlBackend):
@@ -337,7 +349,7 @@ class PostgresBackend(SqlBackend):
         return spec.run_id
 
     async def gate(self, spec: OperationSpec) -> GateResult:
-        token = uuid.uuid4().hex
+        token = _token()
 
         def in_doubt() -> LedgerError:
             self._doubts[spec.id] = token  # settled on the next transaction that connects
@@ -422,11 +434,30 @@ class PostgresBackend(SqlBackend):
     async def create_run(self, spec: RunSpec) -> RunRecord:
         return await self.attempts(lambda db: runs.create_run(db, spec), settle=run_landed(spec))
 
+    # each logs an event that a second run would log again: a lost reply is settled by
+    # reading back whether the event of this very attempt (its token) is in the log
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
-        await self.attempts(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
+        token = _token()
+        await self.attempts(
+            lambda db: fence.add_owner(db, run_id, owner_run, exclusive, token),
+            settle=logged(run_id, LogKind.OWNER_ADDED, token, _nothing),
+        )
+
+    async def audit(
+        self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
+    ) -> None:
+        token = _token()
+        await self._tx(
+            lambda db: ap.audit(db, run_id, principal, action, allowed, detail, token),
+            settle=logged(run_id, ap.audit_kind(allowed), token, _nothing),
+        )
 
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
-        return await self.attempts(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
+        token = _token()
+        return await self.attempts(
+            lambda db: runs.set_phase(db, run_id, kind, policy, token),
+            settle=logged(run_id, LogKind.PHASE, token, lambda tx: load_run(tx, run_id)),
+        )
 
     async def _move(
         self, run_id: str, event: RunEvent, by: str, reason: str
@@ -454,7 +485,7 @@ class PostgresBackend(SqlBackend):
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
     ) -> GateResult:
-        token = uuid.uuid4().hex
+        token = _token()
         return await self._tx(
             lambda tx: begin_compensation(tx, spec, evidence, token),
             settle=gate_landed(spec, token),

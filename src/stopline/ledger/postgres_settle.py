@@ -14,10 +14,10 @@ from stopline.domain.vocab import RunEvent
 from stopline.errors import IllegalTransition
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate, RunSpec
 from stopline.ledger.engine.gate import gate_committed
-from stopline.ledger.engine.reads import found_run, load_op, load_run, run_query
+from stopline.ledger.engine.reads import attempt_logged, found_run, load_op, load_run, run_query
 from stopline.ledger.postgres_txn import Tx
 
-__all__ = ["RETRY", "gate_landed", "outcome_landed", "run_landed", "run_moved"]
+__all__ = ["RETRY", "gate_landed", "logged", "outcome_landed", "run_landed", "run_moved"]
 
 RETRY = object()  # a settle function's answer: the write did not land, run it again
 
@@ -74,5 +74,21 @@ def outcome_landed(op_id: str, update: OutcomeUpdate) -> Callable[[Tx], Awaitabl
     async def settle(tx: Tx) -> Any:
         op = await load_op(tx, op_id)
         return op if _moved_on(OPERATION_TABLE, op.status, update.event) else RETRY
+
+    return settle
+
+
+def logged(
+    run_id: str, kind: str, token: str, answer: Callable[[Tx], Awaitable[Any]]
+) -> Callable[[Tx], Awaitable[Any]]:
+    """After a lost reply: a write that logs one ``kind`` event marked with its attempt
+    ``token`` landed (that event is in the run's log: ``answer(tx)``) or not (retry).
+    For writes whose state alone cannot tell (a phase entered again, an owner added
+    again, an audit): run twice, each would log its event twice."""
+
+    async def settle(tx: Tx) -> Any:
+        if await attempt_logged(tx, run_id, kind, token):
+            return await answer(tx)
+        return RETRY
 
     return settle

@@ -12,9 +12,15 @@ from stopline.domain.vocab import LogKind, RunState
 from stopline.errors import IllegalTransition, NotPermitted
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db
-from stopline.ledger.engine.reads import event_statement, first_unsettled, load_approval, load_run
+from stopline.ledger.engine.reads import (
+    attempt,
+    event_statement,
+    first_unsettled,
+    load_approval,
+    load_run,
+)
 
-__all__ = ["audit", "checkpoint", "decide_approval", "request_approval"]
+__all__ = ["audit", "audit_kind", "checkpoint", "decide_approval", "request_approval"]
 
 _DECIDED = {True: ApprovalStatus.GRANTED, False: ApprovalStatus.DENIED}
 _LOGGED = {
@@ -90,8 +96,21 @@ async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
 
 
 async def audit(
-    db: Db, run_id: str, principal: str, action: str, allowed: bool, detail: str
+    db: Db,
+    run_id: str,
+    principal: str,
+    action: str,
+    allowed: bool,
+    detail: str,
+    token: str | None = None,
 ) -> None:
+    """One audit event; ``token`` marks the attempt (read back after a lost reply)."""
     data = {"principal": principal, "action": action, "allowed": allowed, "detail": detail}
-    kind = LogKind.AUDIT if allowed else LogKind.DENIED
-    await db.run(*event_statement(time.time(), run_id, None, kind, None, None, data))
+    data = attempt(data, token)
+    sql, params = event_statement(time.time(), run_id, None, audit_kind(allowed), None, None, data)
+    await db.commit_one(f"{sql} RETURNING seq", params)  # its commit in doubt while it runs
+
+
+def audit_kind(allowed: bool) -> LogKind:
+    """The kind of an audit event: an action allowed, or one denied."""
+    return LogKind.AUDIT if allowed else LogKind.DENIED

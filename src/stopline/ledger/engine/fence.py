@@ -28,6 +28,7 @@ from stopline.ledger.engine.guards import (
     sql_values,
 )
 from stopline.ledger.engine.reads import (
+    attempt,
     event_statement,
     first_unsettled,
     found_run,
@@ -41,7 +42,11 @@ _CANCELLING = apply(RUN_TABLE, RunState.RUNNING, RunEvent.CANCEL)
 _LIVE_APPROVALS = sql_values({ApprovalStatus.PENDING, ApprovalStatus.GRANTED})
 
 
-async def add_owner(db: Db, run_id: str, owner_run: str, exclusive: bool) -> None:
+async def add_owner(
+    db: Db, run_id: str, owner_run: str, exclusive: bool, token: str | None = None
+) -> None:
+    """``owner_run`` owns ``run_id`` from now (again, if it had let it go); ``token``
+    marks the attempt in the event (read back after a lost reply)."""
     async with db.transaction():
         owner = await load_run(db, owner_run, lock=db.dialect.for_share)
         child = await load_run(db, run_id, lock=db.dialect.for_share)
@@ -51,7 +56,7 @@ async def add_owner(db: Db, run_id: str, owner_run: str, exclusive: bool) -> Non
             " VALUES (?, ?, ?, ?) ON CONFLICT (run_id, owner_run) DO UPDATE SET released_at = NULL",
             (child.id, owner.id, int(exclusive), now),
         )
-        data = {"owner": owner.id, "exclusive": exclusive}
+        data = attempt({"owner": owner.id, "exclusive": exclusive}, token)
         await db.run(*event_statement(now, child.id, None, LogKind.OWNER_ADDED, None, None, data))
 
 

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENT_SQL",
     "approvals",
+    "attempt",
+    "attempt_logged",
     "chunks",
     "compensations",
     "event_statement",
@@ -177,6 +179,18 @@ def event_statement(
 ) -> tuple[str, Params]:
     """The statement logging one event (for a ``Db.batch``)."""
     return EVENT_SQL, (at, run_id, op_id, kind, from_state, to_state, rows.dump_data(data))
+
+
+def attempt(data: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """An event's data marked with the write attempt ``token`` (none: unmarked), so that
+    after a lost reply ``attempt_logged`` can tell whether that very attempt landed."""
+    return data if token is None else {**data, "attempt": token}
+
+
+async def attempt_logged(db: Db, run_id: str, kind: str, token: str) -> bool:
+    """Whether the run's log holds a ``kind`` event of the write attempt ``token``."""
+    found = await db.all("SELECT data FROM events WHERE run_id = ? AND kind = ?", (run_id, kind))
+    return any(rows.load_data(data).get("attempt") == token for (data,) in found)
 
 
 async def events(db: Db, run_id: str) -> list[EventRecord]:

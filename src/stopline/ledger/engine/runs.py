@@ -17,6 +17,7 @@ from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import run_moves
 from stopline.ledger.engine.reads import (
     EVENT_SQL,
+    attempt,
     chunks,
     event_statement,
     found_op,
@@ -212,13 +213,16 @@ def move_query(
     return sql, [target.value, now, *params, source.value]
 
 
-async def set_phase(db: Db, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
+async def set_phase(
+    db: Db, run_id: str, kind: PhaseKind, policy: Policy, token: str | None = None
+) -> RunRecord:
     """The run's phase: the run locked and read, the change and its event (both only
     for a run that is there) sent with them and the commit, one round trip on
-    PostgreSQL; the run returned as read with what the change wrote."""
+    PostgreSQL; the run returned as read with what the change wrote. ``token`` marks
+    the attempt in the event (read back after a lost reply: ``attempt_logged``)."""
     text = db.dialect.text
     now = time.time()
-    data = rows.dump_data({"phase": kind.value, "policy": policy.value})
+    data = rows.dump_data(attempt({"phase": kind.value, "policy": policy.value}, token))
     async with db.transaction():
         found, _, _ = await db.batch(
             [
