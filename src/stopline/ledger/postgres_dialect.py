@@ -64,6 +64,9 @@ class PostgresDialect(Dialect):
         # primary key and may walk every live run: ``|| ''`` leaves the index out
         return f"({column} || '')"
 
+    def create_sql(self) -> str | None:
+        return _CREATE_SQL
+
     def move_sql(self, kind: RunEvent) -> str | None:
         return _move_sql(kind)
 
@@ -162,6 +165,23 @@ ev AS (
 )
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
+"""
+
+
+# ``runs.create_run`` for a run without a parent: its row and its ``run_created`` event,
+# one statement that commits whole by itself (its BEGIN, read-back and COMMIT saved)
+_CREATE_SQL = f"""
+WITH run AS (
+    INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES
+    (:id, :name, :owner, :tenant, NULL, :state, 0, :grants, NULL, :policy, :now, :now,
+     NULL, NULL, NULL)
+    RETURNING {rows.RUN_COLUMNS}
+),
+ev AS (
+    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
+    SELECT :now, run.id, NULL, :kind::text, NULL, run.state, :data::text FROM run
+)
+SELECT * FROM run
 """
 
 

@@ -102,6 +102,13 @@ class Dialect:
         so a tree's statements cost what the tree holds, not what the ledger does."""
         return f"+{column}"
 
+    def create_sql(self) -> str | None:
+        """A run without a parent created as one statement (``:id``, ``:name``, ``:owner``,
+        ``:tenant``, ``:state``, ``:grants``, ``:policy``, ``:now``, ``:kind``,
+        ``:data``): its row and its event, returning the row. None where the engine
+        cannot (SQLite: its transaction is the writer's, and costs no round trip)."""
+        return None
+
     def move_sql(self, kind: RunEvent) -> str | None:
         """A run's move by ``kind`` as one statement (``:run``, ``:now``, ``:kind``,
         ``:data``): the run locked and read, its event and its move, returning the run's
