@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
@@ -139,6 +140,48 @@ async def test_concurrent_gates_share_one_transaction(backend: PostgresBackend) 
     assert sorted(e.op_id or "" for e in events if e.kind == "gate_passed") == sorted(
         f"run_a/{i}:send" for i in range(20)
     )
+
+
+async def test_a_caller_cancelled_while_its_gate_waits_in_the_queue_still_learns_it(
+    backend: PostgresBackend,
+) -> None:
+    """A gate queued behind a group transaction in progress, its caller's scope cancelled
+    while it waits: the gate is written once and its caller learns that it passed (a
+    started write finishes, as SQLite's writer does); the cancel reaches the caller at
+    its next checkpoint."""
+    await backend.create_run(run_spec())
+    await backend.gate(op_spec("run_a/0:send"))
+    backend.record_deferred("run_a/0:send", COMMIT, _collect([]))
+    held, go = anyio.Event(), anyio.Event()
+
+    async def hold(pid: int) -> None:
+        held.set()
+        await go.wait()
+
+    backend.group.before_batch = hold
+    got: dict[str, Any] = {}
+    scope = anyio.CancelScope()
+
+    async def queued() -> None:
+        with scope:
+            got["gate"] = await backend.gate(op_spec("run_a/2:send"))
+            await anyio.lowlevel.checkpoint()
+            got["went on"] = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.gate, op_spec("run_a/1:send"))  # leads, with the outcome
+        await held.wait()
+        backend.group.before_batch = None
+        tg.start_soon(queued)
+        while not any(job.op_id == "run_a/2:send" for job in backend.group._queue):
+            await anyio.lowlevel.checkpoint()
+        scope.cancel()
+        await anyio.lowlevel.checkpoint()
+        go.set()
+    assert got["gate"].verdict is GateVerdict.PASSED and "went on" not in got
+    assert scope.cancelled_caught
+    passed = [e.op_id for e in await backend.events("run_a") if e.kind == "gate_passed"]
+    assert passed == ["run_a/0:send", "run_a/1:send", "run_a/2:send"]
 
 
 async def test_a_read_waits_for_the_deferred_outcomes(backend: PostgresBackend) -> None:
