@@ -234,8 +234,32 @@ class LedgerContract:
         await backend.run_event("parent", RunEvent.CANCEL, by="u")
         child = await backend.create_run(run_spec("child", parent_id="parent"))
         assert not child.grants & Grant.INITIATE
+        assert child.grants == Grant.all() & ~Grant.INITIATE  # the others kept
+        assert child.state is RunState.CANCELLING and child.parent_id == "parent"
+        assert child == await backend.get_run("child")  # as written, whole
+        created = (await backend.events("child"))[0]
+        assert (created.kind, created.to_state) == ("run_created", "cancelling")
         gate = await backend.gate(op_spec("child/1", run_id="child"))
         assert gate.verdict is GateVerdict.PREVENTED
+
+    async def test_a_child_of_a_live_parent_runs_and_is_linked(self, backend: Backend) -> None:
+        await backend.create_run(run_spec("parent"))
+        child = await backend.create_run(run_spec("child", parent_id="parent"))
+        assert child.state is RunState.RUNNING and child.parent_id == "parent"
+        assert child == await backend.get_run("child")
+        created = (await backend.events("child"))[0]
+        assert (created.kind, created.to_state) == ("run_created", "running")
+        assert created.data == {"owner": "user:1", "tenant": "acme", "parent": "parent"}
+        assert (await backend.cancel("parent", by="u")).fenced == ("parent", "child")
+
+    async def test_a_child_of_no_parent_is_unknown_run_and_writes_nothing(
+        self, backend: Backend
+    ) -> None:
+        with pytest.raises(UnknownRun) as info:
+            await backend.create_run(run_spec("orphan", parent_id="nobody"))
+        assert info.value.run_id == "nobody"
+        with pytest.raises(UnknownRun):
+            await backend.get_run("orphan")
 
     async def test_note_keeps_status(self, backend: Backend) -> None:
         await backend.create_run(run_spec())

@@ -345,9 +345,8 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
 async def test_a_run_is_created_moved_phased_and_noted_in_one_round_trip(
     pg_url: str, tmp_path: Path
 ) -> None:
-    """A run's creation without a parent is one statement, its row and its event (a
-    child's sends its row, link, event and read-back with the ``COMMIT``, after a round
-    trip locking its parent); a move sends the run's lock and read,
+    """A run's creation is one statement: its row and its event (a child's also locks
+    and reads its parent, and writes its link); a move sends the run's lock and read,
     its event and the move (each matching only a state the run table moves), and the
     ``COMMIT`` together; a phase entered, or a note on an operation, the lock and read,
     the change and its event and the ``COMMIT``. Counted from the protocol trace."""
@@ -380,10 +379,12 @@ async def test_a_run_is_created_moved_phased_and_noted_in_one_round_trip(
             tmp_path / "move.trace",
             lambda: backend.run_event("c", RunEvent.COMPLETE, by="u"),
         )
-        assert (created, with_parent, phase, note, move) == (1, 2, 1, 1, 1)
-        # a run without a parent, or a move: one statement that commits by itself
-        sent = {name: statements(tmp_path / f"{name}.trace") for name in ("parent", "move")}
-        assert sent == {"parent": 1, "move": 1}
+        assert (created, with_parent, phase, note, move) == (1, 1, 1, 1, 1)
+        # a run (with its parent locked and read, its link), or a move: one statement
+        # that commits by itself
+        names = ("parent", "child", "move")
+        sent = {name: statements(tmp_path / f"{name}.trace") for name in names}
+        assert sent == {"parent": 1, "child": 1, "move": 1}
         assert moved == await backend.get_run("c")  # as read, with what the move wrote
         assert moved.state is not RunState.RUNNING
         kinds = [e.kind for e in await backend.events("c")]

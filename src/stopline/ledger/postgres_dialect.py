@@ -64,8 +64,8 @@ class PostgresDialect(Dialect):
         # primary key and may walk every live run: ``|| ''`` leaves the index out
         return f"({column} || '')"
 
-    def create_sql(self) -> str | None:
-        return _CREATE_SQL
+    def create_sql(self, select: str, *, child: bool) -> str | None:
+        return _create_sql(select, child)
 
     def move_sql(self, kind: RunEvent) -> str | None:
         return _move_sql(kind)
@@ -168,15 +168,25 @@ FROM old LEFT JOIN upd ON true
 """
 
 
-# ``runs.create_run`` for a run without a parent: its row and its ``run_created`` event,
-# one statement that commits whole by itself (its BEGIN, read-back and COMMIT saved)
-_CREATE_SQL = f"""
+@functools.cache
+def _create_sql(select: str, child: bool) -> str:
+    """``runs.create_run`` as one statement that commits whole by itself: the row,
+    a child's link, the ``run_created`` event; the row returned (its ``BEGIN``,
+    read-back and ``COMMIT`` saved, and a child's round trip locking its parent)."""
+    link = (
+        """,
+link AS (
+    INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)
+    SELECT run.id, run.parent_id, :exclusive, :now FROM run
+)"""
+        if child
+        else ""
+    )
+    return f"""
 WITH run AS (
-    INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES
-    (:id, :name, :owner, :tenant, NULL, :state, 0, :grants, NULL, :policy, :now, :now,
-     NULL, NULL, NULL)
+    INSERT INTO runs ({rows.RUN_COLUMNS}) {select}
     RETURNING {rows.RUN_COLUMNS}
-),
+){link},
 ev AS (
     INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
     SELECT :now, run.id, NULL, :kind::text, NULL, run.state, :data::text FROM run

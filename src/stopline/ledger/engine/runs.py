@@ -19,7 +19,6 @@ from stopline.ledger.engine.reads import (
     EVENT_SQL,
     attempt,
     chunks,
-    event_statement,
     found_op,
     found_run,
     load_ops,
@@ -44,52 +43,73 @@ __all__ = [
 ]
 
 
-async def create_run(db: Db, spec: RunSpec) -> RunRecord:
-    """The run, its ownership link and its ``run_created`` event, written and read back
-    with the commit (one round trip on PostgreSQL; one more to lock a parent first). A
-    run without a parent is one statement where the engine has it (PostgreSQL)."""
-    now = time.time()
-    data = {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id}
-    fused = db.dialect.create_sql() if spec.parent_id is None else None
-    if fused is not None:
-        params = {
-            "id": spec.id, "name": spec.name, "owner": spec.owner, "tenant": spec.tenant,
-            "state": RunState.RUNNING.value, "grants": int(spec.grants),
-            "policy": spec.policy.value, "now": now, "kind": LogKind.RUN_CREATED.value,
-            "data": rows.dump_data(data),
-        }  # fmt: skip
-        return found_run([await db.commit_one(fused, params)], spec.id)
-    async with db.transaction():
-        state, grants = RunState.RUNNING, spec.grants
-        if spec.parent_id is not None:
-            # locked: a cancel of the parent either fenced it already or waits for this one
-            parent = await load_run(db, spec.parent_id, lock=db.dialect.for_share)
-            if not parent.grants & Grant.INITIATE:
-                grants &= ~Grant.INITIATE  # born fenced
-                state = RunState.CANCELLING
-        writes: list[tuple[str, Params]] = [
-            (
-                f"INSERT INTO runs ({rows.RUN_COLUMNS}) VALUES"
-                " (?, ?, ?, ?, ?, ?, 0, ?, NULL, ?, ?, ?, NULL, NULL, NULL)",
-                (
-                    spec.id, spec.name, spec.owner, spec.tenant, spec.parent_id, state.value,
-                    int(grants), spec.policy.value, now, now,
-                ),
-            )
-        ]  # fmt: skip
-        if spec.parent_id is not None:
-            writes.append(
-                (
-                    "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (spec.id, spec.parent_id, int(not spec.shared), now),
-                )
-            )
-        writes.append(
-            event_statement(now, spec.id, None, LogKind.RUN_CREATED, None, state.value, data)
+# A child of a run that may no longer initiate is born fenced: cancelling, without the
+# grant to initiate (a cancel of its parent fenced the parent before the child existed).
+# Written once, in SQL over the parent's row (``parent``), for every engine's insert.
+_PARENT_FENCED = f"(parent.grants & {int(Grant.INITIATE)}) = 0"
+_BORN_STATE = (
+    f"CASE WHEN {_PARENT_FENCED} THEN '{RunState.CANCELLING.value}'"
+    f" ELSE '{RunState.RUNNING.value}' END"
+)
+_BORN_GRANTS = (
+    f"CASE WHEN {_PARENT_FENCED} THEN :grants & {int(Grant.all() & ~Grant.INITIATE)}"
+    " ELSE :grants END"
+)
+
+
+def new_run_select(dialect: Dialect, *, child: bool) -> str:
+    """The ``SELECT`` of a new run's row (``rows.RUN_COLUMNS``, ``:name`` parameters): a
+    child's from its parent's row, locked (``FOR SHARE``: a cancel of the parent either
+    fenced it already, and the child is born fenced, or waits for the child), and
+    none if the parent is not there."""
+    if not child:
+        return (
+            "SELECT :id, :name, :owner, :tenant, NULL, :state, 0, :grants, NULL, :policy,"
+            " :now, :now, NULL, NULL, NULL"
         )
-        found = await db.batch([*writes, run_query(spec.id)], commit=True)
-    return found_run(found[-1], spec.id)
+    return (
+        f"SELECT :id, :name, :owner, :tenant, parent.id, {_BORN_STATE}, 0, {_BORN_GRANTS},"
+        " NULL, :policy, :now, :now, NULL, NULL, NULL FROM (SELECT id, grants FROM runs"
+        f" WHERE id = :parent{dialect.for_share}) parent"
+    )
+
+
+async def create_run(db: Db, spec: RunSpec) -> RunRecord:
+    """The run, its ownership link (a child's) and its ``run_created`` event, written and
+    read back with the commit: one statement where the engine has it (PostgreSQL), else
+    one transaction. ``UnknownRun`` for a parent that is not there."""
+    child = spec.parent_id is not None
+    data = {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id}
+    params = {
+        "id": spec.id, "name": spec.name, "owner": spec.owner, "tenant": spec.tenant,
+        "parent": spec.parent_id, "state": RunState.RUNNING.value,
+        "grants": int(spec.grants), "policy": spec.policy.value, "now": time.time(),
+        "exclusive": int(not spec.shared), "kind": LogKind.RUN_CREATED.value,
+        "data": rows.dump_data(data),
+    }  # fmt: skip
+    if not child:
+        del params["parent"], params["exclusive"]
+    select = new_run_select(db.dialect, child=child)
+    fused = db.dialect.create_sql(select, child=child)
+    if fused is not None:
+        row = await db.commit_one(fused, params)
+        found = [] if row is None else [row]
+    else:
+        new = "FROM runs WHERE id = :id"
+        writes: Statements = [(f"INSERT INTO runs ({rows.RUN_COLUMNS}) {select}", params)]
+        if child:
+            writes.append((f"{_LINK_INTO} SELECT id, parent_id, :exclusive, :now {new}", params))
+        writes.append((f"{rows.EVENT_INTO} {_CREATED_EVENT} {new}", params))
+        async with db.transaction():
+            found = (await db.batch([*writes, run_query(spec.id)], commit=True))[-1]
+    if not found and spec.parent_id is not None:
+        raise UnknownRun(spec.parent_id)  # no parent row: nothing was written
+    return found_run(found, spec.id)
+
+
+_LINK_INTO = "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+# the event of a run just written (its row read as ``runs``, or a CTE's ``run``)
+_CREATED_EVENT = "SELECT :now, id, NULL, :kind, NULL, state, :data"
 
 
 Statements = list[tuple[str, Params]]
