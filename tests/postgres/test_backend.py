@@ -415,6 +415,48 @@ async def notified(
     return result
 
 
+async def test_a_child_created_while_its_parents_fence_is_uncommitted_is_born_fenced(
+    backend: PostgresBackend, pg_url: str
+) -> None:
+    """A child's creation is one statement that locks its parent ``FOR SHARE``. Another
+    transaction holds the parent, fenced and not yet committed (a cancel's lock and
+    fence): the creation waits for it, then reads the parent as the fence left it (the
+    lock returns the row's newest version, not the statement's snapshot) and the child
+    is born fenced. Without the lock it would be born running beside a fenced parent."""
+    await backend.create_run(run_spec("p"))
+    base, _, schema = pg_url.partition("?schema=")
+    initiate = int(stopline.Grant.INITIATE)
+    async with await psycopg.AsyncConnection.connect(
+        base, options=f"-c search_path={schema}"
+    ) as holder:  # not autocommit: the fence stays uncommitted until it commits
+        await holder.execute(
+            "UPDATE runs SET state = 'cancelling', fence = fence + 1,"
+            " grants = grants & ~%s::int WHERE id = 'p'",
+            (initiate,),
+        )
+        holding = holder.info.backend_pid
+        born: list[stopline.RunRecord] = []
+        async with anyio.create_task_group() as tg:
+
+            async def create() -> None:
+                born.append(await backend.create_run(run_spec("c", parent_id="p")))
+
+            tg.start_soon(create)
+            blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+            async with await psycopg.AsyncConnection.connect(base, autocommit=True) as watcher:
+                while not born:  # until the creation waits on the holder's lock
+                    row = await (await watcher.execute(blocked, (holding,))).fetchone()
+                    if row is not None and row[0]:
+                        break
+            await holder.commit()
+    (child,) = born
+    assert child.state is RunState.CANCELLING
+    assert not child.grants & stopline.Grant.INITIATE
+    assert child == await backend.get_run("c")
+    gate = await backend.gate(op_spec("c/1:send", run_id="c"))
+    assert gate.verdict is GateVerdict.PREVENTED
+
+
 async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
     """The LISTEN side in one process: a cancel from another backend arrives as run ids."""
     heard = Heard()
