@@ -14,6 +14,7 @@ import stopline
 from stopline import Principal, RunState
 from stopline.domain.vocab import RunEvent
 from stopline.errors import CancelInDoubt, InvalidInput
+from stopline.ledger import postgres_txn
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
@@ -39,27 +40,37 @@ async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
 
 @contextlib.contextmanager
 def unreachable_after_lost_commit(backend: PostgresBackend) -> Iterator[None]:
-    """The next transaction commits but its reply is lost; then the server is unreachable
-    (the pool's checkouts and the group commit's reconnects refused)."""
-    original_tx = Tx.transaction
+    """The next transaction commits (an explicit one, or an implicit one: a pipeline its
+    ``Sync`` commits) but its reply is lost; then the server is unreachable (the pool's
+    checkouts and the group commit's reconnects refused)."""
+    original_tx, original_implicit = Tx.transaction, Tx.implicit
     state = {"armed": True}
 
     with pytest.MonkeyPatch.context() as patch:
         outage = Outage(backend, patch)
 
-        @contextlib.asynccontextmanager
-        async def transaction(self: Tx, *, snapshot: bool = False) -> AsyncIterator[None]:
-            async with original_tx(self, snapshot=snapshot):
-                yield
+        def lost(tx: Tx) -> None:
             if state["armed"]:
                 state["armed"] = False
                 outage.begin()
-                self.in_doubt = True
+                tx.in_doubt = True
                 raise psycopg.OperationalError(
                     "simulated: server closed the connection unexpectedly"
                 )
 
+        @contextlib.asynccontextmanager
+        async def transaction(self: Tx, *, snapshot: bool = False) -> AsyncIterator[None]:
+            async with original_tx(self, snapshot=snapshot):
+                yield
+            lost(self)
+
+        async def implicit(self: Tx, statements: Any) -> list[list[Any]]:
+            results = await original_implicit(self, statements)
+            lost(self)
+            return results
+
         patch.setattr(Tx, "transaction", transaction)
+        patch.setattr(Tx, "implicit", implicit)
         yield
 
 
@@ -140,6 +151,45 @@ async def test_a_lone_cancel_whose_connection_dies_under_its_one_round_trip_is_r
     killed, used = ended.ended, ended.used
     assert killed and used[0] == killed[0] and used[-1] != killed[0]
     assert len(used) == 2  # one batch each try: the childless form, both times
+    assert result.first and result.fenced == ("run_a",)
+    assert result.run.state is RunState.CANCELLING
+    assert [e.kind for e in await backend.events("run_a")].count("cancel") == 1
+
+
+@pytest.mark.parametrize("transient", [True, False], ids=["connection", "client-bug"])
+async def test_a_lone_cancel_whose_client_fails_before_its_fence_is_sent_fences_once(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch, transient: bool
+) -> None:
+    """A childless run's cancel is one pipeline with no ``BEGIN``: the run's lock, its
+    notification, then its fence as one statement; the pipeline's ``Sync`` commits
+    what was sent. The client fails after the lock and the notification left, before
+    the fence was queued: its commit is in doubt. A connection error is retried (a
+    cancel is safe to run again); an error that would come again is
+    ``CancelInDoubt``, and cancelling again is safe. Either way the run is fenced
+    once, and the cancel that fenced it says it was first."""
+    await backend.create_run(run_spec())
+    spell = postgres_txn.pg_sql
+    failed: list[str] = []
+    failure = (psycopg.OperationalError if transient else psycopg.ProgrammingError)(
+        "simulated: the client failed mid-pipeline"
+    )
+
+    def failing(sql: str) -> str:
+        if not failed and "UPDATE approvals" in sql:
+            failed.append(sql)
+            raise failure
+        return spell(sql)
+
+    monkeypatch.setattr(postgres_txn, "pg_sql", failing)
+    with anyio.fail_after(20):
+        if transient:
+            result = await backend.cancel("run_a", by="u")
+        else:
+            with pytest.raises(CancelInDoubt):
+                await backend.cancel("run_a", by="u")
+            assert (await backend.get_run("run_a")).state is RunState.RUNNING  # not fenced
+            result = await backend.cancel("run_a", by="u")
+    assert failed
     assert result.first and result.fenced == ("run_a",)
     assert result.run.state is RunState.CANCELLING
     assert [e.kind for e in await backend.events("run_a")].count("cancel") == 1

@@ -316,8 +316,9 @@ async def traced(
 async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
     pg_url: str, tmp_path: Path
 ) -> None:
-    """The cancel's statements go as batches (pipeline mode): a leaf's lock, fence,
-    notification, read-back and commit in one round trip; a tree's root, found with
+    """The cancel's statements go as batches (pipeline mode): a leaf's lock,
+    notification and fence (its approvals, its event and its row in one statement) in
+    one round trip, committed by it; a tree's root, found with
     children there, is cancelled again whole: its lock, links and fence in one, one
     per level read, one for the rest of its fence, and the commit. Counted from the
     protocol trace, not timed."""
@@ -334,6 +335,9 @@ async def test_a_cancel_is_one_round_trip_and_a_trees_one_more_per_level(
             )
             assert result.first
         assert counts == {"leaf": 1, "root": 5}  # root: the leaf's try, then 4 as a tree
+        # a leaf's: its lock, its notification and its fence (one statement), no BEGIN
+        # or COMMIT (the pipeline's Sync commits them)
+        assert statements(tmp_path / "leaf.trace") == 3
         assert result.fenced == ("root", "child")
         for run_id in ("leaf", "root", "child"):
             assert (await backend.get_run(run_id)).state is RunState.CANCELLING

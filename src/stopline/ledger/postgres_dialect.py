@@ -64,6 +64,17 @@ class PostgresDialect(Dialect):
         # primary key and may walk every live run: ``|| ''`` leaves the index out
         return f"({column} || '')"
 
+    def fused(self, writes: Sequence[tuple[str, Params]]) -> list[tuple[str, Params]]:
+        # one statement: the first writes as data-modifying CTEs (each runs, and all read
+        # the statement's one snapshot, as the batch's did before any of them wrote),
+        # the last as its body, whose rows it returns; it lands whole or not at all
+        *first, (last, last_params) = writes
+        if not first:
+            return [(last, last_params)]
+        ctes = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(first))
+        params = [value for _, p in first for value in _positional(p)]
+        return [(f"WITH {ctes} {last}", [*params, *_positional(last_params)])]
+
     def create_sql(self, select: str, *, child: bool) -> str | None:
         return _create_sql(select, child)
 
@@ -166,6 +177,12 @@ ev AS (
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
 """
+
+
+def _positional(params: Params) -> Sequence[Any]:
+    if isinstance(params, dict):
+        raise TypeError("only statements with positional parameters are fused")
+    return params
 
 
 @functools.cache

@@ -144,6 +144,11 @@ class Tx(Db):
         self.in_doubt = False
         return [await c.fetchall() if _has_rows(c) else [] for c in cursors]
 
+    async def whole(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        if self._depth:  # part of the enclosing transaction
+            return await self.batch(statements)
+        return await self.implicit(statements)
+
     async def snapshot(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
         if self._depth:  # part of the enclosing transaction
             return await self.batch(statements)

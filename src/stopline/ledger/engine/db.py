@@ -60,6 +60,16 @@ class Db(abc.ABC):
         writer), it commits when the body ends, as always."""
         return [await self.all(sql, params) for sql, params in statements]
 
+    async def whole(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
+        """``statements`` as a whole transaction of their own, in one round trip where
+        the engine can: each one's rows, as ``batch`` gives them. Only the last may
+        write more than a notification: PostgreSQL sends them with no ``BEGIN`` or
+        ``COMMIT`` (its pipeline's ``Sync`` commits them), so a client failing before
+        the last is sent may leave the earlier ones committed, and its commit in
+        doubt. Reads and locks first, then one write that lands whole."""
+        async with self.transaction():
+            return await self.batch(statements, commit=True)
+
     async def snapshot(self, statements: Sequence[tuple[str, Params]]) -> list[list[Any]]:
         """The rows of each of ``statements`` (reads), all from one snapshot: in a
         transaction of their own (``transaction(snapshot=True)``), or as part of the

@@ -119,6 +119,12 @@ class Dialect:
     async def notify_cancel(self, db: Db, run_ids: Sequence[str]) -> None:
         """Tell other processes these runs were fenced, at commit (nothing here)."""
 
+    def fused(self, writes: Sequence[tuple[str, Params]]) -> list[tuple[str, Params]]:
+        """``writes`` (none needing another's result; only the last returning rows) as
+        few statements as the engine can: here as they are (SQLite runs them in its
+        writer's transaction, at no round trip's cost)."""
+        return list(writes)
+
     def notify_fenced(self, run_id: str, where: str, params: Params) -> list[tuple[str, Params]]:
         """The statements telling other processes ``run_id`` was fenced if ``where``
         picks it from ``runs`` (read before it changes; sent at commit): none here."""

@@ -128,12 +128,16 @@ def _fence(
     lone: bool = False,
 ) -> list[tuple[str, Params]]:
     """The writes fencing those of ``runs`` still cancellable: their live approvals
-    withdrawn, their cancel events (returning the runs fenced), the runs fenced.
+    withdrawn, their cancel events, the runs fenced (returning their ids; ``lone``:
+    the run's row).
 
     Set-based, whatever the tree's size (a tree of 10,000 is normal): no per-run
     statement or parameter row. Each picks its rows before the runs change (the
     approvals and the events first), so the three agree and none needs another's
-    result: one ``Db.batch``. Every run written is locked already.
+    result: one ``Db.batch``, and one statement where the engine can fuse them
+    (``Dialect.fused``: PostgreSQL's, which then land whole or not at all). Every
+    run written is locked already, by a statement before these: their snapshot is
+    taken after the lock, so they see every link made before it.
 
     ``lone``: only a run that owns no live run (its links cannot change while it is
     locked: a link is made or released only under its owner's lock), with its
@@ -157,15 +161,14 @@ def _fence(
     )
     log = (
         f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')}"
-        " FROM runs"
-        f" WHERE {cancellable} RETURNING run_id",
+        f" FROM runs WHERE {cancellable}",
         (now, RunEvent.CANCEL, _CANCELLING, data, *params),
     )
     fence = (
         "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
         " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
         f" cancelled_at = ?, updated_at = ? WHERE {cancellable}"
-        + (f" RETURNING {rows.RUN_COLUMNS}" if lone else ""),
+        f" RETURNING {rows.RUN_COLUMNS if lone else 'id'}",
         (
             _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, root, reason,
             f"owner {root} cancelled" + (f": {reason}" if reason else ""), now, now,
@@ -173,7 +176,7 @@ def _fence(
         ),
     )  # fmt: skip
     notify = dialect.notify_fenced(root, cancellable, params) if lone else []
-    return [*notify, withdraw, log, fence]
+    return [*notify, *dialect.fused([withdraw, log, fence])]
 
 
 async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
@@ -186,15 +189,13 @@ async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
     PostgreSQL. A run found cancellable with children is a tree: its cancel runs
     again as ``_tree``, which reads the closure level by level, one transaction."""
     dialect = db.dialect
-    async with db.transaction():
-        now = time.time()
-        results = await db.batch(
-            [
-                run_query(run_id, dialect.for_update),
-                *_fence(dialect, [run_id], run_id, by, reason, now, lone=True),
-            ],
-            commit=True,
-        )
+    now = time.time()
+    results = await db.whole(
+        [
+            run_query(run_id, dialect.for_update),
+            *_fence(dialect, [run_id], run_id, by, reason, now, lone=True),
+        ]
+    )
     if results[-1]:  # fenced: it owned no live run
         return CancelResult(found_run(results[-1], run_id), True, (run_id,), ())
     root = found_run(results[0], run_id)
@@ -210,7 +211,7 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
     dialect = db.dialect
     async with db.transaction():
         now = time.time()
-        found, links, _, evented, _, after = await db.batch(
+        found, links, *_, evented, after = await db.batch(
             [
                 run_query(run_id, dialect.for_update),
                 _links(dialect, [run_id], exclusive_only=False),
@@ -224,7 +225,7 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
         live = [r for (r,) in evented]  # the root: cancellable, so fenced above
         fenced, released = await _closure(db, run_id, now, links)
         if len(fenced) > 1:
-            _, rest, _ = await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now))
+            rest = (await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now)))[-1]
             fenced_now = {r for (r,) in rest}
             live += [r for r in fenced[1:] if r in fenced_now]  # in closure order
         for child in released:
