@@ -38,7 +38,6 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import time
 import urllib.parse
@@ -80,8 +79,10 @@ from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_settle import (
     RETRY,
+    attempt_token,
     gate_landed,
     logged,
+    nothing,
     outcome_landed,
     run_landed,
     run_moved,
@@ -94,16 +95,6 @@ T = TypeVar("T")
 _OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
-
-
-def _token() -> str:
-    """A write attempt's mark, read back after its reply is lost (a UUID's 32 hex digits,
-    without building a ``uuid.UUID`` on every gate)."""
-    return os.urandom(16).hex()
-
-
-async def _nothing(tx: Tx) -> None:
-    """The answer of a write that returns nothing, once found landed."""
 
 
 class PostgresBackend(SqlBackend):
@@ -349,7 +340,7 @@ class PostgresBackend(SqlBackend):
         return spec.run_id
 
     async def gate(self, spec: OperationSpec) -> GateResult:
-        token = _token()
+        token = attempt_token()
 
         def in_doubt() -> LedgerError:
             self._doubts[spec.id] = token  # settled on the next transaction that connects
@@ -437,23 +428,23 @@ class PostgresBackend(SqlBackend):
     # each logs an event that a second run would log again: a lost reply is settled by
     # reading back whether the event of this very attempt (its token) is in the log
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
-        token = _token()
+        token = attempt_token()
         await self.attempts(
             lambda db: fence.add_owner(db, run_id, owner_run, exclusive, token),
-            settle=logged(run_id, LogKind.OWNER_ADDED, token, _nothing),
+            settle=logged(run_id, LogKind.OWNER_ADDED, token, nothing),
         )
 
     async def audit(
         self, run_id: str, *, principal: str, action: str, allowed: bool, detail: str = ""
     ) -> None:
-        token = _token()
+        token = attempt_token()
         await self._tx(
             lambda db: ap.audit(db, run_id, principal, action, allowed, detail, token),
-            settle=logged(run_id, ap.audit_kind(allowed), token, _nothing),
+            settle=logged(run_id, ap.audit_kind(allowed), token, nothing),
         )
 
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
-        token = _token()
+        token = attempt_token()
         return await self.attempts(
             lambda db: runs.set_phase(db, run_id, kind, policy, token),
             settle=logged(run_id, LogKind.PHASE, token, lambda tx: load_run(tx, run_id)),
@@ -485,7 +476,7 @@ class PostgresBackend(SqlBackend):
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
     ) -> GateResult:
-        token = _token()
+        token = attempt_token()
         return await self._tx(
             lambda tx: begin_compensation(tx, spec, evidence, token),
             settle=gate_landed(spec, token),

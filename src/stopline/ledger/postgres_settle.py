@@ -5,6 +5,7 @@ whether the write landed (its result) or not (``RETRY``: run it again).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -17,9 +18,28 @@ from stopline.ledger.engine.gate import gate_committed
 from stopline.ledger.engine.reads import attempt_logged, found_run, load_op, load_run, run_query
 from stopline.ledger.postgres_txn import Tx
 
-__all__ = ["RETRY", "gate_landed", "logged", "outcome_landed", "run_landed", "run_moved"]
+__all__ = [
+    "RETRY",
+    "attempt_token",
+    "gate_landed",
+    "logged",
+    "nothing",
+    "outcome_landed",
+    "run_landed",
+    "run_moved",
+]
 
 RETRY = object()  # a settle function's answer: the write did not land, run it again
+
+
+def attempt_token() -> str:
+    """A write attempt's mark, read back after its reply is lost (a UUID's 32 hex digits,
+    without building a ``uuid.UUID`` on every gate)."""
+    return os.urandom(16).hex()
+
+
+async def nothing(tx: Tx) -> None:
+    """The answer of a write that returns nothing, once found landed."""
 
 
 def gate_landed(spec: OperationSpec, token: str) -> Callable[[Tx], Awaitable[Any]]:
