@@ -413,11 +413,8 @@ class PostgresBackend(SqlBackend):
             return result
 
         # not behind the deferred outcomes (it reads no operation): the fence goes first
-        self.own_cancels.sending += 1
-        try:
+        with self.own_cancels.sending():
             return await self.attempts(body, safe=True, in_doubt=in_doubt)
-        finally:
-            self.own_cancels.sending -= 1
 
     # -- writes that read no operation: not behind the deferred outcomes ---------------
     # (a child created or a phase entered waits for no one's outcome; what it writes

@@ -29,10 +29,11 @@ notification is then how it reaches this process's calls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -67,10 +68,35 @@ class OwnCancels:
 
     LIMIT = 65_536  # runs kept at most (a tree's); the oldest go first
 
+    WAIT = 0.25  # how long a notification waits for the own cancels under way, at most
+
     def __init__(self, hold: float = 5.0) -> None:
         self.hold = hold
-        self.sending = 0  # own cancels under way
         self._kept: dict[tuple[str, int], float] = {}  # (run, server pid) -> until
+        self._under_way: set[anyio.Event] = set()  # one per own cancel not yet returned
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        """An own cancel under way: it keeps its runs (``add``) before it ends."""
+        done = anyio.Event()
+        self._under_way.add(done)
+        try:
+            yield
+        finally:
+            self._under_way.discard(done)
+            done.set()
+
+    async def sent(self) -> None:
+        """Until the own cancels under way now have returned, their runs kept (at most
+        ``WAIT``: a notification is never held longer behind a cancel that hangs). A
+        notification and its own cancel's reply arrive together; without this the
+        listener could read the notification first."""
+        pending = list(self._under_way)
+        if not pending:
+            return
+        with anyio.move_on_after(self.WAIT):
+            for done in pending:
+                await done.wait()
 
     def add(self, run_ids: Sequence[str], pid: int) -> None:
         now = time.monotonic()
@@ -196,13 +222,9 @@ class Listener:
             return
         if pid is not None:
             own = self._backend.own_cancels
-            if own.sending:
-                # a few turns of the loop first: an own cancel whose reply came in with
-                # this notification keeps its runs before they are looked for (with
-                # none, ~40% of own notifications were read and handed back; with
-                # three, none of 300); no wait at all while no own cancel is under way
-                for _ in range(3):
-                    await anyio.lowlevel.checkpoint()
+            # an own cancel whose reply came in with this notification keeps its runs
+            # before they are looked for (no wait while none is under way)
+            await own.sent()
             run_ids = own.others(run_ids, pid)
             if not run_ids:
                 return
