@@ -75,8 +75,8 @@ class PostgresDialect(Dialect):
         params = [value for _, p in first for value in _positional(p)]
         return [(f"WITH {ctes} {last}", [*params, *_positional(last_params)])]
 
-    def create_sql(self, select: str, *, child: bool) -> str | None:
-        return _create_sql(select, child)
+    def create_sql(self, insert: str, then: Sequence[str]) -> str | None:
+        return _create_sql(insert, tuple(then))
 
     def move_sql(self, kind: RunEvent) -> str | None:
         return _move_sql(kind)
@@ -186,28 +186,14 @@ def _positional(params: Params) -> Sequence[Any]:
 
 
 @functools.cache
-def _create_sql(select: str, child: bool) -> str:
-    """``runs.create_run`` as one statement that commits whole by itself: the row,
-    a child's link, the ``run_created`` event; the row returned (its ``BEGIN``,
-    read-back and ``COMMIT`` saved, and a child's round trip locking its parent)."""
-    link = (
-        """,
-link AS (
-    INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)
-    SELECT run.id, run.parent_id, :exclusive, :now FROM run
-)"""
-        if child
-        else ""
-    )
+def _create_sql(insert: str, then: tuple[str, ...]) -> str:
+    """``runs.create_run`` as one statement that commits whole by itself: the row, then
+    what follows it (a child's link, the event) from the row the CTE returns; the row
+    returned (its ``BEGIN``, read-back and ``COMMIT`` saved, and a child's round trip
+    locking its parent)."""
+    follow = "".join(f",\nw{i} AS ({sql} FROM run)" for i, sql in enumerate(then))
     return f"""
-WITH run AS (
-    INSERT INTO runs ({rows.RUN_COLUMNS}) {select}
-    RETURNING {rows.RUN_COLUMNS}
-){link},
-ev AS (
-    INSERT INTO events (at, run_id, op_id, kind, from_state, to_state, data)
-    SELECT :now, run.id, NULL, :kind::text, NULL, run.state, :data::text FROM run
-)
+WITH run AS ({insert} RETURNING {rows.RUN_COLUMNS}){follow}
 SELECT * FROM run
 """
 

@@ -102,11 +102,12 @@ class Dialect:
         so a tree's statements cost what the tree holds, not what the ledger does."""
         return f"+{column}"
 
-    def create_sql(self, select: str, *, child: bool) -> str | None:
-        """``runs.create_run`` as one statement: the new run's row (``select``, from
-        ``runs.new_run_select``), a child's link to its parent, and its event, returning
-        the row (none if a child's parent is not there). None where the engine cannot
-        (SQLite: its transaction is the writer's, and costs no round trip)."""
+    def create_sql(self, insert: str, then: Sequence[str]) -> str | None:
+        """``runs.create_run`` as one statement: ``insert`` (the new run's row), then each
+        of ``then`` (a child's link, the event: inserts whose ``SELECT`` lacks its
+        ``FROM``) taking the new row from it, returning the row (none if a child's
+        parent is not there). None where the engine cannot (SQLite: its transaction is
+        the writer's, and costs no round trip)."""
         return None
 
     def move_sql(self, kind: RunEvent) -> str | None:

@@ -211,7 +211,7 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
     dialect = db.dialect
     async with db.transaction():
         now = time.time()
-        found, links, *_, evented, after = await db.batch(
+        found, links, *_, root_fenced, after = await db.batch(
             [
                 run_query(run_id, dialect.for_update),
                 _links(dialect, [run_id], exclusive_only=False),
@@ -222,7 +222,7 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
         root = found_run(found, run_id)
         if root.state not in CANCELLABLE:
             return CancelResult(root, False, (), ())  # R7: the first cancel wins
-        live = [r for (r,) in evented]  # the root: cancellable, so fenced above
+        live = [r for (r,) in root_fenced]  # the root: cancellable, so fenced above
         fenced, released = await _closure(db, run_id, now, links)
         if len(fenced) > 1:
             rest = (await db.batch(_fence(dialect, fenced[1:], run_id, by, reason, now)))[-1]

@@ -30,7 +30,7 @@ from stopline.ledger.engine.dialect import Dialect
 from stopline.ledger.engine.fence import settle_pause
 from stopline.ledger.engine.guards import FENCED, PAUSE_STATES, RETRYABLE
 from stopline.ledger.engine.guards import sql_values as _v
-from stopline.ledger.engine.reads import event_statement, load_op, load_run
+from stopline.ledger.engine.reads import attempt_event, event_statement, load_op, load_run
 
 __all__ = ["gate", "gate_committed", "gate_params", "intent_sql"]
 
@@ -116,13 +116,9 @@ def _approval_in_sql(spec: OperationSpec) -> bool:
 
 async def gate_committed(db: Db, op_id: str, token: str) -> int | None:
     """After a lost reply: did the gate attempt ``token`` commit? Its fence if so."""
-    for (data,) in await db.all(
-        "SELECT data FROM events WHERE op_id = ? AND kind = ?", (op_id, OpEvent.GATE_PASSED)
-    ):
-        recorded = rows.load_data(data)
-        if recorded.get("attempt") == token:
-            return int(recorded["fence"])
-    return None
+    where, params = "op_id = ? AND kind = ?", (op_id, OpEvent.GATE_PASSED)
+    recorded = await attempt_event(db, where, params, token)
+    return None if recorded is None else int(recorded["fence"])
 
 
 async def _lease_ok(db: Db, worker: str) -> bool:

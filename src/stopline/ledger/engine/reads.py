@@ -34,6 +34,7 @@ __all__ = [
     "EVENT_SQL",
     "approvals",
     "attempt",
+    "attempt_event",
     "attempt_logged",
     "chunks",
     "compensations",
@@ -187,10 +188,19 @@ def attempt(data: dict[str, Any], token: str | None) -> dict[str, Any]:
     return data if token is None else {**data, "attempt": token}
 
 
+async def attempt_event(db: Db, where: str, params: Params, token: str) -> dict[str, Any] | None:
+    """The data of the event ``where`` picks that the write attempt ``token`` logged (none:
+    that attempt did not land)."""
+    for (data,) in await db.all(f"SELECT data FROM events WHERE {where}", params):
+        recorded = rows.load_data(data)
+        if recorded.get("attempt") == token:
+            return recorded
+    return None
+
+
 async def attempt_logged(db: Db, run_id: str, kind: str, token: str) -> bool:
     """Whether the run's log holds a ``kind`` event of the write attempt ``token``."""
-    found = await db.all("SELECT data FROM events WHERE run_id = ? AND kind = ?", (run_id, kind))
-    return any(rows.load_data(data).get("attempt") == token for (data,) in found)
+    return await attempt_event(db, "run_id = ? AND kind = ?", (run_id, kind), token) is not None
 
 
 async def events(db: Db, run_id: str) -> list[EventRecord]:

@@ -82,24 +82,20 @@ async def create_run(db: Db, spec: RunSpec) -> RunRecord:
     data = {"owner": spec.owner, "tenant": spec.tenant, "parent": spec.parent_id}
     params = {
         "id": spec.id, "name": spec.name, "owner": spec.owner, "tenant": spec.tenant,
-        "parent": spec.parent_id, "state": RunState.RUNNING.value,
-        "grants": int(spec.grants), "policy": spec.policy.value, "now": time.time(),
-        "exclusive": int(not spec.shared), "kind": LogKind.RUN_CREATED.value,
+        "state": RunState.RUNNING.value, "grants": int(spec.grants),
+        "policy": spec.policy.value, "now": time.time(), "kind": LogKind.RUN_CREATED.value,
         "data": rows.dump_data(data),
     }  # fmt: skip
-    if not child:
-        del params["parent"], params["exclusive"]
-    select = new_run_select(db.dialect, child=child)
-    fused = db.dialect.create_sql(select, child=child)
+    if child:
+        params.update(parent=spec.parent_id, exclusive=int(not spec.shared))
+    insert = f"INSERT INTO runs ({rows.RUN_COLUMNS}) {new_run_select(db.dialect, child=child)}"
+    then = [_LINK, _CREATED] if child else [_CREATED]  # each from the new run's row
+    fused = db.dialect.create_sql(insert, then)
     if fused is not None:
         row = await db.commit_one(fused, params)
         found = [] if row is None else [row]
     else:
-        new = "FROM runs WHERE id = :id"
-        writes: Statements = [(f"INSERT INTO runs ({rows.RUN_COLUMNS}) {select}", params)]
-        if child:
-            writes.append((f"{_LINK_INTO} SELECT id, parent_id, :exclusive, :now {new}", params))
-        writes.append((f"{rows.EVENT_INTO} {_CREATED_EVENT} {new}", params))
+        writes = [(insert, params), *((f"{w} FROM runs WHERE id = :id", params) for w in then)]
         async with db.transaction():
             found = (await db.batch([*writes, run_query(spec.id)], commit=True))[-1]
     if not found and spec.parent_id is not None:
@@ -107,9 +103,12 @@ async def create_run(db: Db, spec: RunSpec) -> RunRecord:
     return found_run(found, spec.id)
 
 
-_LINK_INTO = "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-# the event of a run just written (its row read as ``runs``, or a CTE's ``run``)
-_CREATED_EVENT = "SELECT :now, id, NULL, :kind, NULL, state, :data"
+# what follows a new run's row, each taking it from a source the engine names
+_LINK = (
+    "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+    " SELECT id, parent_id, :exclusive, :now"
+)
+_CREATED = f"{rows.EVENT_INTO} SELECT :now, id, NULL, :kind, NULL, state, :data"
 
 
 Statements = list[tuple[str, Params]]
