@@ -5,17 +5,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from anyio.from_thread import BlockingPortal
 from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 import stopline
 from stopline.integrations.temporal import StoplinePlugin, call_context
-from stopline.integrations.temporal_server import TemporalDevServer
+from stopline.integrations.temporal_server import TemporalDevServer, temporal_dev_server
 from tests.conftest import FAST_VERIFY
 from tests.engines.provider import FileProvider
 from tests.engines.temporal_workflows import Pipeline, Plan
@@ -91,3 +93,33 @@ async def harness(
             plugins=[plugin(ledger, provider, acts)],
         ):
             yield h
+
+
+class TemporalSession:
+    """The session's dev server, started on first use and again if it has died."""
+
+    def __init__(self, portal: BlockingPortal) -> None:
+        self._portal = portal
+        self._stack = contextlib.ExitStack()
+        self._server: TemporalDevServer | None = None
+        self.restarts: list[str] = []  # what each dead server said
+
+    def server(self) -> TemporalDevServer:
+        if self._server is not None:
+            said = self._server.exited()
+            if said is None:
+                return self._server
+            self.restarts.append(said)
+            warnings.warn(
+                f"the session's Temporal dev server had died ({said}); starting another",
+                stacklevel=2,
+            )
+            self._stack.close()  # its block ends (the process is gone already)
+            self._stack = contextlib.ExitStack()
+        self._server = self._stack.enter_context(
+            self._portal.wrap_async_context_manager(temporal_dev_server())
+        )
+        return self._server
+
+    def close(self) -> None:
+        self._stack.close()

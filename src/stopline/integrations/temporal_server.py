@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -37,10 +38,33 @@ class TemporalDevServer:
     port: int
     http_port: int
     namespace: str = "default"
+    pid: int | None = None  # the server's process
+    # None while the process runs, else its exit status and what it said on stderr
+    _exit: Callable[[], str | None] = dataclasses.field(
+        default=lambda: None, repr=False, compare=False
+    )
+    _wait: Callable[[], Awaitable[object]] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def exited(self) -> str | None:
+        """``None`` while the server's process runs; once it has exited, its exit
+        status and what it wrote to stderr (a long-lived server can die under a
+        test session: a caller that keeps one can tell, and say why)."""
+        return self._exit()
+
+    async def wait_exited(self) -> str:
+        """Wait for the server's process to exit (on the event loop that started it);
+        then what ``exited`` says."""
+        if self._wait is not None:
+            await self._wait()
+        said = self.exited()
+        assert said is not None, "the process was waited for"
+        return said
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,7 +121,7 @@ async def temporal_dev_server(
     is not within ``start_timeout`` seconds, and ``RuntimeError`` (with the
     server's own words) if it exits first.
     """
-    server = TemporalDevServer(host, free_port(host), free_port(host))
+    port, http_port = free_port(host), free_port(host)
     cmd = [
         str(temporal_binary()),
         "server",
@@ -106,25 +130,40 @@ async def temporal_dev_server(
         "--ip",
         host,
         "--port",
-        str(server.port),
+        str(port),
         "--http-port",
-        str(server.http_port),
+        str(http_port),
         "--metrics-port",
         str(free_port(host)),
         "--log-level",
         "error",
     ]
-    # the server's complaints, read if it exits before it is up
+    # the server's complaints, read if it exits (before it is up, or later)
     with tempfile.TemporaryFile() as errors:
-        proc = await anyio.open_process(cmd, stdout=subprocess.DEVNULL, stderr=errors)
+        proc = await anyio.open_process(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors
+        )
+
+        def exit_said() -> str | None:
+            if proc.returncode is None:
+                return None
+            if errors.closed:  # stopped by us, its block left
+                return f"exit status {proc.returncode}: stopped"
+            size = os.fstat(errors.fileno()).st_size  # its last words, the offset untouched
+            tail = os.pread(errors.fileno(), 8192, max(0, size - 8192))
+            said = tail.decode(errors="replace").strip()
+            return f"exit status {proc.returncode}: {said or '(nothing on stderr)'}"
+
+        server = TemporalDevServer(
+            host, port, http_port, pid=proc.pid, _exit=exit_said, _wait=proc.wait
+        )
         try:
             with anyio.fail_after(start_timeout):
                 # no event tells us the server is up: probe its port, backing off a little
                 delay = 0.05
                 while not (await _accepts(host, server.port) and await _serves(server.address)):
-                    if proc.returncode is not None:
-                        errors.seek(0)
-                        said = errors.read().decode(errors="replace").strip()
+                    said = server.exited()
+                    if said is not None:
                         raise RuntimeError(f"temporal dev server exited: {said}")
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 0.5)
