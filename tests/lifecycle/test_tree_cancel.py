@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -12,7 +13,9 @@ import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import OperationRecord, RunRecord
-from stopline.ledger.backend import Backend, RunSpec
+from stopline.domain.vocab import OpEvent
+from stopline.errors import IllegalTransition, UnknownRun
+from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
 from stopline.ledger.forwarding import ForwardingBackend
 from stopline.ledger.sqlite import SQLiteBackend
 
@@ -242,3 +245,64 @@ async def test_a_tree_cancel_reads_its_receipt_in_one_read_asked_right_after_the
     assert after_fence[0] == "run_and_operations of the tree"
     assert "operations of the tree" not in after_fence  # never a second read
     assert len(receipt.lines) == CHILDREN
+
+
+class StepReads(ForwardingBackend):
+    """When the settler's steps read runs, against the record of the interrupted calls
+    (``record_many`` of ``lost`` outcomes; a verdict's record is not one)."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.recording = False  # the record of interrupted calls is under way
+        self.recorded = 0  # calls it has recorded
+        self.reads: list[tuple[str, int]] = []  # (run id, calls recorded when asked)
+        self.early: list[str] = []  # runs read while their calls' record was under way
+
+    async def record_many(
+        self, items: Sequence[tuple[str, OutcomeUpdate]]
+    ) -> list[OperationRecord | IllegalTransition]:
+        interrupted = all(update.event is OpEvent.LOST for _, update in items)
+        self.recording = interrupted  # not a verdict's record
+        try:
+            return await self.inner.record_many(items)
+        finally:
+            self.recording = False
+            self.recorded += len(items) if interrupted else 0
+
+    async def runs_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        self.reads.extend((run_id, self.recorded) for run_id in run_ids)
+        if self.recording:
+            self.early.extend(run_ids)
+        return await self.inner.runs_and_operations(run_ids)
+
+
+async def test_no_step_reads_an_interrupted_run_before_its_calls_are_recorded(
+    tmp_path: Path,
+) -> None:
+    """A cancel holds the runs whose calls it interrupted until it has recorded them:
+    their blocks end meanwhile and ask for a step, which would read calls still in
+    flight and move nothing (one wasted read of every run of a cancelled tree). The
+    record asks for the step itself. Counted, not timed."""
+    hold, all_in = holding_tool()
+    observed: list[StepReads] = []
+
+    def observe(backend: Backend) -> Backend:
+        observed.append(StepReads(backend))
+        return observed[-1]
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    async with stopline.open(url, tools=[hold], observers=[observe]) as ledger:
+        root_id = await cancel_a_tree(ledger, hold, all_in)
+        receipt = await ledger.wait_settled(root_id, timeout=30)
+        children = {r.id for r in await ledger.backend.list_runs(limit=100) if r.id != root_id}
+    (steps,) = observed
+    assert len(children) == CHILDREN
+    child_reads = [(run_id, recorded) for run_id, recorded in steps.reads if run_id in children]
+    assert child_reads  # the steps that settled them did read them
+    assert not [run_id for run_id in steps.early if run_id in children]
+    # every read of a child came once the cancel had recorded the tree's calls
+    assert all(recorded >= CHILDREN for _, recorded in child_reads), child_reads
+    assert receipt.run_state is RunState.CANCELLED
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED] * CHILDREN

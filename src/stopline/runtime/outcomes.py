@@ -175,9 +175,12 @@ class Outcomes:
         still land after now, the horizon is recorded with it."""
         await self._core.outbox.record(ctx.op_id, lost_update(ctx, cause, detail))
 
-    async def record_interrupted(self, ctxs: Sequence[CallContext]) -> None:
+    async def record_interrupted(
+        self, ctxs: Sequence[CallContext], release: Callable[[], None] | None = None
+    ) -> None:
         """R3 for every call a cancel interrupted here: ``unknown``, in one transaction
-        for the whole tree instead of one per call."""
+        for the whole tree instead of one per call. ``release`` lets their runs' steps
+        read again once the record is written or has failed (``Settler.hold_steps``)."""
         core = self._core
         now = time.time()
         alike: dict[tuple[Evidence, ...], OutcomeUpdate] = {}  # one object per distinct update
@@ -185,8 +188,12 @@ class Outcomes:
         for ctx in ctxs:
             update = lost_update(ctx, Cause.USER_CANCEL, INTERRUPTED, now)
             updates.append((ctx.op_id, alike.setdefault(tuple(update.evidence), update)))
-        with anyio.CancelScope(shield=True):
-            results = await core.backend.record_many(updates)
+        try:
+            with anyio.CancelScope(shield=True):
+                results = await core.backend.record_many(updates)
+        finally:
+            if release is not None:
+                release()  # failed: a retry asks for the step; till then a step moves nothing
         recorded = []
         for (op_id, update), result in zip(updates, results, strict=True):
             if isinstance(result, IllegalTransition):

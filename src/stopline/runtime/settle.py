@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -111,6 +111,8 @@ class Settler:
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
+        # run id -> records of interrupted calls under way: the record asks for a step
+        self._recording: dict[str, int] = {}
         # answers known without asking, to write (their notes built by the writing task,
         # after the cancel that found them has interrupted what it had to)
         self._answers: list[tuple[CallContext, CancelState, str, str]] = []
@@ -143,6 +145,27 @@ class Settler:
         """Until no background step runs (returns at once if none does)."""
         while self.busy:
             await self._idle.wait()
+
+    def hold_steps(self, run_ids: Iterable[str]) -> Callable[[], None]:
+        """No step reads these runs until the returned release is called (once: later
+        calls do nothing). A cancel holds the runs whose calls it interrupted while it
+        records them: until then a step (a run block's end asks for one) would read
+        calls still in flight and move nothing; the record asks for the step after."""
+        held = list(dict.fromkeys(run_ids))
+        recording = self._recording
+        for run_id in held:
+            recording[run_id] = recording.get(run_id, 0) + 1
+
+        def release() -> None:
+            while held:
+                run_id = held.pop()
+                left = recording[run_id] - 1
+                if left:
+                    recording[run_id] = left
+                else:
+                    del recording[run_id]
+
+        return release
 
     # -- providers ---------------------------------------------------------------
     def ask_provider_cancel(self, ctx: CallContext, *, cut: bool = False) -> anyio.Event | None:
@@ -439,7 +462,8 @@ class Settler:
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
                 continue  # local calls still running; their outcomes call us again
-            if run_id not in self._asking:  # else a provider's answer calls us again
+            # else a provider's answer, or the record of calls a cancel cut, calls us again
+            if run_id not in self._asking and run_id not in self._recording:
                 ready.append(run_id)
         moves: list[tuple[str, RunEvent]] = []
         unknown: list[OperationRecord] = []
