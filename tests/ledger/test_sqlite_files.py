@@ -248,3 +248,36 @@ async def test_v2_log_is_migrated_whole_and_its_sequence_goes_on(tmp_path: Path)
         index = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_run'").fetchone()
     assert new and min(new) == 42 and new == sorted(new)
     assert "AUTOINCREMENT" not in ddl and index is not None
+
+
+async def test_v3_ledger_is_migrated_with_its_cancel_events_indexed_alone(
+    tmp_path: Path,
+) -> None:
+    """V4 indexes the cancel events alone (the cross-process watch reads them through
+    that index): a v3 ledger's cancels logged before the migration are in it."""
+    from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "v3.db"
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.executescript(";".join(MIGRATIONS[:3]))
+        conn.execute("PRAGMA user_version = 3")
+        conn.execute(
+            "INSERT INTO runs (id, name, owner, tenant, state, grants, policy, created_at,"
+            " updated_at) VALUES ('run_old', 'job', 'u', 't', 'cancelled', 15, 'verify', 1, 1)"
+        )
+        conn.executemany(
+            "INSERT INTO events (seq, at, run_id, kind, data) VALUES (?, ?, 'run_old', ?, '{}')",
+            [(1, 1.0, "created"), (2, 2.0, "cancel"), (3, 3.0, "settled")],
+        )
+    async with stopline.open(f"sqlite:///{path}"):
+        pass
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events_cancels'")
+        indexed = conn.execute(
+            "SELECT seq FROM events INDEXED BY events_cancels WHERE kind = 'cancel' AND seq > 0"
+        ).fetchall()
+        (index,) = ddl.fetchone()
+    assert version == SCHEMA_VERSION == 4
+    assert index.endswith("WHERE kind = 'cancel'")  # partial: no other event is in it
+    assert indexed == [(2,)]

@@ -17,6 +17,7 @@ import stopline
 from stopline import CancelState, Headline, OpStatus
 from stopline.ledger.sqlite import SQLiteBackend
 from stopline.ledger.sqlite_watch import CancelWatch
+from stopline.testing import FakeProvider
 
 
 async def cli(*args: str) -> tuple[int, dict[str, object]]:
@@ -105,6 +106,43 @@ async def test_a_cancel_committed_by_another_connection_is_delivered(tmp_path: P
                 await delivered.arrived.wait()
         remove()
     assert delivered.batches == [["r-1"]]
+
+
+async def test_a_look_reads_the_cancels_since_the_last_not_every_event(tmp_path: Path) -> None:
+    """The watch reads the cancel events through their own index (schema V4): a look
+    after a thousand calls and one cancel steps over that one cancel, not the ~2,000
+    events logged since the last look (counted as SQLite's rows stepped, not timed)."""
+    path = tmp_path / "ledger.db"
+    provider = FakeProvider("send")
+    async with stopline.open(f"sqlite:///{path}?cancel_poll_ms=0") as ledger:
+        backend = ledger.backend
+        assert isinstance(backend, SQLiteBackend)
+        async with ledger.run("job", owner="user:1", run_id="r-busy") as run:
+            for i in range(1000):
+                await run.call(provider.tool, i)
+        watch = CancelWatch(path, busy_timeout=5.0)
+        await watch.on_thread(watch.baseline)
+        async with ledger.run("job", owner="user:1", run_id="r-more") as run:
+            for i in range(1000):
+                await run.call(provider.tool, i)
+            await ledger.cancel("r-more", by="user:1")
+        conn = watch.connection
+        assert conn is not None
+        traced: list[str] = []
+        steps: list[int] = []
+        conn.set_trace_callback(traced.append)
+        conn.set_progress_handler(lambda: steps.append(1) and 0, 1)  # per VM instruction
+        run_ids = await watch.on_thread(watch.poll)
+        conn.set_progress_handler(None, 1)
+        conn.set_trace_callback(None)
+        (look,) = [sql for sql in traced if "FROM events" in sql]
+        plan = [step for *_, step in conn.execute(f"EXPLAIN QUERY PLAN {look}")]
+        await watch.on_thread(watch.drop)
+    assert run_ids == ["r-more"]
+    assert any("events_cancels" in step for step in plan), plan
+    assert not any(step.startswith("SCAN e") for step in plan), plan
+    # a walk of the log since the baseline steps ~2,000 rows of ~10 instructions each
+    assert len(steps) < 1000, len(steps)
 
 
 async def test_a_broken_watch_connection_is_replaced_and_no_cancel_is_lost(

@@ -14,7 +14,7 @@ recovery never scans resolved history.
 from __future__ import annotations
 
 from stopline.domain.model import CancelState
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, RunEvent
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
 from stopline.ledger.engine import guards
 from stopline.ledger.engine.guards import sql_values
@@ -184,7 +184,17 @@ ALTER TABLE events_v3 RENAME TO events;
 CREATE INDEX events_run ON events(run_id, seq);
 """)
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# V4: the cancel events indexed alone (SQLite). Another process's cancel reaches this
+# one's calls through a poll (``sqlite_watch``) that asks for the cancel events
+# logged since its last look; without an index of its own that walked every event
+# logged since then (a sequential workflow's ~200 a poll: ~0.8 ms of CPU, growing
+# with the write rate). The partial index holds only the cancel events: any other
+# event's insert evaluates its condition and writes nothing to it. PostgreSQL's
+# cancels come by NOTIFY and read nothing.
+CANCEL_EVENT = RunEvent.CANCEL.value
+_V4 = SqliteOnly(f"CREATE INDEX events_cancels ON events(seq) WHERE kind = '{CANCEL_EVENT}';")
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

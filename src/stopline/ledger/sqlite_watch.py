@@ -16,6 +16,9 @@ never lets a dispatch through (R1). A failed poll is logged and retried with
 backoff; the cancels committed meanwhile are read by ``seq`` on the next good
 one. Delivering a run twice is harmless: the runtime skips runs it already
 knows are cancelled.
+
+A look reads the cancel events through an index of their own (schema V4), so it
+costs what was cancelled since the last look, not what was logged.
 """
 
 from __future__ import annotations
@@ -29,14 +32,21 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from stopline.domain.vocab import RunEvent
 from stopline.ledger.engine.guards import FENCED
+from stopline.ledger.schema import CANCEL_EVENT
 
 __all__ = ["POLL_INTERVAL", "CancelWatch"]
 
 POLL_INTERVAL = 0.05  # seconds between two looks at data_version: the cross-process delay
 log = logging.getLogger("stopline.ledger.sqlite")
 _FENCED = frozenset(state.value for state in FENCED)
+# the kind spelled as the partial index ``events_cancels`` is (schema V4), so that the
+# planner reads that index: the cancels alone, not every event since the last look
+_CANCELS_SINCE = (
+    "SELECT e.seq, e.run_id, r.state FROM events e INDEXED BY events_cancels"
+    f" JOIN runs r ON r.id = e.run_id WHERE e.seq > ? AND e.kind = '{CANCEL_EVENT}'"
+    " ORDER BY e.seq"
+)
 
 
 class CancelWatch:
@@ -114,11 +124,7 @@ class CancelWatch:
         if version == self._version:
             return []
         self._version = version
-        rows = conn.execute(
-            "SELECT e.seq, e.run_id, r.state FROM events e JOIN runs r ON r.id = e.run_id"
-            " WHERE e.seq > ? AND e.kind = ? ORDER BY e.seq",
-            (self._seq, RunEvent.CANCEL.value),
-        ).fetchall()
+        rows = conn.execute(_CANCELS_SINCE, (self._seq,)).fetchall()
         if rows:
             self._seq = rows[-1][0]
         # a run resumed since its cancel is not fenced any more: its cancel is stale
