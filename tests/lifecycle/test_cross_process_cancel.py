@@ -131,7 +131,12 @@ async def test_a_look_reads_the_cancels_since_the_last_not_every_event(tmp_path:
         traced: list[str] = []
         steps: list[int] = []
         conn.set_trace_callback(traced.append)
-        conn.set_progress_handler(lambda: steps.append(1) and 0, 1)  # per VM instruction
+
+        def step() -> int:
+            steps.append(1)
+            return 0  # go on
+
+        conn.set_progress_handler(step, 1)  # called at every VM instruction
         run_ids = await watch.on_thread(watch.poll)
         conn.set_progress_handler(None, 1)
         conn.set_trace_callback(None)
