@@ -195,9 +195,10 @@ class Lifecycle:
         if interrupted:
             for ctx in interrupted:
                 ctx.lost_recorded = True  # their own unwinding records nothing more
-            if core.running:  # else closing: nothing records or steps any more
-                release = core.settler.hold_steps(ctx.run_id for ctx in interrupted)
-                core.spawn(core.outcomes.record_interrupted, interrupted, release)
+            # their runs' steps wait for this record (closing: no step follows)
+            held = (ctx.run_id for ctx in interrupted)
+            release = core.settler.hold_steps(held) if core.running else None
+            core.spawn(core.outcomes.record_interrupted, interrupted, release)
         for listener in self._cancel_listeners:
             listener(run_ids)
         return {ctx.run_id for ctx in interrupted}, asked
