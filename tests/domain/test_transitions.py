@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from stopline.domain.transitions import OPERATION_TABLE, RUN_TABLE, apply, diagram, events_from
+from stopline.domain.transitions import (
+    OPERATION_TABLE,
+    RUN_TABLE,
+    apply,
+    diagram,
+    events_from,
+    settle_move,
+)
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
 
@@ -243,3 +250,33 @@ def test_diagram_is_drawn_from_the_table() -> None:
     assert "requested --lost--> unknown" in lines
     assert "committed --compensation_started--> compensating" in lines
     assert len(lines) == len(CONTRACT_OPERATION) + sum(isinstance(k[0], OpStatus) for k in BEYOND)
+
+
+@pytest.mark.parametrize(
+    ("state", "statuses", "move"),
+    [
+        # a correction or a call still on its way: settling, nothing verified yet
+        (R.CANCELLING, {S.COMMITTED, S.REQUESTED}, (V.SETTLE, False)),
+        (R.SETTLING, {S.ACCEPTED}, (None, False)),
+        # an unknown outcome: settling, and read back
+        (R.CANCELLING, {S.UNKNOWN, S.PREVENTED}, (V.SETTLE, True)),
+        (R.SETTLING, {S.UNKNOWN}, (None, True)),
+        (R.SETTLING, {S.COMPENSATING}, (None, True)),
+        # what only a person can settle: review, once
+        (R.SETTLING, {S.NEEDS_REVIEW, S.COMMITTED}, (V.ESCALATE, False)),
+        (R.NEEDS_REVIEW, {S.COMPENSATION_FAILED}, (None, False)),
+        # every review item settled by later evidence
+        (R.NEEDS_REVIEW, {S.NOT_COMMITTED}, (V.REVIEWED, False)),
+        # everything resolved: settled (R3: never before)
+        (R.CANCELLING, {S.COMMITTED, S.NOT_COMMITTED, S.PREVENTED}, (V.SETTLED, False)),
+        (R.SETTLING, set(), (V.SETTLED, False)),
+    ],
+)
+def test_a_cancelled_runs_next_move_follows_from_its_operations(
+    state: RunState, statuses: set[OpStatus], move: tuple[RunEvent | None, bool]
+) -> None:
+    """The settler's one rule: what a cancelled run does next, from its calls' statuses.
+    Every move it names is a legal arrow of the run table."""
+    assert settle_move(state, statuses) == move
+    if move[0] is not None:
+        apply(RUN_TABLE, state, move[0])  # raises IllegalTransition if it were not

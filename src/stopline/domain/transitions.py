@@ -23,6 +23,7 @@ __all__ = [
     "apply",
     "diagram",
     "events_from",
+    "settle_move",
 ]
 
 _S = OpStatus
@@ -140,3 +141,18 @@ def events_from(table: Mapping[tuple[_State, _Event], _State], state: _State) ->
 def diagram(table: Mapping[tuple[_State, _Event], _State]) -> str:
     """The table as ``state --event--> next`` lines, for the docs."""
     return "\n".join(f"{s} --{e}--> {t}" for (s, e), t in table.items())
+
+
+def settle_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
+    """A cancelled run's next move (``None``: it stays), from the statuses of its
+    operations, and whether its ``unknown`` operations are to be verified: the
+    settler's one rule, read by every step of every backend."""
+    if any(status.in_flight for status in statuses):  # a correction is on its way
+        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), False
+    if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
+        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), True
+    if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
+        return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), False
+    if state is RunState.NEEDS_REVIEW:  # every review item was settled by later evidence
+        return RunEvent.REVIEWED, False
+    return RunEvent.SETTLED, False

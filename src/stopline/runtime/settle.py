@@ -25,7 +25,7 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
-from stopline.domain.transitions import FINAL_RUN_STATES
+from stopline.domain.transitions import FINAL_RUN_STATES, settle_move
 from stopline.domain.vocab import (
     Cancellable,
     EvidenceKind,
@@ -479,7 +479,7 @@ class Settler:
             if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run_id)
-            move, verify = _move(run.state, {op.status for op in ops})
+            move, verify = settle_move(run.state, {op.status for op in ops})
             if move is not None:
                 moves.append((run_id, move))
             if verify:
@@ -492,17 +492,3 @@ class Settler:
         for run_id in stepped:
             core.changed(run_id)
         return [errors.get(run_id) for run_id in run_ids]
-
-
-def _move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
-    """A cancelled run's next move, from its operations' statuses, and whether its
-    ``unknown`` operations are to be verified."""
-    if any(status.in_flight for status in statuses):  # a correction is on its way
-        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), False
-    if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
-        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), True
-    if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
-        return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), False
-    if state is RunState.NEEDS_REVIEW:  # every review item was settled by later evidence
-        return RunEvent.REVIEWED, False
-    return RunEvent.SETTLED, False
