@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 import stopline
-from stopline.bench.figures import Figure, median, percentile, quiet_heap
+from stopline.bench.figures import P99_MIN_SAMPLES, Figure, median, percentile, quiet_heap
 from stopline.bench.wal import last_commits
 from stopline.ledger.sqlite import SQLiteBackend
 
@@ -274,9 +274,6 @@ async def _one_task_cancel() -> float:
     return marks["interrupted"] - start
 
 
-P99_SAMPLES = 300  # the in-process cancels, in quick mode as in full
-
-
 async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) -> list[Figure]:
     del postgres
     n = 300 if quick else 3000
@@ -289,10 +286,10 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     throughput = await _concurrent(f"sqlite:///{workdir / 'concurrent.db'}", runs, per_run)
     bare_throughput = await _bare_concurrent(workdir / "bare2.db", runs, per_run)
     pages, bare_pages = await wal_pages(workdir)
-    # a p99 of fewer than 100 samples is their maximum: quick mode takes as many as full
-    cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", P99_SAMPLES)
+    samples = 3 * P99_MIN_SAMPLES  # in quick mode as in full
+    cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", samples)
     with quiet_heap():
-        task_cancels = [await _one_task_cancel() for _ in range(P99_SAMPLES)]
+        task_cancels = [await _one_task_cancel() for _ in range(samples)]
     return [
         Figure(
             "gate_sqlite_us",

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["Figure", "percentile", "quiet_heap"]
+__all__ = ["P99_MIN_SAMPLES", "Figure", "percentile", "quiet_heap"]
 
 
 @contextlib.contextmanager
@@ -25,6 +25,10 @@ def quiet_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+# below this many samples a p99 by nearest rank is their maximum: a p99 figure takes more
+P99_MIN_SAMPLES = 100
 
 
 def percentile(samples: Sequence[float], p: float) -> float:

@@ -27,7 +27,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 import stopline
 from stopline.bench.core import one_call_run_figure, one_call_runs
-from stopline.bench.figures import Figure, median, percentile
+from stopline.bench.figures import P99_MIN_SAMPLES, Figure, median, percentile
 from stopline.domain.model import OperationSpec
 from stopline.ledger.backend import RunSpec
 
@@ -318,8 +318,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
         bare, bare_cpu = await _bare_samples(postgres, f"{schema}_bare", n)
         calls, gates, gate_cpu = await _gate_samples(url, n)
         runs_alone = await one_call_runs(url, n // 3)
-        # a p99 of fewer than 100 samples is their maximum: quick mode takes 100
-        samples = 100 if quick else 200
+        samples = P99_MIN_SAMPLES if quick else 2 * P99_MIN_SAMPLES
         cancels, cancel_txns, idle = await _cross_process_cancels(url, samples)
         floor, durable = await _bare_notifies(postgres, f"{schema}_bare", samples, median(idle))
         per_run = 10 if quick else 50

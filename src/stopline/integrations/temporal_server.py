@@ -21,8 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -38,30 +39,38 @@ class TemporalDevServer:
     port: int
     http_port: int
     namespace: str = "default"
-    pid: int | None = None  # the server's process
-    # None while the process runs, else its exit status and what it said on stderr
-    _exit: Callable[[], str | None] = dataclasses.field(
-        default=lambda: None, repr=False, compare=False
-    )
-    _wait: Callable[[], Awaitable[object]] | None = dataclasses.field(
-        default=None, repr=False, compare=False
-    )
+    # the process we started, and the file its stderr goes to (open while its block is)
+    _process: anyio.abc.Process | None = dataclasses.field(default=None, repr=False, compare=False)
+    _stderr: IO[bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (None: not started by ``temporal_dev_server``)."""
+        return None if self._process is None else self._process.pid
+
     def exited(self) -> str | None:
         """``None`` while the server's process runs; once it has exited, its exit
-        status and what it wrote to stderr (a long-lived server can die under a
-        test session: a caller that keeps one can tell, and say why)."""
-        return self._exit()
+        status and the last of what it wrote to stderr (a long-lived server can die
+        under a test session: a caller that keeps one can tell, and say why)."""
+        code = None if self._process is None else self._process.returncode
+        if code is None:
+            return None
+        errors = self._stderr
+        if errors is None or errors.closed:  # stopped by us, its block left
+            return f"exit status {code}: stopped"
+        size = os.fstat(errors.fileno()).st_size  # its last words, the offset untouched
+        said = os.pread(errors.fileno(), 8192, max(0, size - 8192)).decode(errors="replace")
+        return f"exit status {code}: {said.strip() or '(nothing on stderr)'}"
 
     async def wait_exited(self) -> str:
         """Wait for the server's process to exit (on the event loop that started it);
         then what ``exited`` says."""
-        if self._wait is not None:
-            await self._wait()
+        if self._process is not None:
+            await self._process.wait()
         said = self.exited()
         assert said is not None, "the process was waited for"
         return said
@@ -143,20 +152,7 @@ async def temporal_dev_server(
         proc = await anyio.open_process(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors
         )
-
-        def exit_said() -> str | None:
-            if proc.returncode is None:
-                return None
-            if errors.closed:  # stopped by us, its block left
-                return f"exit status {proc.returncode}: stopped"
-            size = os.fstat(errors.fileno()).st_size  # its last words, the offset untouched
-            tail = os.pread(errors.fileno(), 8192, max(0, size - 8192))
-            said = tail.decode(errors="replace").strip()
-            return f"exit status {proc.returncode}: {said or '(nothing on stderr)'}"
-
-        server = TemporalDevServer(
-            host, port, http_port, pid=proc.pid, _exit=exit_said, _wait=proc.wait
-        )
+        server = TemporalDevServer(host, port, http_port, _process=proc, _stderr=errors)
         try:
             with anyio.fail_after(start_timeout):
                 # no event tells us the server is up: probe its port, backing off a little

@@ -110,9 +110,9 @@ class Settler:
         )
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
-        self._asking: dict[str, int] = {}  # run id -> provider cancel requests awaiting answer
-        # run id -> records of interrupted calls under way: the record asks for a step
-        self._recording: dict[str, int] = {}
+        # run id -> work under way that asks for the run's step when it ends (a provider's
+        # answer awaited, the record of calls a cancel cut): no step reads it meanwhile
+        self._held: dict[str, int] = {}
         # answers known without asking, to write (their notes built by the writing task,
         # after the cancel that found them has interrupted what it had to)
         self._answers: list[tuple[CallContext, CancelState, str, str]] = []
@@ -148,22 +148,23 @@ class Settler:
 
     def hold_steps(self, run_ids: Iterable[str]) -> Callable[[], None]:
         """No step reads these runs until the returned release is called (once: later
-        calls do nothing). A cancel holds the runs whose calls it interrupted while it
-        records them: until then a step (a run block's end asks for one) would read
-        calls still in flight and move nothing; the record asks for the step after."""
+        calls do nothing); whoever holds them asks for their step after. A cancel holds
+        the runs whose calls it interrupted while it records them (a step meanwhile,
+        asked by a run block's end, would read calls still in flight and move nothing);
+        a provider's cancel request holds its run until the answer is in."""
         held = list(dict.fromkeys(run_ids))
-        recording = self._recording
+        counts = self._held
         for run_id in held:
-            recording[run_id] = recording.get(run_id, 0) + 1
+            counts[run_id] = counts.get(run_id, 0) + 1
 
         def release() -> None:
             while held:
                 run_id = held.pop()
-                left = recording[run_id] - 1
+                left = counts[run_id] - 1
                 if left:
-                    recording[run_id] = left
+                    counts[run_id] = left
                 else:
-                    del recording[run_id]
+                    del counts[run_id]
 
         return release
 
@@ -231,15 +232,13 @@ class Settler:
         (a confirmed or refused cancel) is part of the receipt, which must not change
         after the run is called settled. ``sent`` is set once the request is recorded
         and handed to the provider, or once it cannot be."""
-        self._asking[ctx.run_id] = self._asking.get(ctx.run_id, 0) + 1
+        release = self.hold_steps([ctx.run_id])
         try:
             async with self.working():
                 await self._ask_provider(ctx, sent)
         finally:
             sent.set()
-            self._asking[ctx.run_id] -= 1
-            if not self._asking[ctx.run_id]:
-                del self._asking[ctx.run_id]
+            release()
         await self.advance(ctx.run_id)
 
     async def _ask_provider(self, ctx: CallContext, sent: anyio.Event) -> None:
@@ -462,8 +461,7 @@ class Settler:
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
                 continue  # local calls still running; their outcomes call us again
-            # else a provider's answer, or the record of calls a cancel cut, calls us again
-            if run_id not in self._asking and run_id not in self._recording:
+            if run_id not in self._held:  # else what holds it calls us again
                 ready.append(run_id)
         moves: list[tuple[str, RunEvent]] = []
         unknown: list[OperationRecord] = []
