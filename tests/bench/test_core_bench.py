@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from stopline.bench.core import measure, wal_pages
+from stopline.bench.figures import P99_MIN_SAMPLES
 
 
 async def test_wal_pages_counts_a_call_and_a_bare_transaction(tmp_path: Path) -> None:
@@ -39,6 +40,9 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
         figures["gate_sqlite_concurrent_ops_per_s"].note,
     )
     assert split is not None and int(split[1]) > 0
+    # a p99 of fewer than P99_MIN_SAMPLES is their maximum: quick mode takes enough
+    taken = re.search(r"\(p99 of (\d+)\)", figures["cancel_inprocess_p99_ms"].note)
+    assert taken is not None and int(taken[1]) >= P99_MIN_SAMPLES
     floor = re.search(r"p50 ([\d.]+) ms, p99 ([\d.]+) ms$", figures["cancel_inprocess_p99_ms"].note)
     assert floor is not None
     assert 0 < float(floor[1]) <= float(floor[2])

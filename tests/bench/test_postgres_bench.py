@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from stopline.bench.figures import P99_MIN_SAMPLES
 from stopline.bench.postgres import measure
 from tests.postgres.server import require_server
 
@@ -52,6 +53,8 @@ async def test_the_postgres_figures_are_measured_on_the_server(tmp_path: Path) -
     )
     assert found is not None, cancel
     assert float(found[1]) > 0 and float(found[2]) > 0
+    taken = re.search(r"p99 of (\d+)\)", cancel)  # quick mode too: a p99, not a maximum
+    assert taken is not None and int(taken[1]) >= P99_MIN_SAMPLES
     # and its floor in the same run: a bare NOTIFY to another listening process
     floor = re.search(
         r"a bare NOTIFY to a listening process: p50 ([\d.]+), p99 ([\d.]+) ms", cancel
