@@ -69,7 +69,7 @@ async def test_per_run_state_is_dropped_when_runs_settle(tmp_path: Path) -> None
             "held outcomes": core.outbox.held,
             "settler wanted": settler._wanted,
             "verifying": settler._verifying,
-            "asking": settler._asking,
+            "held steps": settler._held,
             "telemetry runs": telemetry.runs,
             "telemetry ops": telemetry.ops,
             "telemetry linked": telemetry.linked,
