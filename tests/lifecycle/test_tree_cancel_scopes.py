@@ -152,3 +152,83 @@ async def test_on_trio_every_block_cancels_its_own_scope(tmp_path: Path) -> None
     made, tree = await cancel_tree(tmp_path, inside=True)
     assert made == 1 + CHILDREN
     assert not any(run.covered for run in tree.entered)
+
+
+class CountingRuns(dict[str, stopline.Run]):
+    """``core.runs``, counting every walk over it (a delivery should need none)."""
+
+    walks = 0
+
+    def __iter__(self) -> Iterator[str]:
+        self.walks += 1
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self.walks += 1
+        return super().keys()
+
+    def values(self) -> Any:
+        self.walks += 1
+        return super().values()
+
+    def items(self) -> Any:
+        self.walks += 1
+        return super().items()
+
+
+async def test_a_cancel_of_one_run_reads_none_of_the_other_runs_open_here(
+    tmp_path: Path,
+) -> None:
+    """A delivery orders the runs it interrupts by their own numbers: its cost does not
+    grow with the runs open in the process (it once numbered every one of them)."""
+    others = 40
+    in_call, interrupted = anyio.Event(), anyio.Event()
+
+    @stopline.tool
+    async def hold(ctx: stopline.CallContext) -> None:
+        in_call.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            interrupted.set()
+            raise
+
+    @hold.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.Verdict:
+        return stopline.Verdict.NOT_COMMITTED
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[hold]) as ledger:
+        release, opened = anyio.Event(), anyio.Event()
+        idle: list[stopline.Run] = []
+
+        async def bystander(n: int) -> None:
+            async with ledger.run(f"idle{n}", owner="u") as run:
+                idle.append(run)
+                if len(idle) == others:
+                    opened.set()
+                await release.wait()
+
+        async def victim(ids: list[str]) -> None:
+            async with ledger.run("victim", owner="u") as run:
+                ids.append(run.id)
+                async with run.phase(PhaseKind.READING, Policy.IMMEDIATE):
+                    await run.call(hold)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(others):
+                tg.start_soon(bystander, n)
+            ids: list[str] = []
+            tg.start_soon(victim, ids)
+            with anyio.fail_after(30):
+                await opened.wait()
+                await in_call.wait()
+            counted = CountingRuns(ledger.core.runs)
+            ledger.core.runs = counted
+            await ledger.cancel(ids[0], by="u")
+            assert counted.walks == 0
+            with anyio.fail_after(30):
+                await interrupted.wait()
+            assert not any(run.cancel_requested for run in idle)
+            release.set()
+        receipt = await ledger.wait_settled(ids[0], timeout=30)
+    assert receipt.run_state is RunState.CANCELLED

@@ -17,6 +17,7 @@ core's or the other's; none reads another object's private attributes
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,7 @@ class Core:
         self._closing = False
         # the runs of this process with their block open, by id
         self.runs: dict[str, Run] = {}
+        self._opened = itertools.count()  # the order in which their blocks opened
         # known tools by name: verifiable and cancellable from this process
         self.tools = tools
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
@@ -122,6 +124,12 @@ class Core:
                 return  # closing: background work stops with the ledger
             raise RuntimeError("the ledger is not open")
         self._tg.start_soon(self._boundary.run, fn, *args)
+
+    def register_run(self, run: Run) -> None:
+        """A run's block opens: it joins ``runs``, numbered in the order blocks open
+        (``Run.opened``, what a delivery reads nesting from, whatever else is open)."""
+        run.opened = next(self._opened)
+        self.runs[run.id] = run
 
     # -- tools -----------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:

@@ -206,7 +206,7 @@ class Lifecycle:
     def _interrupt(self, runs: list[Run]) -> set[str]:
         """Interrupt the runs by policy, cancelling as few scopes as anyio lets us prove.
 
-        In the order their blocks opened (the order of ``core.runs``), each run either
+        In the order their blocks opened (``Run.opened``), each run either
         cancels its own scope or is *covered*: a cancel delivered just before, in this
         same step, to a run whose block opened earlier has reached this block's task
         (the task's cancel count went up; nothing else runs in between). Then that
@@ -217,8 +217,8 @@ class Lifecycle:
         (trio) or the count did not move (a shield between, a block in a task group
         outside its owner's, the cancelling task itself), the run cancels its own scope,
         as before. Returns the runs whose work was interrupted."""
-        opened = {run_id: i for i, run_id in enumerate(self._core.runs)}
-        runs = sorted(runs, key=lambda run: opened[run.id])
+        # sorted by their own numbers: the other runs open in this process are not read
+        runs = sorted(runs, key=lambda run: run.opened)
         before = {
             run.id: run.block_task_cancels() for run in runs if run.block_task_cancels is not None
         }

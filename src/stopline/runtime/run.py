@@ -131,6 +131,8 @@ class Run:
         # loop tells (asyncio's ``Task.cancelling``; set by the block): how a delivery
         # sees that an enclosing run's cancel, just delivered, reached this block too
         self.block_task_cancels: Callable[[], int] | None = None
+        # where its block opened in this process's order of blocks (``Core.register_run``)
+        self.opened = -1
         # the delivered cancel reached this block through an enclosing run's scope
         self.covered = False
         self.pause_requested = False

@@ -76,9 +76,9 @@ class RunScope:
             raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
         run = self._run = Run(self._ledger, self._core, record, self._scope)
         run.block_task_cancels = _task_cancels()
-        # registered and entered in one step: the order of ``core.runs`` is the order in
-        # which the blocks' scopes opened (what a delivery reads nesting from)
-        self._core.runs[run.id] = run
+        # registered and entered in one step: ``run.opened`` is the order in which the
+        # blocks' scopes opened (what a delivery reads nesting from)
+        self._core.register_run(run)
         self._scope.__enter__()
         if record.state is not RunState.RUNNING and record.state not in (
             RunState.PAUSING,
