@@ -41,8 +41,10 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
     )
     assert split is not None and int(split[1]) > 0
     # a p99 of fewer than P99_MIN_SAMPLES is their maximum: quick mode takes enough
-    taken = re.search(r"\(p99 of (\d+)\)", figures["cancel_inprocess_p99_ms"].note)
+    cancel = figures["cancel_inprocess_p99_ms"]
+    taken = re.search(r"\(p99 of (\d+); p50 ([\d.]+) ms\)", cancel.note)
     assert taken is not None and int(taken[1]) >= P99_MIN_SAMPLES
+    assert 0 < float(taken[2]) <= cancel.value  # ours at p50, beside the p99 and the floor
     floor = re.search(r"p50 ([\d.]+) ms, p99 ([\d.]+) ms$", figures["cancel_inprocess_p99_ms"].note)
     assert floor is not None
     assert 0 < float(floor[1]) <= float(floor[2])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import re
+import time
 from pathlib import Path
 
+from stopline.bench.figures import quiet_heap
 from stopline.bench.lifecycle import measure
 
 
@@ -13,6 +16,27 @@ async def test_the_tree_cancel_says_when_its_fence_was_delivered(tmp_path: Path)
     before the last interruption the figure measures (timings are not asserted)."""
     (figure,) = await measure(quick=True, workdir=tmp_path)
     assert figure.name == "cancel_tree_10k_ms" and figure.baseline
-    delivered = re.search(r"delivered at ([\d.]+) ms$", figure.note)
+    delivered = re.search(r"delivered at ([\d.]+) ms;", figure.note)
     assert delivered is not None
     assert 0 < float(delivered[1]) <= figure.value
+    # how much of each figure CPython's collector took, ours and the baseline's
+    collector = re.search(
+        r"collector ran ([\d.]+) ms of the figure \(bare: ([\d.]+) ms\)$", figure.note
+    )
+    assert collector is not None and float(collector[1]) <= figure.value
+
+
+async def test_a_quiet_heap_times_the_collections_inside_it() -> None:
+    """The collector's spans are kept while the window is open, and only then; a
+    stretch of the window is charged only what overlaps it."""
+    with quiet_heap() as heap:
+        start = time.perf_counter()
+        made = [[i] for i in range(50_000)]  # young containers, enough for collections
+        gc.collect(0)
+        end = time.perf_counter()
+    assert heap.spans and heap.collector_s(start, end) > 0
+    assert heap.collector_s(end, end + 60) == 0  # nothing after the stretch
+    kept = len(heap.spans)
+    gc.collect()
+    assert len(heap.spans) == kept  # closed: nothing more is charged to it
+    del made

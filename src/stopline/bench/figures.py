@@ -6,24 +6,48 @@ import contextlib
 import dataclasses
 import gc
 import statistics
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["P99_MIN_SAMPLES", "Figure", "percentile", "quiet_heap"]
+__all__ = ["P99_MIN_SAMPLES", "Figure", "Heap", "percentile", "quiet_heap"]
+
+
+class Heap:
+    """When the collector ran inside a ``quiet_heap`` window (``perf_counter`` spans)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+        self._started = 0.0
+
+    def _observe(self, phase: str, info: dict[str, Any]) -> None:
+        del info
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.spans.append((self._started, time.perf_counter()))
+
+    def collector_s(self, start: float, end: float) -> float:
+        """Seconds the collector ran between ``start`` and ``end`` (``perf_counter``)."""
+        return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.spans)
 
 
 @contextlib.contextmanager
-def quiet_heap() -> Iterator[None]:
+def quiet_heap() -> Iterator[Heap]:
     """Measure without the heap built before: collect it once, then freeze what
     survives, so a collection inside a window scans only what was made since (the
     window's own garbage is still collected, and charged to it). Without this a
     full collection of a benchmark's earlier heap (100-300 ms on a loaded 2-core
-    machine) lands in a 100 ms window at random. For a figure and its baseline alike."""
+    machine) lands in a 100 ms window at random. For a figure and its baseline alike.
+    Yields the window's ``Heap``: how long the collector ran inside it."""
     gc.collect()
     gc.freeze()
+    heap = Heap()
+    gc.callbacks.append(heap._observe)
     try:
-        yield
+        yield heap
     finally:
+        gc.callbacks.remove(heap._observe)
         gc.unfreeze()
 
 
