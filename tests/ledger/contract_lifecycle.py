@@ -86,6 +86,18 @@ class LifecycleContract:
         assert run.state is RunState.RUNNING and expired == []
         assert (await backend.gate(op_spec("run_a/2"))).verdict is GateVerdict.PASSED
 
+    async def test_get_runs_reads_the_runs_there_by_id(self, backend: Backend) -> None:
+        """The one read of the paused runs that calls wait on: the runs that exist, by
+        id, each as ``get_run`` reads it; an id with no run is left out."""
+        await backend.create_run(run_spec())
+        await backend.create_run(run_spec("run_b"))
+        await backend.pause("run_b", by="u")
+        found = await backend.get_runs(["run_b", "run_missing", "run_a"])
+        assert set(found) == {"run_a", "run_b"}
+        assert found["run_a"] == await backend.get_run("run_a")
+        assert found["run_b"].state.paused and not found["run_a"].state.paused
+        assert await backend.get_runs([]) == {}
+
     async def test_resume_after_cancel_needs_every_operation_resolved(
         self, backend: Backend
     ) -> None:

@@ -48,6 +48,11 @@ class RunState(enum.StrEnum):
             RunState.NEEDS_REVIEW,
         )
 
+    @property
+    def paused(self) -> bool:
+        """Its gate lets no call through until a resume (or a cancel) moves it on."""
+        return self in (RunState.PAUSING, RunState.PAUSED)
+
 
 class RunEvent(enum.StrEnum):
     PAUSE = "pause"

@@ -296,6 +296,10 @@ class Queries(abc.ABC):
     async def get_run(self, run_id: str) -> RunRecord: ...
 
     @abc.abstractmethod
+    async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """The runs of ``run_ids`` that exist, by id, in one read."""
+
+    @abc.abstractmethod
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]: ...

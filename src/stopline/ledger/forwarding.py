@@ -150,6 +150,9 @@ class ForwardingBackend(Backend):
     async def get_run(self, run_id: str) -> RunRecord:
         return await self.inner.get_run(run_id)
 
+    async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        return await self.inner.get_runs(run_ids)
+
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]:

@@ -86,6 +86,10 @@ class Core:
         self.tools = tools
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
+        # runs a call waits on at the gate while they are paused: how many calls each
+        self._paused: dict[str, int] = {}
+        self._watching_paused = False  # the one read of them all is under way
+        self.paused_poll = 0.25  # seconds between two reads of them
 
     # -- the backend ---------------------------------------------------------------
     @property
@@ -150,11 +154,58 @@ class Core:
 
     async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
         """Until this process changes the run, or ``poll`` s for other processes' changes."""
+        event = self._change_event(run_id)
+        with anyio.move_on_after(poll):
+            await event.wait()
+        self._forget_unwaited(run_id, event)
+
+    async def wait_while_paused(self, run_id: str) -> None:
+        """For a call its run's pause stopped at the gate: until the run may have moved
+        on. This process changed it (a resume, a cancel), or the process's one read of
+        every run waited on here, each ``paused_poll`` s, found it no longer paused
+        (another process's resume or cancel). Each waiting call asked the gate again
+        every 0.25 s before: 1,000 of them were 4,000 gate transactions a second.
+        Should that read fail (it is retried behind the boundary), a call asks the
+        gate again after ``20 * paused_poll`` s at the latest."""
+        poll = self.paused_poll
+        event = self._change_event(run_id)
+        self._paused[run_id] = self._paused.get(run_id, 0) + 1
+        if not self._watching_paused and self.running:
+            self._watching_paused = True
+            self.spawn(self._watch_paused)
+        try:
+            with anyio.move_on_after(20 * poll):
+                await event.wait()
+        finally:
+            left = self._paused.pop(run_id) - 1
+            if left:
+                self._paused[run_id] = left
+            self._forget_unwaited(run_id, event)
+
+    async def _watch_paused(self) -> None:
+        """The one read of the paused runs calls wait on, each ``paused_poll`` s, while
+        any do. (A retry after a failed read may overlap a watch a later call started:
+        both only read, and both end once no call waits.)"""
+        self._watching_paused = True
+        try:
+            while self._paused:
+                await anyio.sleep(self.paused_poll)
+                waited = list(self._paused)
+                found = await self.backend.get_runs(waited) if waited else {}
+                for run_id in waited:
+                    run = found.get(run_id)
+                    if run is None or not run.state.paused:
+                        self.changed(run_id)
+        finally:
+            self._watching_paused = False
+
+    def _change_event(self, run_id: str) -> anyio.Event:
         event = self._changes.get(run_id)
         if event is None:
             event = self._changes[run_id] = anyio.Event()
-        with anyio.move_on_after(poll):
-            await event.wait()
+        return event
+
+    def _forget_unwaited(self, run_id: str, event: anyio.Event) -> None:
         if not event.statistics().tasks_waiting and self._changes.get(run_id) is event:
             del self._changes[run_id]  # per-run state ends when nobody waits on it
 

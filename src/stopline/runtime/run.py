@@ -245,7 +245,7 @@ class Run:
     ) -> R:
         gate = await self._core.backend.gate(spec)
         while gate.verdict is GateVerdict.PAUSED:
-            await self._core.wait_for_change(self.id)
+            await self._core.wait_while_paused(self.id)
             gate = await self._core.backend.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
             raise await self._fence(spec.id)

@@ -77,6 +77,9 @@ class SqlBackend(Backend):
     async def get_run(self, run_id: str) -> RunRecord:
         return await self._execute(lambda db: reads.load_run(db, run_id), safe=True)
 
+    async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        return await self._execute(lambda db: reads.load_runs(db, run_ids), safe=True)
+
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]:

@@ -81,7 +81,7 @@ OPEN_SQL = sql_values(OPEN_ORDER)  # the index's own condition, verbatim
 
 # Runs: a cancel fences these (the sources of `cancel`); R7: any other, the first won.
 CANCELLABLE: frozenset[RunState] = _sources(RUN_TABLE, RunEvent.CANCEL)
-PAUSE_STATES: frozenset[RunState] = frozenset({RunState.PAUSING, RunState.PAUSED})
+PAUSE_STATES: frozenset[RunState] = frozenset(s for s in RunState if s.paused)
 # Where a cancel leads, short of a resume: the run is fenced.
 FENCED: frozenset[RunState] = frozenset(
     {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}

@@ -1,0 +1,183 @@
+"""Calls waiting at the gate of a paused run (R9): one read of the paused runs a poll
+for the whole process, not one gate transaction a poll for each waiting call.
+
+Counted, not timed: the gate's transactions and the watch's reads, through a backend
+observer. Another ``stopline.open`` of the same SQLite file stands for another
+process (its own runtime, its own writer): what it resumes or cancels reaches the
+waiting calls only through the watch's read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+import stopline
+from stopline import OpStatus, RunState
+from stopline.domain.model import OperationSpec, RunRecord
+from stopline.errors import LedgerIOError
+from stopline.ledger.backend import Backend, GateResult
+from stopline.ledger.forwarding import ForwardingBackend
+
+WAITING = 30
+
+
+class GateCounter(ForwardingBackend):
+    """Counts the gate's transactions and the paused runs' reads; ``reads`` is set
+    once the watch has read every waiting run ``reads_wanted`` times."""
+
+    def __init__(self, inner: Backend) -> None:
+        super().__init__(inner)
+        self.gates = 0
+        self.reads: list[list[str]] = []
+        self.reads_wanted = 3
+        self.enough_reads = anyio.Event()
+        self.fail_reads = False
+
+    async def gate(self, spec: OperationSpec) -> GateResult:
+        self.gates += 1
+        return await self.inner.gate(spec)
+
+    async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        self.reads.append(list(run_ids))
+        if sum(len(ids) == WAITING for ids in self.reads) >= self.reads_wanted:
+            self.enough_reads.set()
+        if self.fail_reads:
+            raise LedgerIOError("sqlite", "the paused runs' read failed (injected)")
+        return await self.inner.get_runs(run_ids)
+
+
+@stopline.tool
+async def step(ctx: stopline.CallContext, n: int) -> int:
+    return n
+
+
+async def paused_calls(
+    ledger: stopline.Ledger, tg: anyio.abc.TaskGroup, done: list[int]
+) -> list[str]:
+    """``WAITING`` runs, each paused with a call waiting at its gate; their ids."""
+    ids: list[str] = []
+    opened, go = anyio.Event(), anyio.Event()
+
+    async def workflow(n: int) -> None:
+        async with ledger.run(f"paused-{n}", owner="u") as run:
+            ids.append(run.id)
+            if len(ids) == WAITING:
+                opened.set()
+            await go.wait()
+            done.append(await run.call(step, n))
+
+    for n in range(WAITING):
+        tg.start_soon(workflow, n)
+    await opened.wait()
+    for run_id in ids:
+        await ledger.pause(run_id, by="u")
+    go.set()
+    return ids
+
+
+async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(tmp_path: Path) -> None:
+    """Three polls pass with every call waiting: each asked the gate once (the call
+    before took a gate transaction each a poll); the watch read all of them in one
+    read a poll. A resume here wakes them at once; each asks the gate once more."""
+    observed: list[GateCounter] = []
+
+    def observe(backend: Backend) -> Backend:
+        observed.append(GateCounter(backend))
+        return observed[-1]
+
+    done: list[int] = []
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    async with stopline.open(url, observers=[observe]) as ledger:
+        (counter,) = observed
+        ledger.core.paused_poll = 0.01
+        with anyio.fail_after(60):  # a stranded call fails the test, it does not hang it
+            async with anyio.create_task_group() as tg:
+                ids = await paused_calls(ledger, tg, done)
+                await counter.enough_reads.wait()
+                assert counter.gates == WAITING  # each call's first try, no more
+                assert done == []
+                for run_id in ids:
+                    await ledger.resume(run_id, by="u")
+        assert sorted(done) == list(range(WAITING))
+        assert counter.gates == 2 * WAITING  # and one more once resumed
+        assert ledger.core.waiting_runs == 0  # nothing per run left behind
+
+
+async def test_a_resume_from_another_process_reaches_the_waiting_calls(tmp_path: Path) -> None:
+    """Another process's resume is seen by the watch's read (nothing here changed the
+    runs); its cancel likewise ends the waiting calls at the fence."""
+    observed: list[GateCounter] = []
+
+    def observe(backend: Backend) -> Backend:
+        observed.append(GateCounter(backend))
+        return observed[-1]
+
+    done: list[int] = []
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    async with stopline.open(url, observers=[observe]) as ledger:
+        (counter,) = observed
+        ledger.core.paused_poll = 0.01
+        resumed: list[str] = []
+        with anyio.fail_after(60):  # a stranded call fails the test, it does not hang it
+            async with anyio.create_task_group() as tg:
+                ids = await paused_calls(ledger, tg, done)
+                await counter.enough_reads.wait()
+                resumed = ids[: WAITING // 2]
+                async with stopline.open(url) as other:
+                    for run_id in resumed:
+                        await other.resume(run_id, by="u")
+                    for run_id in ids[WAITING // 2 :]:
+                        await other.cancel(run_id, by="u")
+            # the task group ended: every waiting call left, none was stranded
+        assert sorted(done) == list(range(WAITING // 2))  # resumed: each call went through
+        for run_id in ids[WAITING // 2 :]:  # cancelled: the call met the fence, unsent
+            receipt = await ledger.wait_settled(run_id, timeout=30)
+            assert receipt.run_state is RunState.CANCELLED
+            # its call never left: refused at the fence (recorded so, or not at all
+            # when the run had settled before the call asked the gate again)
+            assert all(line.status is OpStatus.PREVENTED for line in receipt.lines)
+
+
+async def test_a_failing_read_of_the_paused_runs_strands_no_call(tmp_path: Path) -> None:
+    """The watch's read failing (the ledger's I/O) is reported and retried, and the
+    calls fall back to asking the gate themselves, less often: a resume from
+    elsewhere still lands."""
+    observed: list[GateCounter] = []
+
+    def observe(backend: Backend) -> Backend:
+        observed.append(GateCounter(backend))
+        return observed[-1]
+
+    done: list[int] = []
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    async with stopline.open(url, observers=[observe]) as ledger:
+        (counter,) = observed
+        counter.fail_reads = True
+        counter.reads_wanted = 1
+        ledger.core.paused_poll = 0.01
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                ids = await paused_calls(ledger, tg, done)
+                await counter.enough_reads.wait()
+                async with stopline.open(url) as other:
+                    for run_id in ids:
+                        await other.resume(run_id, by="u")
+        assert sorted(done) == list(range(WAITING))
+        assert ledger.core.health.steps["watch_paused"].failures >= 1  # reported, retried
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_on_trio_the_waiting_calls_are_woken_by_a_resume(tmp_path: Path) -> None:
+    done: list[int] = []
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
+        ledger.core.paused_poll = 0.01
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                ids = await paused_calls(ledger, tg, done)
+                for run_id in ids:
+                    await ledger.resume(run_id, by="u")
+    assert sorted(done) == list(range(WAITING))
