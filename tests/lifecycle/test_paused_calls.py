@@ -2,9 +2,9 @@
 for the whole process, not one gate transaction a poll for each waiting call.
 
 Counted, not timed: the gate's transactions and the watch's reads, through a backend
-observer. Another ``stopline.open`` of the same SQLite file stands for another
-process (its own runtime, its own writer): what it resumes or cancels reaches the
-waiting calls only through the watch's read.
+observer. On SQLite and PostgreSQL; another ``stopline.open`` of the same ledger
+stands for another process (its own runtime, its own connections): what it resumes
+or cancels reaches the waiting calls only through the watch's read.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def paused_calls(
     return ids
 
 
-async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(tmp_path: Path) -> None:
+async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(ledger_url: str) -> None:
     """Three polls pass with every call waiting: each asked the gate once (the call
     before took a gate transaction each a poll); the watch read all of them in one
     read a poll. A resume here wakes them at once; each asks the gate once more."""
@@ -90,7 +90,7 @@ async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(tmp_path: P
         return observed[-1]
 
     done: list[int] = []
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+    url = ledger_url
     async with stopline.open(url, observers=[observe]) as ledger:
         (counter,) = observed
         ledger.core.paused_poll = 0.01
@@ -107,7 +107,7 @@ async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(tmp_path: P
         assert ledger.core.waiting_runs == 0  # nothing per run left behind
 
 
-async def test_a_resume_from_another_process_reaches_the_waiting_calls(tmp_path: Path) -> None:
+async def test_a_resume_from_another_process_reaches_the_waiting_calls(ledger_url: str) -> None:
     """Another process's resume is seen by the watch's read (nothing here changed the
     runs); its cancel likewise ends the waiting calls at the fence."""
     observed: list[GateCounter] = []
@@ -117,7 +117,7 @@ async def test_a_resume_from_another_process_reaches_the_waiting_calls(tmp_path:
         return observed[-1]
 
     done: list[int] = []
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+    url = ledger_url
     async with stopline.open(url, observers=[observe]) as ledger:
         (counter,) = observed
         ledger.core.paused_poll = 0.01
@@ -142,7 +142,7 @@ async def test_a_resume_from_another_process_reaches_the_waiting_calls(tmp_path:
             assert all(line.status is OpStatus.PREVENTED for line in receipt.lines)
 
 
-async def test_a_failing_read_of_the_paused_runs_strands_no_call(tmp_path: Path) -> None:
+async def test_a_failing_read_of_the_paused_runs_strands_no_call(ledger_url: str) -> None:
     """The watch's read failing (the ledger's I/O) is reported and retried, and the
     calls fall back to asking the gate themselves, less often: a resume from
     elsewhere still lands."""
@@ -153,7 +153,7 @@ async def test_a_failing_read_of_the_paused_runs_strands_no_call(tmp_path: Path)
         return observed[-1]
 
     done: list[int] = []
-    url = f"sqlite:///{tmp_path / 'l.db'}"
+    url = ledger_url
     async with stopline.open(url, observers=[observe]) as ledger:
         (counter,) = observed
         counter.fail_reads = True
