@@ -90,6 +90,7 @@ class Core:
         self._paused: dict[str, int] = {}
         self._watching_paused = False  # the one read of them all is under way
         self.paused_poll = 0.25  # seconds between two reads of them
+        self.paused_fallback = 5.0  # a call asks the gate itself after this long anyway
 
     # -- the backend ---------------------------------------------------------------
     @property
@@ -166,15 +167,14 @@ class Core:
         (another process's resume or cancel). Each waiting call asked the gate again
         every 0.25 s before: 1,000 of them were 4,000 gate transactions a second.
         Should that read fail (it is retried behind the boundary), a call asks the
-        gate again after ``20 * paused_poll`` s at the latest."""
-        poll = self.paused_poll
+        gate again after ``paused_fallback`` s at the latest."""
         event = self._change_event(run_id)
         self._paused[run_id] = self._paused.get(run_id, 0) + 1
         if not self._watching_paused and self.running:
             self._watching_paused = True
             self.spawn(self._watch_paused)
         try:
-            with anyio.move_on_after(20 * poll):
+            with anyio.move_on_after(self.paused_fallback):
                 await event.wait()
         finally:
             left = self._paused.pop(run_id) - 1
