@@ -300,6 +300,12 @@ class Queries(abc.ABC):
         """The runs of ``run_ids`` that exist, by id, in one read."""
 
     @abc.abstractmethod
+    async def change_mark(self) -> str:
+        """A mark that moves with every commit to the ledger, by any process. Two equal
+        marks read one after the other mean nothing was committed in between (the mark
+        may also move without a change to the contract's records)."""
+
+    @abc.abstractmethod
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]: ...

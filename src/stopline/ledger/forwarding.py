@@ -153,6 +153,9 @@ class ForwardingBackend(Backend):
     async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
         return await self.inner.get_runs(run_ids)
 
+    async def change_mark(self) -> str:
+        return await self.inner.change_mark()
+
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]:

@@ -41,6 +41,14 @@ class PostgresDialect(Dialect):
     for_update = " FOR UPDATE"
     for_share = " FOR SHARE"
     now = "extract(epoch from clock_timestamp())"
+    # not the log's last sequence number: transactions commit out of its order, and one
+    # that took a lower number could commit after the read. Every commit writes WAL
+    # after it, so the WAL position moves (with other writes too: a mark may move
+    # without a change of ours, never the other way)
+    change_mark = (
+        "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+        " ELSE pg_current_wal_lsn() END)::text"
+    )
 
     def __init__(self, channel: str | None) -> None:
         self.channel = channel  # where cancels are notified; None: nobody listens

@@ -18,6 +18,8 @@ core's or the other's; none reads another object's private attributes
 from __future__ import annotations
 
 import itertools
+import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -91,6 +93,11 @@ class Core:
         self._watching_paused = False  # the one read of them all is under way
         self.paused_poll = 0.25  # seconds between two reads of them
         self.paused_fallback = 5.0  # a call asks the gate itself after this long anyway
+        # the ledger's change mark, shared by this process's waiters (``ledger_mark``)
+        self._mark = ""
+        self._mark_at = -math.inf
+        self._mark_lock: anyio.Lock | None = None
+        self.mark_max_age = 0.1
 
     # -- the backend ---------------------------------------------------------------
     @property
@@ -153,12 +160,28 @@ class Core:
         if event is not None:
             event.set()
 
-    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
-        """Until this process changes the run, or ``poll`` s for other processes' changes."""
+    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> bool:
+        """Until this process changes the run, or ``poll`` s for other processes' changes.
+        True if this process changed it."""
         event = self._change_event(run_id)
         with anyio.move_on_after(poll):
             await event.wait()
         self._forget_unwaited(run_id, event)
+        return event.is_set()
+
+    async def ledger_mark(self) -> str:
+        """``Backend.change_mark``, read at most once each ``mark_max_age`` s for every
+        caller in this process (a caller compares it with the mark it read before its
+        last read of the ledger: equal, nothing was committed since)."""
+        if time.monotonic() - self._mark_at >= self.mark_max_age:
+            if self._mark_lock is None:
+                self._mark_lock = anyio.Lock()
+            async with self._mark_lock:  # one read for the callers asking meanwhile
+                if time.monotonic() - self._mark_at >= self.mark_max_age:
+                    read_at = time.monotonic()
+                    self._mark = await self.backend.change_mark()
+                    self._mark_at = read_at
+        return self._mark
 
     async def wait_while_paused(self, run_id: str) -> None:
         """For a call its run's pause stopped at the gate: until the run may have moved

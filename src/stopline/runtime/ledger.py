@@ -56,6 +56,9 @@ __all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
 R = TypeVar("R")
 
 
+_REREAD_POLLS = 20  # wait_settled reads the receipt each 20 polls whatever the mark
+
+
 class Ledger:
     """Open with ``async with stopline.open(url) as ledger``."""
 
@@ -286,17 +289,30 @@ class Ledger:
         return build_receipt(run, ops, recording=self._core.outcomes.in_hand())
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
-        """Wait until the receipt can no longer change by itself, and return it."""
-        with anyio.fail_after(timeout):
-            while True:
-                receipt = await self.receipt(run_id)
-                if receipt.settled:
-                    return receipt
-                await self.wait_for_change(run_id)
+        """Wait until the receipt can no longer change by itself, and return it.
 
-    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> None:
-        """Until this process changes the run, or ``poll`` s for other processes' changes."""
-        await self._core.wait_for_change(run_id, poll=poll)
+        Read again at once when this process changes the run, else each 0.25 s only if
+        something was committed to the ledger since the last read (one read of the
+        ledger's change mark for all waiters of the process: many waiters on a quiet
+        ledger read nothing more), and each 5 s regardless."""
+        with anyio.fail_after(timeout):
+            polls = 0
+            seen: str | None = None  # the ledger's mark before the last receipt read
+            while True:
+                mark = await self._core.ledger_mark()
+                if mark != seen or polls % _REREAD_POLLS == 0:
+                    receipt = await self.receipt(run_id)
+                    if receipt.settled:
+                        return receipt
+                    seen = mark
+                if await self.wait_for_change(run_id):
+                    seen = None  # changed here: read it again whatever the mark says
+                polls += 1
+
+    async def wait_for_change(self, run_id: str, *, poll: float = 0.25) -> bool:
+        """Until this process changes the run, or ``poll`` s for other processes' changes.
+        True if this process changed it."""
+        return await self._core.wait_for_change(run_id, poll=poll)
 
     @property
     def idle(self) -> bool:

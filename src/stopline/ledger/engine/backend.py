@@ -80,6 +80,9 @@ class SqlBackend(Backend):
     async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
         return await self._execute(lambda db: reads.load_runs(db, run_ids), safe=True)
 
+    async def change_mark(self) -> str:
+        return await self._execute(reads.change_mark, safe=True)
+
     async def list_runs(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[RunRecord]:

@@ -78,6 +78,9 @@ class Dialect:
     for_share = ""
     # the ledger's clock for leases: the server's where there is one (fencing)
     now = "((julianday('now') - 2440587.5) * 86400.0)"
+    # a mark that moves with every commit (``Backend.change_mark``): here the log's
+    # last sequence number, handed out in commit order by the one writer at a time
+    change_mark = "SELECT COALESCE(MAX(seq), 0) FROM events"
 
     def in_list(self, column: str, values: Collection[Any]) -> tuple[str, list[Any]]:
         """``column`` is one of ``values``, with its positional parameters."""

@@ -36,6 +36,7 @@ __all__ = [
     "attempt",
     "attempt_event",
     "attempt_logged",
+    "change_mark",
     "chunks",
     "compensations",
     "event_statement",
@@ -97,6 +98,11 @@ def found_run(found: Sequence[Any], run_id: str) -> RunRecord:
 
 async def load_run(db: Db, run_id: str, *, lock: str = "") -> RunRecord:
     return found_run(await db.all(*run_query(run_id, lock)), run_id)
+
+
+async def change_mark(db: Db) -> str:
+    """``Backend.change_mark``: the dialect's mark, as text."""
+    return str((await db.one(db.dialect.change_mark))[0])
 
 
 def op_query(op_id: str, lock: str = "") -> tuple[str, tuple[str]]:
