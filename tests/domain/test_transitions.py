@@ -280,3 +280,18 @@ def test_a_cancelled_runs_next_move_follows_from_its_operations(
     assert settle_move(state, statuses) == move
     if move[0] is not None:
         apply(RUN_TABLE, state, move[0])  # raises IllegalTransition if it were not
+
+
+def test_a_settling_step_decides_from_open_statuses_alone() -> None:
+    """Every run state, every set of operation statuses: ``settle_move`` answers the
+    same from the open statuses alone (``ops_open``'s). So a settling step's read
+    (``guards.SETTLING_SQL``) may leave a run's other settled operations out; only
+    the compensation policy needs some of them, and that read keeps those."""
+    from stopline.ledger.engine.guards import OPEN
+
+    statuses = list(OpStatus)
+    for state in RunState:
+        for size in range(len(statuses) + 1):
+            for chosen in itertools.combinations(statuses, size):
+                every = set(chosen)
+                assert settle_move(state, every) == settle_move(state, every & OPEN), (state, every)

@@ -433,6 +433,32 @@ class LedgerContract:
         assert _same(found, await Backend.runs_and_operations(backend, asked))  # the default
         assert await backend.runs_and_operations([]) == []
 
+    async def test_a_settling_read_leaves_out_what_a_step_does_not_read(
+        self, backend: Backend
+    ) -> None:
+        """``settling``: a run's open operations, and its committed ones that can be
+        compensated (not corrections); its other settled ones are left out, in order."""
+        await backend.create_run(run_spec())
+        lost = OutcomeUpdate(OpEvent.LOST, [Evidence.local("no answer")])
+        plain = op_spec("run_a/1", digest="d1")
+        undoable = dataclasses.replace(op_spec("run_a/2", digest="d2"), can_compensate=True)
+        for spec in (
+            plain,
+            undoable,
+            op_spec("run_a/3", digest="d3"),
+            op_spec("run_a/4", digest="d4"),
+        ):
+            await backend.gate(spec)
+        await backend.record("run_a/1", COMMIT)  # settled, nothing to undo: left out
+        await backend.record("run_a/2", COMMIT)  # settled, may be compensated: kept
+        await backend.record("run_a/3", lost)  # unknown: kept
+        # run_a/4 is in flight (requested): kept
+        ((run, ops),) = await backend.runs_and_operations(["run_a"], settling=True)  # type: ignore[misc]
+        assert run == await backend.get_run("run_a")
+        assert [op.id for op in ops] == ["run_a/2", "run_a/3", "run_a/4"]
+        everything = await backend.runs_and_operations(["run_a"])
+        assert [op.id for op in everything[0][1]] == ["run_a/1", "run_a/2", "run_a/3", "run_a/4"]  # type: ignore[index]
+
     async def test_get_operations_is_get_operation_one_by_one(self, backend: Backend) -> None:
         await backend.create_run(run_spec())
         await backend.gate(op_spec("run_a/1"))

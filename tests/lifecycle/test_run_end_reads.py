@@ -34,9 +34,9 @@ class SettleReads(ForwardingBackend):
         self.found: list[RunState] = []
 
     async def runs_and_operations(
-        self, run_ids: Sequence[str]
+        self, run_ids: Sequence[str], *, settling: bool = False
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
-        got = await self.inner.runs_and_operations(run_ids)
+        got = await self.inner.runs_and_operations(run_ids, settling=settling)
         self.found.extend(item[0].state for item in got if not isinstance(item, UnknownRun))
         return got
 

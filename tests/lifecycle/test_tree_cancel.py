@@ -270,12 +270,12 @@ class StepReads(ForwardingBackend):
             self.recorded += len(items) if interrupted else 0
 
     async def runs_and_operations(
-        self, run_ids: Sequence[str]
+        self, run_ids: Sequence[str], *, settling: bool = False
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         self.reads.extend((run_id, self.recorded) for run_id in run_ids)
         if self.recording:
             self.early.extend(run_ids)
-        return await self.inner.runs_and_operations(run_ids)
+        return await self.inner.runs_and_operations(run_ids, settling=settling)
 
 
 async def test_no_step_reads_an_interrupted_run_before_its_calls_are_recorded(

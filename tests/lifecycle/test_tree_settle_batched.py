@@ -45,11 +45,11 @@ class Counting(ForwardingBackend):
         return await self.inner.run_and_operations(run_id, descendants=descendants)
 
     async def runs_and_operations(
-        self, run_ids: Sequence[str]
+        self, run_ids: Sequence[str], *, settling: bool = False
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         self.calls["runs_and_operations"] += 1
         self.items["runs_and_operations"] += len(run_ids)
-        return await self.inner.runs_and_operations(run_ids)
+        return await self.inner.runs_and_operations(run_ids, settling=settling)
 
     async def run_event(
         self, run_id: str, event: RunEvent, *, by: str, reason: str = ""

@@ -322,11 +322,14 @@ class Queries(abc.ABC):
         and building its receipt read both)."""
 
     async def runs_and_operations(
-        self, run_ids: Sequence[str]
+        self, run_ids: Sequence[str], *, settling: bool = False
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         """``run_and_operations`` of many runs (their own operations), one read where the
         backend can (a cancelled tree's runs settling together); an unknown run is
-        returned in its place, not raised."""
+        returned in its place, not raised. ``settling`` (a settling step's read) lets
+        the backend leave out the settled operations that cannot be compensated: the
+        step reads nothing of them (this default leaves out nothing)."""
+        del settling
         return await _each(self.run_and_operations, run_ids, UnknownRun)
 
     @abc.abstractmethod

@@ -170,9 +170,9 @@ class ForwardingBackend(Backend):
         return await self.inner.run_and_operations(run_id, descendants=descendants)
 
     async def runs_and_operations(
-        self, run_ids: Sequence[str]
+        self, run_ids: Sequence[str], *, settling: bool = False
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
-        return await self.inner.runs_and_operations(run_ids)
+        return await self.inner.runs_and_operations(run_ids, settling=settling)
 
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self.inner.get_operation(op_id)

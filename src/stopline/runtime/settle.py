@@ -466,7 +466,8 @@ class Settler:
         moves: list[tuple[str, RunEvent]] = []
         unknown: list[OperationRecord] = []
         stepped: list[str] = []
-        found = await core.backend.runs_and_operations(ready) if ready else []
+        # what the step decides from: a run's open operations and those it may compensate
+        found = await core.backend.runs_and_operations(ready, settling=True) if ready else []
         for run_id, got in zip(ready, found, strict=True):
             if isinstance(got, UnknownRun):
                 errors[run_id] = got

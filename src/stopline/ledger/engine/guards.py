@@ -29,6 +29,7 @@ __all__ = [
     "PAUSE_STATES",
     "RETRYABLE",
     "SETTLED",
+    "SETTLING_SQL",
     "run_moves",
     "sql_values",
     "transition_case",
@@ -78,6 +79,13 @@ assert frozenset(OpStatus) - SETTLED - {OpStatus.NOT_STARTED} == OPEN, "ops_open
 # What crash recovery and reconciliation look at by default.
 DEFAULT_UNRESOLVED: frozenset[OpStatus] = IN_FLIGHT | {OpStatus.UNKNOWN, OpStatus.COMPENSATING}
 OPEN_SQL = sql_values(OPEN_ORDER)  # the index's own condition, verbatim
+# What a settling step reads of a run: ``settle_move`` looks at open statuses alone
+# (tests/domain proves it for every set), and a cancel's compensation policy at the
+# committed operations that can be compensated and are not corrections themselves.
+SETTLING_SQL = (
+    f"(status IN ({OPEN_SQL}) OR (status IN ({sql_values([OpStatus.COMMITTED])})"
+    " AND can_compensate = 1 AND compensates IS NULL))"
+)
 
 # Runs: a cancel fences these (the sources of `cancel`); R7: any other, the first won.
 CANCELLABLE: frozenset[RunState] = _sources(RUN_TABLE, RunEvent.CANCEL)

@@ -23,6 +23,7 @@ from stopline.ledger.engine.guards import (
     OPEN,
     OPEN_SQL,
     SETTLED,
+    SETTLING_SQL,
     sql_values,
 )
 from stopline.ledger.leases import WorkerLease
@@ -132,12 +133,19 @@ def runs_query(
 
 
 def ops_query(
-    dialect: Dialect, column: str, ids: Sequence[str], *, lock: bool = False
+    dialect: Dialect,
+    column: str,
+    ids: Sequence[str],
+    *,
+    lock: bool = False,
+    only: str | None = None,
 ) -> tuple[str, list[Any]]:
     """The statement reading the operations whose ``column`` (``id`` or ``run_id``) is
     one of ``ids`` (one chunk), in the operations' order; with ``lock``, locked in id
-    order instead."""
+    order instead; with ``only``, those that condition also picks."""
     which, params = dialect.in_list(column, ids)
+    if only is not None:
+        which = f"{which} AND {only}"
     order = "created_at, id"
     if lock and dialect.for_update:
         order = f"id{dialect.for_update}"
@@ -253,15 +261,17 @@ async def run_and_operations(
 
 
 async def runs_and_operations(
-    db: Db, run_ids: Sequence[str]
+    db: Db, run_ids: Sequence[str], *, settling: bool = False
 ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
     """``run_and_operations`` of many runs (their own operations), from one snapshot,
     two statements per 4,096 runs in one round trip; an unknown run is returned in its
-    place."""
+    place. ``settling``: only what a settling step reads (``SETTLING_SQL``), so a step
+    of a run with a long history does not read it all."""
     dialect = db.dialect
     reads = [runs_query(dialect, chunk) for chunk in chunks(sorted(run_ids))]
     of_runs = len(reads)
-    reads += [ops_query(dialect, "run_id", chunk) for chunk in chunks(run_ids)]
+    only = SETTLING_SQL if settling else None
+    reads += [ops_query(dialect, "run_id", chunk, only=only) for chunk in chunks(run_ids)]
     results = await db.snapshot(reads)
     found = {run.id: run for found in results[:of_runs] for run in map(rows.run_from_row, found)}
     ops: dict[str, list[OperationRecord]] = {}
