@@ -12,11 +12,12 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import anyio
+import pytest
 
 import stopline
 from stopline import RunState
 from stopline.domain.model import OperationRecord, RunRecord
-from stopline.errors import UnknownRun
+from stopline.errors import LedgerIOError, UnknownRun
 from stopline.ledger.backend import Backend
 from stopline.ledger.forwarding import ForwardingBackend
 
@@ -126,3 +127,28 @@ async def test_waiting_on_a_run_that_does_not_exist_says_so(ledger_url: str) -> 
         with anyio.fail_after(10), contextlib.suppress(UnknownRun):
             await ledger.wait_settled("run_nowhere", timeout=5)
             raise AssertionError("wait_settled returned for a run that does not exist")
+
+
+class MarkFails(ReceiptReads):
+    """The change mark's read fails (the ledger's I/O), after the first receipt."""
+
+    async def change_mark(self) -> str:
+        if self.receipts:
+            raise LedgerIOError("ledger", "the change mark's read failed (injected)")
+        return await super().change_mark()
+
+
+async def test_a_failing_mark_read_reaches_the_waiter_as_a_typed_error(ledger_url: str) -> None:
+    """The mark's read failing is the waiter's error, typed, as a receipt's read
+    failing is; nothing hangs, and the run is as it was."""
+    observed: list[MarkFails] = []
+
+    def observe(backend: Backend) -> Backend:
+        observed.append(MarkFails(backend))
+        return observed[-1]
+
+    async with stopline.open(ledger_url, observers=[observe]) as ledger:
+        (run_id, *_) = await paused_runs(ledger)
+        with anyio.fail_after(30), pytest.raises(LedgerIOError):
+            await ledger.wait_settled(run_id)
+        assert (await ledger.backend.get_run(run_id)).state is RunState.PAUSED
