@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -237,6 +238,57 @@ async def test_bad_urls(pg_url: str) -> None:
     for bad in ("-1", "60001", "soon"):  # the same rule as SQLite's: 0-60000 ms
         with pytest.raises(LedgerUnavailable, match="group_commit_ms"):
             await PostgresBackend.open(f"{pg_url}&group_commit_ms={bad}")
+
+
+@contextlib.asynccontextmanager
+async def slow_to_accept(url: str, delay: float) -> AsyncIterator[str]:
+    """``url`` through a TCP proxy that waits ``delay`` s before it connects each new
+    connection to the server (a loaded server, slow to accept); the URL to use."""
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    local = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def pump(
+        a: anyio.abc.ByteStream, b: anyio.abc.ByteStream, done: anyio.CancelScope
+    ) -> None:
+        with contextlib.suppress(
+            anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+        ):
+            async for chunk in a:
+                await b.send(chunk)
+        done.cancel()  # one side ended: the other pump ends too
+
+    async def handle(client: anyio.abc.SocketStream) -> None:
+        async with client:
+            await anyio.sleep(delay)
+            async with (
+                await anyio.connect_tcp(host, port) as upstream,
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(pump, client, upstream, tg.cancel_scope)
+                tg.start_soon(pump, upstream, client, tg.cancel_scope)
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{local}"))
+        tg.cancel_scope.cancel()
+
+
+async def test_a_short_retry_for_opens_on_a_server_slow_to_accept(pg_url: str) -> None:
+    """``retry_for=0.5`` bounds retries, not a new connection: each new connection
+    (the pool's first included, which an open waits for) gets libpq's shortest
+    connect timeout, 2 s. Through a proxy that accepts each connection after 0.8 s the
+    open succeeds and a transaction runs (it failed "pool initialization incomplete
+    after 0.5 sec" before, seen in CI as a fault test's fixture error)."""
+    async with slow_to_accept(pg_url, delay=0.8) as slow:
+        backend = await PostgresBackend.open(slow + "&retry_for=0.5")
+        try:
+            assert backend.connect_timeout == 2
+            await backend.create_run(run_spec())
+            assert (await backend.get_run("run_a")).state is RunState.RUNNING
+        finally:
+            await backend.close()
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])

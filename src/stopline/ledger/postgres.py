@@ -38,6 +38,7 @@ re-listens after a drop and catches up from ``runs.cancelled_at``.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 import urllib.parse
@@ -114,6 +115,9 @@ class PostgresBackend(SqlBackend):
         self.read_only = read_only  # nothing created or migrated; every transaction read-only
         self.schema = schema
         self.retry_for = retry_for
+        # seconds a new connection (the pool's first too) may take: retry_for, at least
+        # libpq's shortest, so a short retry_for never fails an open on a slow server
+        self.connect_timeout = max(2, math.ceil(retry_for))
         self.channel = "stopline_cancel" + (f"_{schema}" if schema else "")
         self.dialect = PostgresDialect(self.channel)
         self.conninfo = conninfo
@@ -185,7 +189,7 @@ class PostgresBackend(SqlBackend):
         try:
             # the schema must exist before pooled connections put it on their search path
             conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, connect_timeout=max(2, int(self.retry_for))
+                self.conninfo, autocommit=True, connect_timeout=self.connect_timeout
             )
             try:
                 start = check if self.read_only else migrate
@@ -193,7 +197,7 @@ class PostgresBackend(SqlBackend):
             finally:  # shielded: a cancelled start must not leak the connection
                 with anyio.move_on_after(5, shield=True):
                     await conn.close()
-            await self._pool.open(wait=True, timeout=self.retry_for)
+            await self._pool.open(wait=True, timeout=self.connect_timeout)
         except StoplineError:
             raise
         except (psycopg.Error, OSError) as exc:
@@ -206,7 +210,7 @@ class PostgresBackend(SqlBackend):
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         """A new connection configured as the pool's (the group commit's own)."""
         return await psycopg.AsyncConnection.connect(
-            self.conninfo, connect_timeout=max(2, int(self.retry_for)), **self.connect_kwargs
+            self.conninfo, connect_timeout=self.connect_timeout, **self.connect_kwargs
         )
 
     @property
