@@ -27,27 +27,30 @@ WAITING = 30
 
 
 class GateCounter(ForwardingBackend):
-    """Counts the gate's transactions and the paused runs' reads; ``reads`` is set
-    once the watch has read every waiting run ``reads_wanted`` times."""
+    """Counts the gate's transactions and the paused runs' reads: ``enough_reads`` is
+    set once the watch has read all ``WAITING`` runs at once ``reads_wanted`` times;
+    with ``fail_reads`` each read fails, and ``failed`` is set at the first."""
 
     def __init__(self, inner: Backend) -> None:
         super().__init__(inner)
         self.gates = 0
-        self.reads: list[list[str]] = []
+        self.full_reads = 0
         self.reads_wanted = 3
         self.enough_reads = anyio.Event()
         self.fail_reads = False
+        self.failed = anyio.Event()
 
     async def gate(self, spec: OperationSpec) -> GateResult:
         self.gates += 1
         return await self.inner.gate(spec)
 
     async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
-        self.reads.append(list(run_ids))
-        if sum(len(ids) == WAITING for ids in self.reads) >= self.reads_wanted:
+        self.full_reads += len(run_ids) == WAITING
+        if self.full_reads >= self.reads_wanted:
             self.enough_reads.set()
         if self.fail_reads:
-            raise LedgerIOError("sqlite", "the paused runs' read failed (injected)")
+            self.failed.set()
+            raise LedgerIOError("ledger", "the paused runs' read failed (injected)")
         return await self.inner.get_runs(run_ids)
 
 
@@ -151,12 +154,11 @@ async def test_a_failing_read_of_the_paused_runs_strands_no_call(ledger_url: str
     done: list[str] = []
     async with counted(ledger_url) as (ledger, counter):
         counter.fail_reads = True
-        counter.reads_wanted = 1
         ledger.core.paused_fallback = 0.05  # each call asks the gate on its own, soon
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 ids = await paused_calls(ledger, tg, done)
-                await counter.enough_reads.wait()
+                await counter.failed.wait()  # the watch has met the fault
                 async with stopline.open(ledger_url) as other:
                     for run_id in ids:
                         await other.resume(run_id, by="u")
