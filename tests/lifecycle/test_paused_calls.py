@@ -22,6 +22,7 @@ from stopline.domain.model import OperationSpec, RunRecord
 from stopline.errors import LedgerIOError
 from stopline.ledger.backend import Backend, GateResult
 from stopline.ledger.forwarding import ForwardingBackend
+from tests.support.observed import open_observed
 
 WAITING = 30
 
@@ -90,16 +91,10 @@ async def counted(url: str) -> AsyncIterator[tuple[stopline.Ledger, GateCounter]
     """A ledger whose gate transactions and paused-run reads are counted, reading its
     paused runs every 10 ms; a waiting call asks the gate on its own only after 60 s
     (the counts are exact unless a test lowers it)."""
-    observed: list[GateCounter] = []
-
-    def observe(backend: Backend) -> Backend:
-        observed.append(GateCounter(backend))
-        return observed[-1]
-
-    async with stopline.open(url, observers=[observe]) as ledger:
+    async with open_observed(url, GateCounter) as (ledger, counter):
         ledger.core.paused_poll = 0.01
         ledger.core.paused_fallback = 60
-        yield ledger, observed[0]
+        yield ledger, counter
 
 
 async def test_waiting_calls_ask_the_gate_once_until_their_run_moves(ledger_url: str) -> None:

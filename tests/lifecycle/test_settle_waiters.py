@@ -9,7 +9,6 @@ Counted, not timed, through a backend observer, on SQLite and PostgreSQL. Anothe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 
 import anyio
 import pytest
@@ -20,6 +19,7 @@ from stopline.domain.model import OperationRecord, RunRecord
 from stopline.errors import LedgerIOError, UnknownRun
 from stopline.ledger.backend import Backend
 from stopline.ledger.forwarding import ForwardingBackend
+from tests.support.observed import open_observed
 
 WAITERS = 20
 
@@ -52,18 +52,6 @@ class ReceiptReads(ForwardingBackend):
         return await self.inner.change_mark()
 
 
-@contextlib.asynccontextmanager
-async def counted(url: str) -> AsyncIterator[tuple[stopline.Ledger, ReceiptReads]]:
-    observed: list[ReceiptReads] = []
-
-    def observe(backend: Backend) -> Backend:
-        observed.append(ReceiptReads(backend))
-        return observed[-1]
-
-    async with stopline.open(url, observers=[observe]) as ledger:
-        yield ledger, observed[0]
-
-
 @stopline.tool
 async def step(ctx: stopline.CallContext) -> str:
     return "done"
@@ -85,7 +73,7 @@ async def test_waiters_on_a_quiet_ledger_read_their_receipts_once(ledger_url: st
     """Several polls pass with nothing committed: each waiter read its receipt once,
     and the process read the change mark a few times for all of them. Another
     process's cancels then move the mark, and every waiter sees its run settle."""
-    async with counted(ledger_url) as (ledger, reads):
+    async with open_observed(ledger_url, ReceiptReads) as (ledger, reads):
         ids = await paused_runs(ledger)
         settled: dict[str, stopline.Receipt] = {}
 
@@ -110,7 +98,7 @@ async def test_waiters_on_a_quiet_ledger_read_their_receipts_once(ledger_url: st
 async def test_a_change_made_here_is_read_at_once(ledger_url: str) -> None:
     """A cancel made in this process wakes its waiter, which reads the receipt again
     whatever the mark says."""
-    async with counted(ledger_url) as (ledger, reads):
+    async with open_observed(ledger_url, ReceiptReads) as (ledger, reads):
         (run_id, *_) = await paused_runs(ledger)
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
@@ -141,13 +129,7 @@ class MarkFails(ReceiptReads):
 async def test_a_failing_mark_read_reaches_the_waiter_as_a_typed_error(ledger_url: str) -> None:
     """The mark's read failing is the waiter's error, typed, as a receipt's read
     failing is; nothing hangs, and the run is as it was."""
-    observed: list[MarkFails] = []
-
-    def observe(backend: Backend) -> Backend:
-        observed.append(MarkFails(backend))
-        return observed[-1]
-
-    async with stopline.open(ledger_url, observers=[observe]) as ledger:
+    async with open_observed(ledger_url, MarkFails) as (ledger, _):
         (run_id, *_) = await paused_runs(ledger)
         with anyio.fail_after(30), pytest.raises(LedgerIOError):
             await ledger.wait_settled(run_id)

@@ -32,6 +32,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from stopline.ledger.engine.dialect import Dialect
 from stopline.ledger.engine.guards import FENCED
 from stopline.ledger.schema import CANCEL_EVENT
 
@@ -114,7 +115,7 @@ class CancelWatch:
         """Start from now: cancels committed before the first look are not delivered."""
         conn = self._connection()
         self._version = conn.execute("PRAGMA data_version").fetchone()[0]
-        self._seq = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+        self._seq = conn.execute(Dialect.change_mark).fetchone()[0]  # the log's last seq
 
     def poll(self) -> list[str]:
         """One look: the runs cancelled by commits since the last look, still fenced."""
