@@ -25,9 +25,9 @@ WAITERS = 20
 
 
 class ReceiptReads(ForwardingBackend):
-    """Counts, over a window (``reset``), the receipts read (``run_and_operations``)
-    and the change marks read, and keeps the marks' values; ``marks`` is set once
-    ``marks_wanted`` marks have been read in the window."""
+    """Counts the receipts read (``run_and_operations``) and the change marks read,
+    with the marks' values, since ``reset``; ``marks`` is set once ``marks_wanted``
+    marks have been read."""
 
     def __init__(self, inner: Backend) -> None:
         super().__init__(inner)
@@ -35,13 +35,12 @@ class ReceiptReads(ForwardingBackend):
         self.marks_read = 0
         self.marks_wanted = 0
         self.marks = anyio.Event()
-        self.values: set[str] = set()  # the marks waiters could hold in the window
-        self.last: str | None = None
+        self.values: set[str] = set()
 
     def reset(self, marks_wanted: int) -> None:
         self.receipts = self.marks_read = 0
         self.marks_wanted, self.marks = marks_wanted, anyio.Event()
-        self.values = set() if self.last is None else {self.last}
+        self.values = set()
 
     async def run_and_operations(
         self, run_id: str, *, descendants: bool = False
@@ -50,12 +49,12 @@ class ReceiptReads(ForwardingBackend):
         return await self.inner.run_and_operations(run_id, descendants=descendants)
 
     async def change_mark(self) -> str:
-        self.last = await self.inner.change_mark()
-        self.values.add(self.last)
+        mark = await self.inner.change_mark()
+        self.values.add(mark)
         self.marks_read += 1
         if self.marks_read >= self.marks_wanted:
             self.marks.set()
-        return self.last
+        return mark
 
 
 @stopline.tool
@@ -75,19 +74,15 @@ async def paused_runs(ledger: stopline.Ledger) -> list[str]:
     return ids
 
 
-async def test_waiters_on_a_quiet_ledger_read_their_receipts_once(
-    ledger_url: str, ledger_backend: str
-) -> None:
-    """While nothing is committed, each waiter reads its receipt once for each value
-    of the change mark it sees, and the process reads the mark a few times for all
-    of them. Another process's cancels then move the mark, and every waiter sees its
-    run settle.
+async def test_waiters_on_a_quiet_ledger_read_their_receipts_once(ledger_url: str) -> None:
+    """While nothing is committed, the change mark holds still, each waiter reads its
+    receipt once, and the process reads the mark a few times for all of them (the code
+    that read every receipt each poll reads about three times as often). Another
+    process's cancels then move the mark, and every waiter sees its run settle.
 
-    SQLite's mark moves with this ledger's commits alone, and nothing commits here:
-    it holds still, and each waiter reads once (the code that read every receipt each
-    poll reads about three times as often). PostgreSQL's is the server's WAL position,
-    which another database's write or autovacuum moves too: each move may cost every
-    waiter one read more, never one less, and that bound is what is asserted there."""
+    Both engines' marks move with this ledger's commits alone: on PostgreSQL, another
+    database's commits or autovacuum moved the mark before (the server's WAL position),
+    and a CI run failed here with 40 reads for 20."""
     async with open_observed(ledger_url, ReceiptReads) as (ledger, reads):
         ids = await paused_runs(ledger)
         settled: dict[str, stopline.Receipt] = {}
@@ -101,9 +96,8 @@ async def test_waiters_on_a_quiet_ledger_read_their_receipts_once(
                 for run_id in ids:
                     tg.start_soon(wait, run_id)
                 await reads.marks.wait()
-                if ledger_backend == "sqlite":
-                    assert reads.values == {reads.last}  # nothing committed, nothing moved
-                assert reads.receipts <= WAITERS * len(reads.values)  # once a mark each
+                assert len(reads.values) == 1  # nothing committed, nothing moved
+                assert reads.receipts == WAITERS  # each waiter's first read, no more
                 assert reads.marks_read < WAITERS  # shared: not one per waiter a poll
                 async with stopline.open(ledger_url) as other:
                     for run_id in ids:

@@ -745,3 +745,46 @@ async def test_an_own_cancel_whose_reply_was_lost_is_handed_back_by_the_listener
 
     await notified(pg_url, heard, act)
     assert heard.seen == [["lost"]]
+
+
+def _log_event(conn: psycopg.Connection[Any], run_id: str) -> None:
+    conn.execute(
+        "INSERT INTO events (at, run_id, kind, data) VALUES (%s, %s, 'test', '{}')",
+        (time.time(), run_id),
+    )
+
+
+async def test_the_change_mark_sees_a_late_commit_and_no_other_databases(pg_url: str) -> None:
+    """``change_mark`` (what ``wait_settled`` compares before reading a receipt again):
+    a transaction that took a lower log number and commits after a higher one was read
+    moves it; another database's commit, and another ledger's in the same database,
+    do not (the server's WAL position, the mark before, moved with both)."""
+    base, _, schema = pg_url.partition("?schema=")
+    opened = await PostgresBackend.open(pg_url)
+    try:
+        await opened.create_run(run_spec())
+        path = f"-c search_path={schema}"
+        with (
+            psycopg.connect(base, options=path) as early,
+            psycopg.connect(base, options=path) as later,
+        ):
+            _log_event(early, "run_a")  # takes its number, not committed yet
+            _log_event(later, "run_a")  # a higher number
+            later.commit()
+            read = await opened.change_mark()
+            early.commit()  # the lower number lands after the higher was read
+        assert await opened.change_mark() != read
+
+        quiet = await opened.change_mark()
+        with psycopg.connect(base.rsplit("/", 1)[0] + "/postgres", autocommit=True) as other:
+            other.execute("CREATE TEMP TABLE elsewhere (x int)")
+            other.execute("INSERT INTO elsewhere VALUES (1)")
+        for other_ledger in fresh_schema():
+            neighbour = await PostgresBackend.open(other_ledger)
+            try:
+                await neighbour.create_run(run_spec())
+            finally:
+                await neighbour.close()
+        assert await opened.change_mark() == quiet
+    finally:
+        await opened.close()

@@ -301,9 +301,12 @@ class Queries(abc.ABC):
 
     @abc.abstractmethod
     async def change_mark(self) -> str:
-        """A mark that moves with every commit to the ledger, by any process. Two equal
-        marks read one after the other mean nothing was committed in between (the mark
-        may also move without a change to the contract's records)."""
+        """A mark that moves with every commit to this ledger that logs an event, by any
+        process, and with nothing else. Two equal marks read one after the other mean
+        nothing was committed in between; a hint, not a proof, where commits can land
+        out of their log's order (PostgreSQL's mark misses one that lands behind more
+        than ``MARK_WINDOW`` later numbers): a caller reads again now and then
+        regardless (``wait_settled``: every 5 s)."""
 
     @abc.abstractmethod
     async def list_runs(
