@@ -87,6 +87,11 @@ async def _record_exit(
                 # other call the same cancel interrupted sees its cancel first (a tree's
                 # last call is interrupted right after the delivery, not after the
                 # unwinding of all the others). Inside this shield: it raises nothing.
+                # The frames it came through inside the tool go first: kept through
+                # that turn, a tree's thousands of them were half the collector's
+                # work in its cancel's window. The cancel goes on up with the frames
+                # from here up (the workflow's own).
+                exc.__traceback__ = None
                 await anyio.lowlevel.checkpoint()
         elif isinstance(exc, NoAnswer):
             await core.outcomes.lost(ctx, exc.cause, exc.detail)
