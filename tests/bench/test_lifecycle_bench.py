@@ -11,14 +11,14 @@ from stopline.bench.figures import quiet_heap
 from stopline.bench.lifecycle import measure
 
 
-async def test_the_tree_cancel_says_when_its_fence_was_delivered(tmp_path: Path) -> None:
-    """The note gives the moment the fence was durable and delivered, which comes
-    before the last interruption the figure measures (timings are not asserted)."""
+async def test_the_tree_cancel_says_when_its_fence_was_durable(tmp_path: Path) -> None:
+    """The note gives the moment the fence was durable, which comes before the last
+    interruption the figure measures (timings are not asserted)."""
     (figure,) = await measure(quick=True, workdir=tmp_path)
     assert figure.name == "cancel_tree_10k_ms" and figure.baseline
-    delivered = re.search(r"delivered at ([\d.]+) ms;", figure.note)
-    assert delivered is not None
-    assert 0 < float(delivered[1]) <= figure.value
+    durable = re.search(r"fence durable at ([\d.]+) ms;", figure.note)
+    assert durable is not None
+    assert 0 < float(durable[1]) <= figure.value
     # how much of each figure CPython's collector took, ours and the baseline's
     collector = re.search(
         r"collector ran ([\d.]+) ms of the figure \(bare: ([\d.]+) ms\)$", figure.note

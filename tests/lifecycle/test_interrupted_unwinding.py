@@ -1,6 +1,10 @@
-"""A call that a committed cancel interrupts: recorded with the others at the delivery,
-then unwound on the loop's next turn, its cancel going on up without the frames it
-came through inside the tool.
+"""A call that a committed cancel interrupts: it sees its cancel before the rest of the
+delivery runs (providers asked, records started, listeners told), then unwinds on the
+loop's next turn, its cancel going on up without the frames it came through inside
+the tool; the cancel records it with the others.
+
+The rest of the delivery waits one turn of the loop, shielded: a run that cancels
+itself has its calls recorded all the same.
 
 Those frames (the tool's, its sleep's) and their tracebacks were kept alive while
 every other interrupted call of a tree took its turn: ten objects a call for CPython's
@@ -11,12 +15,13 @@ workflow still gets the cancel, and its own frames from ``run.call`` up.
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import anyio
 import pytest
 
 import stopline
-from stopline import PhaseKind, Policy, RunState
+from stopline import Cancellable, OpStatus, PhaseKind, Policy, RunState
 
 pytestmark = pytest.mark.trio_too
 
@@ -63,3 +68,116 @@ async def test_an_interrupted_call_unwinds_without_the_tools_frames(
     assert "workflow" in names  # the workflow's own way down is kept
     assert "hold_the_line" not in names  # the tool's is not
     assert receipt.run_state in (RunState.CANCELLING, RunState.CANCELLED)
+
+
+async def test_an_interrupted_call_sees_its_cancel_before_the_listeners_are_told(
+    tmp_path: Path,
+) -> None:
+    """On asyncio, whose ready queue is first in first out. Trio runs each batch of
+    ready tasks in a random order on purpose, so there the delivery's rest comes before
+    or after the interrupted call's first step, either way. The ledger's cancel watch
+    is off: its own delivery of the same cancel, read from the file, could come first
+    and tell the listeners at once."""
+    entered = anyio.Event()
+    seen_when_told: list[bool] = []
+    interrupted: list[bool] = []
+    ids: list[str] = []
+
+    @stopline.tool
+    async def hold_the_line(ctx: stopline.CallContext) -> None:
+        entered.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            interrupted.append(True)
+            raise
+
+    async def workflow() -> None:
+        async with ledger.run("r", owner="u") as run:
+            ids.append(run.id)
+            async with run.phase(PhaseKind.READING, Policy.IMMEDIATE):
+                await run.call(hold_the_line)
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}?cancel_poll_ms=0") as ledger:
+        ledger.on_cancel(lambda run_ids: seen_when_told.append(bool(interrupted)))
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(workflow)
+                await entered.wait()
+                await ledger.cancel(ids[0], by="u")
+    assert seen_when_told == [True]
+
+
+async def test_a_run_that_cancels_itself_has_its_interrupted_calls_recorded(
+    ledger: stopline.Ledger,
+) -> None:
+    """The cancelling task is inside the run's own block: the delivery's turn of the
+    loop must not end it before the interrupted call is recorded."""
+    entered = anyio.Event()
+    ids: list[str] = []
+
+    @stopline.tool
+    async def hold_the_line(ctx: stopline.CallContext) -> None:
+        entered.set()
+        await anyio.sleep_forever()
+
+    async def cancel_myself() -> None:
+        await entered.wait()
+        await ledger.cancel(ids[0], by="u")
+
+    with anyio.fail_after(30):
+        async with ledger.run("r", owner="u") as run:
+            ids.append(run.id)
+            async with (
+                run.phase(PhaseKind.READING, Policy.IMMEDIATE),
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(cancel_myself)
+                await run.call(hold_the_line)
+        receipt = await ledger.wait_settled(ids[0], timeout=20)
+    (line,) = receipt.lines
+    # interrupted and recorded (no read-back: a person decides), not left requested
+    assert line.status is OpStatus.NEEDS_REVIEW
+    assert receipt.settled
+
+
+async def cancel_an_upload(ledger: stopline.Ledger, n: int) -> bool:
+    """One run's upload in flight, cancelled: whether its provider had been asked when
+    ``cancel()`` returned."""
+    entered, asked = anyio.Event(), anyio.Event()
+    ids: list[str] = []
+
+    @stopline.tool(name=f"upload_{n}", cancellable=Cancellable.UNTIL_ACCEPTED)
+    async def upload(ctx: stopline.CallContext) -> None:
+        entered.set()
+        await anyio.sleep_forever()
+
+    @upload.canceller
+    async def _(ctx: stopline.CallContext) -> bool:
+        asked.set()
+        return True
+
+    async def workflow() -> None:
+        async with (
+            ledger.run(f"r{n}", owner="u") as run,
+            run.phase(PhaseKind.READING, Policy.IMMEDIATE),
+        ):
+            ids.append(run.id)
+            await run.call(upload)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow)
+        await entered.wait()
+        await ledger.cancel(ids[0], by="u")
+        was_asked = asked.is_set()
+    return was_asked
+
+
+async def test_an_interrupted_calls_provider_is_asked_whatever_ran_first(
+    ledger: stopline.Ledger,
+) -> None:
+    """``cancel()`` returns once the provider of the interrupted call has been asked,
+    on trio too, where the delivery's rest and the interrupted call's first step run
+    in either order (eight cancels meet both)."""
+    with anyio.fail_after(30):
+        assert [await cancel_an_upload(ledger, n) for n in range(8)] == [True] * 8

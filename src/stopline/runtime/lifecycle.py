@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import (
@@ -99,6 +100,18 @@ class Resumed:
         return f"Resumed run {self.run.id}: continue from {where}{expired}."
 
 
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """What a delivery's first half did (``Lifecycle._cut``), for its second."""
+
+    run_ids: Sequence[str]
+    # this process's runs not told before: the calls their providers are asked about
+    providers: dict[str, list[CallContext]]
+    inflight: dict[str, tuple[CallContext, ...]]  # their calls in flight, before the cut
+    cut_runs: set[str]  # the runs interrupted
+    interrupted: list[CallContext]  # their calls in flight: recorded by the cancel
+
+
 class Lifecycle:
     """Authority, cancel, pause, resume and approvals, over the runtime's ``Core``."""
 
@@ -149,7 +162,13 @@ class Lifecycle:
         # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
         result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
-        interrupted, asked = self._deliver(result.fenced)
+        cut = self._cut(result.fenced)
+        if cut.interrupted:
+            # the interrupted calls see their cancel now, before the rest of the delivery
+            # (providers asked, records spawned, listeners told): one turn of the loop,
+            # shielded, so that the rest always follows, even in a run cancelling itself
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        interrupted, asked = self._follow(cut)
         for released in result.released:
             core.changed(released)
         rest = [r for r in result.fenced if r not in interrupted]  # those advance once recorded
@@ -168,8 +187,14 @@ class Lifecycle:
     def _deliver(self, run_ids: Sequence[str]) -> tuple[set[str], list[anyio.Event]]:
         """``deliver_cancel``, and the events of the asks it started (each set once its
         request is recorded and sent)."""
+        return self._follow(self._cut(run_ids))
+
+    def _cut(self, run_ids: Sequence[str]) -> _Cut:
+        """A delivery's first half: this process's runs among ``run_ids`` not yet told,
+        interrupted by policy, and the calls that interrupts marked as recorded by the
+        cancel (their own unwinding records nothing: ``_follow`` records them together).
+        Nothing here waits or starts anything."""
         core = self._core
-        asked: list[anyio.Event] = []
         fresh: dict[str, Run] = {}
         for fenced in run_ids:
             run = core.runs.get(fenced)
@@ -177,31 +202,38 @@ class Lifecycle:
                 fresh[fenced] = run
         inflight = {run_id: run.in_flight for run_id, run in fresh.items()}
         cut_runs = self._interrupt(list(fresh.values()))
-        interrupted: list[CallContext] = []
-        for fenced in run_ids:
-            run = fresh.pop(fenced, None)
-            if run is not None:
-                at_providers = run.at_providers()  # in flight, and cut just before
-                all_cut = fenced in cut_runs  # those in flight are cut now: every one was
-                if all_cut:
-                    interrupted.extend(inflight[fenced])
-                flying = {c.op_id for c in inflight[fenced]}
+        interrupted = [ctx for run_id in fresh if run_id in cut_runs for ctx in inflight[run_id]]
+        for ctx in interrupted:
+            ctx.lost_recorded = True
+        # the calls whose providers are asked, taken as they are now, before any unwinds
+        providers = {run_id: run.at_providers() for run_id, run in fresh.items()}
+        return _Cut(run_ids, providers, inflight, cut_runs, interrupted)
+
+    def _follow(self, cut: _Cut) -> tuple[set[str], list[anyio.Event]]:
+        """A delivery's second half: ask the providers of the runs' calls, record the
+        interrupted calls (their runs' steps wait for the record; closing: no step
+        follows), and tell whoever waits on the runs or listens for cancels."""
+        core = self._core
+        asked: list[anyio.Event] = []
+        for fenced in cut.run_ids:
+            at_providers = cut.providers.pop(fenced, None)  # in flight, and cut just before
+            if at_providers is not None:
+                all_cut = fenced in cut.cut_runs  # those in flight are cut now: every one was
+                flying = {c.op_id for c in cut.inflight[fenced]}
                 for ctx in at_providers:
-                    cut = all_cut or ctx.op_id not in flying
-                    sent = core.settler.ask_provider_cancel(ctx, cut=cut)
+                    sent = core.settler.ask_provider_cancel(
+                        ctx, cut=all_cut or ctx.op_id not in flying
+                    )
                     if sent is not None:
                         asked.append(sent)
             core.changed(fenced)
-        if interrupted:
-            for ctx in interrupted:
-                ctx.lost_recorded = True  # their own unwinding records nothing more
-            # their runs' steps wait for this record (closing: no step follows)
-            held = (ctx.run_id for ctx in interrupted)
+        if cut.interrupted:
+            held = (ctx.run_id for ctx in cut.interrupted)
             release = core.settler.hold_steps(held) if core.running else None
-            core.spawn(core.outcomes.record_interrupted, interrupted, release)
+            core.spawn(core.outcomes.record_interrupted, list(cut.interrupted), release)
         for listener in self._cancel_listeners:
-            listener(run_ids)
-        return {ctx.run_id for ctx in interrupted}, asked
+            listener(cut.run_ids)
+        return {ctx.run_id for ctx in cut.interrupted}, asked
 
     def _interrupt(self, runs: list[Run]) -> set[str]:
         """Interrupt the runs by policy, cancelling as few scopes as anyio lets us prove.
