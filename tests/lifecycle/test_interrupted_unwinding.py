@@ -34,35 +34,57 @@ def frames(tb: types.TracebackType | None) -> list[str]:
     return names
 
 
+class Held:
+    """A run of ``ledger`` with one call of ``hold_the_line`` in flight under
+    ``immediate``, and what its tool and its workflow saw of the cancel."""
+
+    def __init__(self, ledger: stopline.Ledger) -> None:
+        self.ledger = ledger
+        self.entered = anyio.Event()
+        self.interrupted = False  # the tool has seen its cancel
+        self.caught: list[BaseException] = []  # what reached the workflow
+        self.ids: list[str] = []
+        held = self
+
+        @stopline.tool
+        async def hold_the_line(ctx: stopline.CallContext) -> None:
+            held.entered.set()
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                held.interrupted = True
+                raise
+
+        self.tool = hold_the_line
+
+    async def workflow(self) -> None:
+        async with (
+            self.ledger.run("r", owner="u") as run,
+            run.phase(PhaseKind.READING, Policy.IMMEDIATE),
+        ):
+            self.ids.append(run.id)
+            try:
+                await run.call(self.tool)
+            except BaseException as exc:
+                self.caught.append(exc)
+                raise
+
+    async def cancelled(self) -> stopline.Receipt:
+        """The workflow started and its call entered, the run cancelled from outside."""
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.workflow)
+                await self.entered.wait()
+                receipt = await self.ledger.cancel(self.ids[0], by="u")
+        return receipt
+
+
 async def test_an_interrupted_call_unwinds_without_the_tools_frames(
     ledger: stopline.Ledger,
 ) -> None:
-    entered = anyio.Event()
-    seen: list[BaseException] = []
-    ids: list[str] = []
-
-    @stopline.tool
-    async def hold_the_line(ctx: stopline.CallContext) -> None:
-        entered.set()
-        await anyio.sleep_forever()
-
-    async def workflow() -> None:
-        async with ledger.run("r", owner="u") as run:
-            ids.append(run.id)
-            async with run.phase(PhaseKind.READING, Policy.IMMEDIATE):
-                try:
-                    await run.call(hold_the_line)
-                except BaseException as exc:
-                    seen.append(exc)
-                    raise
-
-    with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(workflow)
-            await entered.wait()
-            receipt = await ledger.cancel(ids[0], by="u")
-
-    (cancel,) = seen
+    held = Held(ledger)
+    receipt = await held.cancelled()
+    (cancel,) = held.caught
     assert isinstance(cancel, anyio.get_cancelled_exc_class())
     names = frames(cancel.__traceback__)
     assert "workflow" in names  # the workflow's own way down is kept
@@ -78,33 +100,11 @@ async def test_an_interrupted_call_sees_its_cancel_before_the_listeners_are_told
     or after the interrupted call's first step, either way. The ledger's cancel watch
     is off: its own delivery of the same cancel, read from the file, could come first
     and tell the listeners at once."""
-    entered = anyio.Event()
     seen_when_told: list[bool] = []
-    interrupted: list[bool] = []
-    ids: list[str] = []
-
-    @stopline.tool
-    async def hold_the_line(ctx: stopline.CallContext) -> None:
-        entered.set()
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            interrupted.append(True)
-            raise
-
-    async def workflow() -> None:
-        async with ledger.run("r", owner="u") as run:
-            ids.append(run.id)
-            async with run.phase(PhaseKind.READING, Policy.IMMEDIATE):
-                await run.call(hold_the_line)
-
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}?cancel_poll_ms=0") as ledger:
-        ledger.on_cancel(lambda run_ids: seen_when_told.append(bool(interrupted)))
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(workflow)
-                await entered.wait()
-                await ledger.cancel(ids[0], by="u")
+        held = Held(ledger)
+        ledger.on_cancel(lambda run_ids: seen_when_told.append(held.interrupted))
+        await held.cancelled()
     assert seen_when_told == [True]
 
 
@@ -113,28 +113,22 @@ async def test_a_run_that_cancels_itself_has_its_interrupted_calls_recorded(
 ) -> None:
     """The cancelling task is inside the run's own block: the delivery's turn of the
     loop must not end it before the interrupted call is recorded."""
-    entered = anyio.Event()
-    ids: list[str] = []
-
-    @stopline.tool
-    async def hold_the_line(ctx: stopline.CallContext) -> None:
-        entered.set()
-        await anyio.sleep_forever()
+    held = Held(ledger)
 
     async def cancel_myself() -> None:
-        await entered.wait()
-        await ledger.cancel(ids[0], by="u")
+        await held.entered.wait()
+        await ledger.cancel(held.ids[0], by="u")
 
     with anyio.fail_after(30):
         async with ledger.run("r", owner="u") as run:
-            ids.append(run.id)
+            held.ids.append(run.id)
             async with (
                 run.phase(PhaseKind.READING, Policy.IMMEDIATE),
                 anyio.create_task_group() as tg,
             ):
                 tg.start_soon(cancel_myself)
-                await run.call(hold_the_line)
-        receipt = await ledger.wait_settled(ids[0], timeout=20)
+                await run.call(held.tool)
+        receipt = await ledger.wait_settled(held.ids[0], timeout=20)
     (line,) = receipt.lines
     # interrupted and recorded (no read-back: a person decides), not left requested
     assert line.status is OpStatus.NEEDS_REVIEW

@@ -2,10 +2,10 @@
 
 ``cancel_tree_10k_ms``: a run owning 10,000 child runs, each with a call in
 flight (an ``immediate`` phase); from ``cancel()`` to the fence durable for
-all of them and every in-flight call interrupted. The note says when the fence
-was durable (the backend's ``cancel`` returned, seen through an observer). Baseline: cancelling
-10,000 bare tasks in one task group, in the same run. Both windows start on a
-quiet heap (``figures.quiet_heap``).
+all of them and every in-flight call interrupted; the note says when the fence
+was durable (the backend's ``cancel`` returned, seen through an observer).
+Baseline: cancelling 10,000 bare tasks in one task group, in the same run.
+Both windows start on a quiet heap (``figures.quiet_heap``).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class Resumed:
         return f"Resumed run {self.run.id}: continue from {where}{expired}."
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Cut:
     """What a delivery's first half did (``Lifecycle._cut``), for its second."""
 
@@ -215,22 +215,19 @@ class Lifecycle:
         follows), and tell whoever waits on the runs or listens for cancels."""
         core = self._core
         asked: list[anyio.Event] = []
+        for run_id, at_providers in cut.providers.items():  # in flight, and cut just before
+            all_cut = run_id in cut.cut_runs  # those in flight are cut now: every one was
+            flying = {c.op_id for c in cut.inflight[run_id]}
+            for ctx in at_providers:
+                sent = core.settler.ask_provider_cancel(ctx, cut=all_cut or ctx.op_id not in flying)
+                if sent is not None:
+                    asked.append(sent)
         for fenced in cut.run_ids:
-            at_providers = cut.providers.pop(fenced, None)  # in flight, and cut just before
-            if at_providers is not None:
-                all_cut = fenced in cut.cut_runs  # those in flight are cut now: every one was
-                flying = {c.op_id for c in cut.inflight[fenced]}
-                for ctx in at_providers:
-                    sent = core.settler.ask_provider_cancel(
-                        ctx, cut=all_cut or ctx.op_id not in flying
-                    )
-                    if sent is not None:
-                        asked.append(sent)
             core.changed(fenced)
         if cut.interrupted:
             held = (ctx.run_id for ctx in cut.interrupted)
             release = core.settler.hold_steps(held) if core.running else None
-            core.spawn(core.outcomes.record_interrupted, list(cut.interrupted), release)
+            core.spawn(core.outcomes.record_interrupted, cut.interrupted, release)
         for listener in self._cancel_listeners:
             listener(cut.run_ids)
         return {ctx.run_id for ctx in cut.interrupted}, asked
