@@ -277,14 +277,18 @@ class RunControl(abc.ABC):
         self,
         on_cancel: Callable[[list[str]], None],
         *,
+        holding: Callable[[str], bool] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``on_cancel(run_ids)`` for every cancel committed by any process, until
         cancelled; ``task_status.started()`` once listening.
 
         Only speeds up the interruption of in-flight work: the gate reads the fence,
-        so a lost notification never lets a dispatch through (R1). The default
-        watches nothing (a backend serving one process needs nothing more).
+        so a lost notification never lets a dispatch through (R1). ``holding(run_id)``:
+        this process has a call of the run in flight whose tool has not answered, so
+        the run cannot have been resumed since a cancel of it (ADR 0041): a backend
+        that checks a notified run is still fenced may skip the check for it. The
+        default watches nothing (a backend serving one process needs nothing more).
         """
         task_status.started()
 

@@ -142,9 +142,10 @@ class ForwardingBackend(Backend):
         self,
         on_cancel: Callable[[list[str]], None],
         *,
+        holding: Callable[[str], bool] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        await self.inner.watch_cancels(on_cancel, task_status=task_status)
+        await self.inner.watch_cancels(on_cancel, holding=holding, task_status=task_status)
 
     # -- Queries ---------------------------------------------------------------------
     async def get_run(self, run_id: str) -> RunRecord:

@@ -493,6 +493,7 @@ class PostgresBackend(SqlBackend):
         self,
         on_cancel: Callable[[list[str]], None],
         *,
+        holding: Callable[[str], bool] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        await self.listener.run(on_cancel, task_status=task_status)
+        await self.listener.run(on_cancel, holding=holding, task_status=task_status)

@@ -16,7 +16,12 @@ still fenced when a notification is read are delivered: a run resumed since
 its cancel is not cancelled again here. That read goes over the LISTEN
 connection itself, between two waits for notifications (psycopg keeps what
 arrives meanwhile for the next wait), not through the pool: no checkout, and
-no waiting behind a pool the process's own calls keep busy.
+no waiting behind a pool the process's own calls keep busy. A run with a call
+in flight here, its tool not yet answered (the runtime's ``holding``), needs
+no read: a resume needs every operation of the run resolved (R10), and that
+call's is resolved by this process once its tool answers, or by recovery once
+this process was taken for dead (ADR 0041). A notification naming only such
+runs, the common case of a cancel that interrupts work, is delivered at once.
 
 A cancel's notification also comes back to the backend that committed it,
 whose caller has the fenced runs already (the runtime delivers them itself).
@@ -140,6 +145,7 @@ class Listener:
         self,
         on_cancel: Callable[[list[str]], None],
         *,
+        holding: Callable[[str], bool] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         backend = self._backend
@@ -183,7 +189,9 @@ class Listener:
                         # check can use this connection; what arrives meanwhile waits
                         notes = [note async for note in conn.notifies(stop_after=1)]
                         for note in notes:
-                            await self.deliver(note.payload, on_cancel, fenced, pid=note.pid)
+                            await self.deliver(
+                                note.payload, on_cancel, fenced, pid=note.pid, holding=holding
+                            )
             except (psycopg.Error, OSError) as exc:
                 if not started:
                     raise backend.map_error(exc) from exc
@@ -206,15 +214,18 @@ class Listener:
         fenced: Callable[[Sequence[str]], Awaitable[list[str]]] | None = None,
         *,
         pid: int | None = None,
+        holding: Callable[[str], bool] | None = None,
     ) -> None:
         """One notification to the runtime, only for the runs still fenced (``fenced``:
         the check, by default through the pool): one resumed since its cancel (a
-        notification read late) must not be cancelled again. ``pid``: the server
-        process that sent it; the runs this backend's own cancel fenced there are
-        left out, unread (``OwnCancels``). A malformed one is logged, never fatal; if
-        the check cannot be read, all are delivered (a cancel only speeds up; the
-        gate reads the fence), and a connection lost under it is then noticed by the
-        next wait."""
+        notification read late) must not be cancelled again. The runs ``holding``
+        names (a call of theirs in flight here, its tool not yet answered: not
+        resumed since, ADR 0041) are not checked; a notification naming only those
+        is delivered without a read. ``pid``: the server process that sent it; the
+        runs this backend's own cancel fenced there are left out, unread
+        (``OwnCancels``). A malformed one is logged, never fatal; if the check cannot
+        be read, all are delivered (a cancel only speeds up; the gate reads the
+        fence), and a connection lost under it is then noticed by the next wait."""
         try:
             run_ids = [str(r) for r in json.loads(payload)]
         except (ValueError, TypeError):
@@ -228,10 +239,16 @@ class Listener:
             run_ids = own.others(run_ids, pid)
             if not run_ids:
                 return
-        try:
-            run_ids = await (fenced or self._backend.fenced_among)(run_ids)
-        except (LedgerError, psycopg.Error, OSError) as exc:
-            log.warning("cancel listener: could not check %s (%s); delivering", run_ids, exc)
+        held = set() if holding is None else {r for r in run_ids if holding(r)}
+        unsure = [r for r in run_ids if r not in held]
+        if unsure:
+            try:
+                still = set(await (fenced or self._backend.fenced_among)(unsure))
+            except (LedgerError, psycopg.Error, OSError) as exc:
+                log.warning("cancel listener: could not check %s (%s); delivering", unsure, exc)
+                still = set(unsure)
+            # one delivery, in the notification's order (a tree's runs cut together)
+            run_ids = [r for r in run_ids if r in held or r in still]
         if run_ids:
             on_cancel(run_ids)
 

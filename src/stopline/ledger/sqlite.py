@@ -183,8 +183,10 @@ class SQLiteBackend(SqlBackend):
         self,
         on_cancel: Callable[[list[str]], None],
         *,
+        holding: Callable[[str], bool] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
+        del holding  # the watch reads each cancel with its run's state: no check after
         if self.read_only or self.watch is None:  # a reader runs no calls; or not watched
             task_status.started()
             return

@@ -22,6 +22,7 @@ class CallContext:
 
     __slots__ = (
         "_accepted",
+        "answered",
         "attempt",
         "canceller",
         "core",
@@ -57,6 +58,10 @@ class CallContext:
         self.cut_sends = ""
         # interrupted by a cancel that recorded it already, with the rest of its tree
         self.lost_recorded = False
+        # its tool has returned or raised: from here this process may record its outcome
+        # (until then its operation stays unresolved, unless this worker is taken for
+        # dead: what lets a cancel's notification skip its check, ADR 0041)
+        self.answered = False
 
     @property
     def is_accepted(self) -> bool:

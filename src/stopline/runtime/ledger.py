@@ -15,6 +15,7 @@ review), ``Outcomes`` (recording what calls proved), the ``Settler`` and the
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
@@ -164,7 +165,9 @@ class Ledger:
         core.start(tg)
         try:
             # cancels committed by other processes reach this one's in-flight calls
-            await tg.start(raw.watch_cancels, self._lifecycle.on_remote_cancel)
+            lifecycle = self._lifecycle
+            watch = functools.partial(raw.watch_cancels, holding=lifecycle.holds_call)
+            await tg.start(watch, lifecycle.on_remote_cancel)
             await tg.start(core.outcomes.finish)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:

@@ -263,6 +263,12 @@ class Lifecycle:
         """A cancel committed by any process (the backend's notification; our own too)."""
         self.deliver_cancel(run_ids)
 
+    def holds_call(self, run_id: str) -> bool:
+        """A run of this process with a call whose tool has not answered: a cancel's
+        notification naming it needs no check that it is still fenced (ADR 0041)."""
+        run = self._core.runs.get(run_id)
+        return run is not None and run.awaits_a_tool()
+
     def on_cancel(self, listener: Callable[[Sequence[str]], None]) -> Callable[[], None]:
         """Call ``listener(run_ids)`` for every cancel this process learns of; returns a
         function that removes it."""

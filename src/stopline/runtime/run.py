@@ -342,8 +342,10 @@ class Run:
                 with anyio.fail_after(timeout):
                     result = await t.fn(*call_args, **kwargs)
         except BaseException as exc:
+            ctx.answered = True
             await _record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
             raise
+        ctx.answered = True
         try:
             response, replayable = result_digest(result)
         except Exception as exc:  # an answer came that cannot be written down: in doubt
@@ -424,6 +426,12 @@ class Run:
     def in_flight(self) -> tuple[CallContext, ...]:
         """The calls of this run in flight in this process now."""
         return tuple(self._inflight.values())
+
+    def awaits_a_tool(self) -> bool:
+        """A call of this run is in flight here and its tool has not answered: its
+        operation is unresolved, so the run has not been resumed since any cancel of it
+        (R10; ADR 0041)."""
+        return any(not ctx.answered for ctx in self._inflight.values())
 
     def at_providers(self) -> list[CallContext]:
         """The calls a cancel of this run asks providers about: those in flight here,
