@@ -278,6 +278,8 @@ async def test_v3_ledger_is_migrated_with_its_cancel_events_indexed_alone(
             "SELECT seq FROM events INDEXED BY events_cancels WHERE kind = 'cancel' AND seq > 0"
         ).fetchall()
         (index,) = ddl.fetchone()
-    assert version == SCHEMA_VERSION == 4
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert version == SCHEMA_VERSION == 5  # V5 is PostgreSQL's alone: recorded, nothing run
+    assert "notify_channel" not in tables
     assert index.endswith("WHERE kind = 'cancel'")  # partial: no other event is in it
     assert indexed == [(2,)]

@@ -22,6 +22,7 @@ import pytest
 
 import stopline
 from stopline import Cancellable, OpStatus, PhaseKind, Policy, RunState
+from tests.support.held import Held
 
 pytestmark = pytest.mark.trio_too
 
@@ -32,51 +33,6 @@ def frames(tb: types.TracebackType | None) -> list[str]:
         names.append(tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     return names
-
-
-class Held:
-    """A run of ``ledger`` with one call of ``hold_the_line`` in flight under
-    ``immediate``, and what its tool and its workflow saw of the cancel."""
-
-    def __init__(self, ledger: stopline.Ledger) -> None:
-        self.ledger = ledger
-        self.entered = anyio.Event()
-        self.interrupted = False  # the tool has seen its cancel
-        self.caught: list[BaseException] = []  # what reached the workflow
-        self.ids: list[str] = []
-        held = self
-
-        @stopline.tool
-        async def hold_the_line(ctx: stopline.CallContext) -> None:
-            held.entered.set()
-            try:
-                await anyio.sleep_forever()
-            except anyio.get_cancelled_exc_class():
-                held.interrupted = True
-                raise
-
-        self.tool = hold_the_line
-
-    async def workflow(self) -> None:
-        async with (
-            self.ledger.run("r", owner="u") as run,
-            run.phase(PhaseKind.READING, Policy.IMMEDIATE),
-        ):
-            self.ids.append(run.id)
-            try:
-                await run.call(self.tool)
-            except BaseException as exc:
-                self.caught.append(exc)
-                raise
-
-    async def cancelled(self) -> stopline.Receipt:
-        """The workflow started and its call entered, the run cancelled from outside."""
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.workflow)
-                await self.entered.wait()
-                receipt = await self.ledger.cancel(self.ids[0], by="u")
-        return receipt
 
 
 async def test_an_interrupted_call_unwinds_without_the_tools_frames(
@@ -103,7 +59,7 @@ async def test_an_interrupted_call_sees_its_cancel_before_the_listeners_are_told
     seen_when_told: list[bool] = []
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}?cancel_poll_ms=0") as ledger:
         held = Held(ledger)
-        ledger.on_cancel(lambda run_ids: seen_when_told.append(held.interrupted))
+        ledger.on_cancel(lambda run_ids: seen_when_told.append(held.interrupted.is_set()))
         await held.cancelled()
     assert seen_when_told == [True]
 

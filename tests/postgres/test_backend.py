@@ -518,7 +518,7 @@ async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
     heard = Heard()
 
     async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
-        sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.channel)
+        sql(pg_url, "SELECT pg_notify(%s, 'not json')", listener.dialect.channel)
         await canceller.create_run(run_spec("root"))
         await canceller.create_run(run_spec("child", parent_id="root"))
         await canceller.cancel("root", by="u")
@@ -575,7 +575,7 @@ async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> 
 
     async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:
         await listener.pool.close()  # a check through the pool would fail now
-        sql(pg_url, "SELECT pg_notify(%s, %s)", listener.channel, '["resumed", "left"]')
+        sql(pg_url, "SELECT pg_notify(%s, %s)", listener.dialect.channel, '["resumed", "left"]')
 
     await notified(pg_url, heard, act)
     assert heard.seen == [["left"]]

@@ -17,13 +17,14 @@ import pytest
 
 import stopline
 from stopline.domain.model import OperationRecord
-from stopline.domain.vocab import OpStatus, PhaseKind, Policy
+from stopline.domain.vocab import OpStatus
 from stopline.ledger.backend import Backend, OutcomeUpdate
 from stopline.ledger.engine import reads
 from stopline.ledger.engine.db import Db
 from stopline.ledger.forwarding import ForwardingBackend
 from stopline.ledger.postgres import PostgresBackend
 from tests.postgres.server import fresh_schema
+from tests.support.held import Held
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,33 +48,6 @@ class Checks:
         monkeypatch.setattr(reads, "fenced_among", counted)
 
 
-class Held:
-    """A call that waits in its tool until cancelled: ``entered`` once it waits,
-    ``interrupted`` once its cancel reached it."""
-
-    def __init__(self) -> None:
-        self.entered = anyio.Event()
-        self.interrupted = anyio.Event()
-
-        @stopline.tool
-        async def wait(ctx: stopline.CallContext) -> None:
-            self.entered.set()
-            try:
-                await anyio.sleep_forever()
-            except anyio.get_cancelled_exc_class():
-                self.interrupted.set()
-                raise
-
-        self.tool = wait
-
-    async def workflow(self, ledger: stopline.Ledger, run_id: str) -> None:
-        async with (
-            ledger.run("victim", owner="u", run_id=run_id) as run,
-            run.phase(PhaseKind.READING, Policy.IMMEDIATE),
-        ):
-            await run.call(self.tool)
-
-
 async def test_a_cancel_of_a_run_awaiting_its_tool_here_is_delivered_unread(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,11 +55,11 @@ async def test_a_cancel_of_a_run_awaiting_its_tool_here_is_delivered_unread(
     have been resumed since the cancel: the notification interrupts it without a read,
     and the call is recorded as the cancel's."""
     checks = Checks(monkeypatch)
-    held = Held()
     canceller = await PostgresBackend.open(pg_url)
     try:
         async with stopline.open(pg_url) as ledger, anyio.create_task_group() as tg:
-            tg.start_soon(held.workflow, ledger, "victim")
+            held = Held(ledger, "victim")
+            tg.start_soon(held.workflow)
             await held.entered.wait()
             await canceller.cancel("victim", by="u")
             with anyio.fail_after(10):

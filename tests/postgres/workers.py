@@ -99,6 +99,7 @@ async def _main(plan: Plan, pipe: Connection) -> None:
                     await anyio.sleep_forever()  # the gate alone stands between us and R1
 
             listener.before_reconnect = lost
+            await send(f"pid:{listener.pid}")  # its LISTEN connection, for the server to end
         await send("S")
         try:
             context = ledger.run(

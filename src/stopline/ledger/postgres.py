@@ -118,8 +118,7 @@ class PostgresBackend(SqlBackend):
         # seconds a new connection (the pool's first too) may take: retry_for, at least
         # libpq's shortest, so a short retry_for never fails an open on a slow server
         self.connect_timeout = max(2, math.ceil(retry_for))
-        self.channel = "stopline_cancel" + (f"_{schema}" if schema else "")
-        self.dialect = PostgresDialect(self.channel)
+        self.dialect = PostgresDialect(None)  # its channel: the ledger's own, read at open
         self.conninfo = conninfo
         self.connect_kwargs: dict[str, Any] = {"autocommit": True}
         options = [f"-c search_path={schema}"] if schema else []
@@ -192,8 +191,10 @@ class PostgresBackend(SqlBackend):
                 self.conninfo, autocommit=True, connect_timeout=self.connect_timeout
             )
             try:
-                start = check if self.read_only else migrate
-                await start(Tx(conn, self.location), self.schema)
+                if self.read_only:
+                    await check(Tx(conn, self.location), self.schema)
+                else:
+                    self.dialect.channel = await migrate(Tx(conn, self.location), self.schema)
             finally:  # shielded: a cancelled start must not leak the connection
                 with anyio.move_on_after(5, shield=True):
                     await conn.close()

@@ -22,6 +22,9 @@ no read: a resume needs every operation of the run resolved (R10), and that
 call's is resolved by this process once its tool answers, or by recovery once
 this process was taken for dead (ADR 0041). A notification naming only such
 runs, the common case of a cancel that interrupts work, is delivered at once.
+So the channel is the ledger's secret (schema V5, ``notify_channel``): a role
+that cannot read the ledger cannot send what is acted on unread, and the
+``LISTEN`` statement takes the name from the table rather than showing it.
 
 A cancel's notification also comes back to the backend that committed it,
 whose caller has the fenced runs already (the runtime delivers them itself).
@@ -64,6 +67,9 @@ _KEEPALIVE: dict[str, Any] = {
     "keepalives_count": 3,
 }
 _FENCED = f"({sql_values(FENCED)})"
+# LISTEN on the ledger's channel, named by the server from the ledger itself: the
+# statement's text (pg_stat_activity, pg_stat_statements) never shows the name
+_LISTEN = "DO $$BEGIN EXECUTE format('LISTEN %I', (SELECT name FROM notify_channel)); END$$"
 log = logging.getLogger("stopline.ledger.postgres")
 
 
@@ -149,6 +155,9 @@ class Listener:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         backend = self._backend
+        if backend.read_only:  # a reader runs no calls, and does not know the channel
+            task_status.started()
+            return
         since: float | None = None
         delay = 0.01
         started = False
@@ -169,7 +178,7 @@ class Listener:
                 continue
             try:
                 async with conn:
-                    await conn.execute(f'LISTEN "{backend.channel}"')
+                    await conn.execute(_LISTEN)
                     self.pid = conn.info.backend_pid
                     self.connections += 1
                     if since is not None:

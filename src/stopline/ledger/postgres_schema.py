@@ -48,8 +48,9 @@ def translate(ddl: str) -> list[str]:
     return statements
 
 
-async def migrate(tx: Tx, schema: str | None) -> None:
-    """Create the schema if asked, then bring the tables to ``SCHEMA_VERSION``."""
+async def migrate(tx: Tx, schema: str | None) -> str:
+    """Create the schema if asked, then bring the tables to ``SCHEMA_VERSION``; the
+    ledger's notification channel."""
     async with tx.transaction():
         await tx.run("SELECT pg_advisory_xact_lock(hashtext(?))", (f"stopline:{schema or ''}",))
         if schema:
@@ -63,10 +64,13 @@ async def migrate(tx: Tx, schema: str | None) -> None:
                 await tx.run(statement)
         if version != SCHEMA_VERSION:
             await tx.run("UPDATE stopline_schema SET version = ?", (SCHEMA_VERSION,))
+        return await _channel(tx)
 
 
 async def check(tx: Tx, schema: str | None) -> None:
-    """Read-only: refuse anything but a stopline ledger at ``SCHEMA_VERSION``; write nothing."""
+    """Read-only: refuse anything but a stopline ledger at ``SCHEMA_VERSION``; write
+    nothing. Its notification channel is not read: a reader neither cancels nor
+    listens, and a role that must not interrupt calls may not read it (ADR 0041)."""
     if schema:
         found = await tx.one("SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema,))
         if not found[0]:
@@ -80,6 +84,11 @@ async def check(tx: Tx, schema: str | None) -> None:
         row = await tx.one("SELECT version FROM stopline_schema")
         version = int(row[0]) if row is not None else 0
     check_readable(tx.location, version, tables[0])
+
+
+async def _channel(tx: Tx) -> str:
+    """The channel the ledger's cancels are notified on (schema V5: a random name)."""
+    return str((await tx.one("SELECT name FROM notify_channel"))[0])
 
 
 async def _version(tx: Tx) -> int:

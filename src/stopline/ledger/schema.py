@@ -27,6 +27,7 @@ __all__ = [
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
     "SCHEMA_VERSION",
+    "PostgresOnly",
     "SqliteOnly",
     "check_readable",
     "refuse_foreign",
@@ -160,6 +161,13 @@ class SqliteOnly(str):
     __slots__ = ()
 
 
+class PostgresOnly(str):
+    """A migration of what PostgreSQL alone has (its notifications): SQLite records the
+    new version and runs nothing."""
+
+    __slots__ = ()
+
+
 # V3: the log's sequence without AUTOINCREMENT (ADR 0035). AUTOINCREMENT keeps the
 # highest seq ever used in ``sqlite_sequence`` and writes that page in every
 # transaction that logs an event: one page of the seven a gated call wrote. The
@@ -194,7 +202,22 @@ CREATE INDEX events_run ON events(run_id, seq);
 CANCEL_EVENT = RunEvent.CANCEL.value
 _V4 = SqliteOnly(f"CREATE INDEX events_cancels ON events(seq) WHERE kind = '{CANCEL_EVENT}';")
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# V5: the channel a PostgreSQL ledger's cancels are notified on, a random name kept in
+# the ledger (ADR 0041). It was derived from the schema's name, so any role that could
+# connect to the database could send a notification that looked like a cancel; the
+# listener read every notified run back, and a run with a call awaiting its tool is now
+# delivered without that read. Knowing the channel takes a read of the ledger. One row,
+# made once (``gen_random_uuid``: PostgreSQL 13 and later); SQLite has no notifications.
+_V5 = PostgresOnly("""
+CREATE TABLE notify_channel (
+    one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    name TEXT NOT NULL
+);
+INSERT INTO notify_channel (name)
+    VALUES ('stopline_cancel_' || replace(gen_random_uuid()::text, '-', ''))
+""")
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -36,7 +36,13 @@ from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine import Db, Dialect, SqlBackend, run_sync
 from stopline.ledger.engine.db import Params
 from stopline.ledger.engine.record import record
-from stopline.ledger.schema import MIGRATIONS, SCHEMA_VERSION, check_readable, refuse_foreign
+from stopline.ledger.schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    PostgresOnly,
+    check_readable,
+    refuse_foreign,
+)
 from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
 from stopline.ledger.sqlite_watch import POLL_INTERVAL, CancelWatch
 
@@ -150,6 +156,8 @@ class SQLiteBackend(SqlBackend):
                 raise SchemaTooNew(self.location, version, SCHEMA_VERSION)
             refuse_foreign(self.location, *_identity(conn))
             for step in MIGRATIONS[version:]:
+                if isinstance(step, PostgresOnly):
+                    continue  # PostgreSQL's alone: the version is recorded below
                 for statement in step.split(";"):
                     if statement.strip():
                         conn.execute(statement)
