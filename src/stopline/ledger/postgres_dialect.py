@@ -87,9 +87,9 @@ class PostgresDialect(Dialect):
         *first, (last, last_params) = writes
         if not first:
             return [(last, last_params)]
-        ctes = ", ".join(f"w{i} AS ({sql})" for i, (sql, _) in enumerate(first))
         params = [value for _, p in first for value in _positional(p)]
-        return [(f"WITH {ctes} {last}", [*params, *_positional(last_params)])]
+        text = _fused_text(tuple(sql for sql, _ in first), last)
+        return [(text, [*params, *_positional(last_params)])]
 
     def create_sql(self, insert: str, then: Sequence[str]) -> str | None:
         return _create_sql(insert, tuple(then))
@@ -193,6 +193,13 @@ ev AS (
 SELECT old.status, upd.id IS NOT NULL, {_UPD_COLUMNS}
 FROM old LEFT JOIN upd ON true
 """
+
+
+@functools.lru_cache(maxsize=16)
+def _fused_text(first: tuple[str, ...], last: str) -> str:
+    """The writes ``first`` as data-modifying CTEs of ``last``: made once per shape."""
+    ctes = ", ".join(f"w{i} AS ({sql})" for i, sql in enumerate(first))
+    return f"WITH {ctes} {last}"
 
 
 def _positional(params: Params) -> Sequence[Any]:

@@ -11,6 +11,7 @@ either lands before the fence and is fenced with it, or waits and sees it.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from stopline.domain.lifecycle import ApprovalStatus, CancelResult
@@ -40,6 +41,8 @@ __all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
 
 _CANCELLING = apply(RUN_TABLE, RunState.RUNNING, RunEvent.CANCEL)
 _LIVE_APPROVALS = sql_values({ApprovalStatus.PENDING, ApprovalStatus.GRANTED})
+_CANCELLABLE = sql_values(CANCELLABLE)
+_GRANTS_LEFT = int(~Grant.INITIATE & Grant.all())  # a fenced run initiates nothing more
 
 
 async def add_owner(
@@ -145,38 +148,46 @@ def _fence(
     fenced: the whole cancel of a run with no children, which needs nothing read
     before it can commit."""
     ids, params = dialect.in_list("id", runs)
-    cancellable = f"{ids} AND {dialect.unindexed('state')} IN ({sql_values(CANCELLABLE)})"
+    cancellable, withdraw, log, fence = _fence_sql(dialect, ids, lone)
+    data = rows.dump_data({"by": by, "reason": reason, "root": root})
+    owned = f"owner {root} cancelled" + (f": {reason}" if reason else "")
+    writes = [
+        (withdraw, (ApprovalStatus.WITHDRAWN, now, by, *params)),
+        (log, (now, RunEvent.CANCEL, _CANCELLING, data, *params)),
+        (fence, (_CANCELLING, _GRANTS_LEFT, by, root, reason, owned, now, now, *params)),
+    ]
+    notify = dialect.notify_fenced(root, cancellable, params) if lone else []
+    return [*notify, *dialect.fused(writes)]
+
+
+@functools.lru_cache(maxsize=16)  # a big tree's text is long (SQLite: a ? per run)
+def _fence_sql(dialect: Dialect, ids: str, lone: bool) -> tuple[str, str, str, str]:
+    """``_fence``'s SQL for runs matched by ``ids`` (the dialect's ``in_list``): which of
+    them are cancellable, and the three writes, in ``_fence``'s order. The same text
+    for every cancel of as many runs (a lone run's above all): made once."""
+    cancellable = f"{ids} AND {dialect.unindexed('state')} IN ({_CANCELLABLE})"
     if lone:
         cancellable += (
             " AND NOT EXISTS (SELECT 1 FROM run_owners"
             " WHERE owner_run = runs.id AND released_at IS NULL)"
         )
     text = dialect.text
-    data = rows.dump_data({"by": by, "reason": reason, "root": root})
     withdraw = (
         "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
         f" WHERE run_id IN (SELECT id FROM runs WHERE {cancellable})"
-        f" AND status IN ({_LIVE_APPROVALS})",
-        (ApprovalStatus.WITHDRAWN, now, by, *params),
+        f" AND status IN ({_LIVE_APPROVALS})"
     )
     log = (
         f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')}"
-        f" FROM runs WHERE {cancellable}",
-        (now, RunEvent.CANCEL, _CANCELLING, data, *params),
+        f" FROM runs WHERE {cancellable}"
     )
     fence = (
         "UPDATE runs SET state = ?, fence = fence + 1, grants = grants & ?,"
         " cancelled_by = ?, cancel_reason = CASE WHEN id = ? THEN ? ELSE ? END,"
         f" cancelled_at = ?, updated_at = ? WHERE {cancellable}"
-        f" RETURNING {rows.RUN_COLUMNS if lone else 'id'}",
-        (
-            _CANCELLING, int(~Grant.INITIATE & Grant.all()), by, root, reason,
-            f"owner {root} cancelled" + (f": {reason}" if reason else ""), now, now,
-            *params,
-        ),
-    )  # fmt: skip
-    notify = dialect.notify_fenced(root, cancellable, params) if lone else []
-    return [*notify, *dialect.fused([withdraw, log, fence])]
+        f" RETURNING {rows.RUN_COLUMNS if lone else 'id'}"
+    )
+    return cancellable, withdraw, log, fence
 
 
 async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
