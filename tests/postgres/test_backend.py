@@ -527,6 +527,19 @@ async def test_cancels_are_notified_and_junk_is_ignored(pg_url: str) -> None:
     assert heard.seen == [["root", "child"]]
 
 
+async def resumed_and_left(ledger: stopline.Ledger) -> PostgresBackend:
+    """Two runs of ``ledger`` cancelled and settled: ``resumed`` since resumed, ``left``
+    still fenced; the ledger's backend."""
+    for run_id in ("resumed", "left"):
+        async with ledger.run("job", owner="u", run_id=run_id):
+            await ledger.cancel(run_id, by="u")  # the block ends here, fenced
+        await ledger.wait_settled(run_id, timeout=10)
+    await ledger.resume("resumed", by="u")
+    backend = ledger.backend
+    assert isinstance(backend, PostgresBackend)
+    return backend
+
+
 async def test_a_notification_read_after_its_run_was_resumed_is_not_delivered(
     pg_url: str,
 ) -> None:
@@ -535,13 +548,7 @@ async def test_a_notification_read_after_its_run_was_resumed_is_not_delivered(
     still fenced is delivered; the resumed one is dropped."""
     seen: list[list[str]] = []
     async with stopline.open(pg_url) as ledger:
-        for run_id in ("resumed", "left"):
-            async with ledger.run("job", owner="u", run_id=run_id):
-                await ledger.cancel(run_id, by="u")  # the block ends here, fenced
-            await ledger.wait_settled(run_id, timeout=10)
-        await ledger.resume("resumed", by="u")
-        backend = ledger.backend
-        assert isinstance(backend, PostgresBackend)
+        backend = await resumed_and_left(ledger)
         await backend.listener.deliver('["resumed", "left"]', seen.append)
         await backend.listener.deliver('["resumed"]', seen.append)  # nothing fenced: no call
     assert seen == [["left"]]
@@ -566,11 +573,7 @@ async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> 
     through the pool (no checkout, no queue behind the process's own calls): with the
     pool gone, a notification for a run resumed since its cancel is still dropped."""
     async with stopline.open(pg_url) as ledger:
-        for run_id in ("resumed", "left"):
-            async with ledger.run("job", owner="u", run_id=run_id):
-                await ledger.cancel(run_id, by="u")
-            await ledger.wait_settled(run_id, timeout=10)
-        await ledger.resume("resumed", by="u")
+        await resumed_and_left(ledger)
     heard = Heard()
 
     async def act(listener: PostgresBackend, canceller: PostgresBackend) -> None:

@@ -24,6 +24,7 @@ from stopline.ledger.engine.db import Db
 from stopline.ledger.forwarding import ForwardingBackend
 from stopline.ledger.postgres import PostgresBackend
 from tests.postgres.server import fresh_schema
+from tests.postgres.test_backend import resumed_and_left
 from tests.support.held import Held
 
 pytestmark = pytest.mark.timeout(30)
@@ -104,13 +105,7 @@ async def test_a_notification_reads_only_the_runs_not_held_and_delivers_all_toge
     resumed since its cancel is not), in the notification's order, in one delivery."""
     seen: list[list[str]] = []
     async with stopline.open(pg_url) as ledger:
-        for run_id in ("resumed", "left"):
-            async with ledger.run("job", owner="u", run_id=run_id):
-                await ledger.cancel(run_id, by="u")  # the block ends here, fenced
-            await ledger.wait_settled(run_id, timeout=10)
-        await ledger.resume("resumed", by="u")
-        backend = ledger.backend
-        assert isinstance(backend, PostgresBackend)
+        backend = await resumed_and_left(ledger)
         checks = Checks(monkeypatch)
         payload = '["held", "resumed", "left"]'
         await backend.listener.deliver(payload, seen.append, holding={"held"}.__contains__)
