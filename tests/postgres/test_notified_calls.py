@@ -17,7 +17,7 @@ import pytest
 
 import stopline
 from stopline.domain.model import OperationRecord
-from stopline.domain.vocab import OpStatus
+from stopline.domain.vocab import OpStatus, Policy
 from stopline.ledger.backend import Backend, OutcomeUpdate
 from stopline.ledger.engine import reads
 from stopline.ledger.engine.db import Db
@@ -87,12 +87,16 @@ async def test_a_cancel_of_a_run_with_no_call_awaiting_here_is_read_first(
         async with stopline.open(pg_url) as ledger:
             heard = anyio.Event()
             ledger.on_cancel(lambda run_ids: heard.set())
-            async with ledger.run("idle", owner="u", run_id="idle") as run:
+            # at_boundary: the delivery interrupts nothing, so the block sees it arrive
+            async with ledger.run(
+                "idle", owner="u", run_id="idle", policy=Policy.AT_BOUNDARY
+            ) as run:
                 assert not run.awaits_a_tool()
                 await canceller.cancel("idle", by="u")
                 with anyio.fail_after(10):
                     await heard.wait()
-                assert run.cancel_requested
+                assert run.cancel_requested  # delivered, after the read
+                assert checks.asked == [["idle"]]
         assert checks.asked == [["idle"]]
     finally:
         await canceller.close()
