@@ -5,6 +5,7 @@ listener's own statement never shows the name."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.parse
 import uuid
@@ -47,6 +48,26 @@ async def channel_of(url: str) -> str:
         await backend.close()
 
 
+@contextlib.contextmanager
+def role_without_channel(pg_url: str, privileges: str) -> Iterator[str]:
+    """A login role of its own, granted ``privileges`` on every table of the ledger's
+    schema but not ``notify_channel``; the ledger's URL as that role. Dropped after."""
+    base, _, schema = pg_url.partition("?schema=")
+    role = f"role_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+            admin.execute(f'GRANT {privileges} ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+            admin.execute(f'REVOKE SELECT ON "{schema}".notify_channel FROM "{role}"')
+            parts = urllib.parse.urlsplit(pg_url)
+            as_role = parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}")
+            yield urllib.parse.urlunsplit(as_role)
+        finally:
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
 async def test_each_ledger_has_a_random_channel_of_its_own(pg_url: str, other_url: str) -> None:
     first = await channel_of(pg_url)
     assert _RANDOM.fullmatch(first)
@@ -63,28 +84,15 @@ async def test_a_role_that_may_not_read_the_channel_opens_the_ledger_to_read(
     owner = await PostgresBackend.open(pg_url)  # the ledger, made by its owner
     await owner.create_run(run_spec())
     await owner.close()
-    base, _, schema = pg_url.partition("?schema=")
-    role = f"reader_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as admin:
-        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    with role_without_channel(pg_url, "SELECT") as reader_url:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            sql(reader_url, "SELECT name FROM notify_channel")
+        reader = await PostgresBackend.open(reader_url, read_only=True)  # the CLI's
         try:
-            admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
-            admin.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
-            admin.execute(f'REVOKE SELECT ON "{schema}".notify_channel FROM "{role}"')
-            parts = urllib.parse.urlsplit(pg_url)
-            as_reader = parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}")
-            reader_url = urllib.parse.urlunsplit(as_reader)
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                sql(reader_url, "SELECT name FROM notify_channel")
-            reader = await PostgresBackend.open(reader_url, read_only=True)  # the CLI's
-            try:
-                assert reader.dialect.channel is None
-                assert (await reader.get_run("run_a")).id == "run_a"
-            finally:
-                await reader.close()
+            assert reader.dialect.channel is None
+            assert (await reader.get_run("run_a")).id == "run_a"
         finally:
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
+            await reader.close()
 
 
 async def test_a_v4_ledger_gets_its_channel_when_migrated(pg_url: str) -> None:
