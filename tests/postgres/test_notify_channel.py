@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import stopline
+from stopline.errors import LedgerUnavailable
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.schema import SCHEMA_VERSION
 from tests.ledger.contract import run_spec
@@ -49,14 +50,19 @@ async def channel_of(url: str) -> str:
 
 
 @contextlib.contextmanager
-def role_without_channel(pg_url: str, privileges: str) -> Iterator[str]:
+def role_without_channel(pg_url: str, privileges: str, *, writer: bool = False) -> Iterator[str]:
     """A login role of its own, granted ``privileges`` on every table of the ledger's
-    schema but not ``notify_channel``; the ledger's URL as that role. Dropped after."""
+    schema but not ``notify_channel`` (``writer``: and what a read-write open needs of
+    the database and the schema); the ledger's URL as that role. Dropped after."""
     base, _, schema = pg_url.partition("?schema=")
+    database = urllib.parse.urlsplit(base).path.lstrip("/")
     role = f"role_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f'CREATE ROLE "{role}" LOGIN')
         try:
+            if writer:
+                admin.execute(f'GRANT CREATE ON DATABASE "{database}" TO "{role}"')
+                admin.execute(f'GRANT CREATE ON SCHEMA "{schema}" TO "{role}"')
             admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
             admin.execute(f'GRANT {privileges} ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
             admin.execute(f'REVOKE SELECT ON "{schema}".notify_channel FROM "{role}"')
@@ -93,6 +99,26 @@ async def test_a_role_that_may_not_read_the_channel_opens_the_ledger_to_read(
             assert (await reader.get_run("run_a")).id == "run_a"
         finally:
             await reader.close()
+
+
+async def test_a_writer_that_may_not_read_the_channel_is_refused_by_name(
+    pg_url: str,
+) -> None:
+    """A worker's role granted the ledger's tables to write but not ``notify_channel``
+    cannot notify its cancels where the listeners hear them: its read-write open is
+    refused with ``LedgerUnavailable`` naming the table, and writes nothing."""
+    owner = await PostgresBackend.open(pg_url)
+    await owner.create_run(run_spec())
+    await owner.close()
+    before = sql(pg_url, "SELECT count(*) FROM events")
+    writes = "SELECT, INSERT, UPDATE"
+    with (
+        role_without_channel(pg_url, writes, writer=True) as writer_url,
+        pytest.raises(LedgerUnavailable, match="notify_channel"),
+    ):
+        await PostgresBackend.open(writer_url)
+    assert sql(pg_url, "SELECT count(*) FROM events") == before
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)]
 
 
 async def test_a_v4_ledger_gets_its_channel_when_migrated(pg_url: str) -> None:
