@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
 import stopline
+from stopline.domain.vocab import RunState
 from stopline.ledger import open_backend
+from stopline.ledger.backend import RunSpec
 from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
 
@@ -78,3 +83,41 @@ def _commits_into(commits: list[str]) -> Callable[[str], None]:
             commits.append(statement)
 
     return trace
+
+
+async def test_a_cancels_fence_commits_without_the_jobs_queued_after_it(tmp_path: Path) -> None:
+    """A cancel interrupts nothing until its fence is durable: work queued after it
+    commits in the next transaction, so it never delays the fence's commit."""
+    path = tmp_path / "l.db"
+    backend = await _backend(path, 2)
+    held, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def hold(conn: sqlite3.Connection) -> None:  # the writer busy: the next jobs queue
+        held.set()
+        release.wait()
+
+    def later(conn: sqlite3.Connection) -> None:  # queued after the cancel
+        with contextlib.closing(sqlite3.connect(path)) as reader:
+            seen.append(reader.execute("SELECT state FROM runs").fetchone()[0])
+
+    async def queued(n: int) -> None:
+        while backend._writer._queue.qsize() < n:
+            await anyio.lowlevel.checkpoint()
+
+    try:
+        await backend.create_run(RunSpec("r1", "r", "u", "t"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(backend.transact, hold)
+            await anyio.to_thread.run_sync(held.wait)
+            tg.start_soon(functools.partial(backend.cancel, "r1", by="u"))
+            await queued(1)
+            tg.start_soon(backend.transact, later)
+            await queued(2)
+            release.set()
+        fenced = (await backend.get_run("r1")).state
+    finally:
+        release.set()
+        await backend.close()
+    assert fenced is not RunState.RUNNING
+    assert seen == [fenced.value]  # committed before the later job ran

@@ -6,7 +6,9 @@ takes every job waiting, runs them in one ``BEGIN IMMEDIATE`` transaction
 rolls back that job alone), commits once (one fsync for the batch), and
 only then wakes the callers: a caller never sees a result that is not yet
 durable. One thread hop per transaction, as STYLE.md asks, and under
-concurrency one fsync for many intents.
+concurrency one fsync for many intents. A *prompt* job (a cancel's fence, which
+interrupts nothing until it is durable) ends the batch it joins: what was queued
+after it commits in the next one, so its caller never waits for later work.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
 
@@ -43,15 +45,17 @@ _QUEUED, _RUNNING, _WITHDRAWN = 0, 1, 2
 class _Job(Generic[T]):
     __slots__ = (
         "_event", "_finished", "_lock", "_loop", "_state", "_waiter", "_wake", "deferred",
-        "error", "fn", "held", "result",
+        "error", "fn", "held", "prompt", "result",
     )  # fmt: skip
 
     def __init__(
         self,
         fn: Callable[[sqlite3.Connection], T],
         then: Callable[[Callable[[], T]], None] | None = None,
+        prompt: bool = False,
     ) -> None:
         self.fn = fn
+        self.prompt = prompt  # its batch takes nothing queued after it
         # nobody waits on it: it may wait a little for company before committing
         self.deferred = then is not None
         # a deferred job whose batch failed to commit: kept for the next batch, not lost
@@ -171,7 +175,9 @@ class Writer:
         if self._startup_error is not None:
             raise self._startup_error
 
-    async def submit(self, fn: Callable[[sqlite3.Connection], T], *, must_run: bool = False) -> T:
+    async def submit(
+        self, fn: Callable[[sqlite3.Connection], T], *, must_run: bool = False, prompt: bool = False
+    ) -> T:
         """Run ``fn`` in a transaction; the result is durable when this returns.
 
         A cancel or a deadline reaches the wait, with a grace: a caller whose
@@ -181,8 +187,9 @@ class Writer:
         Past the grace it gives up: a job the thread has not taken yet is
         withdrawn and never runs. ``must_run`` (an outcome that must not be
         lost) is waited for to the end; the thread cannot die, so that ends.
+        ``prompt``: its batch ends with it (the jobs queued after it, in the next).
         """
-        job = self.enqueue(fn)
+        job = self.enqueue(fn, prompt=prompt)
         if must_run:
             return await job.result_when_done()
         try:
@@ -199,6 +206,8 @@ class Writer:
         self,
         fn: Callable[[sqlite3.Connection], T],
         then: Callable[[Callable[[], T]], None] | None = None,
+        *,
+        prompt: bool = False,
     ) -> _Job[T]:
         """Queue ``fn`` now, in order: a job queued later by this process (a read, the
         next gate) runs after it and sees what it wrote.
@@ -212,7 +221,7 @@ class Writer:
             raise RuntimeError("the ledger is closed")
         if self._stopped is not None:
             raise self._stopped
-        job: _Job[T] = _Job(fn, then)
+        job: _Job[T] = _Job(fn, then, prompt)
         self._queue.put(job)
         if self._stopped is not None:  # stopped meanwhile: nobody will take it
             self._drain(self._stopped)
@@ -259,8 +268,9 @@ class Writer:
             self._stop(stopped)
 
     def _take_waiting(self, batch: list[_Job[Any]]) -> bool:
-        """Add every job already waiting (up to the batch limit); True if told to stop."""
-        while len(batch) < _MAX_BATCH:
+        """Add every job already waiting (up to the batch limit, or up to a prompt job:
+        nothing queued after it delays its commit); True if told to stop."""
+        while len(batch) < _MAX_BATCH and not (batch and batch[-1].prompt):
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:

@@ -154,9 +154,8 @@ class PostgresBackend(SqlBackend):
         query = urllib.parse.parse_qsl(parts.query)
         own = {k: v for k, v in query if k in _OWN_OPTIONS}
         libpq = [(k, v) for k, v in query if k not in _OWN_OPTIONS]
-        scheme = "postgresql"
         conninfo = urllib.parse.urlunsplit(
-            (scheme, parts.netloc, parts.path, urllib.parse.urlencode(libpq), "")
+            ("postgresql", parts.netloc, parts.path, urllib.parse.urlencode(libpq), "")
         )
         schema = own.get("schema")
         if schema is not None and not _IDENT.fullmatch(schema):
@@ -331,6 +330,7 @@ class PostgresBackend(SqlBackend):
         *,
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
+        prompt: bool = False,  # a cancel has its own transaction here (``cancel``)
     ) -> T:
         settle = None if outcome is None else outcome_landed(*outcome)
         return await self._tx(body, safe=safe, settle=settle)

@@ -206,10 +206,13 @@ class SQLiteBackend(SqlBackend):
         *,
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
+        prompt: bool = False,
     ) -> T:
         # an outcome, once asked for, is written even if its caller is cancelled meanwhile
         return await self._writer.submit(
-            lambda conn: run_sync(body(SQLiteDb(conn, self.location))), must_run=bool(outcome)
+            lambda conn: run_sync(body(SQLiteDb(conn, self.location))),
+            must_run=bool(outcome),
+            prompt=prompt,
         )
 
     async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:

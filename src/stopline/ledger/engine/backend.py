@@ -1,12 +1,14 @@
 """``SqlBackend``: the ``Backend`` seam served by the engine's transaction bodies.
 
-A concrete backend supplies ``_execute(body, safe=..., outcome=...)``: run
-``body(db)`` as one transaction on one of its connections. ``safe`` says the
+A concrete backend supplies ``_execute(body, safe=..., outcome=..., prompt=...)``:
+run ``body(db)`` as one transaction on one of its connections. ``safe`` says the
 body may run again after a lost reply (a read, or an idempotent write); a
 backend that cannot lose a reply (SQLite's writer thread) ignores it.
 ``outcome`` marks an operation's outcome, which must not be lost: SQLite
 waits for it even for a cancelled caller; PostgreSQL settles a lost reply by
-reading the status back. Every method below
+reading the status back. ``prompt`` marks a cancel's fence, which interrupts
+nothing until it is durable: SQLite commits it without the jobs queued after
+it; a backend whose transactions are not shared ignores it. Every method below
 is that one line: the rules live in the bodies, written once.
 """
 
@@ -41,9 +43,11 @@ class SqlBackend(Backend):
         *,
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
+        prompt: bool = False,
     ) -> T:
         """Run ``body`` as one transaction; ``safe``: it may run again after a lost reply;
-        ``outcome``: it records this ``(op id, update)``, which must not be lost."""
+        ``outcome``: it records this ``(op id, update)``, which must not be lost;
+        ``prompt``: its caller acts once it is durable, so nothing queued later delays it."""
 
     # -- runs ----------------------------------------------------------------------
     async def create_run(self, spec: RunSpec) -> RunRecord:
@@ -145,7 +149,9 @@ class SqlBackend(Backend):
     # -- lifecycle -----------------------------------------------------------------
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so
-        return await self._execute(lambda db: fence.cancel(db, run_id, by, reason), safe=True)
+        return await self._execute(
+            lambda db: fence.cancel(db, run_id, by, reason), safe=True, prompt=True
+        )
 
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
         await self._execute(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
