@@ -27,14 +27,19 @@ Child = Callable[[stopline.Run, int], Coroutine[Any, Any, None]]
 
 @contextmanager
 def counting_scope_cancels() -> Iterator[list[int]]:
-    """Count ``CancelScope.cancel`` calls made by the current task (the canceller)."""
+    """Count ``CancelScope.cancel`` calls made by the current task (the canceller), or
+    for it outside any task (on asyncio its cut runs as a callback: ``outside_task``)."""
     scope_class = type(anyio.CancelScope())
     original = scope_class.cancel
     me = anyio.get_current_task().id
     made: list[int] = []
 
     def cancel(self: Any, reason: str | None = None) -> None:
-        if anyio.get_current_task().id == me:
+        try:
+            by = anyio.get_current_task().id
+        except RuntimeError:  # no task: the canceller's cut, run for it
+            by = me
+        if by == me:
             made.append(1)
         original(self, reason)
 

@@ -1,0 +1,101 @@
+"""A cancel's cut runs outside any task on asyncio (``outside_task``).
+
+anyio's ``CancelScope.cancel`` formats the repr of the task it runs in (~70 µs here,
+most of a delivered cancel's own time); a plain callback of the loop has none. The
+caller waits for it shielded, and gets its result or its error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import anyio
+import pytest
+
+import stopline
+from stopline.ledger import open_backend
+from stopline.runtime.lifecycle import outside_task
+from tests.support.held import Held
+
+
+async def test_it_runs_in_no_task_and_hands_back_its_result() -> None:
+    seen: list[asyncio.Task[object] | None] = []
+
+    def fn() -> int:
+        seen.append(asyncio.current_task())
+        return 7
+
+    assert await outside_task(fn) == 7
+    assert seen == [None]
+
+
+async def test_its_error_is_raised_to_the_caller() -> None:
+    def fn() -> None:
+        raise LookupError("from the callback")
+
+    with pytest.raises(LookupError, match="from the callback"):
+        await outside_task(fn)
+
+
+async def test_a_cancelled_caller_still_gets_it_done() -> None:
+    """Shielded: a cut once asked for always happens and is handed back (the rest of
+    the delivery follows it), even when the caller's own scope is cancelled."""
+    ran: list[int] = []
+
+    def fn() -> int:
+        ran.append(1)
+        return len(ran)
+
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        got = await outside_task(fn)
+        assert got == 1
+    assert ran == [1]
+
+
+async def test_a_cancel_cuts_its_run_outside_the_cancellers_task(tmp_path: Path) -> None:
+    """The run's scope is cancelled from no task: nothing of the canceller is formatted."""
+    scope_class = type(anyio.CancelScope())
+    original = scope_class.cancel
+    by: list[asyncio.Task[object] | None] = []
+
+    def cancel(self: anyio.CancelScope, reason: str | None = None) -> None:
+        by.append(asyncio.current_task())
+        original(self, reason)
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}?cancel_poll_ms=0") as ledger:
+        held = Held(ledger)
+        scope_class.cancel = cancel  # type: ignore[method-assign]
+        try:
+            await held.cancelled()
+        finally:
+            scope_class.cancel = original  # type: ignore[method-assign]
+    assert by and by[0] is None
+
+
+async def test_a_notified_cancel_is_cut_outside_the_watchs_task(tmp_path: Path) -> None:
+    """A cancel committed by another backend on the file, delivered by the watch."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    scope_class = type(anyio.CancelScope())
+    original = scope_class.cancel
+    by: list[asyncio.Task[object] | None] = []
+
+    def cancel(self: anyio.CancelScope, reason: str | None = None) -> None:
+        by.append(asyncio.current_task())
+        original(self, reason)
+
+    async with stopline.open(url) as ledger:
+        held = Held(ledger)
+        other = await open_backend(url)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(held.workflow)
+                await held.entered.wait()
+                scope_class.cancel = cancel  # type: ignore[method-assign]
+                await other.cancel(held.ids[0], by="u")
+                await held.interrupted.wait()
+        finally:
+            scope_class.cancel = original  # type: ignore[method-assign]
+            await other.close()
+    assert by and by[0] is None
