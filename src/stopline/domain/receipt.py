@@ -165,7 +165,9 @@ class OperationLine:
     status_words: str
     provider_cancel: str
     recovery: str
-    evidence: tuple[Evidence, ...]
+    # as recorded: a ledger's records decode it on first use, so a long run's receipt
+    # decodes only the evidence that is shown
+    evidence: Sequence[Evidence]
     # the response is in hand and its record queued, not yet durable (ADR 0022)
     recording: bool = False
 
@@ -251,7 +253,7 @@ def _line(op: OperationRecord, recording: bool) -> OperationLine:
         status_words=_RECORDING_WORDS if recording else _status_words(op),
         provider_cancel=_cancel_words(op),
         recovery=_recovery(op),
-        evidence=tuple(op.evidence),
+        evidence=tuple(op.evidence) if isinstance(op.evidence, list) else op.evidence,
         recording=recording,
     )
 
