@@ -1,0 +1,25 @@
+"""Stored values become members by a dict lookup (``rows._by_value``), with the same
+answers as the enum itself: each member, the old ``none`` read as ``not_asked``, and an
+error for a value no member has."""
+
+from __future__ import annotations
+
+import pytest
+
+from stopline.domain.model import CancelState
+from stopline.domain.vocab import Cancellable, OpStatus
+from stopline.ledger import rows
+
+
+def test_each_stored_value_reads_as_the_enum_reads_it() -> None:
+    assert all(rows._op_status(s.value) is s for s in OpStatus)
+    assert all(rows._cancellable(c.value) is c for c in Cancellable)
+    assert all(rows._cancel_state(c.value) is CancelState.parse(c.value) for c in CancelState)
+    assert rows._cancel_state("none") is CancelState.NOT_ASKED
+
+
+def test_a_value_no_member_has_is_refused() -> None:
+    with pytest.raises(ValueError, match="not_a_status"):
+        rows._op_status("not_a_status")
+    with pytest.raises(ValueError, match="sometimes"):
+        rows._cancellable("sometimes")
