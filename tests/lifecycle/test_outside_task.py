@@ -17,6 +17,7 @@ import stopline
 from stopline.ledger import open_backend
 from stopline.runtime.lifecycle import outside_task
 from tests.support.held import Held
+from tests.support.scopes import scope_cancels
 
 
 async def test_it_runs_in_no_task_and_hands_back_its_result() -> None:
@@ -56,35 +57,16 @@ async def test_a_cancelled_caller_still_gets_it_done() -> None:
 
 async def test_a_cancel_cuts_its_run_outside_the_cancellers_task(tmp_path: Path) -> None:
     """The run's scope is cancelled from no task: nothing of the canceller is formatted."""
-    scope_class = type(anyio.CancelScope())
-    original = scope_class.cancel
-    by: list[asyncio.Task[object] | None] = []
-
-    def cancel(self: anyio.CancelScope, reason: str | None = None) -> None:
-        by.append(asyncio.current_task())
-        original(self, reason)
-
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}?cancel_poll_ms=0") as ledger:
         held = Held(ledger)
-        scope_class.cancel = cancel  # type: ignore[method-assign]
-        try:
+        with scope_cancels() as by:
             await held.cancelled()
-        finally:
-            scope_class.cancel = original  # type: ignore[method-assign]
     assert by and by[0] is None
 
 
 async def test_a_notified_cancel_is_cut_outside_the_watchs_task(tmp_path: Path) -> None:
     """A cancel committed by another backend on the file, delivered by the watch."""
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    scope_class = type(anyio.CancelScope())
-    original = scope_class.cancel
-    by: list[asyncio.Task[object] | None] = []
-
-    def cancel(self: anyio.CancelScope, reason: str | None = None) -> None:
-        by.append(asyncio.current_task())
-        original(self, reason)
-
     async with stopline.open(url) as ledger:
         held = Held(ledger)
         other = await open_backend(url)
@@ -92,10 +74,9 @@ async def test_a_notified_cancel_is_cut_outside_the_watchs_task(tmp_path: Path) 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(held.workflow)
                 await held.entered.wait()
-                scope_class.cancel = cancel  # type: ignore[method-assign]
-                await other.cancel(held.ids[0], by="u")
-                await held.interrupted.wait()
+                with scope_cancels() as by:
+                    await other.cancel(held.ids[0], by="u")
+                    await held.interrupted.wait()
         finally:
-            scope_class.cancel = original  # type: ignore[method-assign]
             await other.close()
     assert by and by[0] is None

@@ -10,7 +10,6 @@ by the cancelling task), not timed; either way every call in flight is interrupt
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +18,11 @@ import pytest
 
 import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
+from tests.support.scopes import scope_cancels
 
 CHILDREN = 12
 
 Child = Callable[[stopline.Run, int], Coroutine[Any, Any, None]]
-
-
-@contextmanager
-def counting_scope_cancels() -> Iterator[list[int]]:
-    """Count ``CancelScope.cancel`` calls made by the current task (the canceller), or
-    for it outside any task (on asyncio its cut runs as a callback: ``outside_task``)."""
-    scope_class = type(anyio.CancelScope())
-    original = scope_class.cancel
-    me = anyio.get_current_task().id
-    made: list[int] = []
-
-    def cancel(self: Any, reason: str | None = None) -> None:
-        try:
-            by = anyio.get_current_task().id
-        except RuntimeError:  # no task: the canceller's cut, run for it
-            by = me
-        if by == me:
-            made.append(1)
-        original(self, reason)
-
-    scope_class.cancel = cancel  # type: ignore[method-assign]
-    try:
-        yield made
-    finally:
-        scope_class.cancel = original  # type: ignore[method-assign]
 
 
 class Tree:
@@ -113,8 +88,11 @@ async def cancel_tree(tmp_path: Path, *, inside: bool, child: str = "child") -> 
 
             outside.start_soon(root)
             await tree.all_in.wait()
-            with counting_scope_cancels() as made:
+            me = anyio.get_current_task().id
+            with scope_cancels() as by:
                 await ledger.cancel(root_id[0], by="u")
+            # the canceller's own, or made for it outside any task (its cut: outside_task)
+            made = [task for task in by if task is None or task == me]
         receipt = await ledger.wait_settled(root_id[0], timeout=30)
     assert tree.interrupted == CHILDREN  # every call in flight, whichever way it was reached
     assert receipt.run_state is RunState.CANCELLED
