@@ -165,9 +165,7 @@ class OperationLine:
     status_words: str
     provider_cancel: str
     recovery: str
-    # as recorded: a ledger's records decode it on first use, so a long run's receipt
-    # decodes only the evidence that is shown
-    evidence: Sequence[Evidence]
+    evidence: tuple[Evidence, ...]
     # the response is in hand and its record queued, not yet durable (ADR 0022)
     recording: bool = False
 
@@ -253,7 +251,7 @@ def _line(op: OperationRecord, recording: bool) -> OperationLine:
         status_words=_RECORDING_WORDS if recording else _status_words(op),
         provider_cancel=_cancel_words(op),
         recovery=_recovery(op),
-        evidence=tuple(op.evidence) if isinstance(op.evidence, list) else op.evidence,
+        evidence=tuple(op.evidence),
         recording=recording,
     )
 
