@@ -4,6 +4,8 @@ error for a value no member has."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from stopline.domain.model import CancelState
@@ -23,3 +25,26 @@ def test_a_value_no_member_has_is_refused() -> None:
         rows._op_status("not_a_status")
     with pytest.raises(ValueError, match="sometimes"):
         rows._cancellable("sometimes")
+
+
+def test_lazy_evidence_is_copied_by_the_tuples_own_iterator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receipt copies each operation's evidence into its line: through the decoded
+    tuple's iterator, not ``Sequence``'s index-by-index one (an item, then an
+    ``IndexError``). Counted, not timed."""
+    raw = '[{"kind":"local","ref":"gate"},{"kind":"response_digest","ref":"sha256:ab"}]'
+    evidence = rows.LazyEvidence(raw)
+    indexed: list[object] = []
+    by_index = rows.LazyEvidence.__getitem__
+
+    def counted(self: rows.LazyEvidence, index: Any) -> Any:
+        indexed.append(index)
+        return by_index(self, index)
+
+    monkeypatch.setattr(rows.LazyEvidence, "__getitem__", counted)
+    copied = tuple(evidence)
+    backwards = list(reversed(evidence))
+    assert indexed == []
+    assert [e.ref for e in copied] == ["gate", "sha256:ab"]
+    assert backwards == list(copied)[::-1]

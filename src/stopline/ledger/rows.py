@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
@@ -154,6 +154,14 @@ class LazyEvidence(Sequence[Evidence]):
 
     def __len__(self) -> int:
         return len(self._decoded())
+
+    # the tuple's own iterators: ``Sequence``'s index each item and end on an IndexError
+    # (most of copying a long run's evidence into its receipt's lines)
+    def __iter__(self) -> Iterator[Evidence]:
+        return iter(self._decoded())
+
+    def __reversed__(self) -> Iterator[Evidence]:
+        return reversed(self._decoded())
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence):
