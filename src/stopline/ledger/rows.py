@@ -156,7 +156,7 @@ class LazyEvidence(Sequence[Evidence]):
         return len(self._decoded())
 
     # the tuple's own iterators: ``Sequence``'s index each item and end on an IndexError
-    # (most of copying a long run's evidence into its receipt's lines)
+    # (a receipt copies every record's evidence into its line)
     def __iter__(self) -> Iterator[Evidence]:
         return iter(self._decoded())
 
