@@ -121,3 +121,47 @@ async def test_a_cancels_fence_commits_without_the_jobs_queued_after_it(tmp_path
         await backend.close()
     assert fenced is not RunState.RUNNING
     assert seen == [fenced.value]  # committed before the later job ran
+
+
+async def test_a_cancels_fence_commits_before_the_waiting_jobs_queued_ahead_of_it(
+    tmp_path: Path,
+) -> None:
+    """In a busy process the fence queues behind the other runs' calls: it commits
+    before those whose callers still wait (concurrent with it, either order is one
+    the ledger allows), never before a deferred outcome, which everything the process
+    does later must see."""
+    backend = await _backend(tmp_path / "l.db", 60_000)
+    held, release = threading.Event(), threading.Event()
+    seen: dict[str, str] = {}
+    recorded = anyio.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        release.wait()
+
+    def saw(name: str) -> Callable[[sqlite3.Connection], None]:
+        def look(conn: sqlite3.Connection) -> None:
+            seen[name] = conn.execute("SELECT state FROM runs").fetchone()[0]
+
+        return look
+
+    async def queued(n: int) -> None:
+        while backend._writer._queue.qsize() < n:
+            await anyio.lowlevel.checkpoint()
+
+    try:
+        await backend.create_run(RunSpec("r1", "r", "u", "t"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(backend.transact, hold)
+            await anyio.to_thread.run_sync(held.wait)
+            backend._writer.enqueue(saw("deferred"), lambda outcome: recorded.set())
+            tg.start_soon(backend.transact, saw("waiting"))
+            await queued(2)
+            tg.start_soon(functools.partial(backend.cancel, "r1", by="u"))
+            await queued(3)
+            release.set()
+            await recorded.wait()
+    finally:
+        release.set()
+        await backend.close()
+    assert seen == {"deferred": "running", "waiting": "cancelling"}

@@ -8,7 +8,9 @@ only then wakes the callers: a caller never sees a result that is not yet
 durable. One thread hop per transaction, as STYLE.md asks, and under
 concurrency one fsync for many intents. A *prompt* job (a cancel's fence, which
 interrupts nothing until it is durable) ends the batch it joins: what was queued
-after it commits in the next one, so its caller never waits for later work.
+after it commits in the next one, so its caller never waits for later work. It
+also commits before the jobs queued ahead of it whose callers still wait (never
+before a deferred one): in a busy process those are the other runs' calls.
 
 Waking works on asyncio (``call_soon_threadsafe``) and trio (the trio token).
 
@@ -257,8 +259,8 @@ class Writer:
                 stop = self._take_waiting(batch)
                 if not stop and batch and all(job.deferred for job in batch):
                     stop = self._linger_for_company(batch)
-                if batch:
-                    self._serve(batch)
+                for part in _prompt_first(batch):
+                    self._serve(part)
                 if stop:
                     return
         except BaseException as exc:  # not a storage error (those end one batch): a bug
@@ -408,6 +410,21 @@ class Writer:
                     self._held.append(job)
             else:
                 job.error = mapped
+
+
+def _prompt_first(batch: list[_Job[Any]]) -> list[list[_Job[Any]]]:
+    """The transactions to run a batch in, in order. A batch ending in a prompt job runs
+    it first, with the deferred jobs queued before it (outcomes whose callers went on:
+    everything the process does later must see them), then the jobs whose callers still
+    wait. Those were queued concurrently with it (a caller waiting on its job cannot
+    have queued the prompt one), so either order is one the ledger allows, as it does
+    between PostgreSQL's connections."""
+    if not batch or not batch[-1].prompt:
+        return [batch] if batch else []
+    waiting = [job for job in batch[:-1] if not job.deferred]
+    if not waiting:
+        return [batch]
+    return [[job for job in batch if job.deferred or job is batch[-1]], waiting]
 
 
 def _wake_all(batch: list[_Job[Any]]) -> None:
