@@ -33,6 +33,7 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
         "gate_sqlite_wal_pages",
         "gate_sqlite_concurrent_ops_per_s",
         "cancel_inprocess_p99_ms",
+        "cancel_inprocess_busy_p99_ms",
     }
     assert all(f.value > 0 and f.baseline for f in figures.values())
     split = re.search(
@@ -48,3 +49,10 @@ async def test_the_core_figures_each_have_a_same_run_baseline_and_the_cancel_its
     floor = re.search(r"p50 ([\d.]+) ms, p99 ([\d.]+) ms$", figures["cancel_inprocess_p99_ms"].note)
     assert floor is not None
     assert 0 < float(floor[1]) <= float(floor[2])
+    # the same cancel in a busy process: the others' calls went on meanwhile, and its
+    # baseline is the idle figure of this run
+    busy = figures["cancel_inprocess_busy_p99_ms"]
+    assert busy.baseline == cancel.value
+    meanwhile = re.search(r"\(([\d,]+) calls/s meanwhile\); p50 ([\d.]+) ms", busy.note)
+    assert meanwhile is not None and int(meanwhile[1].replace(",", "")) > 0
+    assert 0 < float(meanwhile[2]) <= busy.value

@@ -219,6 +219,9 @@ def _insert_bare(conn: sqlite3.Connection, op_id: str) -> None:
     conn.execute("INSERT INTO bare_ops2 VALUES (?)", (op_id,))
 
 
+BUSY = 20  # the other runs of a busy process, each calling back to back
+
+
 async def _cancel_latencies(url: str, n: int) -> list[float]:
     async with stopline.open(url) as ledger:
         with quiet_heap():
@@ -252,6 +255,31 @@ async def _one_cancel(ledger: stopline.Ledger) -> float:
         start = time.perf_counter()
         await ledger.cancel(ids[0], by="bench")
     return marks["interrupted"] - start
+
+
+async def _busy_cancel_latencies(url: str, n: int, busy: int) -> tuple[list[float], float]:
+    """``_one_cancel`` while ``busy`` other runs of the process make gated calls back to
+    back: what a cancel waits for in a working process (the writer's queue, the loop).
+    Also the calls per second the busy runs made meanwhile."""
+    calls = 0
+    stop = anyio.Event()
+
+    async def work(ledger: stopline.Ledger) -> None:
+        nonlocal calls
+        async with ledger.run("busy", owner="bench") as run:
+            while not stop.is_set():
+                await run.call(_noop, calls)
+                calls += 1
+
+    async with stopline.open(url) as ledger, anyio.create_task_group() as tg:
+        for _ in range(busy):
+            tg.start_soon(work, ledger)
+        with quiet_heap():
+            start, before = time.perf_counter(), calls
+            samples = [await _one_cancel(ledger) for _ in range(n)]
+            rate = (calls - before) / (time.perf_counter() - start)
+        stop.set()
+    return samples, rate
 
 
 async def _one_task_cancel() -> float:
@@ -288,6 +316,7 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
     pages, bare_pages = await wal_pages(workdir)
     samples = 3 * P99_MIN_SAMPLES  # in quick mode as in full
     cancels = await _cancel_latencies(f"sqlite:///{workdir / 'cancel.db'}", samples)
+    busy, rate = await _busy_cancel_latencies(f"sqlite:///{workdir / 'busy.db'}", samples, BUSY)
     with quiet_heap():
         task_cancels = [await _one_task_cancel() for _ in range(samples)]
     return [
@@ -345,5 +374,15 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             f"p50 {median(cancels) * 1e3:.2f} ms); baseline: bare task cancel; the floor, one "
             "bare durable txn here: "
             f"p50 {percentile(bare, 50) * 1e3:.2f} ms, p99 {percentile(bare, 99) * 1e3:.2f} ms",
+        ),
+        Figure(
+            "cancel_inprocess_busy_p99_ms",
+            percentile(busy, 99) * 1e3,
+            "ms",
+            percentile(cancels, 99) * 1e3,
+            "",
+            f"the same cancel while {BUSY} other runs of the process make gated calls back "
+            f"to back ({rate:,.0f} calls/s meanwhile); p50 {median(busy) * 1e3:.2f} ms; "
+            "baseline: cancel_inprocess_p99_ms, the process otherwise idle",
         ),
     ]
