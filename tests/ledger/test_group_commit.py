@@ -85,39 +85,55 @@ def _commits_into(commits: list[str]) -> Callable[[str], None]:
     return trace
 
 
+class _HeldWriter:
+    """The writer thread held by a job until ``release``: the jobs after it queue."""
+
+    def __init__(self, backend: SQLiteBackend) -> None:
+        self.backend = backend
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def _hold(self, conn: sqlite3.Connection) -> None:
+        self.entered.set()
+        self.release.wait()
+
+    async def start(self, tg: anyio.abc.TaskGroup) -> None:
+        tg.start_soon(self.backend.transact, self._hold)
+        await anyio.to_thread.run_sync(self.entered.wait)
+
+    async def queued(self, n: int) -> None:
+        """Until ``n`` jobs wait behind the held one."""
+        while self.backend._writer._queue.qsize() < n:
+            await anyio.lowlevel.checkpoint()
+
+
+def _state(conn: sqlite3.Connection) -> str:
+    return str(conn.execute("SELECT state FROM runs").fetchone()[0])
+
+
 async def test_a_cancels_fence_commits_without_the_jobs_queued_after_it(tmp_path: Path) -> None:
     """A cancel interrupts nothing until its fence is durable: work queued after it
     commits in the next transaction, so it never delays the fence's commit."""
     path = tmp_path / "l.db"
     backend = await _backend(path, 2)
-    held, release = threading.Event(), threading.Event()
+    writer = _HeldWriter(backend)
     seen: list[str] = []
-
-    def hold(conn: sqlite3.Connection) -> None:  # the writer busy: the next jobs queue
-        held.set()
-        release.wait()
 
     def later(conn: sqlite3.Connection) -> None:  # queued after the cancel
         with contextlib.closing(sqlite3.connect(path)) as reader:
-            seen.append(reader.execute("SELECT state FROM runs").fetchone()[0])
-
-    async def queued(n: int) -> None:
-        while backend._writer._queue.qsize() < n:
-            await anyio.lowlevel.checkpoint()
+            seen.append(_state(reader))
 
     try:
         await backend.create_run(RunSpec("r1", "r", "u", "t"))
         async with anyio.create_task_group() as tg:
-            tg.start_soon(backend.transact, hold)
-            await anyio.to_thread.run_sync(held.wait)
+            await writer.start(tg)
             tg.start_soon(functools.partial(backend.cancel, "r1", by="u"))
-            await queued(1)
+            await writer.queued(1)
             tg.start_soon(backend.transact, later)
-            await queued(2)
-            release.set()
+            await writer.queued(2)
+            writer.release.set()
         fenced = (await backend.get_run("r1")).state
     finally:
-        release.set()
+        writer.release.set()
         await backend.close()
     assert fenced is not RunState.RUNNING
     assert seen == [fenced.value]  # committed before the later job ran
@@ -131,37 +147,28 @@ async def test_a_cancels_fence_commits_before_the_waiting_jobs_queued_ahead_of_i
     the ledger allows), never before a deferred outcome, which everything the process
     does later must see."""
     backend = await _backend(tmp_path / "l.db", 60_000)
-    held, release = threading.Event(), threading.Event()
+    writer = _HeldWriter(backend)
     seen: dict[str, str] = {}
     recorded = anyio.Event()
 
-    def hold(conn: sqlite3.Connection) -> None:
-        held.set()
-        release.wait()
-
     def saw(name: str) -> Callable[[sqlite3.Connection], None]:
         def look(conn: sqlite3.Connection) -> None:
-            seen[name] = conn.execute("SELECT state FROM runs").fetchone()[0]
+            seen[name] = _state(conn)
 
         return look
-
-    async def queued(n: int) -> None:
-        while backend._writer._queue.qsize() < n:
-            await anyio.lowlevel.checkpoint()
 
     try:
         await backend.create_run(RunSpec("r1", "r", "u", "t"))
         async with anyio.create_task_group() as tg:
-            tg.start_soon(backend.transact, hold)
-            await anyio.to_thread.run_sync(held.wait)
+            await writer.start(tg)
             backend._writer.enqueue(saw("deferred"), lambda outcome: recorded.set())
             tg.start_soon(backend.transact, saw("waiting"))
-            await queued(2)
+            await writer.queued(2)
             tg.start_soon(functools.partial(backend.cancel, "r1", by="u"))
-            await queued(3)
-            release.set()
+            await writer.queued(3)
+            writer.release.set()
             await recorded.wait()
     finally:
-        release.set()
+        writer.release.set()
         await backend.close()
     assert seen == {"deferred": "running", "waiting": "cancelling"}
