@@ -212,7 +212,9 @@ class Writer:
         prompt: bool = False,
     ) -> _Job[T]:
         """Queue ``fn`` now, in order: a job queued later by this process (a read, the
-        next gate) runs after it and sees what it wrote.
+        next gate) runs after it and sees what it wrote. One exception, ``prompt``:
+        it may commit before jobs queued earlier whose callers still wait (never
+        before a deferred one; ``_prompt_first``).
 
         With ``then``, nobody waits: after the commit, ``then(outcome)`` runs on the
         caller's event loop (``outcome()`` returns the result or raises). A batch of
