@@ -15,7 +15,9 @@ import pytest
 
 import stopline
 from stopline.ledger import open_backend
-from stopline.runtime.lifecycle import outside_task
+from stopline.ledger.backend import RunSpec
+from stopline.runtime.lifecycle import Lifecycle, outside_task
+from stopline.testing import FakeProvider
 from tests.support.held import Held
 from tests.support.scopes import scope_cancels
 
@@ -80,3 +82,47 @@ async def test_a_notified_cancel_is_cut_outside_the_watchs_task(tmp_path: Path) 
         finally:
             await other.close()
     assert by and by[0] is None
+
+
+async def test_an_error_delivering_a_notified_cancel_is_logged_and_the_ledger_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery that raises is the loop's to report; the watch and the ledger's other
+    work go on (it used to end the ledger's task group)."""
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    reported: list[BaseException | None] = []
+    told = anyio.Event()
+
+    def report(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        error = context.get("exception")
+        reported.append(error if isinstance(error, BaseException) else None)
+        told.set()
+
+    def broken(self: Lifecycle, run_ids: object) -> set[str]:
+        raise RuntimeError("delivery broke")
+
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(report)
+    try:
+        async with stopline.open(url) as ledger:
+            other = await open_backend(url)
+            try:
+                await other.create_run(RunSpec("elsewhere", "r", "u", "t"))
+                with monkeypatch.context() as patched:
+                    patched.setattr(Lifecycle, "deliver_cancel", broken)
+                    await other.cancel("elsewhere", by="u")
+                    await told.wait()
+                # then a cancel the watch delivers whole, and a run of this process
+                held = Held(ledger)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(held.workflow)
+                    await held.entered.wait()
+                    await other.cancel(held.ids[0], by="u")
+                    await held.interrupted.wait()
+            finally:
+                await other.close()
+            async with ledger.run("after", owner="u") as run:
+                assert await run.call(FakeProvider("send").tool, 1) is not None
+    finally:
+        loop.set_exception_handler(None)
+    assert [str(e) for e in reported] == ["delivery broke"]
