@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -88,3 +88,56 @@ async def test_a_job_that_must_run_runs_though_its_caller_is_cancelled(writer: W
         scope.cancel()
         assert await writer.submit(outcome, must_run=True) == "written"
     assert ran == ["outcome"]
+
+
+async def test_a_prompt_job_on_a_full_disk_fails_alone_and_the_outcome_before_it_lands(
+    writer: Writer,
+) -> None:
+    """A cancel's fence runs first with the deferred outcomes queued before it, then the
+    jobs whose callers wait (ADR 0042). When the fence meets a full disk, its caller
+    gets the typed error alone: the outcome is written in a transaction of its own, as
+    any job of a failed batch is, and the waiting job runs after both and sees it."""
+    started, release = threading.Event(), threading.Event()
+    landed: list[int] = []
+    outcome_done = anyio.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(30)
+
+    def outcome(conn: sqlite3.Connection) -> int:  # deferred: its caller went on
+        conn.execute("INSERT INTO workers VALUES ('outcome', 'h', 1, 0, 0, 0)")
+        return 1
+
+    def then(result: Callable[[], int]) -> None:
+        landed.append(result())
+        outcome_done.set()
+
+    async def queued(n: int) -> None:
+        while writer._queue.qsize() < n:
+            await anyio.lowlevel.checkpoint()
+
+    answers: dict[str, object] = {}
+
+    async def waiting() -> None:
+        answers["waiting"] = await writer.submit(count_workers)
+
+    async def fence() -> None:
+        with pytest.raises(LedgerFull) as info:
+            await writer.submit(auto_rolled_back, prompt=True)
+        answers["fence"] = info.value
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.submit, hold)
+        await anyio.to_thread.run_sync(started.wait)
+        writer.enqueue(outcome, then)
+        tg.start_soon(waiting)
+        await queued(2)
+        tg.start_soon(fence)
+        await queued(3)
+        release.set()
+    await outcome_done.wait()
+    assert isinstance(answers["fence"], LedgerFull)
+    assert landed == [1]  # the outcome landed, not lost with the fence
+    assert answers["waiting"] == 1  # ran after both, and sees the outcome
+    assert await writer.submit(count_workers) == 1
