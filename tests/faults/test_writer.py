@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from stopline.errors import LedgerFull
 from stopline.ledger._writer import Writer
 from stopline.ledger.sqlite import SQLiteBackend
+from tests.support.writer import HeldWriter
 
 
 @pytest.fixture
@@ -45,25 +45,20 @@ async def test_a_failed_rollback_after_sqlites_own_is_one_typed_error(writer: Wr
 
 
 async def test_a_cancelled_caller_gives_up_and_its_queued_job_never_runs(writer: Writer) -> None:
-    started, release = threading.Event(), threading.Event()
+    held = HeldWriter(writer)
     ran: list[str] = []
-
-    def hold(conn: sqlite3.Connection) -> None:
-        started.set()
-        release.wait(30)
 
     def second(conn: sqlite3.Connection) -> None:
         ran.append("second")
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(writer.submit, hold)
-        await anyio.to_thread.run_sync(started.wait)  # `second` now queues behind `hold`
+        await held.start(tg)  # `second` now queues behind the held job
         writer.grace = 0  # a stuck writer: the cancelled caller gives up at once
         with anyio.CancelScope() as scope:
             scope.cancel()
             await writer.submit(second)
         assert scope.cancelled_caught  # the caller was not kept waiting
-        release.set()
+        held.release.set()
     assert await writer.submit(count_workers) == 0
     assert ran == []  # withdrawn before the thread took it: it never ran
 
@@ -97,13 +92,9 @@ async def test_a_prompt_job_on_a_full_disk_fails_alone_and_the_outcome_before_it
     jobs whose callers wait (ADR 0042). When the fence meets a full disk, its caller
     gets the typed error alone: the outcome is written in a transaction of its own, as
     any job of a failed batch is, and the waiting job runs after both and sees it."""
-    started, release = threading.Event(), threading.Event()
+    held = HeldWriter(writer)
     landed: list[int] = []
     outcome_done = anyio.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        started.set()
-        release.wait(30)
 
     def outcome(conn: sqlite3.Connection) -> int:  # deferred: its caller went on
         conn.execute("INSERT INTO workers VALUES ('outcome', 'h', 1, 0, 0, 0)")
@@ -112,10 +103,6 @@ async def test_a_prompt_job_on_a_full_disk_fails_alone_and_the_outcome_before_it
     def then(result: Callable[[], int]) -> None:
         landed.append(result())
         outcome_done.set()
-
-    async def queued(n: int) -> None:
-        while writer._queue.qsize() < n:
-            await anyio.lowlevel.checkpoint()
 
     answers: dict[str, object] = {}
 
@@ -128,14 +115,13 @@ async def test_a_prompt_job_on_a_full_disk_fails_alone_and_the_outcome_before_it
         answers["fence"] = info.value
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(writer.submit, hold)
-        await anyio.to_thread.run_sync(started.wait)
+        await held.start(tg)
         writer.enqueue(outcome, then)
         tg.start_soon(waiting)
-        await queued(2)
+        await held.queued(2)
         tg.start_soon(fence)
-        await queued(3)
-        release.set()
+        await held.queued(3)
+        held.release.set()
     await outcome_done.wait()
     assert isinstance(answers["fence"], LedgerFull)
     assert landed == [1]  # the outcome landed, not lost with the fence

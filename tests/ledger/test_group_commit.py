@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import sqlite3
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from stopline.ledger import open_backend
 from stopline.ledger.backend import RunSpec
 from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
+from tests.support.writer import HeldWriter
 
 
 async def _backend(path: Path, group_commit_ms: int) -> SQLiteBackend:
@@ -85,27 +85,6 @@ def _commits_into(commits: list[str]) -> Callable[[str], None]:
     return trace
 
 
-class _HeldWriter:
-    """The writer thread held by a job until ``release``: the jobs after it queue."""
-
-    def __init__(self, backend: SQLiteBackend) -> None:
-        self.backend = backend
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def _hold(self, conn: sqlite3.Connection) -> None:
-        self.entered.set()
-        self.release.wait()
-
-    async def start(self, tg: anyio.abc.TaskGroup) -> None:
-        tg.start_soon(self.backend.transact, self._hold)
-        await anyio.to_thread.run_sync(self.entered.wait)
-
-    async def queued(self, n: int) -> None:
-        """Until ``n`` jobs wait behind the held one."""
-        while self.backend._writer._queue.qsize() < n:
-            await anyio.lowlevel.checkpoint()
-
-
 def _state(conn: sqlite3.Connection) -> str:
     return str(conn.execute("SELECT state FROM runs").fetchone()[0])
 
@@ -115,7 +94,7 @@ async def test_a_cancels_fence_commits_without_the_jobs_queued_after_it(tmp_path
     commits in the next transaction, so it never delays the fence's commit."""
     path = tmp_path / "l.db"
     backend = await _backend(path, 2)
-    writer = _HeldWriter(backend)
+    writer = HeldWriter(backend._writer)
     seen: list[str] = []
 
     def later(conn: sqlite3.Connection) -> None:  # queued after the cancel
@@ -147,7 +126,7 @@ async def test_a_cancels_fence_commits_before_the_waiting_jobs_queued_ahead_of_i
     the ledger allows), never before a deferred outcome, which everything the process
     does later must see."""
     backend = await _backend(tmp_path / "l.db", 60_000)
-    writer = _HeldWriter(backend)
+    writer = HeldWriter(backend._writer)
     seen: dict[str, str] = {}
     recorded = anyio.Event()
 
