@@ -12,12 +12,14 @@ import enum
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stopline.domain import jsontext
 from stopline.domain.limits import check_id
 from stopline.domain.model import Evidence, _canonical, args_digest, digest, result_digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent
@@ -50,6 +52,38 @@ _values = st.recursive(
 @given(_values)
 def test_args_digest_fast_path_equals_the_canonical_form(value: Any) -> None:
     assert args_digest([[value], {"k": value}]) == _slow_args_digest([[value], {"k": value}])
+
+
+_SEP = (",", ":")
+# each of jsontext's encoders made once, and the ``json.dumps`` call it stands for
+_DUMPS: dict[Callable[[Any], str], Callable[[Any], str]] = {
+    jsontext.compact: lambda v: json.dumps(v, separators=_SEP),
+    jsontext.compact_or_str: lambda v: json.dumps(v, separators=_SEP, default=str),
+    jsontext.canonical: lambda v: json.dumps(v, sort_keys=True, separators=_SEP),
+    jsontext.canonical_or_repr: lambda v: json.dumps(
+        v, sort_keys=True, separators=_SEP, default=repr
+    ),
+}
+
+
+class _Opaque:
+    """Neither JSON nor anything ``json`` knows: only a ``default`` writes it (``str``
+    and ``repr`` apart, so which one is told)."""
+
+    def __str__(self) -> str:
+        return "opaque"
+
+
+@given(_values | st.builds(lambda v: [v, _Opaque()], _values))
+def test_json_text_encoders_write_what_json_dumps_writes(value: Any) -> None:
+    for encode, dumps in _DUMPS.items():
+        try:
+            expected = dumps(value)
+        except (TypeError, ValueError) as exc:  # not writable: the same error
+            with pytest.raises(type(exc)):
+                encode(value)
+            continue
+        assert encode(value) == expected
 
 
 class Colour(enum.IntEnum):

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stopline.domain import jsontext
 from stopline.domain.vocab import (
     Cancellable,
     Cause,
@@ -50,7 +51,7 @@ def digest(value: Any) -> str:
     Raises ``ValueError`` for a value that cannot be written at all (a
     self-referencing structure): the caller records that as its cause.
     """
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    text = jsontext.canonical_or_repr(value)
     return _sha(text)
 
 
@@ -62,7 +63,7 @@ def args_digest(value: Any) -> str:
     or a structure that refers to itself raises ``UnstableValue`` naming where.
     """
     plain = value if _plain(value, 4) else _canonical(value, "args", set())
-    return _sha(json.dumps(plain, sort_keys=True, separators=(",", ":")))
+    return _sha(jsontext.canonical(plain))
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})
@@ -90,7 +91,7 @@ def result_digest(value: Any) -> tuple[str, bool]:
 
     Raises ``ValueError`` as ``digest`` does."""
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        text = jsontext.canonical(value)
     except TypeError:  # not JSON: digested through repr, not replayable
         return digest(value), False
     return _sha(text), True

@@ -24,6 +24,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
+from stopline.domain import jsontext
 from stopline.domain.vocab import OpEvent, RunEvent
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
@@ -301,7 +302,7 @@ def _req(types: dict[str, str]) -> str:
 
 def many_rows(rows_: Sequence[dict[str, Any]]) -> dict[str, str]:
     """The parameters of a ``*_many`` statement: each operation's, as one JSON array."""
-    return {"rows": json.dumps(rows_, separators=(",", ":"))}
+    return {"rows": jsontext.compact(rows_)}
 
 
 @functools.cache

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+from stopline.domain import jsontext
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
 from stopline.domain.model import CancelState, EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
@@ -204,7 +205,7 @@ def event_from_row(row: Sequence[Any]) -> EventRecord:
 
 
 def dump_evidence(evidence: Sequence[Evidence]) -> str:
-    return json.dumps([e.to_json() for e in evidence], separators=(",", ":"))
+    return jsontext.compact([e.to_json() for e in evidence])
 
 
 def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
@@ -212,13 +213,13 @@ def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
     if not has_result:
         return None, False
     try:
-        return json.dumps(result, separators=(",", ":")), True
+        return jsontext.compact(result), True
     except (TypeError, ValueError):
         return None, False
 
 
 def dump_data(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"), default=str)
+    return jsontext.compact_or_str(data)
 
 
 def load_data(text: str) -> dict[str, Any]:
