@@ -8,16 +8,21 @@ caller waits for it shielded, and gets its result or its error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 from pathlib import Path
 
 import anyio
 import pytest
 
 import stopline
+from stopline.domain.vocab import Cause, OpStatus
 from stopline.ledger import open_backend
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.lifecycle import Lifecycle, outside_task
+from stopline.runtime.outcomes import INTERRUPTED
 from stopline.testing import FakeProvider
+from tests.postgres.server import fresh_schema
 from tests.support.held import Held
 from tests.support.scopes import scope_cancels
 
@@ -126,3 +131,39 @@ async def test_an_error_delivering_a_notified_cancel_is_logged_and_the_ledger_go
     finally:
         loop.set_exception_handler(None)
     assert [str(e) for e in reported] == ["delivery broke"]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_a_notified_cancel_under_plain_asyncio_records_what_it_interrupted(
+    tmp_path: Path, engine: str
+) -> None:
+    """An application's own ``asyncio.run``: no anyio runner has told sniffio which loop
+    this is, so anyio cannot start a task from a plain callback of the loop. The watch's
+    delivery runs in one (outside the watch's task); the rest of it (the interrupted
+    call's record, its provider asked) starts tasks all the same."""
+
+    async def scenario(url: str) -> stopline.Receipt:
+        async with stopline.open(url) as ledger:
+            held = Held(ledger)
+            other = await open_backend(url)
+            try:
+                with anyio.fail_after(10):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(held.workflow)
+                        await held.entered.wait()
+                        await other.cancel(held.ids[0], by="u")
+                    return await ledger.wait_settled(held.ids[0], timeout=10)
+            finally:
+                await other.close()
+
+    with contextlib.ExitStack() as stack:
+        if engine == "sqlite":
+            url = f"sqlite:///{tmp_path / 'l.db'}"
+        else:
+            url = stack.enter_context(contextlib.contextmanager(fresh_schema)())
+        # a thread of its own starts with an empty context, as an application's does
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            receipt = pool.submit(asyncio.run, scenario(url)).result(timeout=60)
+    (line,) = receipt.lines
+    assert line.status is OpStatus.NEEDS_REVIEW  # unknown (R3), and no read-back
+    assert (Cause.USER_CANCEL.value, INTERRUPTED) in [(e.ref, e.detail) for e in line.evidence]

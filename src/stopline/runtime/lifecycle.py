@@ -47,9 +47,21 @@ if TYPE_CHECKING:
     from stopline.runtime.core import Core
     from stopline.runtime.run import Run
 
-__all__ = ["ApprovalNeeded", "Lifecycle", "Resumed", "Retry", "outside_task"]
+__all__ = ["ApprovalNeeded", "Lifecycle", "Resumed", "Retry", "outside_task", "told_asyncio"]
 
 T = TypeVar("T")
+
+
+def told_asyncio(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with sniffio told the loop is asyncio, for a plain callback of the
+    loop. There sniffio finds no task to tell by, and under an application's own
+    ``asyncio.run`` no anyio runner has set its context variable: anyio could not start
+    a task or make a scope (what a delivery's records and asks do)."""
+    told = sniffio.current_async_library_cvar.set("asyncio")
+    try:
+        return fn(*args)
+    finally:
+        sniffio.current_async_library_cvar.reset(told)
 
 
 async def outside_task(fn: Callable[[], T]) -> T:
@@ -65,7 +77,7 @@ async def outside_task(fn: Callable[[], T]) -> T:
 
     def run() -> None:
         try:
-            box.append(fn())
+            box.append(told_asyncio(fn))
         except BaseException as exc:  # handed to the caller, raised there
             box.append(_Raised(exc))
         finally:
@@ -312,7 +324,7 @@ class Lifecycle:
         On asyncio, delivered in the loop's next turn, outside the watch's task
         (``outside_task``)."""
         if sniffio.current_async_library() == "asyncio":
-            asyncio.get_running_loop().call_soon(self.deliver_cancel, run_ids)
+            asyncio.get_running_loop().call_soon(told_asyncio, self.deliver_cancel, run_ids)
         else:
             self.deliver_cancel(run_ids)
 
