@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import queue
 import sqlite3
 import threading
@@ -38,6 +39,8 @@ import sniffio
 from stopline.errors import LedgerIOError
 
 __all__ = ["Writer"]
+
+log = logging.getLogger("stopline.ledger.sqlite")
 
 T = TypeVar("T")
 _MAX_BATCH = 256
@@ -55,6 +58,7 @@ class _Job(Generic[T]):
         fn: Callable[[sqlite3.Connection], T],
         then: Callable[[Callable[[], T]], None] | None = None,
         prompt: bool = False,
+        first: Callable[[T], None] | None = None,
     ) -> None:
         self.fn = fn
         self.prompt = prompt  # its batch takes nothing queued after it
@@ -72,23 +76,36 @@ class _Job(Generic[T]):
         self._finished = False
         self._waiter: Any = None
         self._loop: Any = None
+        owner: Any
+        done: Callable[[], None]
         if sniffio.current_async_library() == "asyncio":
             import asyncio
 
-            self._loop = asyncio.get_running_loop()
+            owner = self._loop = asyncio.get_running_loop()
             # wakes are grouped per loop: one call_soon_threadsafe per batch
-            done = self._set_finished if then is None else lambda: then(self.outcome)
-            self._wake: tuple[Any, Callable[[], None]] = (self._loop, done)
+            done = self._set_finished if then is None else functools.partial(then, self.outcome)
         else:
             import trio
 
-            token = trio.lowlevel.current_trio_token()
+            owner = trio.lowlevel.current_trio_token()
             if then is not None:
-                self._wake = (token, lambda: then(self.outcome))
+                done = functools.partial(then, self.outcome)
             else:
-                event = trio.Event()
-                self._event = event
-                self._wake = (token, event.set)
+                self._event = trio.Event()
+                done = self._event.set
+        if first is not None:  # on the caller's loop, before the caller is woken
+            done = functools.partial(self._committed_first, first, done)
+        self._wake: tuple[Any, Callable[[], None]] = (owner, done)
+
+    def _committed_first(self, first: Callable[[T], None], wake: Callable[[], None]) -> None:
+        """On the loop, before the caller is woken: ``first(result)`` if it committed."""
+        try:
+            if self.error is None:
+                first(self.result)
+        except Exception:  # the caller's hook: never a reason not to wake the caller
+            log.exception("writer: a job's committed hook failed")
+        finally:
+            wake()
 
     def _set_finished(self) -> None:
         """On the loop: the thread is done with it; wake the wait, if one is on."""
@@ -178,7 +195,12 @@ class Writer:
             raise self._startup_error
 
     async def submit(
-        self, fn: Callable[[sqlite3.Connection], T], *, must_run: bool = False, prompt: bool = False
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        must_run: bool = False,
+        prompt: bool = False,
+        first: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``fn`` in a transaction; the result is durable when this returns.
 
@@ -190,8 +212,10 @@ class Writer:
         withdrawn and never runs. ``must_run`` (an outcome that must not be
         lost) is waited for to the end; the thread cannot die, so that ends.
         ``prompt``: its batch ends with it (the jobs queued after it, in the next).
+        ``first(result)``: called on the caller's loop once it has committed, before
+        the caller is woken (its errors are logged; the caller is woken all the same).
         """
-        job = self.enqueue(fn, prompt=prompt)
+        job = self.enqueue(fn, prompt=prompt, first=first)
         if must_run:
             return await job.result_when_done()
         try:
@@ -210,6 +234,7 @@ class Writer:
         then: Callable[[Callable[[], T]], None] | None = None,
         *,
         prompt: bool = False,
+        first: Callable[[T], None] | None = None,
     ) -> _Job[T]:
         """Queue ``fn`` now, in order: a job queued later by this process (a read, the
         next gate) runs after it and sees what it wrote. One exception, ``prompt``:
@@ -225,7 +250,7 @@ class Writer:
             raise RuntimeError("the ledger is closed")
         if self._stopped is not None:
             raise self._stopped
-        job: _Job[T] = _Job(fn, then, prompt)
+        job: _Job[T] = _Job(fn, then, prompt, first)
         self._queue.put(job)
         if self._stopped is not None:  # stopped meanwhile: nobody will take it
             self._drain(self._stopped)

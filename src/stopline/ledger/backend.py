@@ -19,6 +19,7 @@ unchanged against every backend.
 from __future__ import annotations
 
 import abc
+import contextvars
 import dataclasses
 import enum
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -49,6 +50,7 @@ from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
+    "FENCE_COMMITTED",
     "Backend",
     "Gate",
     "GateResult",
@@ -66,6 +68,15 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 E = TypeVar("E", bound=Exception)
+
+# Set by the runtime in the task that calls ``cancel`` (ADR 0043): a backend that sees
+# the fence's commit outside that task (SQLite's writer thread, waking the loop) calls
+# it there, on the loop, with the result, before the task resumes; the runtime cuts
+# the interrupted calls then, a loop turn or two sooner. A backend whose commit returns
+# in the calling task (PostgreSQL) leaves it; the runtime then cuts after the return.
+FENCE_COMMITTED: contextvars.ContextVar[Callable[[CancelResult], None] | None] = (
+    contextvars.ContextVar("stopline_fence_committed", default=None)
+)
 
 
 async def _each(

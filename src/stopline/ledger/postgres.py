@@ -1,12 +1,11 @@
 """The shared PostgreSQL ledger: many workers on many hosts, one contract.
 
-``postgresql://user@host:5432/db?schema=NAME`` opens it (psycopg 3, async, a
-connection pool; asyncio only, as psycopg's async driver is). Besides libpq's
-own parameters the URL takes ``schema`` (created if missing; the ledger's
-tables live there), ``pool_min``/``pool_max``, ``retry_for`` (seconds a
-transaction is retried across connection loss or failover, default 10) and
-``group_commit_ms`` (how long a deferred outcome waits for a transaction to
-ride before committing alone, default 2).
+``postgresql://user@host:5432/db?schema=NAME`` opens it (psycopg 3, async, a connection
+pool; asyncio only, as psycopg's async driver is). Besides libpq's own parameters the URL
+takes ``schema`` (created if missing; the ledger's tables live there), ``pool_min``/
+``pool_max``, ``retry_for`` (seconds a transaction is retried across connection loss or
+failover, default 10) and ``group_commit_ms`` (how long a deferred outcome waits for a
+transaction to ride before committing alone, default 2).
 
 Gates and outcomes go through the group commit (``postgres_batch``): many
 callers' writes in one transaction, a lone caller's alone, on a connection
@@ -331,6 +330,7 @@ class PostgresBackend(SqlBackend):
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
         prompt: bool = False,  # a cancel has its own transaction here (``cancel``)
+        committed: Callable[[T], None] | None = None,  # its commit returns in the caller
     ) -> T:
         settle = None if outcome is None else outcome_landed(*outcome)
         return await self._tx(body, safe=safe, settle=settle)

@@ -207,12 +207,14 @@ class SQLiteBackend(SqlBackend):
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
         prompt: bool = False,
+        committed: Callable[[T], None] | None = None,
     ) -> T:
         # an outcome, once asked for, is written even if its caller is cancelled meanwhile
         return await self._writer.submit(
             lambda conn: run_sync(body(SQLiteDb(conn, self.location))),
             must_run=bool(outcome),
             prompt=prompt,
+            first=committed,  # in the writer's wake of the loop, before the caller
         )
 
     async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:

@@ -28,6 +28,7 @@ from stopline.domain.lifecycle import (
     Action,
     ApprovalRecord,
     ApprovalStatus,
+    CancelResult,
     Checkpoint,
     Principal,
 )
@@ -41,6 +42,7 @@ from stopline.errors import (
     RunEnded,
     UnknownRun,
 )
+from stopline.ledger.backend import FENCE_COMMITTED
 
 if TYPE_CHECKING:
     from stopline.runtime.context import CallContext
@@ -162,6 +164,27 @@ class _Cut:
     interrupted: list[CallContext]  # their calls in flight: recorded by the cancel
 
 
+class _EarlyCut:
+    """A cancel's cut made as its fence commits (``FENCE_COMMITTED``, ADR 0043): on the
+    loop, outside any task, before the canceller resumes; only while it still waits."""
+
+    __slots__ = ("cut", "error", "open", "take")
+
+    def __init__(self, take: Callable[[Sequence[str]], _Cut]) -> None:
+        self.take = take  # ``Lifecycle._cut``
+        self.open = True
+        self.cut: _Cut | None = None
+        self.error: BaseException | None = None
+
+    def __call__(self, result: CancelResult) -> None:
+        if not self.open:  # its canceller went on without it: delivered as others are
+            return
+        try:
+            self.cut = told_asyncio(self.take, result.fenced)
+        except BaseException as exc:  # handed to the canceller, raised there
+            self.error = exc
+
+
 class Lifecycle:
     """Authority, cancel, pause, resume and approvals, over the runtime's ``Core``."""
 
@@ -211,8 +234,23 @@ class Lifecycle:
         principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
-        result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
-        cut = await self._cut_first(result.fenced)
+        early = _EarlyCut(self._cut) if sniffio.current_async_library() == "asyncio" else None
+        hooked = FENCE_COMMITTED.set(early)
+        try:
+            result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
+        except BaseException:
+            if early is not None and early.cut is not None:
+                self._follow(early.cut)  # what was cut is followed whatever comes after
+            raise
+        finally:
+            if early is not None:
+                early.open = False
+            FENCE_COMMITTED.reset(hooked)
+        if early is not None and early.error is not None:
+            raise early.error
+        cut = early.cut if early is not None else None
+        if cut is None:  # the backend made no cut as it committed
+            cut = await self._cut_first(result.fenced)
         interrupted, asked = self._follow(cut)
         for released in result.released:
             core.changed(released)

@@ -1,6 +1,7 @@
 """``SqlBackend``: the ``Backend`` seam served by the engine's transaction bodies.
 
-A concrete backend supplies ``_execute(body, safe=..., outcome=..., prompt=...)``:
+A concrete backend supplies ``_execute(body, safe=..., outcome=..., prompt=...,
+committed=...)``:
 run ``body(db)`` as one transaction on one of its connections. ``safe`` says the
 body may run again after a lost reply (a read, or an idempotent write); a
 backend that cannot lose a reply (SQLite's writer thread) ignores it.
@@ -8,7 +9,10 @@ backend that cannot lose a reply (SQLite's writer thread) ignores it.
 waits for it even for a cancelled caller; PostgreSQL settles a lost reply by
 reading the status back. ``prompt`` marks a cancel's fence, which interrupts
 nothing until it is durable: SQLite commits it without the jobs queued after
-it; a backend whose transactions are not shared ignores it. Every method below
+it; a backend whose transactions are not shared ignores it. ``committed`` is
+called with the result on the loop once it commits, before the caller resumes,
+by a backend that sees the commit outside the caller's task (SQLite); others
+ignore it. Every method below
 is that one line: the rules live in the bodies, written once.
 """
 
@@ -22,7 +26,14 @@ from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, InvalidInput, UnknownOperation, UnknownRun
-from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
+from stopline.ledger.backend import (
+    FENCE_COMMITTED,
+    Backend,
+    GateResult,
+    Note,
+    OutcomeUpdate,
+    RunSpec,
+)
 from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine import fence, reads, runs, truth
 from stopline.ledger.engine.db import Db
@@ -44,10 +55,13 @@ class SqlBackend(Backend):
         safe: bool = False,
         outcome: tuple[str, OutcomeUpdate] | None = None,
         prompt: bool = False,
+        committed: Callable[[T], None] | None = None,
     ) -> T:
         """Run ``body`` as one transaction; ``safe``: it may run again after a lost reply;
         ``outcome``: it records this ``(op id, update)``, which must not be lost;
-        ``prompt``: its caller acts once it is durable, so nothing queued later delays it."""
+        ``prompt``: its caller acts once it is durable, so nothing queued later delays it;
+        ``committed(result)``: called on the loop as soon as it committed, before the
+        caller resumes, by a backend that sees the commit outside the caller's task."""
 
     # -- runs ----------------------------------------------------------------------
     async def create_run(self, spec: RunSpec) -> RunRecord:
@@ -150,7 +164,10 @@ class SqlBackend(Backend):
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         # idempotent (R7): a retry after a doubt finds it done and says so
         return await self._execute(
-            lambda db: fence.cancel(db, run_id, by, reason), safe=True, prompt=True
+            lambda db: fence.cancel(db, run_id, by, reason),
+            safe=True,
+            prompt=True,
+            committed=FENCE_COMMITTED.get(),
         )
 
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
