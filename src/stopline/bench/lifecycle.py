@@ -3,7 +3,7 @@
 ``cancel_tree_10k_ms``: a run owning 10,000 child runs, each with a call in
 flight (an ``immediate`` phase); from ``cancel()`` to the fence durable for
 all of them and every in-flight call interrupted; the note says when the fence
-was durable (the backend's ``cancel`` returned, seen through an observer).
+was durable (its commit seen on the loop, through an observer's hook).
 Baseline: cancelling 10,000 bare tasks in one task group, in the same run.
 Both windows start on a quiet heap (``figures.quiet_heap``).
 """
@@ -20,6 +20,7 @@ import anyio.lowlevel
 import stopline
 from stopline.bench.figures import Figure, quiet_heap
 from stopline.domain.lifecycle import CancelResult
+from stopline.ledger.backend import FENCE_COMMITTED
 from stopline.ledger.forwarding import ForwardingBackend
 
 __all__ = ["measure"]
@@ -27,7 +28,7 @@ __all__ = ["measure"]
 
 @dataclasses.dataclass(frozen=True)
 class _Cancelled:
-    """From ``cancel()``: the fence durable (the backend's ``cancel`` returned), and the
+    """From ``cancel()``: the fence durable (its commit seen on the loop), and the
     last in-flight call interrupted."""
 
     durable: float
@@ -57,9 +58,24 @@ async def _tree(url: str, children: int) -> _Cancelled:
     durable: list[float] = []
 
     class Fence(ForwardingBackend):
+        """Stamps the fence's commit as the loop sees it: in the hook the backend calls
+        there, before it cuts (ADR 0043), else when the backend's cancel returns."""
+
         async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
-            result = await self.inner.cancel(run_id, by=by, reason=reason)
-            durable.append(time.perf_counter())
+            cut = FENCE_COMMITTED.get()
+
+            def stamped(result: CancelResult) -> None:
+                durable.append(time.perf_counter())
+                if cut is not None:
+                    cut(result)
+
+            hooked = FENCE_COMMITTED.set(stamped)
+            try:
+                result = await self.inner.cancel(run_id, by=by, reason=reason)
+            finally:
+                FENCE_COMMITTED.reset(hooked)
+            if not durable:
+                durable.append(time.perf_counter())
             return result
 
     async with stopline.open(url, observers=[Fence]) as ledger:
