@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -66,3 +67,29 @@ def ledger_url(tmp_path: Path, ledger_backend: str) -> Iterator[str]:
 async def ledger(ledger_url: str) -> AsyncIterator[stopline.Ledger]:
     async with stopline.open(ledger_url, verify=FAST_VERIFY) as opened:
         yield opened
+
+
+@pytest.fixture
+async def _as_an_application(anyio_backend: str) -> AsyncIterator[None]:
+    """An async test runs as an application's own ``asyncio.run`` would: anyio's runner
+    tells sniffio the loop (a context variable), and an application's loop does not.
+    Inside a task sniffio tells asyncio anyway; in a plain callback of the loop it
+    cannot, and anyio then cannot start a task or make a scope there. Under the
+    runner's word a callback that needs it passed every test and failed in
+    applications (ADR 0042, addendum)."""
+    import sniffio
+
+    if anyio_backend != "asyncio":
+        yield
+        return
+    told = sniffio.current_async_library_cvar.set(None)
+    try:
+        yield
+    finally:
+        sniffio.current_async_library_cvar.reset(told)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # async tests only: a sync one runs its own loop, if any
+        if inspect.iscoroutinefunction(getattr(item, "obj", None)):
+            item.fixturenames.append("_as_an_application")  # type: ignore[attr-defined]
