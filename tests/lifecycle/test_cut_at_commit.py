@@ -8,11 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-import anyio
 import pytest
 
 import stopline
-from stopline import PhaseKind, Policy
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import RunRecord
 from stopline.domain.vocab import Cause, OpStatus
@@ -23,42 +21,21 @@ from tests.support.held import Held
 
 
 async def test_the_call_sees_its_cancel_before_the_canceller_resumes(tmp_path: Path) -> None:
-    order: list[str] = []
-    entered = anyio.Event()
+    """When the backend's cancel returns (to an observer), the call has seen its cancel
+    already. Before, the canceller resumed first and cut the call a loop turn later."""
+    seen_on_return: list[bool] = []
 
     class Returns(ForwardingBackend):
         async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
             result = await self.inner.cancel(run_id, by=by, reason=reason)
-            order.append("the backend's cancel returned")
+            seen_on_return.append(held.interrupted.is_set())
             return result
 
-    @stopline.tool
-    async def hold(ctx: stopline.CallContext) -> None:
-        entered.set()
-        try:
-            await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            order.append("the call interrupted")
-            raise
-
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", observers=[Returns]) as ledger:
-        ids: list[str] = []
-
-        async def workflow() -> None:
-            async with (
-                ledger.run("r", owner="u") as run,
-                run.phase(PhaseKind.READING, Policy.IMMEDIATE),
-            ):
-                ids.append(run.id)
-                await run.call(hold)
-
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(workflow)
-                await entered.wait()
-                await ledger.cancel(ids[0], by="u")
-    # before: the canceller resumed, then cut the call a loop turn later
-    assert order == ["the call interrupted", "the backend's cancel returned"]
+        held = Held(ledger)
+        async with held.in_flight():
+            await ledger.cancel(held.ids[0], by="u")
+    assert seen_on_return == [True]
 
 
 async def test_what_was_cut_is_recorded_though_the_cancel_then_fails(tmp_path: Path) -> None:
@@ -72,13 +49,10 @@ async def test_what_was_cut_is_recorded_though_the_cancel_then_fails(tmp_path: P
 
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", observers=[Fails]) as ledger:
         held = Held(ledger)
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(held.workflow)
-                await held.entered.wait()
-                with pytest.raises(RuntimeError, match="observer broke"):
-                    await ledger.cancel(held.ids[0], by="u")
-            receipt = await ledger.wait_settled(held.ids[0], timeout=30)
+        async with held.in_flight():
+            with pytest.raises(RuntimeError, match="observer broke"):
+                await ledger.cancel(held.ids[0], by="u")
+        receipt = await ledger.wait_settled(held.ids[0], timeout=30)
     (line,) = receipt.lines
     assert line.status is OpStatus.NEEDS_REVIEW  # unknown (R3), and no read-back
     assert (Cause.USER_CANCEL.value, INTERRUPTED) in [(e.ref, e.detail) for e in line.evidence]
@@ -99,13 +73,10 @@ async def test_an_error_cutting_at_commit_reaches_the_canceller(
     monkeypatch.setattr(Lifecycle, "_cut", breaks_once)
     async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
         held = Held(ledger)
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(held.workflow)
-                await held.entered.wait()
-                with pytest.raises(LookupError, match="cut broke"):
-                    await ledger.cancel(held.ids[0], by="u")
-                await ledger.cancel(held.ids[0], by="u")  # again: idempotent, and cut
+        async with held.in_flight():
+            with pytest.raises(LookupError, match="cut broke"):
+                await ledger.cancel(held.ids[0], by="u")
+            await ledger.cancel(held.ids[0], by="u")  # again: idempotent, and cut
     assert held.interrupted.is_set()
 
 

@@ -147,12 +147,9 @@ def test_a_notified_cancel_under_plain_asyncio_records_what_it_interrupted(
             held = Held(ledger)
             other = await open_backend(url)
             try:
-                with anyio.fail_after(10):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(held.workflow)
-                        await held.entered.wait()
-                        await other.cancel(held.ids[0], by="u")
-                    return await ledger.wait_settled(held.ids[0], timeout=10)
+                async with held.in_flight():
+                    await other.cancel(held.ids[0], by="u")
+                return await ledger.wait_settled(held.ids[0], timeout=10)
             finally:
                 await other.close()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anyio
 
 import stopline
@@ -44,6 +47,16 @@ class Held:
             except BaseException as exc:
                 self.caught.append(exc)
                 raise
+
+    @contextlib.asynccontextmanager
+    async def in_flight(self) -> AsyncIterator[None]:
+        """The workflow started and its call entered for the block; the block's end
+        waits for the workflow (30 s at most)."""
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.workflow)
+                await self.entered.wait()
+                yield
 
     async def cancelled(self) -> stopline.Receipt:
         """The workflow started and its call entered, the run cancelled from outside."""
