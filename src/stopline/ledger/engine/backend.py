@@ -1,10 +1,10 @@
 """``SqlBackend``: the ``Backend`` seam served by the engine's transaction bodies.
 
 A concrete backend supplies ``_execute(body, safe=..., outcome=..., prompt=...,
-committed=...)``:
-run ``body(db)`` as one transaction on one of its connections. ``safe`` says the
-body may run again after a lost reply (a read, or an idempotent write); a
-backend that cannot lose a reply (SQLite's writer thread) ignores it.
+committed=...)``: run ``body(db)`` as one transaction on one of its connections.
+``safe`` says the body may run again after a lost reply (a read, or an
+idempotent write); a backend that cannot lose a reply (SQLite's writer thread)
+ignores it.
 ``outcome`` marks an operation's outcome, which must not be lost: SQLite
 waits for it even for a cancelled caller; PostgreSQL settles a lost reply by
 reading the status back. ``prompt`` marks a cancel's fence, which interrupts
@@ -12,8 +12,8 @@ nothing until it is durable: SQLite commits it without the jobs queued after
 it; a backend whose transactions are not shared ignores it. ``committed`` is
 called with the result on the loop once it commits, before the caller resumes,
 by a backend that sees the commit outside the caller's task (SQLite); others
-ignore it. Every method below
-is that one line: the rules live in the bodies, written once.
+ignore it. Every method below is that one line: the rules live in the bodies,
+written once.
 """
 
 from __future__ import annotations
