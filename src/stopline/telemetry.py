@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from time import time_ns
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -57,7 +58,7 @@ from stopline.ledger.backend import (
     OutcomeUpdate,
     RunSpec,
 )
-from stopline.ledger.forwarding import ForwardingBackend
+from stopline.ledger.forwarding import ForwardingBackend, seeing_the_commit
 
 __all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
 
@@ -169,7 +170,9 @@ class TracedBackend(ForwardingBackend):
         return self._t.tracer.start_span(name, context=context, attributes=attributes)
 
     @staticmethod
-    def _end(span: Span | None, status: str, **attributes: Any) -> None:
+    def _end(
+        span: Span | None, status: str, *, end_time: int | None = None, **attributes: Any
+    ) -> None:
         if span is None:
             return
         span.set_attribute(ATTR_STATUS, status)
@@ -177,7 +180,7 @@ class TracedBackend(ForwardingBackend):
             span.set_attribute(f"stopline.{key}", value)
         if status in _TROUBLE:
             span.set_status(Status(StatusCode.ERROR, status))
-        span.end()
+        span.end(end_time=end_time)
 
     @contextmanager
     def _errors_on(self, span: Span) -> Iterator[None]:
@@ -238,7 +241,8 @@ class TracedBackend(ForwardingBackend):
             attributes={ATTR_RUN_ID: run_id, "stopline.by": by, "stopline.reason": reason},
             links=[trace.Link(s.get_span_context()) for s in [self._runs.get(run_id)] if s],
         )
-        with self._errors_on(span):
+        committed: list[int] = []  # the span ends at the fence's commit (ADR 0043)
+        with self._errors_on(span), seeing_the_commit(lambda _: committed.append(time_ns())):
             result = await self.inner.cancel(run_id, by=by, reason=reason)
         run = result.run
         span.set_attribute("stopline.first", result.first)  # R7: a second cancel changes nothing
@@ -251,7 +255,7 @@ class TracedBackend(ForwardingBackend):
                 run_span = self._runs.get(fenced)
                 if run_span is not None:
                     run_span.add_event("stopline.cancel", {"stopline.by": by})
-        self._end(span, run.state.value)
+        self._end(span, run.state.value, end_time=committed[0] if committed else None)
         return result
 
     def _run_changed(self, run: RunRecord, event: RunEvent, ops: list[OperationRecord]) -> None:

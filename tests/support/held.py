@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -21,6 +22,7 @@ class Held:
         self.run_id = run_id
         self.entered = anyio.Event()
         self.interrupted = anyio.Event()
+        self.interrupted_ns = 0  # when (``time.time_ns``, OpenTelemetry's clock)
         self.caught: list[BaseException] = []  # what reached the workflow
         self.ids: list[str] = []
         held = self
@@ -31,6 +33,7 @@ class Held:
             try:
                 await anyio.sleep_forever()
             except anyio.get_cancelled_exc_class():
+                held.interrupted_ns = time.time_ns()
                 held.interrupted.set()
                 raise
 

@@ -24,6 +24,7 @@ from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID, ATTR_STATUS, Telemetry
 from stopline.testing import FakeProvider
 from tests.conftest import FAST_VERIFY
 from tests.scenarios.workflows import Started, calls, start
+from tests.support.held import Held
 
 
 class EndSignals(SpanProcessor):
@@ -271,3 +272,16 @@ async def test_an_observer_keeps_deferred_outcomes_and_traces_them(
             await otel.signals.ended("stopline.operation").wait()
     op = otel.one("stopline.operation")
     assert op.attributes is not None and op.attributes[ATTR_STATUS] == "committed"
+
+
+async def test_the_cancel_span_ends_at_the_fences_commit(
+    traced: stopline.Ledger, otel: Otel
+) -> None:
+    """On SQLite a cancel's calls are cut as its fence commits, before the backend's
+    cancel returns (ADR 0043): the span ends at the commit, before the call's first
+    step after it, as before that change."""
+    held = Held(traced)
+    async with held.in_flight():
+        await traced.cancel(held.ids[0], by="u")
+    span = otel.one("stopline.cancel")
+    assert span.end_time is not None and 0 < span.end_time <= held.interrupted_ns

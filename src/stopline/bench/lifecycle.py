@@ -20,8 +20,7 @@ import anyio.lowlevel
 import stopline
 from stopline.bench.figures import Figure, quiet_heap
 from stopline.domain.lifecycle import CancelResult
-from stopline.ledger.backend import FENCE_COMMITTED
-from stopline.ledger.forwarding import ForwardingBackend
+from stopline.ledger.forwarding import ForwardingBackend, seeing_the_commit
 
 __all__ = ["measure"]
 
@@ -62,18 +61,8 @@ async def _tree(url: str, children: int) -> _Cancelled:
         there, before it cuts (ADR 0043), else when the backend's cancel returns."""
 
         async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
-            cut = FENCE_COMMITTED.get()
-
-            def stamped(result: CancelResult) -> None:
-                durable.append(time.perf_counter())
-                if cut is not None:
-                    cut(result)
-
-            hooked = FENCE_COMMITTED.set(stamped)
-            try:
+            with seeing_the_commit(lambda _: durable.append(time.perf_counter())):
                 result = await self.inner.cancel(run_id, by=by, reason=reason)
-            finally:
-                FENCE_COMMITTED.reset(hooked)
             if not durable:
                 durable.append(time.perf_counter())
             return result

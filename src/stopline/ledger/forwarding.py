@@ -9,7 +9,8 @@ that must act before *every* call (a crash switch) overrides ``inner``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -19,10 +20,38 @@ from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
-from stopline.ledger.backend import Backend, GateResult, Note, OutcomeUpdate, RunSpec
+from stopline.ledger.backend import (
+    FENCE_COMMITTED,
+    Backend,
+    GateResult,
+    Note,
+    OutcomeUpdate,
+    RunSpec,
+)
 from stopline.ledger.leases import WorkerLease
 
-__all__ = ["ForwardingBackend"]
+__all__ = ["ForwardingBackend", "seeing_the_commit"]
+
+
+@contextlib.contextmanager
+def seeing_the_commit(see: Callable[[CancelResult], None]) -> Iterator[None]:
+    """Around an observer's call of the inner ``cancel``: ``see(result)`` as the fence's
+    commit is seen on the loop, before the runtime cuts the calls it interrupts
+    (ADR 0043). A backend that sees its commit outside the caller's task calls it
+    there (SQLite); where none does, ``see`` is not called and the inner call's
+    return is that moment."""
+    cut = FENCE_COMMITTED.get()
+
+    def seen(result: CancelResult) -> None:
+        see(result)
+        if cut is not None:
+            cut(result)
+
+    hooked = FENCE_COMMITTED.set(seen)
+    try:
+        yield
+    finally:
+        FENCE_COMMITTED.reset(hooked)
 
 
 class ForwardingBackend(Backend):
