@@ -93,3 +93,20 @@ def test_a_cut_at_commit_is_not_made_once_its_canceller_went_on() -> None:
     early.open = False
     early(CancelResult(run=cast(RunRecord, None), first=True, fenced=("r",), released=()))
     assert taken == [] and early.cut is None and early.error is None
+
+
+def test_a_cut_at_commit_is_made_once() -> None:
+    """A second commit through the same hook (an observer retrying the inner cancel)
+    cuts nothing: the first cut, not yet followed, is kept for its canceller."""
+    taken: list[Sequence[str]] = []
+
+    def take(run_ids: Sequence[str]) -> _Cut:
+        taken.append(run_ids)
+        return _Cut(run_ids, {}, {}, set(), [])
+
+    early = _EarlyCut(take)
+    result = CancelResult(run=cast(RunRecord, None), first=True, fenced=("r",), released=())
+    early(result)
+    first = early.cut
+    early(result)
+    assert taken == [("r",)] and early.cut is first

@@ -166,7 +166,9 @@ class _Cut:
 
 class _EarlyCut:
     """A cancel's cut made as its fence commits (``FENCE_COMMITTED``, ADR 0043): on the
-    loop, outside any task, before the canceller resumes; only while it still waits."""
+    loop, outside any task, before the canceller resumes; only while it still waits,
+    and once (a second commit through it, an observer's retry, would replace a cut
+    not yet followed; what it fenced is delivered as any cancel's notification is)."""
 
     __slots__ = ("cut", "error", "open", "take")
 
@@ -179,6 +181,7 @@ class _EarlyCut:
     def __call__(self, result: CancelResult) -> None:
         if not self.open:  # its canceller went on without it: delivered as others are
             return
+        self.open = False
         try:
             self.cut = told_asyncio(self.take, result.fenced)
         except BaseException as exc:  # handed to the canceller, raised there
