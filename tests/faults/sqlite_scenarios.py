@@ -25,11 +25,13 @@ from stopline.ledger.forwarding import ForwardingBackend
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
 from tests.lifecycle.test_tree_cancel import cancel_a_tree, holding_tool
+from tests.support.held import Held
 
 __all__ = [
     "ask_on_a_full_disk",
     "batched_settle_on_a_full_disk",
     "bulk_record_on_a_full_disk",
+    "fence_on_a_full_disk",
     "fill_mid_run",
     "held_outcome",
     "open_when_full",
@@ -249,6 +251,37 @@ async def batched_settle_on_a_full_disk(
     }
 
 
+async def fence_on_a_full_disk(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """The disk fills before a cancel's fence: the fence is not durable, so the cut that
+    rides its commit (ADR 0043) is not made; the cancel fails typed, the call in flight
+    goes on, the run is still running. Once the disk frees, the cancel goes through."""
+    async with stopline.open(f"sqlite:///{path}") as ledger:
+        held = Held(ledger, "run_fence")
+        async with held.in_flight():
+            fill()
+            try:
+                await ledger.cancel("run_fence", by="u")
+                error = ""
+            except LedgerUnavailable as exc:
+                error = type(exc).__name__
+            interrupted_during = held.interrupted.is_set()
+            state_during = (await ledger.receipt("run_fence")).run_state.value
+            free()
+            await ledger.cancel("run_fence", by="u")
+        final = await ledger.wait_settled("run_fence", timeout=30)
+    return {
+        "error": error,
+        "interrupted_during": interrupted_during,
+        "state_during": state_during,
+        "interrupted_after": held.interrupted.is_set(),
+        "state": final.run_state.value,
+        "statuses": [line.status.value for line in final.lines],
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -274,6 +307,8 @@ async def _main(scenario: str, path: Path) -> dict[str, Any]:
         return await ask_on_a_full_disk(path, fill, free)
     if scenario == "bulk_record_on_a_full_disk":
         return await bulk_record_on_a_full_disk(path, fill, free)
+    if scenario == "fence_on_a_full_disk":
+        return await fence_on_a_full_disk(path, fill, free)
     if scenario == "batched_settle_on_a_full_disk":
         return await batched_settle_on_a_full_disk(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))

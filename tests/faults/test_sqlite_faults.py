@@ -18,6 +18,7 @@ from tests.faults.sqlite_scenarios import (
     ask_on_a_full_disk,
     batched_settle_on_a_full_disk,
     bulk_record_on_a_full_disk,
+    fence_on_a_full_disk,
     fill_mid_run,
     held_outcome,
     open_when_full,
@@ -92,6 +93,22 @@ async def test_a_cancel_whose_provider_ask_meets_a_full_disk_returns_and_asks_la
     assert seen["asked_after"] == ["run_ask/x"]  # retried once the disk had room: once
     assert seen["state"] == "cancelled"
     assert seen["provider_cancel"] == "the provider confirmed the cancel"
+    assert seen["integrity"] == "ok"
+
+
+async def test_a_fence_on_a_full_disk_fails_typed_and_cuts_nothing(tmp_path: Path) -> None:
+    """The cut rides the fence's commit (ADR 0043): a fence the disk refuses cuts no
+    call, and the run goes on until a cancel's fence is durable."""
+    with tiny_disk(tmp_path) as disk:
+        if disk is not None:
+            seen = await fence_on_a_full_disk(disk.path / "ledger.db", disk.fill, disk.free)
+        else:
+            seen = in_child("fence_on_a_full_disk", tmp_path / "ledger.db")
+    assert seen["error"] in (LedgerFull.__name__, LedgerIOError.__name__)
+    assert seen["interrupted_during"] is False and seen["state_during"] == "running"
+    assert seen["interrupted_after"] is True
+    assert seen["state"] == "needs_review"  # the call cut: unknown, and no read-back
+    assert seen["statuses"] == ["needs_review"]
     assert seen["integrity"] == "ok"
 
 
