@@ -89,7 +89,7 @@ def test_a_cut_at_commit_is_not_made_once_its_canceller_went_on() -> None:
         taken.append(run_ids)
         raise AssertionError("cut after its canceller went on")
 
-    early = _EarlyCut(take)
+    early = _EarlyCut(take, follow=lambda cut: None)
     early.open = False
     early(CancelResult(run=cast(RunRecord, None), first=True, fenced=("r",), released=()))
     assert taken == [] and early.cut is None and early.error is None
@@ -104,7 +104,7 @@ def test_a_cut_at_commit_is_made_once() -> None:
         taken.append(run_ids)
         return _Cut(run_ids, {}, {}, set(), [])
 
-    early = _EarlyCut(take)
+    early = _EarlyCut(take, follow=lambda cut: None)
     result = CancelResult(run=cast(RunRecord, None), first=True, fenced=("r",), released=())
     early(result)
     first = early.cut

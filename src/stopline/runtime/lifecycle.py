@@ -12,6 +12,7 @@ of this process by their phase policy.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import time
@@ -166,17 +167,26 @@ class _Cut:
 
 class _EarlyCut:
     """A cancel's cut made as its fence commits (``FENCE_COMMITTED``, ADR 0043): on the
-    loop, outside any task, before the canceller resumes; only while it still waits,
-    and once (a second commit through it, an observer's retry, would replace a cut
-    not yet followed; what it fenced is delivered as any cancel's notification is)."""
+    loop, outside any task, before the canceller resumes. The block it is entered for is
+    the canceller's wait: it cuts only inside it (``armed``: asyncio), and once (a
+    second commit through it, an observer's retry, would replace a cut not yet
+    followed; what it fenced is delivered as any cancel's notification is). A block
+    that fails after the cut still follows it (records, asks)."""
 
-    __slots__ = ("cut", "error", "open", "take")
+    __slots__ = ("cut", "error", "follow", "hooked", "open", "take")
 
-    def __init__(self, take: Callable[[Sequence[str]], _Cut]) -> None:
-        self.take = take  # ``Lifecycle._cut``
-        self.open = True
+    def __init__(
+        self,
+        take: Callable[[Sequence[str]], _Cut],
+        follow: Callable[[_Cut], object],
+        *,
+        armed: bool = True,
+    ) -> None:
+        self.take, self.follow = take, follow  # ``Lifecycle._cut``, ``Lifecycle._follow``
+        self.open = armed
         self.cut: _Cut | None = None
         self.error: BaseException | None = None
+        self.hooked: contextvars.Token[Callable[[CancelResult], None] | None] | None = None
 
     def __call__(self, result: CancelResult) -> None:
         if not self.open:  # its canceller went on without it: delivered as others are
@@ -186,6 +196,23 @@ class _EarlyCut:
             self.cut = told_asyncio(self.take, result.fenced)
         except BaseException as exc:  # handed to the canceller, raised there
             self.error = exc
+
+    def __enter__(self) -> _EarlyCut:
+        self.hooked = FENCE_COMMITTED.set(self if self.open else None)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.open = False
+        if self.hooked is not None:
+            FENCE_COMMITTED.reset(self.hooked)
+        if kind is not None and self.cut is not None:
+            self.follow(self.cut)  # what was cut is followed whatever comes after
+
+    def taken(self) -> _Cut | None:
+        """The cut made at the commit, if one was; its error raised here."""
+        if self.error is not None:
+            raise self.error
+        return self.cut
 
 
 class Lifecycle:
@@ -237,21 +264,10 @@ class Lifecycle:
         principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
         # a reason that cannot be stored never stands between a cancel and its fence
         reason = sanitise(reason)
-        early = _EarlyCut(self._cut) if sniffio.current_async_library() == "asyncio" else None
-        hooked = FENCE_COMMITTED.set(early)
-        try:
+        asyncio_loop = sniffio.current_async_library() == "asyncio"
+        with _EarlyCut(self._cut, self._follow, armed=asyncio_loop) as early:
             result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
-        except BaseException:
-            if early is not None and early.cut is not None:
-                self._follow(early.cut)  # what was cut is followed whatever comes after
-            raise
-        finally:
-            if early is not None:
-                early.open = False
-            FENCE_COMMITTED.reset(hooked)
-        if early is not None and early.error is not None:
-            raise early.error
-        cut = early.cut if early is not None else None
+        cut = early.taken()
         if cut is None:  # the backend made no cut as it committed
             cut = await self._cut_first(result.fenced)
         interrupted, asked = self._follow(cut)
