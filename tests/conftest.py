@@ -1,18 +1,26 @@
-"""Shared fixtures: a real SQLite ledger file per test, on asyncio."""
+"""Shared fixtures: a real SQLite ledger file per test, on asyncio (and, for modules
+marked ``uvloop_too``, on uvloop's loop as well)."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvloop
 
 import stopline
 from stopline import VerifyBudget
 
 FAST_VERIFY = VerifyBudget(attempts=4, first_delay=0.01, factor=2.0, max_delay=0.05)
+
+# anyio's backend for uvloop's loop: many applications' servers run on it (uvicorn's
+# default where it is installed), and it is a loop we did not write
+UVLOOP = ("asyncio", {"use_uvloop": True})
 
 
 @pytest.fixture
@@ -26,25 +34,42 @@ def anyio_backend() -> str:
 _BOTH_BACKENDS = ("scenarios", "rules", "lifecycle")
 
 
+def _on_uvloop(*values: Any) -> Any:
+    """A parameter set on uvloop. pytest-timeout's alarm raises in a signal handler,
+    which uvloop's loop logs and swallows, so its timeout watches from a thread."""
+    return pytest.param(*values, marks=pytest.mark.timeout(method="thread"))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Storage-touching tests run on SQLite and PostgreSQL; modules marked ``trio_too``
     also on trio, with SQLite (psycopg's async driver is asyncio-only, so that
-    combination is never generated rather than skipped)."""
+    combination is never generated rather than skipped); modules marked ``uvloop_too``
+    also on uvloop's loop (with each engine, or on their own where no engine is)."""
+    uvloop_too = metafunc.definition.get_closest_marker("uvloop_too") is not None and not any(
+        "anyio_backend" in str(mark.args[0])
+        for mark in metafunc.definition.iter_markers("parametrize")
+    )  # a test naming its own loops keeps them
     if "ledger_backend" not in metafunc.fixturenames:
+        if uvloop_too and "anyio_backend" in metafunc.fixturenames:
+            metafunc.parametrize(
+                "anyio_backend", ["asyncio", _on_uvloop(UVLOOP)], ids=["asyncio", "uvloop"]
+            )
         return
     suite = metafunc.definition.path.parent.name
     wanted = os.environ.get("STOPLINE_TEST_BACKENDS", "sqlite,postgres").split(",")
     backends = [b for b in ("sqlite", "postgres") if b in wanted] if suite in _BOTH_BACKENDS else []
     if not backends:
         return
-    combos = [("asyncio", b) for b in backends]
+    combos: list[Any] = [("asyncio", b) for b in backends]
+    ids = [f"asyncio-{b}" for b in backends]
     if metafunc.definition.get_closest_marker("trio_too") and "sqlite" in backends:
         combos.append(("trio", "sqlite"))
+        ids.append("trio-sqlite")
+    if uvloop_too:
+        combos += [_on_uvloop(UVLOOP, b) for b in backends]
+        ids += [f"uvloop-{b}" for b in backends]
     metafunc.parametrize(
-        ("anyio_backend", "ledger_backend"),
-        combos,
-        indirect=["ledger_backend"],
-        ids=[f"{a}-{b}" for a, b in combos],
+        ("anyio_backend", "ledger_backend"), combos, indirect=["ledger_backend"], ids=ids
     )
 
 
@@ -70,16 +95,23 @@ async def ledger(ledger_url: str) -> AsyncIterator[stopline.Ledger]:
 
 
 @pytest.fixture
-async def _as_an_application(anyio_backend: str) -> AsyncIterator[None]:
+async def _as_an_application(anyio_backend: Any) -> AsyncIterator[None]:
     """An async test runs as an application's own ``asyncio.run`` would: anyio's runner
     tells sniffio the loop (a context variable), and an application's loop does not.
     Inside a task sniffio tells asyncio anyway; in a plain callback of the loop it
     cannot, and anyio then cannot start a task or make a scope there. Under the
     runner's word a callback that needs it passed every test and failed in
-    applications (ADR 0042, addendum)."""
+    applications (ADR 0042, addendum).
+
+    A test on uvloop is checked to run on uvloop's loop: anyio's runner is shared by
+    the tests holding it, so a test could otherwise run on the loop of another."""
     import sniffio
 
-    if anyio_backend != "asyncio":
+    if anyio_backend == UVLOOP:
+        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    elif anyio_backend == "asyncio":
+        assert not isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    else:
         yield
         return
     told = sniffio.current_async_library_cvar.set(None)

@@ -14,6 +14,8 @@ from stopline.errors import LedgerError
 from stopline.ledger import open_backend
 from stopline.ledger.sqlite import SQLiteBackend
 
+pytestmark = pytest.mark.uvloop_too  # a loop we did not write (conftest)
+
 
 async def _backend(path: Path) -> SQLiteBackend:
     backend = await open_backend(f"sqlite:///{path}")

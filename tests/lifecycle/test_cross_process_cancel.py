@@ -19,6 +19,8 @@ from stopline.ledger.sqlite import SQLiteBackend
 from stopline.ledger.sqlite_watch import CancelWatch
 from stopline.testing import FakeProvider
 
+pytestmark = pytest.mark.uvloop_too  # a loop we did not write (conftest)
+
 
 async def cli(*args: str) -> tuple[int, dict[str, object]]:
     env = {k: v for k, v in os.environ.items() if k != "STOPLINE_LEDGER"}

@@ -19,6 +19,8 @@ from stopline.runtime.lifecycle import Lifecycle, _Cut, _EarlyCut
 from stopline.runtime.outcomes import INTERRUPTED
 from tests.support.held import Held
 
+pytestmark = pytest.mark.uvloop_too  # a loop we did not write (conftest)
+
 
 async def test_the_call_sees_its_cancel_before_the_canceller_resumes(tmp_path: Path) -> None:
     """When the backend's cancel returns (to an observer), the call has seen its cancel

@@ -24,7 +24,7 @@ import stopline
 from stopline import Cancellable, OpStatus, PhaseKind, Policy, RunState
 from tests.support.held import Held
 
-pytestmark = pytest.mark.trio_too
+pytestmark = [pytest.mark.trio_too, pytest.mark.uvloop_too]
 
 
 def frames(tb: types.TracebackType | None) -> list[str]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+import uvloop
 
 import stopline
 from stopline.domain.vocab import Cause, OpStatus
@@ -25,6 +28,8 @@ from stopline.testing import FakeProvider
 from tests.postgres.server import fresh_schema
 from tests.support.held import Held
 from tests.support.scopes import scope_cancels
+
+pytestmark = pytest.mark.uvloop_too  # a loop we did not write (conftest)
 
 
 async def test_it_runs_in_no_task_and_hands_back_its_result() -> None:
@@ -133,14 +138,16 @@ async def test_an_error_delivering_a_notified_cancel_is_logged_and_the_ledger_go
     assert [str(e) for e in reported] == ["delivery broke"]
 
 
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio.run", "uvloop.run"])
 @pytest.mark.parametrize("engine", ["sqlite", "postgres"])
 def test_a_notified_cancel_under_plain_asyncio_records_what_it_interrupted(
-    tmp_path: Path, engine: str
+    tmp_path: Path, engine: str, run: Callable[[Coroutine[Any, Any, Any]], Any]
 ) -> None:
-    """An application's own ``asyncio.run``: no anyio runner has told sniffio which loop
-    this is, so anyio cannot start a task from a plain callback of the loop. The watch's
-    delivery runs in one (outside the watch's task); the rest of it (the interrupted
-    call's record, its provider asked) starts tasks all the same."""
+    """An application's own ``asyncio.run`` (or ``uvloop.run``, many servers' loop): no
+    anyio runner has told sniffio which loop this is, so anyio cannot start a task from
+    a plain callback of the loop. The watch's delivery runs in one (outside the watch's
+    task); the rest of it (the interrupted call's record, its provider asked) starts
+    tasks all the same."""
 
     async def scenario(url: str) -> stopline.Receipt:
         async with stopline.open(url) as ledger:
@@ -160,7 +167,7 @@ def test_a_notified_cancel_under_plain_asyncio_records_what_it_interrupted(
             url = stack.enter_context(contextlib.contextmanager(fresh_schema)())
         # a thread of its own starts with an empty context, as an application's does
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            receipt = pool.submit(asyncio.run, scenario(url)).result(timeout=60)
+            receipt = pool.submit(run, scenario(url)).result(timeout=60)
     (line,) = receipt.lines
     assert line.status is OpStatus.NEEDS_REVIEW  # unknown (R3), and no read-back
     assert (Cause.USER_CANCEL.value, INTERRUPTED) in [(e.ref, e.detail) for e in line.evidence]

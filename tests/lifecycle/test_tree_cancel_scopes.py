@@ -20,6 +20,8 @@ import stopline
 from stopline import OpStatus, PhaseKind, Policy, RunState
 from tests.support.scopes import scope_cancels
 
+pytestmark = pytest.mark.uvloop_too  # a loop we did not write (conftest)
+
 CHILDREN = 12
 
 Child = Callable[[stopline.Run, int], Coroutine[Any, Any, None]]

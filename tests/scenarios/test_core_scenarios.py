@@ -21,7 +21,7 @@ from tests.conftest import FAST_VERIFY
 from tests.scenarios.workflows import Started, calls, start
 
 # The core scenarios also run on trio (with SQLite): anyio's promise, checked.
-pytestmark = pytest.mark.trio_too
+pytestmark = [pytest.mark.trio_too, pytest.mark.uvloop_too]
 
 
 async def op_of(ledger: stopline.Ledger, run_id: str, n: int = 0) -> stopline.OperationRecord:
