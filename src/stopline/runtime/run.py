@@ -71,6 +71,20 @@ async def _record_exit(
     core: Core, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
 ) -> None:
     """What a tool's exception proves, recorded (shielded: the caller may be cancelled)."""
+    cancel_class = anyio.get_cancelled_exc_class()
+    if ctx.lost_recorded and isinstance(exc, cancel_class):
+        # Recorded already, by the cancel, in bulk with its tree: unwind on the next turn
+        # of the loop, so that every other call the same cancel interrupted sees its
+        # cancel first (a tree's last call is interrupted right after the delivery, not
+        # after the unwinding of all the others). A shielded checkpoint: it raises
+        # nothing. The frames it came through inside the tool go first: kept through
+        # that turn, a tree's thousands of them were half the collector's work in its
+        # cancel's window. The cancel goes on up with the frames from here up (the
+        # workflow's own). Checked first: this is each of a tree's interrupted calls'
+        # first step, and nothing else of it runs before the last of them is reached.
+        exc.__traceback__ = None
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return
     with anyio.CancelScope(shield=True):
         if isinstance(exc, Rejected):
             evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
@@ -78,21 +92,9 @@ async def _record_exit(
                 OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
             )
             await core.outbox.record(ctx.op_id, update)
-        elif isinstance(exc, anyio.get_cancelled_exc_class()):
-            if not ctx.lost_recorded:  # else the cancel recorded it, in bulk with its tree
-                cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
-                await core.outcomes.lost(ctx, cause, INTERRUPTED)
-            else:
-                # Recorded already: unwind on the next turn of the loop, so that every
-                # other call the same cancel interrupted sees its cancel first (a tree's
-                # last call is interrupted right after the delivery, not after the
-                # unwinding of all the others). Inside this shield: it raises nothing.
-                # The frames it came through inside the tool go first: kept through
-                # that turn, a tree's thousands of them were half the collector's
-                # work in its cancel's window. The cancel goes on up with the frames
-                # from here up (the workflow's own).
-                exc.__traceback__ = None
-                await anyio.lowlevel.checkpoint()
+        elif isinstance(exc, cancel_class):
+            cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
+            await core.outcomes.lost(ctx, cause, INTERRUPTED)
         elif isinstance(exc, NoAnswer):
             await core.outcomes.lost(ctx, exc.cause, exc.detail)
         elif isinstance(exc, TimeoutError):
