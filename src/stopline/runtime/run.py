@@ -12,9 +12,11 @@ can).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -67,6 +69,13 @@ def _parameters(t: Tool[Any]) -> list[str]:
     return params[1:] if t.wants_context else params
 
 
+@types.coroutine
+def _next_turn() -> Generator[None]:
+    """asyncio: one turn of the loop (a bare yield: the task is scheduled again), what
+    ``asyncio.sleep(0)`` does without its own coroutine."""
+    yield
+
+
 async def _record_exit(
     core: Core, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
 ) -> None:
@@ -76,14 +85,20 @@ async def _record_exit(
         # Recorded already, by the cancel, in bulk with its tree: unwind on the next turn
         # of the loop, so that every other call the same cancel interrupted sees its
         # cancel first (a tree's last call is interrupted right after the delivery, not
-        # after the unwinding of all the others). A shielded checkpoint: it raises
-        # nothing. The frames it came through inside the tool go first: kept through
-        # that turn, a tree's thousands of them were half the collector's work in its
-        # cancel's window. The cancel goes on up with the frames from here up (the
-        # workflow's own). Checked first: this is each of a tree's interrupted calls'
-        # first step, and nothing else of it runs before the last of them is reached.
+        # after the unwinding of all the others). Shielded: anyio's next pass of the
+        # cancel throws nothing more in. The frames it came through inside the tool go
+        # first: kept through that turn, a tree's thousands of them were half the
+        # collector's work in its cancel's window. The cancel goes on up with the frames
+        # from here up (the workflow's own). Checked first, and the turn taken with as
+        # few objects as it can (on asyncio a bare yield, not three coroutines deep):
+        # each of a tree's interrupted calls holds them until it unwinds, and the
+        # collector scans them again and again in the cancel's window.
         exc.__traceback__ = None
-        await anyio.lowlevel.cancel_shielded_checkpoint()
+        with anyio.CancelScope(shield=True):
+            if cancel_class is asyncio.CancelledError:
+                await _next_turn()
+            else:
+                await anyio.lowlevel.checkpoint()
         return
     with anyio.CancelScope(shield=True):
         if isinstance(exc, Rejected):
