@@ -269,7 +269,7 @@ class Lifecycle:
             result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
         cut = early.taken()
         if cut is None:  # the backend made no cut as it committed
-            cut = await self._cut_first(result.fenced)
+            cut = await self._cut_first(result.fenced, asyncio_loop=asyncio_loop)
         interrupted, asked = self._follow(cut)
         for released in result.released:
             core.changed(released)
@@ -279,15 +279,16 @@ class Lifecycle:
         for sent in asked:
             await sent.wait()
 
-    async def _cut_first(self, run_ids: Sequence[str]) -> _Cut:
+    async def _cut_first(self, run_ids: Sequence[str], *, asyncio_loop: bool) -> _Cut:
         """``_cut`` for a cancel committed here: the interrupted calls see their cancel
         before the rest of the delivery (providers asked, records spawned, listeners
         told), one turn of the loop later, waited for shielded, so that the rest always
-        follows, even in a run cancelling itself. On asyncio the cut runs in that turn
-        outside any task (``outside_task``)."""
+        follows, even in a run cancelling itself. On asyncio (``asyncio_loop``, as the
+        canceller asked sniffio once) the cut runs in that turn outside any task
+        (``outside_task``)."""
         if not any(run_id in self._core.runs for run_id in run_ids):
             return self._cut(run_ids)  # nothing of this process to interrupt
-        if sniffio.current_async_library() == "asyncio":
+        if asyncio_loop:
             return await outside_task(functools.partial(self._cut, run_ids))
         cut = self._cut(run_ids)
         if cut.interrupted:
