@@ -14,6 +14,7 @@ workflow still gets the cancel, and its own frames from ``run.call`` up.
 
 from __future__ import annotations
 
+import asyncio
 import types
 from pathlib import Path
 
@@ -46,6 +47,57 @@ async def test_an_interrupted_call_unwinds_without_the_tools_frames(
     assert "workflow" in names  # the workflow's own way down is kept
     assert "hold_the_line" not in names  # the tool's is not
     assert receipt.run_state in (RunState.CANCELLING, RunState.CANCELLED)
+
+
+async def test_the_workflow_gets_the_one_cancel_its_tool_saw(ledger: stopline.Ledger) -> None:
+    """The interrupted call's turn of the loop throws no second cancel up: anyio's
+    cancellation is level-triggered and its next pass throws the same cancel in again
+    during that turn (on asyncio, where the turn is unshielded); the turn takes it, and
+    what reaches the workflow is the cancel its tool saw, not another chained on it."""
+    held = Held(ledger)
+    await held.cancelled()
+    ((seen,), (caught,)) = held.seen, held.caught
+    assert caught is seen
+    assert caught.__context__ is None
+
+
+async def test_a_native_cancel_landing_in_the_turn_goes_on_up(tmp_path: Path) -> None:
+    """Only the committed cancel's own next pass is taken in the interrupted call's
+    turn. A native ``Task.cancel`` landing then (a framework stopping its task, an
+    ``asyncio.timeout`` expiring) is not lost: it reaches the workflow, with the
+    committed cancel as its context. Asyncio's loops only (this module's asyncio and
+    uvloop): trio has no native cancel."""
+    async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
+        await native_cancel_in_the_turn(ledger)
+
+
+async def native_cancel_in_the_turn(ledger: stopline.Ledger) -> None:
+    held = Held(ledger)
+
+    @stopline.tool
+    async def hold_the_line(ctx: stopline.CallContext) -> None:
+        held.entered.set()
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError as cancel:
+            held.seen.append(cancel)
+            task = asyncio.current_task()
+            assert task is not None
+            asyncio.get_running_loop().call_soon(task.cancel, "native")  # lands in the turn
+            raise
+
+    held.tool = hold_the_line
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held.workflow)
+            await held.entered.wait()
+            await ledger.cancel(held.ids[0], by="u")
+    ((seen,), (caught,)) = held.seen, held.caught
+    assert isinstance(caught, asyncio.CancelledError)
+    assert caught.args == ("native",)
+    assert caught.__context__ is seen
+    (line,) = (await ledger.wait_settled(held.ids[0], timeout=20)).lines
+    assert line.status is OpStatus.NEEDS_REVIEW  # recorded by the cancel all the same
 
 
 async def test_an_interrupted_call_sees_its_cancel_before_the_listeners_are_told(

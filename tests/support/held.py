@@ -24,6 +24,7 @@ class Held:
         self.interrupted = anyio.Event()
         self.interrupted_ns = 0  # when (``time.time_ns``, OpenTelemetry's clock)
         self.caught: list[BaseException] = []  # what reached the workflow
+        self.seen: list[BaseException] = []  # what reached the tool
         self.ids: list[str] = []
         held = self
 
@@ -32,7 +33,8 @@ class Held:
             held.entered.set()
             try:
                 await anyio.sleep_forever()
-            except anyio.get_cancelled_exc_class():
+            except anyio.get_cancelled_exc_class() as cancel:
+                held.seen.append(cancel)
                 held.interrupted_ns = time.time_ns()
                 held.interrupted.set()
                 raise
