@@ -169,6 +169,54 @@ class LifecycleContract:
         (approval,) = await backend.approvals("run_a")
         assert approval.status is ApprovalStatus.WITHDRAWN
 
+    async def test_a_tree_cancel_withdraws_the_approvals_of_the_runs_it_fences(
+        self, backend: Backend
+    ) -> None:
+        """Only those: a shared child another owner still holds keeps its approval, as
+        do a run outside the tree and a child that had ended (the fence passes it
+        over), and a decided approval keeps its decision."""
+        await backend.create_run(run_spec("root"))
+        await backend.create_run(run_spec("child", parent_id="root"))
+        await backend.create_run(run_spec("grandchild", parent_id="child"))
+        await backend.create_run(run_spec("done", parent_id="root"))
+        await backend.create_run(run_spec("other"))
+        await backend.create_run(run_spec("shared", parent_id="root", shared=True))
+        await backend.add_owner("shared", "other", exclusive=False)
+        asked = {
+            "root": "ap_root",
+            "grandchild": "ap_gc",
+            "done": "ap_done",
+            "shared": "ap_sh",
+            "other": "ap_ot",
+        }
+        for run_id, approval_id in asked.items():
+            await backend.request_approval(
+                approval_id, run_id, f"{run_id}/pay", approver="boss", requested_by="u"
+            )
+        await backend.request_approval(
+            "ap_child", "child", "child/pay", approver="boss", requested_by="u"
+        )
+        await backend.decide_approval("ap_child", granted=False, by="boss", expires_at=None)
+        await backend.run_event("done", RunEvent.COMPLETE, by="u")
+        result = await backend.cancel("root", by="u")
+        assert set(result.fenced) == {"root", "child", "grandchild"}
+        status = {
+            a.id: a.status for run_id in [*asked, "child"] for a in await backend.approvals(run_id)
+        }
+        assert status == {
+            "ap_root": ApprovalStatus.WITHDRAWN,
+            "ap_gc": ApprovalStatus.WITHDRAWN,
+            "ap_child": ApprovalStatus.DENIED,
+            "ap_done": ApprovalStatus.PENDING,
+            "ap_sh": ApprovalStatus.PENDING,
+            "ap_ot": ApprovalStatus.PENDING,
+        }
+        again = await backend.cancel("other", by="u")  # its shared child goes with it now
+        assert set(again.fenced) == {"other", "shared"}
+        assert {a.status for r in ("other", "shared") for a in await backend.approvals(r)} == {
+            ApprovalStatus.WITHDRAWN
+        }
+
     async def test_checkpoint_only_when_resolved(self, backend: Backend) -> None:
         await backend.create_run(run_spec())
         assert await backend.last_checkpoint("run_a") is None

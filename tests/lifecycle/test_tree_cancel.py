@@ -193,6 +193,12 @@ async def test_the_fence_of_a_tree_finds_its_runs_by_id_not_by_state(tmp_path: P
         for sql, plan in plans.items()
         if "state IN" in sql
     ), plans
+    # the approvals through their runs' ids, a run's state read only for a live one
+    withdraws = [plan for sql, plan in plans.items() if sql.startswith("UPDATE approvals")]
+    assert len(withdraws) == 3  # a lone run's (the first try), the root's, the rest's
+    for plan in withdraws:
+        assert plan[0] == "SEARCH approvals USING INDEX approvals_run (run_id=?)", plan
+        assert any(step.startswith("CORRELATED SCALAR SUBQUERY") for step in plan), plan
 
 
 class ReadOrder(ForwardingBackend):

@@ -147,8 +147,8 @@ def _fence(
     notification first (the dialect's, sent at commit) and the run returned as
     fenced: the whole cancel of a run with no children, which needs nothing read
     before it can commit."""
-    ids, params = dialect.in_list("id", runs)
-    cancellable, withdraw, log, fence = _fence_sql(dialect, ids, lone)
+    params = dialect.in_list("id", runs)[1]
+    cancellable, withdraw, log, fence = _fence_sql(dialect, len(runs), lone)
     data = rows.dump_data({"by": by, "reason": reason, "root": root})
     owned = f"owner {root} cancelled" + (f": {reason}" if reason else "")
     writes = [
@@ -161,21 +161,31 @@ def _fence(
 
 
 @functools.lru_cache(maxsize=16)  # a big tree's text is long (SQLite: a ? per run)
-def _fence_sql(dialect: Dialect, ids: str, lone: bool) -> tuple[str, str, str, str]:
-    """``_fence``'s SQL for runs matched by ``ids`` (the dialect's ``in_list``): which of
-    them are cancellable, and the three writes, in ``_fence``'s order. The same text
-    for every cancel of as many runs (a lone run's above all): made once."""
-    cancellable = f"{ids} AND {dialect.unindexed('state')} IN ({_CANCELLABLE})"
+def _fence_sql(dialect: Dialect, runs: int, lone: bool) -> tuple[str, str, str, str]:
+    """``_fence``'s SQL for ``runs`` runs, each statement taking their ids as the
+    dialect's ``in_list`` passes them: which of them are cancellable, and the three
+    writes, in ``_fence``'s order. The same text for every cancel of as many runs (a
+    lone run's above all): made once.
+
+    The approvals are found by their runs' ids, and only a live one found has its
+    run's state read: most runs have none, and reading every run of a tree for them
+    first (a subquery of the cancellable runs) took 14-23 ms of a 10,000-run fence's
+    90-140, against 6-9 ms this way (SQLite, replayed)."""
+    placeholders = [None] * runs
+    ids = dialect.in_list("id", placeholders)[0]
+    of_runs = dialect.in_list("run_id", placeholders)[0]
+    still = f"{dialect.unindexed('state')} IN ({_CANCELLABLE})"
     if lone:
-        cancellable += (
+        still += (
             " AND NOT EXISTS (SELECT 1 FROM run_owners"
             " WHERE owner_run = runs.id AND released_at IS NULL)"
         )
+    cancellable = f"{ids} AND {still}"
     text = dialect.text
     withdraw = (
         "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?"
-        f" WHERE run_id IN (SELECT id FROM runs WHERE {cancellable})"
-        f" AND status IN ({_LIVE_APPROVALS})"
+        f" WHERE {of_runs} AND status IN ({_LIVE_APPROVALS})"
+        f" AND EXISTS (SELECT 1 FROM runs WHERE runs.id = approvals.run_id AND {still})"
     )
     log = (
         f"{rows.EVENT_INTO} SELECT ?, id, NULL, {text('?')}, state, {text('?')}, {text('?')}"
