@@ -16,6 +16,7 @@ from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.vocab import OpEvent
 from stopline.errors import IllegalTransition, UnknownRun
 from stopline.ledger.backend import Backend, OutcomeUpdate, RunSpec
+from stopline.ledger.engine.dialect import LONG_LIST
 from stopline.ledger.forwarding import ForwardingBackend
 from stopline.ledger.sqlite import SQLiteBackend
 
@@ -175,11 +176,16 @@ async def test_the_fence_of_a_tree_is_set_based_whatever_its_size(tmp_path: Path
     assert len(small) == len(large)
 
 
-async def test_the_fence_of_a_tree_finds_its_runs_by_id_not_by_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("children", [40, 100])  # the ids as parameters, as a JSON array
+async def test_the_fence_of_a_tree_finds_its_runs_by_id_not_by_state(
+    tmp_path: Path, children: int
+) -> None:
     """Each statement reaches the tree's runs through their key: the plan that walked
-    ``runs_state`` read every live run of the ledger to fence 41 of them."""
+    ``runs_state`` read every live run of the ledger to fence 41 of them. A tree of
+    more than ``LONG_LIST`` runs passes their ids as one JSON array (ADR 0044)."""
     path = tmp_path / "l.db"
-    statements = await _fence_statements(path, 40)
+    statements = await _fence_statements(path, children)
+    assert any("json_each" in sql for sql in statements) is (children > LONG_LIST)
     with sqlite3.connect(path) as conn:
         plans = {
             sql: [step[-1] for step in conn.execute(f"EXPLAIN QUERY PLAN {sql}")]

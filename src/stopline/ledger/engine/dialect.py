@@ -50,6 +50,10 @@ def _outcome_update(event: OpEvent, which: str = "= :id") -> str:
     )
 
 
+# beyond this many values ``Dialect.in_list`` passes one JSON array (ADR 0044); a short
+# list keeps a parameter per value, and the plans its statements were measured with
+LONG_LIST = 64
+
 _IDS = "(SELECT value FROM json_each(:ids))"
 _OPS_BY_IDS = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id IN {_IDS}"
 
@@ -83,7 +87,11 @@ class Dialect:
     change_mark = "SELECT COALESCE(MAX(seq), 0) FROM events"
 
     def in_list(self, column: str, values: Collection[Any]) -> tuple[str, list[Any]]:
-        """``column`` is one of ``values``, with its positional parameters."""
+        """``column`` is one of ``values``, with its positional parameters. A long list
+        goes as one JSON array (ADR 0044): SQLite caps a statement's parameters (32,766
+        in its default build), and a tree's fence names every run of the tree."""
+        if len(values) > LONG_LIST:
+            return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(list(values))]
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
 
     def json_int(self, column: str, key: str) -> str:

@@ -238,9 +238,9 @@ async def fenced_among(db: Db, run_ids: Collection[str]) -> list[str]:
     ago may have been followed by a resume: that run is not fenced any more)."""
     if not run_ids:
         return []
-    marks = ", ".join("?" for _ in run_ids)
-    sql = f"SELECT id FROM runs WHERE id IN ({marks}) AND state IN ({sql_values(FENCED)})"
-    fenced = {str(r[0]) for r in await db.all(sql, tuple(run_ids))}
+    which, params = db.dialect.in_list("id", run_ids)
+    sql = f"SELECT id FROM runs WHERE {which} AND state IN ({sql_values(FENCED)})"
+    fenced = {str(r[0]) for r in await db.all(sql, params)}
     return [r for r in run_ids if r in fenced]
 
 
