@@ -10,6 +10,7 @@ held to 999, and a tree of 1,200 children is cancelled, paused, and read.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,51 +29,44 @@ def _capped(conn: sqlite3.Connection) -> None:
     conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, CAP)
 
 
-async def _tree(path: Path, root: str) -> SQLiteBackend:
-    backend = await SQLiteBackend.open(path, cancel_poll=0)
-    await backend.create_run(RunSpec(root, root, "u", "t"))
-    for n in range(CHILDREN):
-        await backend.create_run(RunSpec(f"{root}-{n}", f"c{n}", "u", "t", parent_id=root))
-    await backend.transact(_capped)
-    return backend
+@pytest.fixture
+async def tree(tmp_path: Path) -> AsyncIterator[SQLiteBackend]:
+    """A ledger holding a root run with ``CHILDREN`` children, its writer capped."""
+    backend = await SQLiteBackend.open(tmp_path / "l.db", cancel_poll=0)
+    try:
+        await backend.create_run(RunSpec("root", "root", "u", "t"))
+        for n in range(CHILDREN):
+            await backend.create_run(RunSpec(f"root-{n}", f"c{n}", "u", "t", parent_id="root"))
+        await backend.transact(_capped)
+        yield backend
+    finally:
+        await backend.close()
 
 
-async def test_the_cap_holds_on_the_writers_connection(tmp_path: Path) -> None:
+async def test_the_cap_holds_on_the_writers_connection(tree: SQLiteBackend) -> None:
     """The premise: a statement with a parameter per run of the tree fails there."""
-    backend = await _tree(tmp_path / "l.db", "root")
-    try:
-        marks = ", ".join("?" * (CHILDREN + 1))
-        with pytest.raises(LedgerError, match="too many SQL variables"):
-            await backend.transact(
-                lambda conn: conn.execute(
-                    f"SELECT id FROM runs WHERE id IN ({marks})", [""] * (CHILDREN + 1)
-                )
+    marks = ", ".join("?" * (CHILDREN + 1))
+    with pytest.raises(LedgerError, match="too many SQL variables"):
+        await tree.transact(
+            lambda conn: conn.execute(
+                f"SELECT id FROM runs WHERE id IN ({marks})", [""] * (CHILDREN + 1)
             )
-    finally:
-        await backend.close()
+        )
 
 
-async def test_a_tree_past_sqlites_parameter_cap_is_cancelled(tmp_path: Path) -> None:
-    backend = await _tree(tmp_path / "l.db", "root")
-    try:
-        result = await backend.cancel("root", by="u")
-        assert len(result.fenced) == CHILDREN + 1
-        runs = await backend.get_runs([f"root-{n}" for n in range(CHILDREN)])
-        assert {run.state for run in runs.values()} == {RunState.CANCELLING}
-        assert len(runs) == CHILDREN
-        assert await backend.operations("root", descendants=True) == []
-    finally:
-        await backend.close()
+async def test_a_tree_past_sqlites_parameter_cap_is_cancelled(tree: SQLiteBackend) -> None:
+    result = await tree.cancel("root", by="u")
+    assert len(result.fenced) == CHILDREN + 1
+    runs = await tree.get_runs([f"root-{n}" for n in range(CHILDREN)])
+    assert {run.state for run in runs.values()} == {RunState.CANCELLING}
+    assert len(runs) == CHILDREN
+    assert await tree.operations("root", descendants=True) == []
 
 
-async def test_a_tree_past_sqlites_parameter_cap_is_paused(tmp_path: Path) -> None:
-    backend = await _tree(tmp_path / "l.db", "root")
-    try:
-        paused = await backend.pause("root", by="u")
-        assert len(paused) == CHILDREN + 1
-        assert (await backend.get_run("root-0")).state is RunState.PAUSED
-    finally:
-        await backend.close()
+async def test_a_tree_past_sqlites_parameter_cap_is_paused(tree: SQLiteBackend) -> None:
+    paused = await tree.pause("root", by="u")
+    assert len(paused) == CHILDREN + 1
+    assert (await tree.get_run("root-0")).state is RunState.PAUSED
 
 
 def test_a_short_list_keeps_a_parameter_per_value() -> None:
