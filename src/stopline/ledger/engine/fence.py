@@ -160,7 +160,7 @@ def _fence(
     return [*notify, *dialect.fused(writes)]
 
 
-@functools.lru_cache(maxsize=16)  # a big tree's text is long (SQLite: a ? per run)
+@functools.lru_cache(maxsize=16)  # by the count of runs: SQLite's text has a ? each up to 64
 def _fence_sql(dialect: Dialect, runs: int, lone: bool) -> tuple[str, str, str, str]:
     """``_fence``'s SQL for ``runs`` runs, each statement taking their ids as the
     dialect's ``in_list`` passes them: which of them are cancellable, and the three
