@@ -18,7 +18,7 @@ import pytest
 from stopline.domain.vocab import RunState
 from stopline.errors import LedgerError
 from stopline.ledger.backend import RunSpec
-from stopline.ledger.engine.dialect import LONG_LIST
+from stopline.ledger.engine.dialect import LONG_LIST, Dialect
 from stopline.ledger.sqlite import SQLiteBackend
 
 CAP = 999  # SQLite's own default before 3.32
@@ -71,8 +71,6 @@ async def test_a_tree_past_sqlites_parameter_cap_is_paused(tree: SQLiteBackend) 
 
 def test_a_short_list_keeps_a_parameter_per_value() -> None:
     """The plans of the statements naming a few runs (most of them) stay as measured."""
-    from stopline.ledger.engine.dialect import Dialect
-
     short, params = Dialect().in_list("id", ["a"] * LONG_LIST)
     assert short.count("?") == LONG_LIST and params == ["a"] * LONG_LIST
     long, params = Dialect().in_list("id", ["a", "b"] * LONG_LIST)

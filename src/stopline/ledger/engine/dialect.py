@@ -54,7 +54,13 @@ def _outcome_update(event: OpEvent, which: str = "= :id") -> str:
 # list keeps a parameter per value, and the plans its statements were measured with
 LONG_LIST = 64
 
-_IDS = "(SELECT value FROM json_each(:ids))"
+
+def _each(array: str) -> str:
+    """The values of the JSON array bound to the parameter ``array``, as a subquery."""
+    return f"(SELECT value FROM json_each({array}))"
+
+
+_IDS = _each(":ids")
 _OPS_BY_IDS = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id IN {_IDS}"
 
 
@@ -91,7 +97,7 @@ class Dialect:
         goes as one JSON array (ADR 0044): SQLite caps a statement's parameters (32,766
         in its default build), and a tree's fence names every run of the tree."""
         if len(values) > LONG_LIST:
-            return f"{column} IN (SELECT value FROM json_each(?))", [json.dumps(list(values))]
+            return f"{column} IN {_each('?')}", [json.dumps(list(values))]
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
 
     def json_int(self, column: str, key: str) -> str:

@@ -65,12 +65,13 @@ __all__ = [
     "wanted_open",
 ]
 
-# ids per statement in a read of many: well inside SQLite's 32,766 parameters
+# ids per statement in a read of many: a bounded result each (the ids themselves go as
+# one array, whatever their number: ``Dialect.in_list``, ADR 0044)
 _IDS_PER_STATEMENT = 4_096
 
 
 def chunks(ids: Sequence[str]) -> list[list[str]]:
-    """``ids`` without repeats, cut into lists short enough for one statement's ``IN``."""
+    """``ids`` without repeats, cut into lists of a bounded read each."""
     distinct = list(dict.fromkeys(ids))
     return [
         distinct[at : at + _IDS_PER_STATEMENT] for at in range(0, len(distinct), _IDS_PER_STATEMENT)
