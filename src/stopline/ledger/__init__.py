@@ -36,7 +36,9 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-_SQLITE_OPTIONS = frozenset({"busy_timeout", "synchronous", "group_commit_ms", "cancel_poll_ms"})
+_SQLITE_OPTIONS = frozenset(
+    {"busy_timeout", "synchronous", "group_commit_ms", "cancel_poll_ms", "cache_mib"}
+)
 
 
 async def open_backend(url: str | None = None, *, read_only: bool = False) -> Backend:
@@ -45,7 +47,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
-        from stopline.ledger.sqlite import SQLiteBackend
+        from stopline.ledger.sqlite import CACHE_MIB, SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
@@ -63,6 +65,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
                 url, "cancel_poll_ms", options.get("cancel_poll_ms", "50")
             ),
             read_only=read_only,
+            cache_mib=_whole_option(url, "cache_mib", options.get("cache_mib", str(CACHE_MIB))),
         )
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -73,6 +76,15 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
             ) from exc
         return await PostgresBackend.open(url, read_only=read_only)
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
+
+
+def _whole_option(url: str, name: str, text: str) -> int:
+    """A URL option that is a whole number; else ``LedgerUnavailable`` naming it (its
+    range is the backend's to check)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise LedgerUnavailable(url, f"{name}={text!r} is not a whole number") from None
 
 
 def milliseconds_option(url: str, name: str, text: str) -> float:
