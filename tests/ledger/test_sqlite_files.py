@@ -21,6 +21,7 @@ from stopline.errors import (
     UnknownOperation,
     UnknownRun,
 )
+from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
 
 
@@ -94,6 +95,21 @@ async def test_unknown_url_and_option(tmp_path: Path) -> None:
     with pytest.raises(LedgerUnavailable, match="unknown option"):
         async with stopline.open(f"sqlite:///{tmp_path}/l.db?turbo=1"):
             pass
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan", "inf", "86401"])
+async def test_a_bad_busy_timeout_is_refused_before_the_file_is_made(
+    tmp_path: Path, value: str
+) -> None:
+    """It failed with a bare ``ValueError`` or ``OverflowError``, or opened (a negative
+    or endless wait)."""
+    path = tmp_path / "l.db"
+    with pytest.raises(LedgerUnavailable, match=f"busy_timeout='{value}' is not 0-86400 seconds"):
+        async with stopline.open(f"sqlite:///{path}?busy_timeout={value}"):
+            pass
+    with pytest.raises(LedgerUnavailable, match=r"busy_timeout=.* is not 0-86400 seconds"):
+        SQLiteBackend(path, busy_timeout=float(value) if value != "abc" else -1.0)
+    assert not path.exists()
 
 
 async def test_file_locked_by_another_process(tmp_path: Path) -> None:

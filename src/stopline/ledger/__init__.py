@@ -47,7 +47,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
-        from stopline.ledger.sqlite import CACHE_MIB, SQLiteBackend
+        from stopline.ledger.sqlite import CACHE_MIB, MAX_BUSY_S, SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
@@ -56,7 +56,9 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
         return await SQLiteBackend.open(
             Path(path),
-            busy_timeout=float(options.get("busy_timeout", 10.0)),
+            busy_timeout=number_option(
+                url, "busy_timeout", options.get("busy_timeout", "10"), MAX_BUSY_S, "seconds"
+            ),
             synchronous=options.get("synchronous", "FULL").upper(),
             group_commit=milliseconds_option(
                 url, "group_commit_ms", options.get("group_commit_ms", "2")
@@ -87,13 +89,19 @@ def _whole_option(url: str, name: str, text: str) -> int:
         raise LedgerUnavailable(url, f"{name}={text!r} is not a whole number") from None
 
 
-def milliseconds_option(url: str, name: str, text: str) -> float:
-    """A URL option in milliseconds (0-60000), as seconds; else ``LedgerUnavailable``
-    naming it. One rule for every backend's ``group_commit_ms`` and the like."""
+def number_option(url: str, name: str, text: str, high: float, unit: str) -> float:
+    """A URL option that is a number from 0 to ``high`` (in ``unit``); else
+    ``LedgerUnavailable`` naming it. One rule for every backend's numeric options."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 <= value <= 60_000:
-        raise LedgerUnavailable(url, f"{name}={text!r} is not 0-60000 milliseconds")
-    return value / 1000
+    if not 0 <= value <= high:  # NaN too
+        raise LedgerUnavailable(url, f"{name}={text!r} is not 0-{high:g} {unit}")
+    return value
+
+
+def milliseconds_option(url: str, name: str, text: str) -> float:
+    """A URL option in milliseconds (0-60000), as seconds; else ``LedgerUnavailable``
+    naming it (``group_commit_ms`` and the like)."""
+    return number_option(url, name, text, 60_000, "milliseconds") / 1000

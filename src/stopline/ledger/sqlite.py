@@ -56,6 +56,7 @@ T = TypeVar("T")
 # back. 16 MiB holds a tree of ~30,000 runs; pages are taken as they are used.
 CACHE_MIB = 16
 MAX_CACHE_MIB = 65_536
+MAX_BUSY_S = 86_400  # the longest a write may wait for another process's lock: a day
 
 
 class SQLiteBackend(SqlBackend):
@@ -72,6 +73,10 @@ class SQLiteBackend(SqlBackend):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
+        if not 0 <= busy_timeout <= MAX_BUSY_S:  # NaN too
+            raise LedgerUnavailable(
+                f"sqlite:///{path}", f"busy_timeout={busy_timeout!r} is not 0-{MAX_BUSY_S} seconds"
+            )
         if (
             isinstance(cache_mib, bool)
             or not isinstance(cache_mib, int)
