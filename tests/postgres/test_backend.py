@@ -238,6 +238,10 @@ async def test_bad_urls(pg_url: str) -> None:
     for bad in ("-1", "60001", "soon"):  # the same rule as SQLite's: 0-60000 ms
         with pytest.raises(LedgerUnavailable, match="group_commit_ms"):
             await PostgresBackend.open(f"{pg_url}&group_commit_ms={bad}")
+    # 'inf' raised a bare OverflowError; a negative one tried and timed out at once
+    for bad in ("-1", "inf", "nan", "86401", "soon"):
+        with pytest.raises(LedgerUnavailable, match=f"retry_for='{bad}' is not 0-86400 seconds"):
+            await PostgresBackend.open(f"{pg_url}&retry_for={bad}")
 
 
 @contextlib.asynccontextmanager

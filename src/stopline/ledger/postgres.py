@@ -63,7 +63,7 @@ from stopline.errors import (
     LedgerUnavailable,
     StoplineError,
 )
-from stopline.ledger import milliseconds_option
+from stopline.ledger import milliseconds_option, number_option
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine import approvals as ap
@@ -166,7 +166,9 @@ class PostgresBackend(SqlBackend):
                 schema=schema,
                 pool_min=int(own.get("pool_min", 1)),
                 pool_max=int(own.get("pool_max", 10)),
-                retry_for=float(own.get("retry_for", 10.0)),
+                retry_for=number_option(
+                    redact(url), "retry_for", own.get("retry_for", "10"), 86_400, "seconds"
+                ),
                 group_commit_ms=1000
                 * milliseconds_option(
                     redact(url), "group_commit_ms", own.get("group_commit_ms", "2")
