@@ -156,27 +156,25 @@ class PostgresBackend(SqlBackend):
         conninfo = urllib.parse.urlunsplit(
             ("postgresql", parts.netloc, parts.path, urllib.parse.urlencode(libpq), "")
         )
-        schema = own.get("schema")
+        schema, where = own.get("schema"), redact(url)
         if schema is not None and not _IDENT.fullmatch(schema):
-            raise LedgerUnavailable(redact(url), f"schema {schema!r} is not a plain identifier")
+            raise LedgerUnavailable(where, f"schema {schema!r} is not a plain identifier")
         try:
             backend = cls(
                 conninfo,
-                location=redact(url),
+                location=where,
                 schema=schema,
                 pool_min=int(own.get("pool_min", 1)),
                 pool_max=int(own.get("pool_max", 10)),
                 retry_for=number_option(
-                    redact(url), "retry_for", own.get("retry_for", "10"), 86_400, "seconds"
+                    where, "retry_for", own.get("retry_for", "10"), 86_400, "seconds"
                 ),
                 group_commit_ms=1000
-                * milliseconds_option(
-                    redact(url), "group_commit_ms", own.get("group_commit_ms", "2")
-                ),
+                * milliseconds_option(where, "group_commit_ms", own.get("group_commit_ms", "2")),
                 read_only=read_only,
             )
         except ValueError as exc:
-            raise LedgerUnavailable(redact(url), f"bad option: {exc}") from exc
+            raise LedgerUnavailable(where, f"bad option: {exc}") from exc
         try:
             await backend._start()
         except BaseException:
