@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -242,6 +243,48 @@ async def test_bad_urls(pg_url: str) -> None:
     for bad in ("-1", "inf", "nan", "86401", "soon"):
         with pytest.raises(LedgerUnavailable, match=f"retry_for='{bad}' is not 0-86400 seconds"):
             await PostgresBackend.open(f"{pg_url}&retry_for={bad}")
+
+
+async def test_pool_sizes_are_checked_before_anything_connects() -> None:
+    """``pool_min``/``pool_max`` are named when wrong (psycopg's ``min_size``/``max_size``
+    were, through its own text); the URL's server is unreachable, so a refusal that tried
+    to connect would say so instead."""
+    nowhere = "postgresql://127.0.0.1:1/none?retry_for=0.2"
+    for option, bad, says in [
+        ("pool_min", "-1", "pool_min='-1' is not a whole number 0 or more"),
+        ("pool_min", "abc", "pool_min='abc' is not a whole number 0 or more"),
+        ("pool_max", "0", "pool_max='0' is not a whole number 1 or more"),
+        ("pool_max", "1.5", "pool_max='1.5' is not a whole number 1 or more"),
+    ]:
+        with pytest.raises(LedgerUnavailable, match=re.escape(says)):
+            await PostgresBackend.open(f"{nowhere}&{option}={bad}")
+    with pytest.raises(LedgerUnavailable, match="pool_max=2 is below pool_min=5"):
+        await PostgresBackend.open(f"{nowhere}&pool_min=5&pool_max=2")
+
+
+async def test_a_pool_of_one_connection_serves_calls(pg_url: str) -> None:
+    """The smallest pool the check allows (none kept open, one at most) is a working
+    ledger: runs, gated calls and a cancel, with nothing waiting on a second connection."""
+    async with stopline.open(f"{pg_url}&pool_min=0&pool_max=1") as ledger:
+        done = []
+
+        @stopline.tool
+        async def effect(ctx: stopline.CallContext, n: int) -> int:
+            return n
+
+        async def one(n: int) -> None:
+            async with ledger.run(f"r{n}", owner="t") as run:
+                done.append(await run.call(effect, n))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for n in range(8):
+                    tg.start_soon(one, n)
+            async with ledger.run("cancelled", owner="t") as run:
+                await ledger.cancel(run.id, by="t")
+            receipt = await ledger.wait_settled(run.id)
+        assert sorted(done) == list(range(8))
+        assert receipt.run_state is RunState.CANCELLED
 
 
 @contextlib.asynccontextmanager

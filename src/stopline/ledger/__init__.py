@@ -9,7 +9,16 @@ from pathlib import Path
 from stopline.errors import LedgerUnavailable
 from stopline.ledger.backend import Backend
 
-__all__ = ["DEFAULT_URL", "Backend", "milliseconds_option", "open_backend", "redact", "resolve_url"]
+__all__ = [
+    "DEFAULT_URL",
+    "Backend",
+    "milliseconds_option",
+    "number_option",
+    "open_backend",
+    "redact",
+    "resolve_url",
+    "whole_option",
+]
 
 DEFAULT_URL = "sqlite:///stopline.db"
 ENV_VAR = "STOPLINE_LEDGER"
@@ -47,13 +56,15 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
-        from stopline.ledger.sqlite import CACHE_MIB, MAX_BUSY_S, SQLiteBackend
+        from stopline.ledger.sqlite import CACHE_MIB, MAX_BUSY_S, MAX_CACHE_MIB, SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
         unknown = set(options) - _SQLITE_OPTIONS
         if unknown:
             raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
+        mib = options.get("cache_mib", str(CACHE_MIB))
+        cache_mib = whole_option(url, "cache_mib", mib, low=1, high=MAX_CACHE_MIB)
         return await SQLiteBackend.open(
             Path(path),
             busy_timeout=number_option(
@@ -67,7 +78,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
                 url, "cancel_poll_ms", options.get("cancel_poll_ms", "50")
             ),
             read_only=read_only,
-            cache_mib=_whole_option(url, "cache_mib", options.get("cache_mib", str(CACHE_MIB))),
+            cache_mib=cache_mib,
         )
     if url.startswith(("postgresql://", "postgres://")):
         try:
@@ -80,13 +91,17 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     raise LedgerUnavailable(url, "unsupported ledger URL; use sqlite:///PATH or postgresql://...")
 
 
-def _whole_option(url: str, name: str, text: str) -> int:
-    """A URL option that is a whole number; else ``LedgerUnavailable`` naming it (its
-    range is the backend's to check)."""
+def whole_option(url: str, name: str, text: str, *, low: int, high: int | None = None) -> int:
+    """A URL option that is a whole number from ``low`` (to ``high``, if given); else
+    ``LedgerUnavailable`` naming it as the URL gave it."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise LedgerUnavailable(url, f"{name}={text!r} is not a whole number") from None
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        upto = f"-{high}" if high is not None else " or more"
+        raise LedgerUnavailable(url, f"{name}={text!r} is not a whole number {low}{upto}")
+    return value
 
 
 def number_option(url: str, name: str, text: str, high: float, unit: str) -> float:

@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -63,7 +61,6 @@ from stopline.errors import (
     LedgerUnavailable,
     StoplineError,
 )
-from stopline.ledger import milliseconds_option, number_option
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine import approvals as ap
@@ -88,13 +85,12 @@ from stopline.ledger.postgres_settle import (
     run_moved,
 )
 from stopline.ledger.postgres_txn import Tx
+from stopline.ledger.postgres_url import parse
 
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
-_OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 
 
 class PostgresBackend(SqlBackend):
@@ -145,34 +141,14 @@ class PostgresBackend(SqlBackend):
 
     @classmethod
     async def open(cls, url: str, *, read_only: bool = False) -> PostgresBackend:
+        where = redact(url)
         if sniffio.current_async_library() != "asyncio":
             raise LedgerUnavailable(
-                redact(url), "the PostgreSQL ledger runs on asyncio (psycopg's async driver)"
+                where, "the PostgreSQL ledger runs on asyncio (psycopg's async driver)"
             )
-        parts = urllib.parse.urlsplit(url)
-        query = urllib.parse.parse_qsl(parts.query)
-        own = {k: v for k, v in query if k in _OWN_OPTIONS}
-        libpq = [(k, v) for k, v in query if k not in _OWN_OPTIONS]
-        conninfo = urllib.parse.urlunsplit(
-            ("postgresql", parts.netloc, parts.path, urllib.parse.urlencode(libpq), "")
-        )
-        schema, where = own.get("schema"), redact(url)
-        if schema is not None and not _IDENT.fullmatch(schema):
-            raise LedgerUnavailable(where, f"schema {schema!r} is not a plain identifier")
+        conninfo, options = parse(url, where)
         try:
-            backend = cls(
-                conninfo,
-                location=where,
-                schema=schema,
-                pool_min=int(own.get("pool_min", 1)),
-                pool_max=int(own.get("pool_max", 10)),
-                retry_for=number_option(
-                    where, "retry_for", own.get("retry_for", "10"), 86_400, "seconds"
-                ),
-                group_commit_ms=1000
-                * milliseconds_option(where, "group_commit_ms", own.get("group_commit_ms", "2")),
-                read_only=read_only,
-            )
+            backend = cls(conninfo, location=where, read_only=read_only, **options)
         except ValueError as exc:
             raise LedgerUnavailable(where, f"bad option: {exc}") from exc
         try:
