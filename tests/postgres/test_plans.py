@@ -22,6 +22,7 @@ import pytest
 from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent, RunState
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.engine import fence
 from stopline.ledger.engine.gate import gate_params, intent_sql
 from stopline.ledger.engine.reads import ops_query, runs_query
 from stopline.ledger.engine.record import record_params
@@ -127,3 +128,40 @@ async def test_a_trees_settle_forms_use_their_indexes_on_a_grown_ledger(pg_url: 
         ("many runs moved", "runs_pkey"),
     ]:
         assert any(index in step for step in plans[form]), (form, plans[form])
+
+
+async def test_a_trees_fence_finds_its_runs_links_and_approvals_by_id(pg_url: str) -> None:
+    """A tree's fence (20 runs) on a grown ledger never analyzed: the next level's links
+    through ``run_owners_owner``, the approvals through ``approvals_run`` (a run's state
+    read only for a live one), the cancel events and the fence through the runs' key. A
+    walk of ``approvals``, ``runs`` or ``runs_state`` would cost what the ledger holds,
+    not what the tree does. (With 10,000 approvals PostgreSQL scans them all, and rightly:
+    unanalyzed, the table is a few pages; at 100,000, as after an analyze, it takes the
+    index.)"""
+    with await _ledger(pg_url, 30_000, 20_000) as conn:
+        now = time.time()
+        conn.execute(
+            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+            " SELECT 'run_' || i, 'run_' || (i / 100), 1, %s FROM generate_series(300, 29999) i",
+            (now,),
+        )
+        conn.execute(
+            "INSERT INTO approvals (id, run_id, scope, approver, status, requested_by,"
+            " created_at) SELECT 'ap_' || i, 'run_' || (i %% 30000), 's', 'a',"
+            " CASE WHEN i %% 2 = 0 THEN 'pending' ELSE 'denied' END, 'u', %s"
+            " FROM generate_series(0, 99999) i",
+            (now,),
+        )
+        dialect = PostgresDialect(None)
+        tree = [f"run_{i}" for i in range(300, 320)]
+        (fused,) = fence._fence(dialect, tree, "run_3", "bench", "", now)
+        links = fence._links(dialect, tree, exclusive_only=False)
+        plans = {
+            "the next level's links": _explain(conn, *links),
+            "the fence": _explain(conn, *fused),
+        }
+    assert _walks(plans) == [], plans
+    assert any("run_owners_owner" in step for step in plans["the next level's links"]), plans
+    fenced = plans["the fence"]
+    assert any("approvals_run" in step for step in fenced), fenced
+    assert sum("runs_pkey" in step for step in fenced) >= 3, fenced  # the EXISTS, events, fence
