@@ -6,6 +6,7 @@ process and prints what it saw as JSON; the tests assert on that.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sqlite3
@@ -22,15 +23,18 @@ from stopline.domain.vocab import RunEvent
 from stopline.errors import IllegalTransition, LedgerUnavailable, UnknownRun
 from stopline.ledger.backend import Backend
 from stopline.ledger.forwarding import ForwardingBackend
+from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity, limit_file_size
 from tests.lifecycle.test_tree_cancel import cancel_a_tree, holding_tool
 from tests.support.held import Held
+from tests.support.writer import HeldWriter
 
 __all__ = [
     "ask_on_a_full_disk",
     "batched_settle_on_a_full_disk",
     "bulk_record_on_a_full_disk",
+    "committed_beside_a_held_outcome",
     "fence_on_a_full_disk",
     "fill_mid_run",
     "held_outcome",
@@ -282,6 +286,74 @@ async def fence_on_a_full_disk(
     }
 
 
+async def committed_beside_a_held_outcome(
+    path: Path, fill: Callable[[], None], free: Callable[[], None]
+) -> dict[str, Any]:
+    """A batch of a deferred outcome and a job whose caller waits meets a full disk at its
+    commit, and each job runs alone: the outcome still does not fit (held for the next
+    batch), the other job does and commits. It must run once and answer its caller.
+    The writer ran every job of the batch not held once more, so a job that had
+    committed alone ran twice: a gate found its own intent the second time, and its call
+    was never made (the soak's run that completed with an operation ``requested``).
+
+    The log's space is reused from its start after a checkpoint, so on the full disk a
+    small transaction fits in it and a large one does not."""
+    backend = await SQLiteBackend.open(path)
+    writer = backend._writer
+    ran: list[str] = []
+    landed: list[str] = []
+    answer: dict[str, str] = {}
+    outcome_done = anyio.Event()
+
+    def outcome(conn: sqlite3.Connection) -> str:  # deferred: nobody waits on it
+        conn.execute("INSERT INTO blobs VALUES (1, zeroblob(3000000))")
+        return "outcome"
+
+    def then(result: Callable[[], str]) -> None:
+        landed.append(result())
+        outcome_done.set()
+
+    def small(conn: sqlite3.Connection) -> str:
+        ran.append("small")
+        conn.execute("INSERT INTO blobs VALUES (2, x'00')")
+        return "small"
+
+    async def waiting() -> None:
+        try:
+            answer["small"] = await writer.submit(small)
+        except Exception as exc:  # what the caller was told
+            answer["small"] = f"{type(exc).__name__}: {exc}"
+
+    try:
+        await writer.submit(lambda c: c.execute("CREATE TABLE blobs (id INTEGER PRIMARY KEY, b)"))
+        await writer.submit(lambda c: c.execute("INSERT INTO blobs VALUES (0, zeroblob(1000000))"))
+        with contextlib.closing(sqlite3.connect(path)) as other:
+            other.execute("PRAGMA wal_checkpoint(RESTART)")
+        fill()
+        held = HeldWriter(writer)
+        async with anyio.create_task_group() as tg:
+            await held.start(tg)
+            writer.enqueue(outcome, then)
+            tg.start_soon(waiting)
+            await held.queued(2)
+            held.release.set()
+        held_while_full = not outcome_done.is_set()
+        free()
+        ids = await writer.submit(lambda c: [r[0] for r in c.execute("SELECT id FROM blobs")])
+        with anyio.fail_after(10):
+            await outcome_done.wait()
+    finally:
+        await backend.close()
+    return {
+        "small": answer.get("small"),
+        "ran": ran,
+        "held_while_full": held_while_full,
+        "outcome": landed,
+        "ids": sorted(ids),
+        "integrity": integrity(path),
+    }
+
+
 async def open_when_full(path: Path, fill: Callable[[], None]) -> dict[str, str]:
     """Opening a new ledger on a full disk names the full disk."""
     fill()
@@ -309,6 +381,8 @@ async def _main(scenario: str, path: Path) -> dict[str, Any]:
         return await bulk_record_on_a_full_disk(path, fill, free)
     if scenario == "fence_on_a_full_disk":
         return await fence_on_a_full_disk(path, fill, free)
+    if scenario == "committed_beside_a_held_outcome":
+        return await committed_beside_a_held_outcome(path, fill, free)
     if scenario == "batched_settle_on_a_full_disk":
         return await batched_settle_on_a_full_disk(path, fill, free)
     return await open_when_full(path, lambda: limit_file_size(0))

@@ -18,6 +18,7 @@ from tests.faults.sqlite_scenarios import (
     ask_on_a_full_disk,
     batched_settle_on_a_full_disk,
     bulk_record_on_a_full_disk,
+    committed_beside_a_held_outcome,
     fence_on_a_full_disk,
     fill_mid_run,
     held_outcome,
@@ -73,6 +74,23 @@ async def test_an_outcome_the_full_disk_refuses_is_held_and_the_receipt_says_rec
     assert seen["recording"] == [True] and "recording" in seen["words"]
     assert not seen["settled_during"]
     assert seen["state"] == "completed" and seen["statuses"] == ["committed"]
+    assert seen["integrity"] == "ok"
+
+
+async def test_a_job_that_commits_beside_a_held_outcome_runs_once(tmp_path: Path) -> None:
+    with tiny_disk(tmp_path, size_kb=4096) as disk:
+        if disk is not None:
+            seen = await committed_beside_a_held_outcome(
+                disk.path / "ledger.db", disk.fill, disk.free
+            )
+        else:
+            seen = in_child("committed_beside_a_held_outcome", tmp_path / "ledger.db")
+    # in the batch (rolled back with it), then alone (committed), and never again
+    assert seen["ran"] == ["small", "small"]
+    assert seen["small"] == "small"  # its caller got its result, not a rerun's error
+    assert seen["held_while_full"]  # the outcome did not fit: held, not failed
+    assert seen["outcome"] == ["outcome"]  # and landed once the disk had room
+    assert seen["ids"] == [0, 1, 2]
     assert seen["integrity"] == "ok"
 
 

@@ -338,18 +338,16 @@ class Writer:
     def _serve(self, batch: list[_Job[Any]]) -> None:
         """Run one batch and wake its callers, whatever happens: the thread goes on."""
         try:
-            conn = self._connection()
-            self._run(conn, batch)
-            rest = [job for job in batch if not job.held]
-            if len(rest) < len(batch) and rest:
-                # held outcomes could not commit (a full disk): the rest, a read for one,
-                # may still without them
-                self._run(self._connection(), rest)
+            self._run(self._connection(), batch)
         except Exception as exc:  # no connection, or an error no mapping foresaw
             self._fail(batch, exc)
         _wake_all([job for job in batch if not job.held])
 
     def _run(self, conn: sqlite3.Connection, batch: list[_Job[Any]]) -> None:
+        """The batch in one transaction; if a job or the commit fails, each job alone (a
+        read, or a write that fits on a full disk, is not failed by another's). A job runs
+        alone at most once: one that committed is never run again, and a deferred one that
+        still cannot commit is held for the next batch (``_fail``)."""
         if not self._run_together(conn, batch):
             for job in batch:
                 self._run_together(conn, [job])
