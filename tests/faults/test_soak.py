@@ -16,3 +16,4 @@ def test_a_short_soak_violates_nothing_and_tears_nothing_down(tmp_path: Path) ->
     assert sum(figures["faults"].values()) > 0
     assert figures["violations"] == 0, figures["first_violations"]
     assert figures["teardowns"] == 0
+    assert figures["ledger_mib"] > 0  # the ledger's size at the end, its log included

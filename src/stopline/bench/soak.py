@@ -4,13 +4,17 @@ Four worker processes run workflows on one SQLite ledger while a canceller
 process cancels some of their runs and this process injects real faults at
 random: another process holding the write lock past the workers' busy
 timeout, and (where this process may mount one, as root) the ledger's own
-small tmpfs filled up and freed. When the time is up the faults stop, every
-worker waits for its runs to settle and checks each against the contract's
-rules (``stopline.testing.checks``) and one more: no run was cancelled that
-the canceller did not cancel. It prints
+small tmpfs filled up and freed. The tmpfs is sized for the soak's length
+(``disk_mib``): the ledger grew ~19 MiB a minute here, and a disk the
+ledger itself had filled would stay full after the faults stopped. When
+the time is up the faults stop, every worker waits for its runs to settle
+and checks each against the contract's rules (``stopline.testing.checks``)
+and one more: no run was cancelled that the canceller did not cancel. It
+prints
 
-    operations, typed errors, faults, violations (must be 0) and process
-    teardowns (must be 0: a worker that died of an error nobody typed)
+    operations, typed errors, faults, the ledger's size at the end (MiB, its
+    log included), violations (must be 0) and process teardowns (must be 0: a
+    worker that died)
 
 and exits 1 if either of the last two is not 0. Not part of ``stopline
 bench``'s default run.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import sqlite3
@@ -51,7 +56,7 @@ def main(*, seconds: float, workers: int = _WORKERS) -> int:
 
 def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str, Any]:
     """The soak itself (blocking: it manages processes); its figures."""
-    with _disk(workdir) as (directory, disk):
+    with _disk(workdir, disk_mib(seconds)) as (directory, disk):
         path = directory / "ledger.db"
         url = f"sqlite:///{path}?busy_timeout={_BUSY_TIMEOUT}"
         _child(
@@ -64,6 +69,7 @@ def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str,
         faults = _inject(path, disk, float(deadline))
         stop_file.touch()
         results = [_collect(p) for p in procs]
+        size = sum(f.stat().st_size for f in directory.glob("ledger.db*")) / 2**20
     totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0}
     violations: list[str] = []
     teardowns = 0
@@ -77,6 +83,7 @@ def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str,
     return {
         **totals,
         "faults": faults,
+        "ledger_mib": round(size, 1),
         "violations": len(violations),
         "teardowns": teardowns,
         "first_violations": violations[:5],
@@ -84,14 +91,22 @@ def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str,
 
 
 # -- the faults (this process) -------------------------------------------------------
+def disk_mib(seconds: float) -> int:
+    """The ledger's tmpfs for a soak of ``seconds``: 64 MiB and 40 a minute (the ledger,
+    its log included, grew to 149 MiB in an 8-minute soak; with a fixed 64 MiB it
+    filled the disk itself after 2-3 minutes, and every write failed from then on)."""
+    return 64 + math.ceil(40 * seconds / 60)
+
+
 @contextlib.contextmanager
-def _disk(workdir: Path) -> Iterator[tuple[Path, Path | None]]:
-    """A small tmpfs for the ledger where this process may mount one, else a plain dir."""
+def _disk(workdir: Path, mib: int) -> Iterator[tuple[Path, Path | None]]:
+    """A small tmpfs of ``mib`` for the ledger where this process may mount one, else a
+    plain dir."""
     mount = workdir / "disk"
     mount.mkdir()
     mounted = os.geteuid() == 0 and (
         subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+            ["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(mount)],
             capture_output=True,
             check=False,
         ).returncode
