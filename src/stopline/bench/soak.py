@@ -1,20 +1,22 @@
 """`stopline bench --soak`: worker processes, a canceller and random storage faults.
 
-Four worker processes run workflows on one SQLite ledger while a canceller
-process cancels some of their runs and this process injects real faults at
-random: another process holding the write lock past the workers' busy
+Four worker processes run workflows on one ledger while a canceller process
+cancels some of their runs and this process injects real faults at random.
+On SQLite: another process holding the write lock past the workers' busy
 timeout, and (where this process may mount one, as root) the ledger's own
 small tmpfs filled up and freed. The tmpfs is sized for the soak's length
 (``disk_mib``): the ledger grew ~19 MiB a minute here, and a disk the
-ledger itself had filled would stay full after the faults stopped. When
-the time is up the faults stop, every worker waits for its runs to settle
-and checks each against the contract's rules (``stopline.testing.checks``)
-and one more: no run was cancelled that the canceller did not cancel. It
-prints
+ledger itself had filled would stay full after the faults stopped. On
+PostgreSQL (``--postgres``, a schema of its own): the workers' connections
+terminated, one or all at once, and live runs locked by another session
+(``_soak_postgres``). When the time is up the faults stop, every worker
+waits for its runs to settle and checks each against the contract's rules
+(``stopline.testing.checks``) and one more: no run was cancelled that the
+canceller did not cancel. It prints
 
     operations, typed errors, faults, the ledger's size at the end (MiB, its
-    log included), violations (must be 0) and process teardowns (must be 0: a
-    worker that died)
+    log or its indexes included), violations (must be 0) and process
+    teardowns (must be 0: a worker that died)
 
 and exits 1 if either of the last two is not 0. Not part of ``stopline
 bench``'s default run.
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +47,62 @@ _WORKERS = 4
 _BUSY_TIMEOUT = 0.1  # a worker's wait for the lock before its call gets LedgerLocked
 
 
-def main(*, seconds: float, workers: int = _WORKERS) -> int:
-    """Run the soak, print its figures; 0 if nothing was violated and nothing torn down."""
+def main(*, seconds: float, workers: int = _WORKERS, postgres: str | None = None) -> int:
+    """Run the soak, print its figures; 0 if nothing was violated and nothing torn down.
+    ``postgres``: a server to soak on (a schema of its own) instead of a SQLite file."""
     with tempfile.TemporaryDirectory(prefix="stopline-soak-") as tmp:
-        figures = soak(Path(tmp), seconds=seconds, workers=workers)
+        figures = soak(Path(tmp), seconds=seconds, workers=workers, postgres=postgres)
     for name, value in figures.items():
         print(f"{name:<16} {value}")
     return 0 if figures["violations"] == 0 and figures["teardowns"] == 0 else 1
 
 
-def soak(workdir: Path, *, seconds: float, workers: int = _WORKERS) -> dict[str, Any]:
+def soak(
+    workdir: Path, *, seconds: float, workers: int = _WORKERS, postgres: str | None = None
+) -> dict[str, Any]:
     """The soak itself (blocking: it manages processes); its figures."""
+    if postgres is not None:
+        from stopline.bench import _soak_postgres as pg
+
+        with pg.ledger(postgres) as (url, schema):
+            faults, results = _roles(
+                workdir, url, seconds, workers, lambda until: pg.inject(postgres, schema, until)
+            )
+            size = pg.size_mib(postgres, schema)
+        return _figures(results, faults, size)
     with _disk(workdir, disk_mib(seconds)) as (directory, disk):
         path = directory / "ledger.db"
         url = f"sqlite:///{path}?busy_timeout={_BUSY_TIMEOUT}"
-        _child(
-            "create", url, "0", str(workdir / "unused"), "0"
-        )  # the file exists before anyone races to create it
-        stop_file = workdir / "faults-over"
-        deadline = str(time.time() + seconds)
-        procs = [_spawn("worker", url, deadline, str(stop_file), str(n)) for n in range(workers)]
-        procs.append(_spawn("canceller", url, deadline, str(stop_file), "0"))
-        faults = _inject(path, disk, float(deadline))
-        stop_file.touch()
-        results = [_collect(p) for p in procs]
+        faults, results = _roles(
+            workdir, url, seconds, workers, lambda until: _inject(path, disk, until)
+        )
         size = sum(f.stat().st_size for f in directory.glob("ledger.db*")) / 2**20
+    return _figures(results, faults, size)
+
+
+def _roles(
+    workdir: Path,
+    url: str,
+    seconds: float,
+    workers: int,
+    inject: Callable[[float], dict[str, int]],
+) -> tuple[dict[str, int], list[dict[str, Any] | None]]:
+    """The workers and the canceller on ``url`` while ``inject`` makes faults: (the faults
+    made, each child's figures or ``None`` for one that died)."""
+    # the ledger exists before anyone races to create it
+    _child("create", url, "0", str(workdir / "unused"), "0")
+    stop_file = workdir / "faults-over"
+    deadline = str(time.time() + seconds)
+    procs = [_spawn("worker", url, deadline, str(stop_file), str(n)) for n in range(workers)]
+    procs.append(_spawn("canceller", url, deadline, str(stop_file), "0"))
+    faults = inject(float(deadline))
+    stop_file.touch()
+    return faults, [_collect(p) for p in procs]
+
+
+def _figures(
+    results: list[dict[str, Any] | None], faults: dict[str, int], size: float
+) -> dict[str, Any]:
     totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0}
     violations: list[str] = []
     teardowns = 0

@@ -91,7 +91,11 @@ def bench(
         ),
     ] = 1,
     soak: Annotated[
-        bool, typer.Option(help="Instead: 4 workers, a canceller, random faults (not in CI).")
+        bool,
+        typer.Option(
+            help="Instead: 4 workers, a canceller, random faults (not in CI); on SQLite, "
+            "or on the --postgres server"
+        ),
     ] = False,
     minutes: Annotated[float, typer.Option(help="With --soak: how long.")] = 2.0,
 ) -> None:
@@ -101,7 +105,7 @@ def bench(
     if soak:
         from stopline.bench import soak as soak_module
 
-        raise typer.Exit(soak_module.main(seconds=minutes * 60))
+        raise typer.Exit(soak_module.main(seconds=minutes * 60, postgres=postgres))
 
     raise typer.Exit(
         bench_module.main(
