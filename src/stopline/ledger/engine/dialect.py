@@ -100,6 +100,10 @@ class Dialect:
             return f"{column} IN {_each('?')}", [json.dumps(list(values))]
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
 
+    def in_rows(self, column: str, subquery: str) -> str:
+        """``column`` is one of the values ``subquery`` (one column) returns."""
+        return f"{column} IN ({subquery})"
+
     def json_int(self, column: str, key: str) -> str:
         """The integer under ``key`` of a JSON text column."""
         return f"json_extract({column}, '$.{key}')"

@@ -57,6 +57,7 @@ __all__ = [
     "load_runs",
     "op_query",
     "operations",
+    "operations_query",
     "ops_query",
     "run_query",
     "runs_and_operations",
@@ -247,7 +248,7 @@ async def fenced_among(db: Db, run_ids: Collection[str]) -> list[str]:
 
 async def operations(db: Db, run_id: str, descendants: bool) -> list[OperationRecord]:
     await load_run(db, run_id)
-    found = await db.all(*_operations_query(db.dialect, run_id, descendants))
+    found = await db.all(*operations_query(db.dialect, run_id, descendants))
     return [rows.op_from_row(r) for r in found]
 
 
@@ -256,7 +257,7 @@ async def run_and_operations(
 ) -> tuple[RunRecord, list[OperationRecord]]:
     """The run and its operations (with ``descendants``, those of the runs it owns
     exclusively too), read from one snapshot: one round trip, one job on the writer."""
-    reads = [run_query(run_id), _operations_query(db.dialect, run_id, descendants)]
+    reads = [run_query(run_id), operations_query(db.dialect, run_id, descendants)]
     found, ops = await db.snapshot(reads)
     return found_run(found, run_id), [rows.op_from_row(r) for r in ops]
 
@@ -281,7 +282,7 @@ async def runs_and_operations(
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
-def _operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple[str, tuple[str]]:
+def operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple[str, tuple[str]]:
     """The statement reading the run's operations (with ``descendants``, those of the
     runs it owns exclusively too), in their order."""
     if not descendants:
@@ -295,7 +296,7 @@ def _operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple
         # exclusive ownership is never released; saying so lets the partial index serve
         " WHERE o.exclusive = 1 AND o.released_at IS NULL)"
         f" SELECT {rows.OP_COLUMNS} FROM operations"
-        " WHERE run_id IN (SELECT id FROM tree) ORDER BY created_at, id"
+        f" WHERE {dialect.in_rows('run_id', 'SELECT id FROM tree')} ORDER BY created_at, id"
     )
     return sql, (run_id,)
 
