@@ -23,7 +23,7 @@ from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent, RunState
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine import fence, reads
-from stopline.ledger.engine.gate import gate_params, intent_sql
+from stopline.ledger.engine.gate import GATE_PASSED_WHERE, gate_params, intent_sql
 from stopline.ledger.engine.reads import ops_query, runs_query
 from stopline.ledger.engine.record import record_params
 from stopline.ledger.engine.runs import move_query
@@ -186,3 +186,21 @@ async def test_a_receipts_read_of_a_runs_tree_takes_the_operations_index(pg_url:
     assert _walks({"a tree's operations": plan}) == [], plan
     assert any("ops_run" in step for step in plan), plan
     assert {row[1] for row in found} == {"run_7", *(f"run_{i}" for i in range(100, 105))}
+
+
+async def test_a_gates_doubt_is_settled_through_its_runs_log(pg_url: str) -> None:
+    """After a lost reply, whether a gate attempt landed is read from its operation's
+    ``gate_passed`` events. The log has no index by operation: read by ``op_id`` alone it
+    was read whole (found by the PostgreSQL soak, whose connections are terminated at
+    random). Through the operation's run it takes ``events_run``."""
+    with await _ledger(pg_url, RUNS, OPS) as conn:
+        now = time.time()
+        conn.execute(
+            "INSERT INTO events (at, run_id, op_id, kind, data) SELECT %s, 'run_' || (i %% %s),"
+            " 'op_' || i, 'gate_passed', '{}' FROM generate_series(0, %s) i",
+            (now, RUNS, OPS - 1),
+        )
+        params = ("op_77", "op_77", "gate_passed")
+        plan = _explain(conn, f"SELECT data FROM events WHERE {GATE_PASSED_WHERE}", params)
+    assert _walks({"a gate's doubt": plan}) == [], plan
+    assert any("events_run" in step for step in plan), plan

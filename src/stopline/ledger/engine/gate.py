@@ -32,7 +32,7 @@ from stopline.ledger.engine.guards import FENCED, PAUSE_STATES, RETRYABLE
 from stopline.ledger.engine.guards import sql_values as _v
 from stopline.ledger.engine.reads import attempt_event, event_statement, load_op, load_run
 
-__all__ = ["gate", "gate_committed", "gate_params", "intent_sql"]
+__all__ = ["GATE_PASSED_WHERE", "gate", "gate_committed", "gate_params", "intent_sql"]
 
 GATE_EVIDENCE = rows.dump_evidence([Evidence.local("gate", "intent recorded before dispatch")])
 _RUNNING = _v([RunState.RUNNING])
@@ -114,10 +114,17 @@ def _approval_in_sql(spec: OperationSpec) -> bool:
     return spec.needs_approval and not spec.compensates
 
 
+# an operation's gate events, found through its run's log (``events_run``): the log has
+# no index by operation, and read by ``op_id`` alone it was read whole
+GATE_PASSED_WHERE = (
+    "run_id = (SELECT run_id FROM operations WHERE id = ?) AND op_id = ? AND kind = ?"
+)
+
+
 async def gate_committed(db: Db, op_id: str, token: str) -> int | None:
     """After a lost reply: did the gate attempt ``token`` commit? Its fence if so."""
-    where, params = "op_id = ? AND kind = ?", (op_id, OpEvent.GATE_PASSED)
-    recorded = await attempt_event(db, where, params, token)
+    params = (op_id, op_id, OpEvent.GATE_PASSED)
+    recorded = await attempt_event(db, GATE_PASSED_WHERE, params, token)
     return None if recorded is None else int(recorded["fence"])
 
 
