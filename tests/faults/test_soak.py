@@ -18,6 +18,7 @@ def test_a_short_soak_violates_nothing_and_tears_nothing_down(tmp_path: Path) ->
     assert sum(figures["faults"].values()) > 0
     assert figures["violations"] == 0, figures["first_violations"]
     assert figures["teardowns"] == 0
+    assert figures["hung"] == 0
     assert figures["ledger_mib"] > 0  # the ledger's size at the end, its log included
 
 
@@ -33,6 +34,7 @@ def test_a_short_postgres_soak_violates_nothing_and_leaves_no_schema(tmp_path: P
     assert sum(figures["faults"].values()) > 0
     assert figures["violations"] == 0, figures["first_violations"]
     assert figures["teardowns"] == 0
+    assert figures["hung"] == 0
     assert figures["ledger_mib"] > 0
     with psycopg.connect(server, autocommit=True) as conn:
         assert _soak_schemas(conn) == before

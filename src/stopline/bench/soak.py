@@ -15,10 +15,11 @@ waits for its runs to settle and checks each against the contract's rules
 canceller did not cancel. It prints
 
     operations, typed errors, faults, the ledger's size at the end (MiB, its
-    log or its indexes included), violations (must be 0) and process
-    teardowns (must be 0: a worker that died)
+    log or its indexes included), workers still at their checks 15 minutes
+    after the faults stopped (killed; must be 0), violations (must be 0) and
+    process teardowns (must be 0: a worker that died)
 
-and exits 1 if either of the last two is not 0. Not part of ``stopline
+and exits 1 if any of the last three is not 0. Not part of ``stopline
 bench``'s default run.
 """
 
@@ -45,6 +46,7 @@ __all__ = ["main", "soak"]
 CANCELLER = "soak:canceller"
 _WORKERS = 4
 _BUSY_TIMEOUT = 0.1  # a worker's wait for the lock before its call gets LedgerLocked
+_CHECKS_S = 900.0  # how long the children may take over their checks once the faults stop
 
 
 def main(*, seconds: float, workers: int = _WORKERS, postgres: str | None = None) -> int:
@@ -54,7 +56,8 @@ def main(*, seconds: float, workers: int = _WORKERS, postgres: str | None = None
         figures = soak(Path(tmp), seconds=seconds, workers=workers, postgres=postgres)
     for name, value in figures.items():
         print(f"{name:<16} {value}")
-    return 0 if figures["violations"] == 0 and figures["teardowns"] == 0 else 1
+    failed = figures["violations"] or figures["teardowns"] or figures["hung"]
+    return 1 if failed else 0
 
 
 def soak(
@@ -97,13 +100,14 @@ def _roles(
     procs.append(_spawn("canceller", url, deadline, str(stop_file), "0"))
     faults = inject(float(deadline))
     stop_file.touch()
-    return faults, [_collect(p) for p in procs]
+    checks_until = time.monotonic() + _CHECKS_S
+    return faults, [_collect(p, checks_until) for p in procs]
 
 
 def _figures(
     results: list[dict[str, Any] | None], faults: dict[str, int], size: float
 ) -> dict[str, Any]:
-    totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0}
+    totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0, "hung": 0}
     violations: list[str] = []
     teardowns = 0
     for result in results:
@@ -198,9 +202,15 @@ def _child(role: str, *args: str) -> None:
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
 
 
-def _collect(proc: subprocess.Popen[str]) -> dict[str, Any] | None:
-    """A child's figures; ``None`` if it died (a teardown)."""
-    out, _ = proc.communicate(timeout=600)
+def _collect(proc: subprocess.Popen[str], until: float) -> dict[str, Any] | None:
+    """A child's figures; ``None`` if it died (a teardown). One still at its checks at
+    ``until`` is killed and reported as hung (it would outlive the soak's ledger)."""
+    try:
+        out, _ = proc.communicate(timeout=max(until - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"hung": 1}
     if proc.returncode != 0:
         return None
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
