@@ -11,12 +11,14 @@ from stopline.ledger.backend import Backend
 
 __all__ = [
     "DEFAULT_URL",
+    "MAX_WAIT_S",
     "Backend",
     "milliseconds_option",
     "number_option",
     "open_backend",
     "redact",
     "resolve_url",
+    "seconds_option",
     "whole_option",
 ]
 
@@ -56,7 +58,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
     transaction); anything that is not a stopline ledger is refused with a typed error."""
     url = resolve_url(url)
     if url.startswith("sqlite:///"):
-        from stopline.ledger.sqlite import CACHE_MIB, MAX_BUSY_S, MAX_CACHE_MIB, SQLiteBackend
+        from stopline.ledger.sqlite import CACHE_MIB, MAX_CACHE_MIB, SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
         options = dict(urllib.parse.parse_qsl(query))
@@ -67,9 +69,7 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
         cache_mib = whole_option(url, "cache_mib", mib, low=1, high=MAX_CACHE_MIB)
         return await SQLiteBackend.open(
             Path(path),
-            busy_timeout=number_option(
-                url, "busy_timeout", options.get("busy_timeout", "10"), MAX_BUSY_S, "seconds"
-            ),
+            busy_timeout=seconds_option(url, "busy_timeout", options.get("busy_timeout", "10")),
             synchronous=options.get("synchronous", "FULL").upper(),
             group_commit=milliseconds_option(
                 url, "group_commit_ms", options.get("group_commit_ms", "2")
@@ -114,6 +114,15 @@ def number_option(url: str, name: str, text: str, high: float, unit: str) -> flo
     if not 0 <= value <= high:  # NaN too
         raise LedgerUnavailable(url, f"{name}={text!r} is not 0-{high:g} {unit}")
     return value
+
+
+MAX_WAIT_S = 86_400  # the longest wait a ledger option may ask for: a day
+
+
+def seconds_option(url: str, name: str, text: str) -> float:
+    """A URL option that is a wait in seconds (0-86400); else ``LedgerUnavailable`` naming
+    it (SQLite's ``busy_timeout``, PostgreSQL's ``retry_for``)."""
+    return number_option(url, name, text, MAX_WAIT_S, "seconds")
 
 
 def milliseconds_option(url: str, name: str, text: str) -> float:

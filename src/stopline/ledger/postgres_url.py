@@ -14,12 +14,11 @@ import urllib.parse
 from typing import TypedDict
 
 from stopline.errors import LedgerUnavailable
-from stopline.ledger import milliseconds_option, number_option, whole_option
+from stopline.ledger import milliseconds_option, seconds_option, whole_option
 
 __all__ = ["OWN_OPTIONS", "Options", "parse"]
 
 OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
-MAX_RETRY_S = 86_400
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
 
 
@@ -50,8 +49,7 @@ def parse(url: str, where: str) -> tuple[str, Options]:
     pool_max = whole_option(where, "pool_max", own.get("pool_max", "10"), low=1)
     if pool_max < pool_min:
         raise LedgerUnavailable(where, f"pool_max={pool_max} is below pool_min={pool_min}")
-    retry = own.get("retry_for", "10")
-    retry_for = number_option(where, "retry_for", retry, MAX_RETRY_S, "seconds")
+    retry_for = seconds_option(where, "retry_for", own.get("retry_for", "10"))
     group_ms = milliseconds_option(where, "group_commit_ms", own.get("group_commit_ms", "2"))
     options = Options(
         schema=schema,

@@ -31,6 +31,7 @@ from stopline.errors import (
     SchemaTooNew,
     StoplineError,
 )
+from stopline.ledger import MAX_WAIT_S
 from stopline.ledger._writer import Writer
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine import Db, Dialect, SqlBackend, run_sync
@@ -56,7 +57,6 @@ T = TypeVar("T")
 # back. 16 MiB holds a tree of ~30,000 runs; pages are taken as they are used.
 CACHE_MIB = 16
 MAX_CACHE_MIB = 65_536
-MAX_BUSY_S = 86_400  # the longest a write may wait for another process's lock: a day
 
 
 class SQLiteBackend(SqlBackend):
@@ -73,9 +73,9 @@ class SQLiteBackend(SqlBackend):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
             raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
-        if not 0 <= busy_timeout <= MAX_BUSY_S:  # NaN too
+        if not 0 <= busy_timeout <= MAX_WAIT_S:  # NaN too
             raise LedgerUnavailable(
-                f"sqlite:///{path}", f"busy_timeout={busy_timeout!r} is not 0-{MAX_BUSY_S} seconds"
+                f"sqlite:///{path}", f"busy_timeout={busy_timeout!r} is not 0-{MAX_WAIT_S} seconds"
             )
         if (
             isinstance(cache_mib, bool)
