@@ -295,7 +295,7 @@ async def test_v3_ledger_is_migrated_with_its_cancel_events_indexed_alone(
         ).fetchall()
         (index,) = ddl.fetchone()
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    assert version == SCHEMA_VERSION == 5  # V5 is PostgreSQL's alone: recorded, nothing run
+    assert version == SCHEMA_VERSION == 6  # V5 and V6 are PostgreSQL's: recorded, not run
     assert "notify_channel" not in tables
     assert index.endswith("WHERE kind = 'cancel'")  # partial: no other event is in it
     assert indexed == [(2,)]

@@ -27,7 +27,7 @@ from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew, Unkn
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.engine import fence, reads
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
-from stopline.ledger.postgres_listen import OwnCancels
+from stopline.ledger.postgres_listen import CATCH_UP, OwnCancels
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.schema import SCHEMA_VERSION
 from tests.ledger.contract import op_spec, run_spec
@@ -229,6 +229,28 @@ async def test_workers_starting_together_migrate_once(pg_url: str) -> None:
     for backend in opened:
         await backend.close()
     assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)]
+
+
+async def test_a_v5_ledger_gets_its_cancel_times_indexed_when_migrated(pg_url: str) -> None:
+    """V6 indexes the runs by the time of their cancel (a listener's catch-up reads them
+    through it): a ledger from before, its index gone and its version 5, gets it on its
+    next read-write open, and the catch-up finds the run cancelled before."""
+    backend = await PostgresBackend.open(pg_url)
+    await backend.create_run(run_spec("kept"))
+    await backend.create_run(run_spec("run_a"))
+    await backend.cancel("run_a", by="u")
+    await backend.close()
+    sql(pg_url, "DROP INDEX runs_cancelled")
+    sql(pg_url, "UPDATE stopline_schema SET version = 5")
+    await (await PostgresBackend.open(pg_url)).close()
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)] == [(6,)]
+    (index,) = sql(
+        pg_url,
+        "SELECT indexdef FROM pg_indexes"
+        " WHERE indexname = 'runs_cancelled' AND schemaname = current_schema()",
+    )
+    assert index[0].endswith("(cancelled_at) WHERE (cancelled_at IS NOT NULL)"), index
+    assert sql(pg_url, CATCH_UP, 0.0) == [("run_a", "cancelling")]
 
 
 async def test_bad_urls(pg_url: str) -> None:

@@ -217,7 +217,17 @@ INSERT INTO notify_channel (name)
     VALUES ('stopline_cancel_' || replace(gen_random_uuid()::text, '-', ''))
 """)
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+# V6: the runs by the time of their cancel (PostgreSQL). A listener whose connection
+# dropped catches up with the runs cancelled since it last listened (``postgres_listen``);
+# with no index on the time that read the state index's entry and the row of every run
+# ever fenced (33 ms at 200,000 cancelled runs, growing with the history; and after a
+# failover every process does it at once). Partial: a run never cancelled is not in it.
+# SQLite's watch reads the cancel events (V4).
+_V6 = PostgresOnly(
+    "CREATE INDEX runs_cancelled ON runs(cancelled_at) WHERE cancelled_at IS NOT NULL"
+)
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
