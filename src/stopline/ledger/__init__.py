@@ -6,7 +6,7 @@ import os
 import urllib.parse
 from pathlib import Path
 
-from stopline.errors import LedgerUnavailable
+from stopline.errors import LedgerCorrupt, LedgerUnavailable
 from stopline.ledger.backend import Backend
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "redact",
     "resolve_url",
     "seconds_option",
+    "tables_gone",
     "whole_option",
 ]
 
@@ -45,6 +46,14 @@ def redact(url: str) -> str:
     elif netloc == parts.netloc:
         return url
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def tables_gone(location: str, message: str) -> LedgerCorrupt:
+    """A table of an open ledger is missing: its schema was dropped, its tables deleted.
+    Waiting brings nothing back, so it is ``LedgerCorrupt``, not a fault that may clear:
+    the call that met it gets this, and a background step stops at it (logged once)
+    rather than retrying for as long as the process lives."""
+    return LedgerCorrupt(location, f"{message} (a table of the ledger is gone: dropped?)")
 
 
 _SQLITE_OPTIONS = frozenset(

@@ -20,7 +20,7 @@ from stopline.errors import (
     LedgerLocked,
     LedgerUnavailable,
 )
-from stopline.ledger import redact
+from stopline.ledger import redact, tables_gone
 
 __all__ = [
     "CommitInDoubt",
@@ -52,6 +52,8 @@ def map_error(location: str, exc: BaseException, *, retried_for: float) -> BaseE
         err = LedgerLocked(location, message)
     elif isinstance(exc, psycopg.errors.DataCorrupted | psycopg.errors.IndexCorrupted):
         err = LedgerCorrupt(location, message)
+    elif isinstance(exc, psycopg.errors.UndefinedTable):
+        err = tables_gone(location, exc.diag.message_primary or message)
     elif isinstance(exc, _UNAVAILABLE):
         err = LedgerUnavailable(location, message)
     else:

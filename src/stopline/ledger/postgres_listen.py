@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import psycopg
+import psycopg.errors
 
 from stopline.errors import LedgerError
 from stopline.ledger.engine import reads
@@ -150,6 +151,10 @@ class Listener:
         self.connections = 0  # how many times LISTEN was established
         self.connected = anyio.Event()  # set while listening (replaced after a drop)
         self.pid: int | None = None  # the server process of the LISTEN connection
+        # why it stopped for good: the ledger's tables gone under it (nothing to listen
+        # for: every call and step of this ledger meets the same error), else None
+        self.stopped: BaseException | None = None
+        self.ended = anyio.Event()  # set once it stopped for good
         # testing hook: awaited after a drop, before reconnecting
         self.before_reconnect: Callable[[], Awaitable[None]] | None = None
 
@@ -210,6 +215,11 @@ class Listener:
             except (psycopg.Error, OSError) as exc:
                 if not started:
                     raise backend.map_error(exc) from exc
+                if isinstance(exc, psycopg.errors.UndefinedTable):
+                    self.stopped = backend.map_error(exc)
+                    log.error("cancel listener: stopped (%s)", self.stopped)
+                    self.ended.set()
+                    return
                 log.warning("cancel listener: connection lost (%s); re-listening", exc)
             finally:
                 # A cancelled listener's ``async with`` exit is itself cancelled at

@@ -14,6 +14,7 @@ from stopline.errors import (
     LedgerReadOnly,
     LedgerUnavailable,
 )
+from stopline.ledger import tables_gone
 
 __all__ = ["OS_ERRORS", "sqlite_error"]
 
@@ -41,6 +42,8 @@ OS_ERRORS: dict[int, type[LedgerError]] = {
 def sqlite_error(location: str, exc: sqlite3.Error) -> LedgerError:
     """The typed error for an SQLite error, by its result code (its message as a fallback)."""
     message = str(exc)
+    if message.startswith("no such table"):
+        return tables_gone(location, message)
     code = getattr(exc, "sqlite_errorcode", None)
     kind = _BY_CODE.get(code & 0xFF) if isinstance(code, int) else None
     if kind is None:
