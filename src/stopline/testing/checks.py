@@ -46,12 +46,10 @@ class Observed:
 
     def effects(self) -> list[tuple[str, str]]:
         """(provider, key) of every effect a provider committed for this run, in order."""
-        prefix = self.run.id + "/"
         return [
             (name, key)
             for name, provider in self.providers.items()
-            for key in provider.effects
-            if key.startswith(prefix)
+            for key in provider.of_run("effects", self.run.id)
         ]
 
 
@@ -93,9 +91,8 @@ def _r1(seen: Observed) -> Iterator[Violation]:
                     "R1", f"{e.op_id} passed the gate (seq {e.seq}) after the cancel (seq {fence})"
                 )
     passed = _passed(seen)
-    prefix = seen.run.id + "/"
     for name, provider in seen.providers.items():
-        received = Counter(k for k in provider.requests if k.startswith(prefix))
+        received = Counter(provider.of_run("requests", seen.run.id))
         for key, n in received.items():
             if n > passed[key]:
                 yield Violation(
@@ -169,8 +166,8 @@ def _r7(seen: Observed) -> Iterator[Violation]:
     if len(by) > 1:
         yield Violation("R7", f"cancels name different principals: {sorted(map(str, by))}")
     for name, provider in seen.providers.items():
-        for key, n in Counter(provider.cancel_requests).items():
-            if n > 1 and key.startswith(seen.run.id + "/"):
+        for key, n in Counter(provider.of_run("cancel_requests", seen.run.id)).items():
+            if n > 1:
                 yield Violation("R7", f"provider {name!r} was asked {n} times to cancel {key}")
     again, before = seen.cancel_after_settled, seen.settled_receipt
     if again is not None and before is not None and again != before:

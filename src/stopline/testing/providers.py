@@ -55,6 +55,8 @@ class FakeProvider:
         self._cancelled: dict[str, anyio.Event] = {}
         self.late: list[tuple[str, Any]] = []  # responses nobody was waiting for
         self.compensated: list[str] = []  # keys whose effect was corrected
+        # per list of keys: (the list indexed, how much of it, its keys by run)
+        self._by_run: dict[str, tuple[list[str], int, dict[str, list[str]]]] = {}
         self.tool: Tool[Any] = Tool(
             self._call, name=name, description=description or name, cancellable=cancellable
         )
@@ -65,6 +67,25 @@ class FakeProvider:
             self.tool.verify_fn = self._verify
         if compensable:
             self.tool.compensate_fn = self._compensate
+
+    def of_run(self, which: str, run_id: str) -> list[str]:
+        """The keys in ``which`` (``"requests"``, ``"effects"`` or ``"cancel_requests"``)
+        that are run ``run_id``'s (a key is its operation's id, ``<run id>/...``), in
+        order. Indexed as the list grows: judging each of many runs reads that run's
+        keys, not every key the provider saw (the soak's checks of 20,000 runs a worker
+        took over ten minutes that way). A run id may hold ``/``: a key is filed under
+        each prefix it could be the run of."""
+        keys: list[str] = getattr(self, which)
+        indexed, done, index = self._by_run.get(which, (None, 0, {}))
+        if indexed is not keys or done > len(keys):
+            done, index = 0, {}
+        for key in keys[done:]:
+            at = key.find("/")
+            while at != -1:
+                index.setdefault(key[:at], []).append(key)
+                at = key.find("/", at + 1)
+        self._by_run[which] = (keys, len(keys), index)
+        return index.get(run_id, [])
 
     def hold(self, point: str) -> Any:
         """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``."""
