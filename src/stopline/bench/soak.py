@@ -9,7 +9,9 @@ small tmpfs filled up and freed. The tmpfs is sized for the soak's length
 ledger itself had filled would stay full after the faults stopped. On
 PostgreSQL (``--postgres``, a schema of its own): the workers' connections
 terminated, one or all at once, and live runs locked by another session
-(``_soak_postgres``). When the time is up the faults stop, every worker
+(``_soak_postgres``). With ``crashes``, workers are also killed at random and
+replaced, and their runs judged by another process once it recovered them
+(``_soak_crash``). When the time is up the faults stop, every worker
 waits for its runs to settle and checks each against the contract's rules
 (``stopline.testing.checks``) and one more: no run was cancelled that the
 canceller did not cancel. It prints
@@ -26,6 +28,7 @@ bench``'s default run.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -41,6 +44,8 @@ from typing import Any
 
 import anyio
 
+from stopline.bench import _soak_crash
+
 __all__ = ["main", "soak"]
 
 CANCELLER = "soak:canceller"
@@ -49,11 +54,20 @@ _BUSY_TIMEOUT = 0.1  # a worker's wait for the lock before its call gets LedgerL
 _CHECKS_S = 900.0  # how long the children may take over their checks once the faults stop
 
 
-def main(*, seconds: float, workers: int = _WORKERS, postgres: str | None = None) -> int:
+def main(
+    *,
+    seconds: float,
+    workers: int = _WORKERS,
+    postgres: str | None = None,
+    crashes: bool = False,
+) -> int:
     """Run the soak, print its figures; 0 if nothing was violated and nothing torn down.
-    ``postgres``: a server to soak on (a schema of its own) instead of a SQLite file."""
+    ``postgres``: a server to soak on (a schema of its own) instead of a SQLite file.
+    ``crashes``: workers are killed too (``_soak_crash``)."""
     with tempfile.TemporaryDirectory(prefix="stopline-soak-") as tmp:
-        figures = soak(Path(tmp), seconds=seconds, workers=workers, postgres=postgres)
+        figures = soak(
+            Path(tmp), seconds=seconds, workers=workers, postgres=postgres, crashes=crashes
+        )
     for name, value in figures.items():
         print(f"{name:<16} {value}")
     failed = figures["violations"] or figures["teardowns"] or figures["hung"]
@@ -61,7 +75,12 @@ def main(*, seconds: float, workers: int = _WORKERS, postgres: str | None = None
 
 
 def soak(
-    workdir: Path, *, seconds: float, workers: int = _WORKERS, postgres: str | None = None
+    workdir: Path,
+    *,
+    seconds: float,
+    workers: int = _WORKERS,
+    postgres: str | None = None,
+    crashes: bool = False,
 ) -> dict[str, Any]:
     """The soak itself (blocking: it manages processes); its figures."""
     if postgres is not None:
@@ -69,7 +88,12 @@ def soak(
 
         with pg.ledger(postgres) as (url, schema):
             faults, results = _roles(
-                workdir, url, seconds, workers, lambda until: pg.inject(postgres, schema, until)
+                workdir,
+                url,
+                seconds,
+                workers,
+                lambda until: pg.inject(postgres, schema, until),
+                crashes,
             )
             size = pg.size_mib(postgres, schema)
         return _figures(results, faults, size)
@@ -77,7 +101,7 @@ def soak(
         path = directory / "ledger.db"
         url = f"sqlite:///{path}?busy_timeout={_BUSY_TIMEOUT}"
         faults, results = _roles(
-            workdir, url, seconds, workers, lambda until: _inject(path, disk, until)
+            workdir, url, seconds, workers, lambda until: _inject(path, disk, until), crashes
         )
         size = sum(f.stat().st_size for f in directory.glob("ledger.db*")) / 2**20
     return _figures(results, faults, size)
@@ -89,25 +113,50 @@ def _roles(
     seconds: float,
     workers: int,
     inject: Callable[[float], dict[str, int]],
+    crashes: bool = False,
 ) -> tuple[dict[str, int], list[dict[str, Any] | None]]:
     """The workers and the canceller on ``url`` while ``inject`` makes faults: (the faults
-    made, each child's figures or ``None`` for one that died)."""
+    made, each child's figures or ``None`` for one that died). ``crashes``: workers are
+    killed and replaced meanwhile, and a judge checks the killed workers' runs after."""
     # the ledger exists before anyone races to create it
     _child("create", url, "0", str(workdir / "unused"), "0")
     stop_file = workdir / "faults-over"
     deadline = str(time.time() + seconds)
-    procs = [_spawn("worker", url, deadline, str(stop_file), str(n)) for n in range(workers)]
-    procs.append(_spawn("canceller", url, deadline, str(stop_file), "0"))
+    role = "crash-worker" if crashes else "worker"
+    seeds = itertools.count()
+
+    def worker() -> tuple[int, subprocess.Popen[str]]:
+        seed = next(seeds)
+        return seed, _spawn(role, url, deadline, str(stop_file), str(seed))
+
+    live = [worker() for _ in range(workers)]
+    canceller = _spawn("canceller", url, deadline, str(stop_file), "0")
+    killed: list[int] = []
+    crasher = _soak_crash.crasher(live, worker, killed, float(deadline)) if crashes else None
     faults = inject(float(deadline))
+    if crasher is not None:
+        crasher.join()
+        faults["workers_killed"] = len(killed)
     stop_file.touch()
     checks_until = time.monotonic() + _CHECKS_S
-    return faults, [_collect(p, checks_until) for p in procs]
+    results = [_collect(p, checks_until) for p in [*(p for _, p in live), canceller]]
+    if crashes:
+        (workdir / "killed.json").write_text(json.dumps(killed))
+        judge = _spawn("judge", url, deadline, str(stop_file), "0")
+        results.append(_collect(judge, time.monotonic() + _CHECKS_S))
+    return faults, results
 
 
 def _figures(
     results: list[dict[str, Any] | None], faults: dict[str, int], size: float
 ) -> dict[str, Any]:
-    totals: dict[str, Any] = {"operations": 0, "typed_errors": 0, "cancels": 0, "hung": 0}
+    totals: dict[str, Any] = {
+        "operations": 0,
+        "typed_errors": 0,
+        "cancels": 0,
+        "hung": 0,
+        "judged": 0,
+    }
     violations: list[str] = []
     teardowns = 0
     for result in results:

@@ -98,6 +98,13 @@ def bench(
         ),
     ] = False,
     minutes: Annotated[float, typer.Option(help="With --soak: how long.")] = 2.0,
+    crash: Annotated[
+        bool,
+        typer.Option(
+            help="With --soak: workers killed (SIGKILL) at random too, replaced, and the "
+            "killed workers' runs judged once recovered"
+        ),
+    ] = False,
 ) -> None:
     """Benchmarks beside a baseline in the same run, as ratios."""
     from stopline import bench as bench_module
@@ -105,7 +112,7 @@ def bench(
     if soak:
         from stopline.bench import soak as soak_module
 
-        raise typer.Exit(soak_module.main(seconds=minutes * 60, postgres=postgres))
+        raise typer.Exit(soak_module.main(seconds=minutes * 60, postgres=postgres, crashes=crash))
 
     raise typer.Exit(
         bench_module.main(
