@@ -10,8 +10,9 @@ only. Nothing escapes into the ledger's task group, whose failure would
 cancel every workflow in the process (ADR 0011).
 
 ``Health`` is what the boundary saw: ``degraded`` while any step is failing,
-shown by ``ledger.health``, the console and ``stopline stats`` (through the
-lease renewals a degraded worker misses).
+and for good once one stopped at an error no wait can clear (``broken``: the
+ledger corrupt, its tables gone), shown by ``ledger.health``, the console and
+``stopline stats`` (through the lease renewals a degraded worker misses).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class Health:
 
     def __init__(self) -> None:
         self.steps: dict[str, StepHealth] = {}
+        # the error a step stopped at that no wait can clear (the ledger corrupt, its
+        # tables gone, written by a newer stopline): degraded from then on
+        self.broken = ""
         self._changed = anyio.Event()
 
     async def changed(self) -> None:
@@ -93,7 +97,7 @@ class Health:
 
     @property
     def degraded(self) -> bool:
-        return any(s.failing for s in self.steps.values())
+        return bool(self.broken) or any(s.failing for s in self.steps.values())
 
     @property
     def failures(self) -> int:
@@ -105,6 +109,8 @@ class Health:
         health.retries += retrying
         health.last_error = f"{type(exc).__name__}: {exc}"
         health.last_failure_at = time.time()
+        if isinstance(exc, (SchemaTooNew, LedgerCorrupt)):
+            self.broken = health.last_error
         level = logging.WARNING if retrying else logging.ERROR
         log.log(level, "background step %s failed (%s)%s", step, health.last_error,
                 "; retrying" if retrying else "", exc_info=not retrying)  # fmt: skip
@@ -126,6 +132,7 @@ class Health:
     def to_json(self) -> dict[str, Any]:
         return {
             "degraded": self.degraded,
+            "broken": self.broken,
             "failures": self.failures,
             "steps": {name: s.to_json() for name, s in sorted(self.steps.items())},
         }
