@@ -57,6 +57,13 @@ def _shared(stop_file: Path) -> dict[str, FakeProvider]:
     return {name: SharedProvider(name, path) for name in ("send", "pay")}
 
 
+def _load_truth(providers: dict[str, FakeProvider]) -> None:
+    """The shared providers' truth as their file has it now (in-process ones hold theirs)."""
+    for provider in providers.values():
+        if isinstance(provider, SharedProvider):
+            provider.load()
+
+
 def owner(seed: int) -> str:
     """The owner of a worker's runs (the judge finds a killed worker's runs by it)."""
     return f"soak:worker:{seed}"
@@ -117,9 +124,7 @@ async def _work(
         except StoplineError:
             counts["typed_errors"] += 1  # the block's end met a fault (held, retried)
     await _until_exists(stop_file)  # the faults are over when the parent says so
-    for provider in providers.values():
-        if isinstance(provider, SharedProvider):
-            provider.load()  # its truth, as the file has it: this worker's calls are over
+    _load_truth(providers)  # this worker's calls are over
     violations = [v for run_id in runs for v in await _judge(ledger, run_id, providers)]
     return {**counts, "runs": len(runs), "violations": violations}
 
@@ -136,9 +141,7 @@ async def _judge_killed(
     """Every run of every killed worker (``killed.json`` beside ``stop_file``), once this
     process recovered what they left in flight: opening the ledger swept them (their
     processes are gone) and queued their operations for a read-back here."""
-    for provider in providers.values():
-        if isinstance(provider, SharedProvider):
-            provider.load()  # every worker's calls are over
+    _load_truth(providers)  # every worker's calls are over
     killed = json.loads((stop_file.parent / "killed.json").read_text())
     runs = [
         run.id
