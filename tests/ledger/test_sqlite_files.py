@@ -295,7 +295,33 @@ async def test_v3_ledger_is_migrated_with_its_cancel_events_indexed_alone(
         ).fetchall()
         (index,) = ddl.fetchone()
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-    assert version == SCHEMA_VERSION == 6  # V5 and V6 are PostgreSQL's: recorded, not run
+    assert version == SCHEMA_VERSION == 7  # V5 and V6 are PostgreSQL's: recorded, not run
     assert "notify_channel" not in tables
     assert index.endswith("WHERE kind = 'cancel'")  # partial: no other event is in it
     assert indexed == [(2,)]
+
+
+async def test_a_v6_ledger_gets_its_runs_indexed_by_start_when_migrated(tmp_path: Path) -> None:
+    """V7 indexes the runs by the time they started (a listing of every run, newest
+    first, walks it): a ledger from before, its index gone and its version 6, gets it
+    on its next read-write open, and the listing reads through it."""
+    from stopline.ledger.schema import SCHEMA_VERSION
+
+    path = tmp_path / "v6.db"
+    async with stopline.open(f"sqlite:///{path}") as ledger:
+        for name in ("first", "second"):
+            async with ledger.run(name, owner="u", run_id=name):
+                pass
+    with sqlite3.connect(path, isolation_level=None) as conn:
+        conn.execute("DROP INDEX runs_created")
+        conn.execute("PRAGMA user_version = 6")
+    async with stopline.open(f"sqlite:///{path}") as ledger:
+        listed = [run.id for run in await ledger.reads.runs(limit=10)]
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM runs ORDER BY created_at DESC LIMIT 10"
+        ).fetchall()
+    assert version == SCHEMA_VERSION == 7
+    assert listed == ["second", "first"]
+    assert [step for *_, step in plan] == ["SCAN runs USING INDEX runs_created"]

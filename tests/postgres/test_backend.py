@@ -241,9 +241,10 @@ async def test_a_v5_ledger_gets_its_cancel_times_indexed_when_migrated(pg_url: s
     await backend.cancel("run_a", by="u")
     await backend.close()
     sql(pg_url, "DROP INDEX runs_cancelled")
+    sql(pg_url, "DROP INDEX runs_created")  # V7's
     sql(pg_url, "UPDATE stopline_schema SET version = 5")
     await (await PostgresBackend.open(pg_url)).close()
-    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)] == [(6,)]
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)] == [(7,)]
     (index,) = sql(
         pg_url,
         "SELECT indexdef FROM pg_indexes"
@@ -251,6 +252,29 @@ async def test_a_v5_ledger_gets_its_cancel_times_indexed_when_migrated(pg_url: s
     )
     assert index[0].endswith("(cancelled_at) WHERE (cancelled_at IS NOT NULL)"), index
     assert sql(pg_url, CATCH_UP, 0.0) == [("run_a", "cancelling")]
+
+
+async def test_a_v6_ledger_gets_its_runs_indexed_by_start_when_migrated(pg_url: str) -> None:
+    """V7 indexes the runs by the time they started (a listing of every run, newest
+    first, walks it): a ledger from before, its index gone and its version 6, gets it on
+    its next read-write open, and the listing still reads newest first."""
+    backend = await PostgresBackend.open(pg_url)
+    for run_id in ("first", "second"):
+        await backend.create_run(run_spec(run_id))
+    await backend.close()
+    sql(pg_url, "DROP INDEX runs_created")
+    sql(pg_url, "UPDATE stopline_schema SET version = 6")
+    backend = await PostgresBackend.open(pg_url)
+    listed = [run.id for run in await backend.list_runs(limit=10)]
+    await backend.close()
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)] == [(7,)]
+    (index,) = sql(
+        pg_url,
+        "SELECT indexdef FROM pg_indexes"
+        " WHERE indexname = 'runs_created' AND schemaname = current_schema()",
+    )
+    assert index[0].endswith("USING btree (created_at)"), index
+    assert listed == ["second", "first"]
 
 
 async def test_bad_urls(pg_url: str) -> None:

@@ -129,6 +129,7 @@ async def test_a_v4_ledger_gets_its_channel_when_migrated(pg_url: str) -> None:
     await backend.close()
     sql(pg_url, "DROP TABLE notify_channel")
     sql(pg_url, "DROP INDEX runs_cancelled")  # V6's
+    sql(pg_url, "DROP INDEX runs_created")  # V7's
     sql(pg_url, "UPDATE stopline_schema SET version = 4")
     assert _RANDOM.fullmatch(await channel_of(pg_url))
     assert sql(pg_url, "SELECT version FROM stopline_schema") == [(SCHEMA_VERSION,)]
