@@ -433,6 +433,42 @@ class LedgerContract:
         assert _same(found, await Backend.runs_and_operations(backend, asked))  # the default
         assert await backend.runs_and_operations([]) == []
 
+    async def test_trees_and_operations_is_each_trees_read_run_by_run(
+        self, backend: Backend
+    ) -> None:
+        """One read of many receipts' runs (a page of them): each run with the operations
+        of its tree (what it owns exclusively, at any depth; a shared child's are not
+        in it), in the order asked and in a tree's read's order, as
+        ``run_and_operations(descendants=True)`` reads them; an unknown run in its
+        place. A run asked for beside its own root is read in both trees."""
+        for run_id in ("root", "other"):
+            await backend.create_run(run_spec(run_id))
+        await backend.create_run(run_spec("child", parent_id="root"))
+        await backend.create_run(run_spec("grandchild", parent_id="child"))
+        await backend.create_run(run_spec("shared", parent_id="other", shared=True))
+        await backend.add_owner("shared", "root", exclusive=False)
+        for op_id, run_id in [
+            ("grandchild/1", "grandchild"),
+            ("root/1", "root"),
+            ("shared/1", "shared"),
+            ("child/1", "child"),
+            ("root/2", "root"),
+            ("other/1", "other"),
+        ]:
+            await backend.gate(op_spec(op_id, run_id, digest=op_id))
+        await backend.record("child/1", COMMIT)
+        asked = ["child", "run_nothing", "root", "shared", "other", "root", "grandchild"]
+        found = await backend.trees_and_operations(asked)
+        for run_id, got in zip(asked, found, strict=True):
+            if run_id == "run_nothing":
+                assert isinstance(got, UnknownRun)
+                continue
+            assert got == await backend.run_and_operations(run_id, descendants=True)
+        tree = [op.id for op in found[2][1]]  # type: ignore[index]
+        assert tree == ["grandchild/1", "root/1", "child/1", "root/2"]
+        assert _same(found, await Backend.trees_and_operations(backend, asked))  # the default
+        assert await backend.trees_and_operations([]) == []
+
     async def test_a_settling_read_leaves_out_what_a_step_does_not_read(
         self, backend: Backend
     ) -> None:

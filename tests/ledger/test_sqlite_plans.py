@@ -49,6 +49,9 @@ async def _workload(path: Path) -> list[str]:
         await ledger.wait_settled(tree, timeout=30)
         await ledger.receipt("r1")
         await ledger.receipt(tree)
+        # a page of runs: every run newest first, then their receipts at once
+        page = await ledger.reads.runs(limit=200)
+        await ledger.receipts([run.id for run in page])
         await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
     return statements
 
@@ -65,7 +68,9 @@ async def test_no_statement_walks_a_table_or_a_wider_index(tmp_path: Path) -> No
             explained += 1
             for *_, step in conn.execute(f"EXPLAIN QUERY PLAN {sql}"):
                 table = re.match(r"SCAN (\w+)", step)
-                if table and table[1] in _TABLES:
+                # the newest runs: the index of start times, walked only to the limit
+                newest = step == "SCAN runs USING INDEX runs_created" and " LIMIT " in sql
+                if table and table[1] in _TABLES and not newest:
                     walks.append((step, sql))
                 # the state index serves listing runs by state, nothing else
                 if "runs_state" in step and not re.search(r"WHERE state = '\w+'", sql):

@@ -21,6 +21,7 @@ import pytest
 
 from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent, RunState
+from stopline.ledger import rows
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.ledger.engine import fence, reads
 from stopline.ledger.engine.gate import GATE_PASSED_WHERE, gate_params, intent_sql
@@ -238,3 +239,36 @@ async def test_a_listeners_catch_up_reads_the_runs_cancelled_since(pg_url: str) 
         ("run_2", "needs_review"),
         ("run_3", "running"),
     ]
+
+
+async def test_a_page_of_runs_reads_the_newest_and_their_trees_through_indexes(
+    pg_url: str,
+) -> None:
+    """The console's page (every 2 s) and ``stopline runs``: the newest 200 runs, then
+    their receipts at once. On a ledger never analyzed, with 30,000 exclusive
+    ownerships live, the listing sorted every run (no index of start times before
+    schema V7), and the trees of 200 runs, read as a join, hashed every live
+    ownership the ledger ever made; each run's owned runs are looked up through
+    ``run_owners_owner`` instead, as a subplan."""
+    with await _ledger(pg_url, 30_000, 20_000) as conn:
+        conn.execute(
+            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+            " SELECT 'run_' || i, 'run_' || (i / 100), 1, 0 FROM generate_series(300, 29999) i",
+        )
+        dialect = PostgresDialect(None)
+        page = [f"run_{i}" for i in range(200)]
+        roots, params = dialect.each_of(page)
+        newest = rows.list_runs_query(None, None, 200, "?")
+        plans = {
+            "the newest runs": _explain(conn, *newest),
+            "their trees": _explain(conn, *reads._trees(dialect, roots, params)),
+            "their trees' operations": _explain(conn, *reads._tree_ops(dialect, roots, params)),
+        }
+        trees = conn.execute(pg_sql(reads._trees(dialect, roots, params)[0]), params).fetchall()
+    assert _walks(plans) == [], plans
+    assert any("runs_created" in step for step in plans["the newest runs"]), plans
+    for form in ("their trees", "their trees' operations"):
+        assert not any("Hash" in step for step in plans[form]), plans[form]
+        assert any("run_owners_owner" in step for step in plans[form]), plans[form]
+    assert any("ops_run" in step for step in plans["their trees' operations"])
+    assert len(trees) == 200 + 200 * 100 - 300  # each run, and runs 300-19,999 below theirs

@@ -49,7 +49,8 @@ def runs(
             found = await recent_runs(
                 ledger.backend, state=state, owner=owner, since=age, limit=limit
             )
-            return [(run, await ledger.receipt(run.id)) for run in found]
+            receipts = await ledger.receipts([run.id for run in found])
+            return [(run, receipts[run.id]) for run in found]
 
     rows = c.run_sync(go)
     if as_json:

@@ -350,6 +350,16 @@ class Queries(abc.ABC):
         del settling
         return await _each(self.run_and_operations, run_ids, UnknownRun)
 
+    async def trees_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        """``run_and_operations`` with ``descendants`` of many runs (what their receipts
+        are built from), one read where the backend can; an unknown run is returned in
+        its place, not raised."""
+        return await _each(
+            lambda run_id: self.run_and_operations(run_id, descendants=True), run_ids, UnknownRun
+        )
+
     @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...
 

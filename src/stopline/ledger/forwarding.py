@@ -204,6 +204,11 @@ class ForwardingBackend(Backend):
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         return await self.inner.runs_and_operations(run_ids, settling=settling)
 
+    async def trees_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        return await self.inner.trees_and_operations(run_ids)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self.inner.get_operation(op_id)
 

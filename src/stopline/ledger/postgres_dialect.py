@@ -67,12 +67,26 @@ class PostgresDialect(Dialect):
             return f"{column} = ?", list(values)
         return f"{column} = ANY(?)", [list(values)]
 
+    def each_of(self, values: Collection[str]) -> tuple[str, list[Any]]:
+        return "unnest(?::text[]) AS each_of(value)", [list(values)]
+
     def in_rows(self, column: str, subquery: str) -> str:
         # as an array, not a semi join: on a table it has not analyzed (a new ledger, or
         # autovacuum off) the planner takes a semi join's rows for 5% of the table and
         # scans it all (a run's receipt read every operation of the ledger: 46 ms at
         # 90,000); an array made first is looked up through the column's index
         return f"{column} = ANY(ARRAY({subquery}))"
+
+    def owned_step(self, carry: str = "") -> str:
+        # each run of the tree looks its owned runs up through the index, as a subplan:
+        # as a join, on tables it has not analyzed, the planner guesses a few live
+        # ownerships and hashes them all (every exclusive one ever made: 60,000 read for
+        # the trees of 200 runs, 33 ms, growing with the history)
+        return (
+            f" UNION SELECT {carry}o.run_id FROM tree, unnest(ARRAY(SELECT r.run_id"
+            " FROM run_owners r WHERE r.owner_run = tree.id AND r.exclusive = 1"
+            " AND r.released_at IS NULL)) AS o(run_id)"
+        )
 
     def json_int(self, column: str, key: str) -> str:
         return f"({column}::jsonb ->> '{key}')::int"

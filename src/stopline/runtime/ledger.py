@@ -291,6 +291,14 @@ class Ledger:
         )
         return build_receipt(run, ops, recording=self._core.outcomes.in_hand())
 
+    async def receipts(
+        self, run_ids: Sequence[str], *, by: str | Principal | None = None
+    ) -> dict[str, Receipt]:
+        """``receipt`` of many runs (a page of them), read from one snapshot in one round
+        trip: those that exist (and ``by`` may see), by id; the others are left out."""
+        found, recording = await self.reads.trees(run_ids, by=by), self._core.outcomes.in_hand()
+        return {r: build_receipt(run, ops, recording=recording) for r, (run, ops) in found.items()}
+
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it.
 

@@ -9,12 +9,13 @@ as for ``Ledger.receipt``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from stopline.domain.lifecycle import AccessPolicy, Principal
+from stopline.domain.limits import check_id
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
 from stopline.domain.vocab import RunState
-from stopline.errors import UnknownOperation, UnknownRun
+from stopline.errors import InvalidInput, UnknownOperation, UnknownRun
 from stopline.ledger.backend import Queries
 
 __all__ = ["Reads"]
@@ -63,6 +64,21 @@ class Reads:
         if by is not None and not self._access().visible(Principal.of(by), run):
             raise UnknownRun(run_id)
         return run, ops
+
+    async def trees(
+        self, run_ids: Sequence[str], *, by: str | Principal | None = None
+    ) -> dict[str, tuple[RunRecord, list[OperationRecord]]]:
+        """``run_and_operations`` with ``descendants`` of many runs, from one snapshot:
+        those that exist (and ``by`` may see), by id, each with its tree's operations."""
+        if isinstance(run_ids, str):  # each of its characters would be read as an id
+            raise InvalidInput("run_ids", "a sequence of run ids, not one string")
+        ids = [check_id("run_id", run_id) for run_id in run_ids]
+        found = await self._queries().trees_and_operations(ids)
+        seen = [f for f in found if not isinstance(f, UnknownRun)]
+        if by is not None:
+            principal, access = Principal.of(by), self._access()
+            seen = [(run, ops) for run, ops in seen if access.visible(principal, run)]
+        return {run.id: (run, ops) for run, ops in seen}
 
     async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:
         op = await self._queries().get_operation(op_id)

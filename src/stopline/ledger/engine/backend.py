@@ -143,6 +143,11 @@ class SqlBackend(Backend):
             lambda db: reads.runs_and_operations(db, run_ids, settling=settling), safe=True
         )
 
+    async def trees_and_operations(
+        self, run_ids: Sequence[str]
+    ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+        return await self._execute(lambda db: reads.trees_and_operations(db, run_ids), safe=True)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)
 

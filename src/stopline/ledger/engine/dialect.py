@@ -100,9 +100,24 @@ class Dialect:
             return f"{column} IN {_each('?')}", [json.dumps(list(values))]
         return f"{column} IN ({', '.join('?' * len(values))})", list(values)
 
+    def each_of(self, values: Collection[str]) -> tuple[str, list[Any]]:
+        """A row source of ``values`` (texts), one row each, its one column ``value``,
+        with its parameters: one array, whatever their number."""
+        return "json_each(?)", [json.dumps(list(values))]
+
     def in_rows(self, column: str, subquery: str) -> str:
         """``column`` is one of the values ``subquery`` (one column) returns."""
         return f"{column} IN ({subquery})"
+
+    def owned_step(self, carry: str = "") -> str:
+        """The recursive step of a ``tree`` (its column ``id``) to the runs the runs in it
+        own exclusively, each ``o.run_id`` after ``carry`` (the columns passed on, with
+        their comma). Exclusive ownership is never released; saying so lets the partial
+        index serve."""
+        return (
+            f" UNION SELECT {carry}o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
+            " WHERE o.exclusive = 1 AND o.released_at IS NULL"
+        )
 
     def json_int(self, column: str, key: str) -> str:
         """The integer under ``key`` of a JSON text column."""

@@ -62,6 +62,7 @@ __all__ = [
     "run_query",
     "runs_and_operations",
     "runs_query",
+    "trees_and_operations",
     "unresolved",
     "wanted_open",
 ]
@@ -282,6 +283,58 @@ async def runs_and_operations(
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
+async def trees_and_operations(
+    db: Db, run_ids: Sequence[str]
+) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+    """``run_and_operations`` with ``descendants`` of many runs, from one snapshot: per
+    4,096 runs, the runs, the runs of their trees and the operations of those, three
+    statements in one round trip (a page of 200 receipts was 200 reads, each its own
+    moment). An unknown run is returned in its place. Each run's operations keep the
+    order one run's read gives them (the statement's own order: ``created_at, id``)."""
+    dialect = db.dialect
+    reads: list[tuple[str, Params]] = []
+    for chunk in chunks(sorted(run_ids)):
+        roots, params = dialect.each_of(chunk)
+        reads += [
+            runs_query(dialect, chunk),
+            _trees(dialect, roots, params),
+            _tree_ops(dialect, roots, params),
+        ]
+    results = await db.snapshot(reads)
+    found: dict[str, RunRecord] = {}
+    ops: dict[str, list[OperationRecord]] = {}
+    for at in range(0, len(results), 3):
+        found.update((r.id, r) for r in map(rows.run_from_row, results[at]))
+        members: dict[str, list[str]] = {}  # a run of a tree -> the trees it is in
+        for root, member in results[at + 1]:
+            members.setdefault(member, []).append(root)
+        for op in map(rows.op_from_row, results[at + 2]):
+            for root in members.get(op.run_id, ()):
+                ops.setdefault(root, []).append(op)
+    return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
+
+
+def _trees(dialect: Dialect, roots: str, params: Params) -> tuple[str, Params]:
+    """Each of ``roots`` (a row source, ``Dialect.each_of``) with every run of its tree:
+    ``(root, member)`` rows. From the ids, as one run's read (a root that is no run has
+    no tree): reading the roots' rows first, on a ledger it has not analyzed, PostgreSQL
+    may scan every run for them."""
+    step = dialect.owned_step(carry="tree.root, ")
+    sql = f"WITH RECURSIVE tree(root, id) AS (SELECT value, value FROM {roots}{step})"
+    return f"{sql} SELECT root, id FROM tree", params
+
+
+def _tree_ops(dialect: Dialect, roots: str, params: Params) -> tuple[str, Params]:
+    """The operations of the trees of ``roots``, in their order."""
+    tree = f"WITH RECURSIVE tree(id) AS (SELECT value FROM {roots}{dialect.owned_step()})"
+    return tree + _ops_of_tree(dialect), params
+
+
+def _ops_of_tree(dialect: Dialect) -> str:
+    which = dialect.in_rows("run_id", "SELECT id FROM tree")
+    return f" SELECT {rows.OP_COLUMNS} FROM operations WHERE {which} ORDER BY created_at, id"
+
+
 def operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple[str, tuple[str]]:
     """The statement reading the run's operations (with ``descendants``, those of the
     runs it owns exclusively too), in their order."""
@@ -290,15 +343,8 @@ def operations_query(dialect: Dialect, run_id: str, descendants: bool) -> tuple[
             f"SELECT {rows.OP_COLUMNS} FROM operations WHERE run_id = ? ORDER BY created_at, id",
             (run_id,),
         )
-    sql = (
-        f"WITH RECURSIVE tree(id) AS (SELECT {dialect.text('?')} UNION"
-        " SELECT o.run_id FROM run_owners o JOIN tree ON o.owner_run = tree.id"
-        # exclusive ownership is never released; saying so lets the partial index serve
-        " WHERE o.exclusive = 1 AND o.released_at IS NULL)"
-        f" SELECT {rows.OP_COLUMNS} FROM operations"
-        f" WHERE {dialect.in_rows('run_id', 'SELECT id FROM tree')} ORDER BY created_at, id"
-    )
-    return sql, (run_id,)
+    tree = f"WITH RECURSIVE tree(id) AS (SELECT {dialect.text('?')}{dialect.owned_step()})"
+    return tree + _ops_of_tree(dialect), (run_id,)
 
 
 def wanted_open(statuses: Collection[OpStatus] | None) -> list[OpStatus]:
