@@ -1,6 +1,7 @@
-"""Stored values become members by a dict lookup (``rows._by_value``), with the same
-answers as the enum itself: each member, the old ``none`` read as ``not_asked``, and an
-error for a value no member has."""
+"""Stored values become members by a dict lookup (``vocab.by_value``, and
+``CancelState.parse``, ``Evidence.from_json``), with the same answers as the enum
+itself: each member, the old ``none`` read as ``not_asked``, and an error for a value
+no member has."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from stopline.domain.model import CancelState
-from stopline.domain.vocab import Cancellable, OpStatus
+from stopline.domain.model import CancelState, Evidence
+from stopline.domain.vocab import Cancellable, EvidenceKind, OpStatus
 from stopline.ledger import rows
 
 
@@ -18,6 +19,9 @@ def test_each_stored_value_reads_as_the_enum_reads_it() -> None:
     assert all(rows._cancellable(c.value) is c for c in Cancellable)
     assert all(rows._cancel_state(c.value) is CancelState.parse(c.value) for c in CancelState)
     assert rows._cancel_state("none") is CancelState.NOT_ASKED
+    assert CancelState.parse(CancelState.NONE) is CancelState.NOT_ASKED  # a member, as str
+    for kind in EvidenceKind:
+        assert Evidence.from_json({"kind": kind.value, "ref": "r"}).kind is kind
 
 
 def test_a_value_no_member_has_is_refused() -> None:
@@ -25,6 +29,10 @@ def test_a_value_no_member_has_is_refused() -> None:
         rows._op_status("not_a_status")
     with pytest.raises(ValueError, match="sometimes"):
         rows._cancellable("sometimes")
+    with pytest.raises(ValueError, match="maybe"):
+        CancelState.parse("maybe")
+    with pytest.raises(ValueError, match="hearsay"):
+        Evidence.from_json({"kind": "hearsay", "ref": "r"})
 
 
 def test_lazy_evidence_is_copied_by_the_tuples_own_iterator(

@@ -28,6 +28,7 @@ from stopline.domain.vocab import (
     PhaseKind,
     Policy,
     RunState,
+    by_value,
 )
 from stopline.errors import UnstableValue
 
@@ -143,6 +144,9 @@ def _canonical(value: Any, path: str, seen: set[int]) -> Any:
     return {type(value).__qualname__: repr(value)}
 
 
+_evidence_kind = by_value(EvidenceKind)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Evidence:
     """A pointer to what a status rests on."""
@@ -159,7 +163,7 @@ class Evidence:
 
     @classmethod
     def from_json(cls, data: Mapping[str, str]) -> Evidence:
-        return cls(EvidenceKind(data["kind"]), data["ref"], data.get("detail", ""))
+        return cls(_evidence_kind(data["kind"]), data["ref"], data.get("detail", ""))
 
     @classmethod
     def local(cls, ref: str, detail: str = "") -> Evidence:
@@ -181,8 +185,19 @@ class CancelState(enum.StrEnum):
 
     @classmethod
     def parse(cls, stored: str) -> CancelState:
-        state = cls(stored)
-        return cls.NOT_ASKED if state is cls.NONE else state
+        """The member a stored value reads back as (one dict lookup: a receipt asks each
+        of its lines); a value no member has raises ``ValueError``."""
+        found = _CANCEL_STATES.get(stored)
+        if found is None:
+            state = cls(stored)
+            found = cls.NOT_ASKED if state is cls.NONE else state
+        return found
+
+
+_CANCEL_STATES = {
+    state.value: CancelState.NOT_ASKED if state is CancelState.NONE else state
+    for state in CancelState
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ and in the docs.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = [
     "Cancellable",
@@ -24,7 +26,25 @@ __all__ = [
     "Policy",
     "RunEvent",
     "RunState",
+    "by_value",
 ]
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def by_value(kind: type[E], parse: Callable[[Any], E] | None = None) -> Callable[[Any], E]:
+    """Stored value -> member by one dict lookup (an ``Enum`` call costs ~0.5 µs, and a
+    page of receipts reads thousands of rows, each with several); a value no member has
+    still raises, as the call would. ``parse`` maps a stored value to its member when
+    that is not the member of the value itself (an old spelling)."""
+    parse = parse or kind
+    members = {member.value: parse(member.value) for member in kind}
+
+    def member(value: Any) -> E:
+        found = members.get(value)
+        return parse(value) if found is None else found
+
+    return member
 
 
 class RunState(enum.StrEnum):

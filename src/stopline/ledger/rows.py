@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-import enum
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from stopline.domain import jsontext
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
 from stopline.domain.model import CancelState, EventRecord, Evidence, OperationRecord, RunRecord
-from stopline.domain.vocab import Cancellable, Cause, Grant, OpStatus, PhaseKind, Policy, RunState
+from stopline.domain.vocab import (
+    Cancellable,
+    Cause,
+    Grant,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunState,
+    by_value,
+)
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -82,25 +90,9 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
     )
 
 
-E = TypeVar("E", bound=enum.Enum)
-
-
-def _by_value(kind: type[E], parse: Callable[[Any], E] | None = None) -> Callable[[Any], E]:
-    """Stored value -> member by one dict lookup (an ``Enum`` call costs ~0.5 µs, three
-    a row: a long run's receipt reads thousands); a value no member has still raises."""
-    parse = parse or kind
-    members = {member.value: parse(member.value) for member in kind}
-
-    def member(value: Any) -> E:
-        found = members.get(value)
-        return parse(value) if found is None else found
-
-    return member
-
-
-_op_status = _by_value(OpStatus)
-_cancellable = _by_value(Cancellable)
-_cancel_state = _by_value(CancelState, CancelState.parse)
+_op_status = by_value(OpStatus)
+_cancellable = by_value(Cancellable)
+_cancel_state = CancelState.parse
 
 
 def op_from_row(row: Sequence[Any]) -> OperationRecord:
