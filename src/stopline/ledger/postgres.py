@@ -47,6 +47,7 @@ import anyio.abc
 import psycopg
 import psycopg.errors
 import sniffio
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
@@ -93,6 +94,13 @@ T = TypeVar("T")
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 
 
+# Every session of a ledger: no JIT, no parallel workers. Each statement reaches a few
+# rows through an index (tests/postgres/test_workload_plans.py), so either comes only
+# of a misestimate on tables not analyzed, and costs more than the statement: a
+# receipt's read of a small tree went parallel, 7 ms instead of 0.3 (ADR 0046)
+SESSION = "-c jit=off -c max_parallel_workers_per_gather=0"
+
+
 class PostgresBackend(SqlBackend):
     def __init__(
         self,
@@ -116,11 +124,15 @@ class PostgresBackend(SqlBackend):
         self.dialect = PostgresDialect(None)  # its channel: the ledger's own, read at open
         self.conninfo = conninfo
         self.connect_kwargs: dict[str, Any] = {"autocommit": True}
-        options = [f"-c search_path={schema}"] if schema else []
+        options = [SESSION]
+        if schema:
+            options.append(f"-c search_path={schema}")
         if read_only:
             options.append("-c default_transaction_read_only=on")
-        if options:
-            self.connect_kwargs["options"] = " ".join(options)
+        # the URL's own ``options`` after these: kept (they were replaced when these were
+        # given), and a setting it repeats is the URL's
+        theirs = conninfo_to_dict(conninfo).get("options")
+        self.connect_kwargs["options"] = " ".join([*options, *([str(theirs)] if theirs else [])])
         self._pool = AsyncConnectionPool(
             conninfo,
             min_size=pool_min,

@@ -39,9 +39,10 @@ def parse(url: str, where: str) -> tuple[str, Options]:
     query = urllib.parse.parse_qsl(parts.query)
     own = {k: v for k, v in query if k in OWN_OPTIONS}
     libpq = [(k, v) for k, v in query if k not in OWN_OPTIONS]
-    conninfo = urllib.parse.urlunsplit(
-        ("postgresql", parts.netloc, parts.path, urllib.parse.urlencode(libpq), "")
-    )
+    # percent-encoded as libpq decodes it: ``urlencode``'s default writes a space as
+    # "+", which libpq keeps (``options=-c a=1 -c b=2`` reached the server mangled)
+    rest = urllib.parse.urlencode(libpq, quote_via=urllib.parse.quote)
+    conninfo = urllib.parse.urlunsplit(("postgresql", parts.netloc, parts.path, rest, ""))
     schema = own.get("schema")
     if schema is not None and not _IDENT.fullmatch(schema):
         raise LedgerUnavailable(where, f"schema {schema!r} is not a plain identifier")
