@@ -34,6 +34,7 @@ _NEVER, _VERIFY = sql_values([Cancellable.NEVER]), sql_values([Policy.VERIFY])
 
 PER_RUN = 100
 UNRESOLVED = 1_000
+PAGE = 200  # the console's runs page
 
 
 def _dead_pid() -> int:
@@ -136,10 +137,22 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             receipt = await ledger.receipt(receipt_run)
             samples.append(time.perf_counter() - t0)
         assert len(receipt.lines) == PER_RUN
+        page = []  # the console's runs page: the newest runs and their receipts at once
+        for _ in range(5 if quick else 10):
+            t0 = time.perf_counter()
+            newest = [run.id for run in await ledger.reads.runs(limit=PAGE)]
+            receipts = await ledger.receipts(newest)
+            page.append(time.perf_counter() - t0)
+        assert len(receipts) == PAGE
     finally:
         await ledger.__aexit__(None, None, None)
     run_sql = "SELECT * FROM operations WHERE run_id = ? ORDER BY rowid"
     bare_run = _bare(path, run_sql, (receipt_run,), len(samples))
+    page_sql = (
+        "SELECT * FROM operations WHERE run_id IN (SELECT id FROM runs"
+        f" ORDER BY created_at DESC LIMIT {PAGE}) ORDER BY created_at, id"
+    )
+    bare_page = _bare(path, page_sql, (), len(page))
     size = f"{resolved:,} resolved + {UNRESOLVED:,} open operations"
     return [
         Figure(
@@ -159,5 +172,14 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             "< 5 ms",
             f"p50 receipt of a {PER_RUN}-operation run in {size}; "
             "baseline: bare SELECT of the run's rows",
+        ),
+        Figure(
+            "runs_page_1m_ms",
+            statistics.median(page) * 1e3,
+            "ms",
+            statistics.median(bare_page) * 1e3,
+            "",
+            f"p50 console page: the newest {PAGE} runs and their receipts ({PAGE * PER_RUN:,}"
+            f" operations) in {size}; baseline: bare SELECT of their operations",
         ),
     ]
