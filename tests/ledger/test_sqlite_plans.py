@@ -13,46 +13,27 @@ import re
 import sqlite3
 from pathlib import Path
 
-import anyio
-
 import stopline
 from stopline.ledger.sqlite import SQLiteBackend
-from stopline.testing import FakeProvider
-from tests.lifecycle.test_tree_cancel import cancel_a_tree
+from tests.support.workload import run_workload
 
-_CHILDREN = 12  # enough ids that, unguided, SQLite prefers the state index to them
 _TABLES = ("runs", "operations", "events", "approvals", "run_owners", "checkpoints", "workers")
 
 
 async def _workload(path: Path) -> list[str]:
-    """Calls, a tree cancel with calls in flight, its settling and two receipts."""
+    """The plan tests' workload (``tests/support/workload.py``), traced."""
     statements: list[str] = []
-    provider = FakeProvider("send")
-    in_call = anyio.Event()
-    entered: list[str] = []
 
-    @stopline.tool
-    async def hold(ctx: stopline.CallContext) -> None:
-        entered.append(ctx.op_id)
-        if len(entered) == _CHILDREN:
-            in_call.set()
-        await anyio.sleep_forever()
-
-    async with stopline.open(f"sqlite:///{path}", tools=[hold]) as ledger:
+    async def trace(ledger: stopline.Ledger, on: bool) -> None:
         assert isinstance(ledger.backend, SQLiteBackend)
-        await ledger.backend.transact(lambda conn: conn.set_trace_callback(statements.append))
-        async with ledger.run("r", owner="u", run_id="r1") as run:
-            for i in range(3):
-                await run.call(provider.tool, i)
+        callback = statements.append if on else None
+        await ledger.backend.transact(lambda conn: conn.set_trace_callback(callback))
 
-        tree = await cancel_a_tree(ledger, hold, in_call, children=_CHILDREN)
-        await ledger.wait_settled(tree, timeout=30)
-        await ledger.receipt("r1")
-        await ledger.receipt(tree)
-        # a page of runs: every run newest first, then their receipts at once
-        page = await ledger.reads.runs(limit=200)
-        await ledger.receipts([run.id for run in page])
-        await ledger.backend.transact(lambda conn: conn.set_trace_callback(None))
+    await run_workload(
+        f"sqlite:///{path}",
+        traced=lambda ledger: trace(ledger, True),
+        untraced=lambda ledger: trace(ledger, False),
+    )
     return statements
 
 

@@ -277,36 +277,35 @@ async def test_a_v6_ledger_gets_its_runs_indexed_by_start_when_migrated(pg_url: 
     assert listed == ["second", "first"]
 
 
+async def _session(url: str, *names: str, read_only: bool = False) -> list[str]:
+    """The settings ``names`` as a session of the ledger at ``url`` has them."""
+    backend = await PostgresBackend.open(url, read_only=read_only)
+    try:
+        async with backend._pool.connection() as conn:
+            return [(await (await conn.execute(f"SHOW {n}")).fetchall())[0][0] for n in names]
+    finally:
+        await backend.close()
+
+
 async def test_a_ledgers_sessions_plan_without_jit_or_parallel_workers(pg_url: str) -> None:
     """Each statement reaches a few rows through an index; JIT or parallel workers come
     only of a misestimate on tables not analyzed, and cost more than the statement (a
     receipt's read of a small tree went parallel: 7 ms instead of 0.3). Off in every
     session of a ledger, read-write and read-only, beside its search path."""
     await (await PostgresBackend.open(pg_url)).close()  # the schema
+    schema = pg_url.partition("?schema=")[2]
     for read_only in (False, True):
-        backend = await PostgresBackend.open(pg_url, read_only=read_only)
-        try:
-            async with backend._pool.connection() as conn:
-                shown = []
-                for name in ("jit", "max_parallel_workers_per_gather", "search_path"):
-                    shown.append((await (await conn.execute(f"SHOW {name}")).fetchall())[0][0])
-        finally:
-            await backend.close()
-        assert shown == ["off", "0", pg_url.partition("?schema=")[2]]
+        shown = await _session(
+            pg_url, "jit", "max_parallel_workers_per_gather", "search_path", read_only=read_only
+        )
+        assert shown == ["off", "0", schema]
 
 
 async def test_a_urls_own_session_options_are_kept_beside_the_ledgers(pg_url: str) -> None:
     """libpq's ``options`` in the URL (a statement timeout, or JIT wanted back) are
     kept after the ledger's own: they were replaced whenever a schema was given."""
     url = f"{pg_url}&options=-c%20statement_timeout%3D4321%20-c%20jit%3Don"
-    backend = await PostgresBackend.open(url)
-    try:
-        async with backend._pool.connection() as conn:
-            shown = []
-            for name in ("statement_timeout", "jit", "search_path"):
-                shown.append((await (await conn.execute(f"SHOW {name}")).fetchall())[0][0])
-    finally:
-        await backend.close()
+    shown = await _session(url, "statement_timeout", "jit", "search_path")
     assert shown == ["4321ms", "on", pg_url.partition("?schema=")[2]]
 
 

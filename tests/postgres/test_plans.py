@@ -55,6 +55,12 @@ async def _ledger(pg_url: str, runs: int, ops: int) -> psycopg.Connection[Any]:
     await opened.close()
     base, _, schema = pg_url.partition("?schema=")
     conn = psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}")
+    grow(conn, runs, ops)
+    return conn
+
+
+def grow(conn: psycopg.Connection[Any], runs: int, ops: int, status: str = "requested") -> None:
+    """``runs`` live runs (``run_0``...) and ``ops`` operations in ``status`` among them."""
     now = time.time()
     conn.execute(
         "INSERT INTO runs (id, name, owner, tenant, state, fence, grants, policy,"
@@ -65,11 +71,20 @@ async def _ledger(pg_url: str, runs: int, ops: int) -> psycopg.Connection[Any]:
     conn.execute(
         "INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
         " cancellable, can_verify, can_compensate, evidence, created_at, updated_at)"
-        " SELECT 'op_' || i, 'run_' || (i %% %s), 't', 't', 'd', 'requested', 'never',"
+        " SELECT 'op_' || i, 'run_' || (i %% %s), 't', 't', 'd', %s, 'never',"
         " 1, 0, '[]', %s, %s FROM generate_series(0, %s) i",
-        (runs, now, now, ops - 1),
+        (runs, status, now, now, ops - 1),
     )
-    return conn
+
+
+def own_by_hundreds(conn: psycopg.Connection[Any], runs: int) -> None:
+    """Each run from ``run_300`` owned exclusively by ``run_<its number / 100>``: the
+    runs below 300 own a hundred each, and ``runs - 300`` ownerships are live."""
+    conn.execute(
+        "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
+        " SELECT 'run_' || i, 'run_' || (i / 100), 1, %s FROM generate_series(300, %s) i",
+        (time.time(), runs - 1),
+    )
 
 
 def _walks(plans: dict[str, list[str]]) -> list[tuple[str, str]]:
@@ -142,11 +157,7 @@ async def test_a_trees_fence_finds_its_runs_links_and_approvals_by_id(pg_url: st
     index.)"""
     with await _ledger(pg_url, 30_000, 20_000) as conn:
         now = time.time()
-        conn.execute(
-            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-            " SELECT 'run_' || i, 'run_' || (i / 100), 1, %s FROM generate_series(300, 29999) i",
-            (now,),
-        )
+        own_by_hundreds(conn, 30_000)
         conn.execute(
             "INSERT INTO approvals (id, run_id, scope, approver, status, requested_by,"
             " created_at) SELECT 'ap_' || i, 'run_' || (i %% 30000), 's', 'a',"
@@ -251,10 +262,7 @@ async def test_a_page_of_runs_reads_the_newest_and_their_trees_through_indexes(
     ownership the ledger ever made; each run's owned runs are looked up through
     ``run_owners_owner`` instead, as a subplan."""
     with await _ledger(pg_url, 30_000, 20_000) as conn:
-        conn.execute(
-            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-            " SELECT 'run_' || i, 'run_' || (i / 100), 1, 0 FROM generate_series(300, 29999) i",
-        )
+        own_by_hundreds(conn, 30_000)
         dialect = PostgresDialect(None)
         page = [f"run_{i}" for i in range(200)]
         roots, params = dialect.each_of(page)

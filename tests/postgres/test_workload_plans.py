@@ -18,18 +18,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import psycopg
 import pytest
 
 import stopline
 from stopline.ledger.postgres import PostgresBackend
-from stopline.testing import FakeProvider
-from tests.lifecycle.test_tree_cancel import cancel_a_tree
 from tests.postgres.server import fresh_schema
+from tests.postgres.test_plans import grow, own_by_hundreds
+from tests.support.workload import run_workload
 
 _CHILDREN = 12
-_TABLES = ("runs", "operations", "events", "approvals", "run_owners", "checkpoints", "workers")
+# the tables that grow with the history (``workers`` holds the live processes, and the
+# dead ones until their operations are resolved: a few rows, read whole rightly)
+_TABLES = ("runs", "operations", "events", "approvals", "run_owners", "checkpoints")
 _EXPLAINED = re.compile(r"(?is)\s*(select|update|insert|delete|with)\b")
 
 
@@ -38,9 +39,9 @@ def pg_url() -> Iterator[str]:
     yield from fresh_schema()
 
 
-def _traced(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Each statement psycopg is asked to run, by its text, with its first parameters."""
-    sent: dict[str, Any] = {}
+def _trace(sent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into ``sent``: each statement psycopg is asked to run from now on, by its text,
+    with its first parameters."""
 
     def trace(cls: type[Any], name: str) -> None:
         real = getattr(cls, name)
@@ -57,52 +58,25 @@ def _traced(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     trace(psycopg.AsyncConnection, "execute")
     trace(psycopg.AsyncCursor, "execute")
     trace(psycopg.AsyncCursor, "executemany")
-    return sent
 
 
 async def _workload(url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Calls, a tree cancel with calls in flight, its settling, receipts and a page."""
-    provider = FakeProvider("send")
-    in_call = anyio.Event()
-    entered: list[str] = []
+    """The plan tests' workload (``tests/support/workload.py``), traced."""
+    sent: dict[str, Any] = {}
 
-    @stopline.tool
-    async def hold(ctx: stopline.CallContext) -> None:
-        entered.append(ctx.op_id)
-        if len(entered) == _CHILDREN:
-            in_call.set()
-        await anyio.sleep_forever()
+    async def trace(ledger: stopline.Ledger) -> None:
+        _trace(sent, monkeypatch)
 
-    async with stopline.open(url, tools=[hold]) as ledger:
-        sent = _traced(monkeypatch)
-        async with ledger.run("r", owner="u", run_id="r1") as run:
-            for i in range(3):
-                await run.call(provider.tool, i)
-        tree = await cancel_a_tree(ledger, hold, in_call, children=_CHILDREN)
-        await ledger.wait_settled(tree, timeout=30)
-        await ledger.receipt("r1")
-        await ledger.receipt(tree)
-        await ledger.receipts([run.id for run in await ledger.reads.runs(limit=200)])
-        await ledger.reads.events("r1")
+    async def untrace(ledger: stopline.Ledger) -> None:
         monkeypatch.undo()
+
+    await run_workload(url, traced=trace, untraced=untrace)
     return sent
 
 
 def _grow(conn: psycopg.Connection[Any]) -> None:
     now = time.time()
-    conn.execute(
-        "INSERT INTO runs (id, name, owner, tenant, state, fence, grants, policy,"
-        " created_at, updated_at) SELECT 'run_' || i, 'j', 'u', 't', 'running', 0, 15,"
-        " 'verify', %s, %s FROM generate_series(0, 29999) i",
-        (now, now),
-    )
-    conn.execute(
-        "INSERT INTO operations (id, run_id, tool, description, args_digest, status,"
-        " cancellable, can_verify, can_compensate, evidence, created_at, updated_at)"
-        " SELECT 'op_' || i, 'run_' || (i %% 30000), 't', 't', 'd', 'committed', 'never',"
-        " 1, 0, '[]', %s, %s FROM generate_series(0, 599999) i",
-        (now, now),
-    )
+    grow(conn, 30_000, 600_000, status="committed")
     # each operation's row written again, as its outcome is, and not vacuumed yet: the
     # table's pages, which a planner without statistics counts its rows by, double
     conn.execute("UPDATE operations SET updated_at = updated_at + 1")
@@ -111,11 +85,7 @@ def _grow(conn: psycopg.Connection[Any]) -> None:
         " 'op_' || i, 'gate_passed', '{}' FROM generate_series(0, 599999) i",
         (now,),
     )
-    conn.execute(
-        "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-        " SELECT 'run_' || i, 'run_' || (i / 100), 1, %s FROM generate_series(300, 29999) i",
-        (now,),
-    )
+    own_by_hundreds(conn, 30_000)
     conn.execute(
         "INSERT INTO approvals (id, run_id, scope, approver, status, requested_by,"
         " created_at) SELECT 'ap_' || i, 'run_' || (i %% 30000), 's', 'a', 'denied', 'u', %s"
