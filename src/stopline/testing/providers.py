@@ -52,6 +52,8 @@ class FakeProvider:
         self.refused: list[str] = []  # keys whose cancel this provider refused
         self.dropped: list[str] = []  # keys whose response the dropped connection lost
         self.in_progress: set[str] = set()
+        self._calls: dict[str, int] = {}  # key -> its calls in progress (retries overlap)
+        # key -> its cancel, while a call of it is in progress, and for good once set
         self._cancelled: dict[str, anyio.Event] = {}
         self.late: list[tuple[str, Any]] = []  # responses nobody was waiting for
         self.compensated: list[str] = []  # keys whose effect was corrected
@@ -95,6 +97,7 @@ class FakeProvider:
         key = ctx.key
         self.requests.append(key)
         cancelled = self._cancelled.setdefault(key, anyio.Event())
+        self._calls[key] = self._calls.get(key, 0) + 1
         self.in_progress.add(key)
         try:
             if key in self.committed:  # idempotent by key: the recorded result, no new effect
@@ -115,7 +118,20 @@ class FakeProvider:
             await self.barriers.reach("responding", key)
             return {"id": key, "value": payload}
         finally:
-            self.in_progress.discard(key)
+            self._ended(key, cancelled)
+
+    def _ended(self, key: str, cancelled: anyio.Event) -> None:
+        """A call of ``key`` is over: the key is in progress until its last call is, and
+        an event nobody set is dropped with it (one a call per key was kept for as long
+        as the provider lived: a 15-minute soak's worker held ~60,000). A set one
+        stays: a retry of a cancelled key is refused."""
+        left = self._calls.pop(key) - 1
+        if left:
+            self._calls[key] = left
+            return
+        self.in_progress.discard(key)
+        if not cancelled.is_set() and self._cancelled.get(key) is cancelled:
+            del self._cancelled[key]
 
     async def _cancel(self, ctx: CallContext) -> bool:
         key = ctx.key
