@@ -89,6 +89,14 @@ def ledger_url(tmp_path: Path, ledger_backend: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh schema on the test server (``tests/postgres/server.py``), dropped after."""
+    from tests.postgres.server import fresh_schema
+
+    yield from fresh_schema()
+
+
+@pytest.fixture
 async def ledger(ledger_url: str) -> AsyncIterator[stopline.Ledger]:
     async with stopline.open(ledger_url, verify=FAST_VERIFY) as opened:
         yield opened

@@ -19,14 +19,9 @@ from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
-from tests.postgres.server import Outage, fresh_schema, terminate
+from tests.postgres.server import Outage, terminate
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ cancelled, only typed errors, the contract's rules hold.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,10 @@ import stopline
 from stopline import Policy, RunState
 from stopline.testing import FakeProvider
 from stopline.testing.checks import Observed, check
-from tests.postgres.server import fresh_schema, server_url
+from tests.postgres.server import server_url
 
 pytestmark = pytest.mark.timeout(90)
 STEPS = ("open", "create", "gate", "outcome", "cancel", "settle")
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 def terminate(schema: str) -> int:

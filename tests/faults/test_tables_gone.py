@@ -7,7 +7,7 @@ every second, for ever). Found by dropping the PostgreSQL soak's schema under it
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -19,14 +19,9 @@ from stopline.errors import LedgerCorrupt
 from stopline.ledger.postgres import PostgresBackend
 from stopline.runtime.boundary import Health
 from stopline.testing import FakeProvider
-from tests.postgres.server import fresh_schema, server_url, terminate
+from tests.postgres.server import server_url, terminate
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 async def drop_between_calls(

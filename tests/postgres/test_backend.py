@@ -38,11 +38,6 @@ T = TypeVar("T")
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
-
-
-@pytest.fixture
 async def backend(pg_url: str) -> AsyncIterator[PostgresBackend]:
     opened = await PostgresBackend.open(pg_url + "&retry_for=0.5")
     try:

@@ -9,7 +9,7 @@ wrote them), which does not depend on load.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,11 @@ from stopline.ledger.postgres_dialect import Forms
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
-from tests.postgres.server import Outage, fresh_schema, terminate
+from tests.postgres.server import Outage, terminate
 from tests.postgres.test_backend import round_trips, sql
 
 pytestmark = pytest.mark.timeout(60)
 NEVER = "&group_commit_ms=60000"  # the longest allowed: only a write ends it in a test
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 @pytest.fixture

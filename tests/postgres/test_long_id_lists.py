@@ -8,22 +8,14 @@ server, with 70,000 ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from stopline.ledger.backend import RunSpec
 from stopline.ledger.postgres import PostgresBackend
-from tests.postgres.server import fresh_schema
 
 pytestmark = pytest.mark.timeout(60)
 
 IDS = 70_000  # past the protocol's 65,535 parameters
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 async def test_which_of_70000_notified_runs_are_fenced_is_read_in_one_statement(

@@ -10,7 +10,7 @@ which still runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -23,16 +23,10 @@ from stopline.ledger.engine import reads
 from stopline.ledger.engine.db import Db
 from stopline.ledger.forwarding import ForwardingBackend
 from stopline.ledger.postgres import PostgresBackend
-from tests.postgres.server import fresh_schema
 from tests.postgres.test_backend import resumed_and_left
 from tests.support.held import Held
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 class Checks:

@@ -30,11 +30,6 @@ _RANDOM = re.compile(r"stopline_cancel_[0-9a-f]{32}")
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
-
-
-@pytest.fixture
 def other_url() -> Iterator[str]:
     yield from fresh_schema()
 

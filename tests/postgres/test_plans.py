@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 
 from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent, RunState
@@ -33,15 +31,9 @@ from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, many_r
 from stopline.ledger.postgres_listen import CATCH_UP, CATCH_UP_SLACK
 from stopline.ledger.postgres_txn import pg_sql
 from tests.ledger.contract import op_spec
-from tests.postgres.server import fresh_schema
 
 _TABLES = ("runs", "operations", "events", "approvals", "run_owners", "workers")
 RUNS, OPS = 3_000, 20_000
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 def _explain(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -24,17 +23,11 @@ from stopline import Policy
 from stopline.ledger.backend import RunSpec
 from tests.conftest import FAST_VERIFY
 from tests.postgres import workers
-from tests.postgres.server import fresh_schema
 
 pytestmark = pytest.mark.timeout(90)
 _RESOLVED_OR_REVIEW = {"committed", "not_committed", "prevented", "compensated", "needs_review"}
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["stopline", "anyio", "psycopg", "tests.postgres.workers"])
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 class Worker:

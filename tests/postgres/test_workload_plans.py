@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -23,7 +22,6 @@ import pytest
 
 import stopline
 from stopline.ledger.postgres import PostgresBackend
-from tests.postgres.server import fresh_schema
 from tests.postgres.test_plans import grow, own_by_hundreds
 from tests.support.workload import run_workload
 
@@ -32,11 +30,6 @@ _CHILDREN = 12
 # dead ones until their operations are resolved: a few rows, read whole rightly)
 _TABLES = ("runs", "operations", "events", "approvals", "run_owners", "checkpoints")
 _EXPLAINED = re.compile(r"(?is)\s*(select|update|insert|delete|with)\b")
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    yield from fresh_schema()
 
 
 def _trace(sent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

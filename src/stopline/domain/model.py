@@ -187,17 +187,15 @@ class CancelState(enum.StrEnum):
     def parse(cls, stored: str) -> CancelState:
         """The member a stored value reads back as (one dict lookup: a receipt asks each
         of its lines); a value no member has raises ``ValueError``."""
-        found = _CANCEL_STATES.get(stored)
-        if found is None:
-            state = cls(stored)
-            found = cls.NOT_ASKED if state is cls.NONE else state
-        return found
+        return _cancel_state(stored)
 
 
-_CANCEL_STATES = {
-    state.value: CancelState.NOT_ASKED if state is CancelState.NONE else state
-    for state in CancelState
-}
+def _read_back(stored: str) -> CancelState:
+    state = CancelState(stored)
+    return CancelState.NOT_ASKED if state is CancelState.NONE else state
+
+
+_cancel_state = by_value(CancelState, _read_back)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -131,8 +131,9 @@ class PostgresBackend(SqlBackend):
             options.append("-c default_transaction_read_only=on")
         # the URL's own ``options`` after these: kept (they were replaced when these were
         # given), and a setting it repeats is the URL's
-        theirs = conninfo_to_dict(conninfo).get("options")
-        self.connect_kwargs["options"] = " ".join([*options, *([str(theirs)] if theirs else [])])
+        if theirs := conninfo_to_dict(conninfo).get("options"):
+            options.append(str(theirs))
+        self.connect_kwargs["options"] = " ".join(options)
         self._pool = AsyncConnectionPool(
             conninfo,
             min_size=pool_min,

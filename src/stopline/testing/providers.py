@@ -51,7 +51,6 @@ class FakeProvider:
         self.cancel_requests: list[str] = []
         self.refused: list[str] = []  # keys whose cancel this provider refused
         self.dropped: list[str] = []  # keys whose response the dropped connection lost
-        self.in_progress: set[str] = set()
         self._calls: dict[str, int] = {}  # key -> its calls in progress (retries overlap)
         # key -> its cancel, while a call of it is in progress, and for good once set
         self._cancelled: dict[str, anyio.Event] = {}
@@ -98,7 +97,6 @@ class FakeProvider:
         self.requests.append(key)
         cancelled = self._cancelled.setdefault(key, anyio.Event())
         self._calls[key] = self._calls.get(key, 0) + 1
-        self.in_progress.add(key)
         try:
             if key in self.committed:  # idempotent by key: the recorded result, no new effect
                 return {"id": key, "value": self.committed[key], "replayed": True}
@@ -120,6 +118,11 @@ class FakeProvider:
         finally:
             self._ended(key, cancelled)
 
+    @property
+    def in_progress(self) -> set[str]:
+        """The keys with a call in progress now (until the last of overlapping ones ends)."""
+        return set(self._calls)
+
     def _ended(self, key: str, cancelled: anyio.Event) -> None:
         """A call of ``key`` is over: the key is in progress until its last call is, and
         an event nobody set is dropped with it (one a call per key was kept for as long
@@ -129,7 +132,6 @@ class FakeProvider:
         if left:
             self._calls[key] = left
             return
-        self.in_progress.discard(key)
         if not cancelled.is_set() and self._cancelled.get(key) is cancelled:
             del self._cancelled[key]
 
@@ -147,7 +149,7 @@ class FakeProvider:
         if key in self.committed:
             result = {"id": key, "value": self.committed[key]}
             return ReadBack(Verdict.COMMITTED, f"{self.name}:{key}", "found by key", result)
-        if key in self.in_progress:
+        if key in self._calls:
             return ReadBack(Verdict.UNKNOWN, detail="still in progress")
         return ReadBack(Verdict.NOT_COMMITTED, ref=f"{self.name}:{key}", detail="no such key")
 
