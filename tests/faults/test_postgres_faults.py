@@ -13,7 +13,7 @@ import pytest
 import stopline
 from stopline import Principal, RunState
 from stopline.domain.vocab import RunEvent
-from stopline.errors import CancelInDoubt, InvalidInput
+from stopline.errors import CancelInDoubt, InvalidInput, LedgerUnavailable
 from stopline.ledger import postgres_txn
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
@@ -395,3 +395,30 @@ async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
     assert ended
     kinds = [e.kind for e in await backend.events("run_c")]
     assert kinds == ["run_created", "owner_added"]
+
+
+async def test_a_page_of_receipts_is_read_again_after_its_connection_dies_and_typed_while_down(
+    pg_url: str,
+) -> None:
+    """``ledger.receipts`` (the console's page): the server ends the pool's one
+    connection, and the read goes again on a new one, with the same answer; while the
+    server refuses connections it is a typed error within ``retry_for``, nothing hung;
+    once it is back the page reads as before."""
+    async with stopline.open(pg_url + "&retry_for=0.5&pool_max=1") as ledger:
+        backend = ledger.backend
+        assert isinstance(backend, PostgresBackend)
+        send = FakeProvider("send")
+        async with ledger.run("job", owner="u", run_id="run_page") as run:
+            await run.call(send.tool, 1)
+        expected = await ledger.receipts(["run_page"])
+        async with backend.pool.connection() as conn:
+            pid = conn.info.backend_pid
+        terminate(backend.conninfo, pid)
+        assert await ledger.receipts(["run_page"]) == expected
+        with pytest.MonkeyPatch.context() as patch:
+            outage = Outage(backend, patch)
+            outage.begin()
+            with anyio.fail_after(20), pytest.raises(LedgerUnavailable):
+                await ledger.receipts(["run_page"])
+            outage.end()
+        assert await ledger.receipts(["run_page"]) == expected
