@@ -59,8 +59,9 @@ from stopline.errors import (
 )
 from stopline.runtime.compensate import CompensationContext
 from stopline.runtime.context import CallContext
-from stopline.runtime.ledger import Ledger, VerifyBudget, open
+from stopline.runtime.ledger import Ledger, VerifyBudget
 from stopline.runtime.lifecycle import Resumed, Retry
+from stopline.runtime.opening import open
 from stopline.runtime.reconcile import ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport
 from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict

@@ -52,7 +52,7 @@ from stopline.runtime.settle import Settler, VerifyBudget
 from stopline.runtime.tool import Tool, Verdict
 from stopline.runtime.truth import Truth
 
-__all__ = ["Ledger", "RunScope", "VerifyBudget", "open"]
+__all__ = ["Ledger", "RunScope", "VerifyBudget"]
 
 R = TypeVar("R")
 
@@ -465,31 +465,3 @@ class Ledger:
         reviewer and the note are recorded as ``review`` evidence. Returns the receipt."""
         op = await self._truth.resolve_review(op_id, verdict, by=by, note=note)
         return await self.receipt(op.run_id)
-
-
-def open(
-    url: str | None = None,
-    *,
-    verify: VerifyBudget | None = None,
-    observers: Sequence[Callable[[Backend], Backend]] = (),
-    access: AccessPolicy | None = None,
-    tools: Sequence[Tool[Any]] = (),
-    durable_outcomes: bool = False,
-) -> Ledger:
-    """A ledger for ``url`` (default ``$STOPLINE_LEDGER`` or ``sqlite:///stopline.db``).
-
-    Use it as ``async with stopline.open(url) as ledger``. ``tools`` are known
-    from the start, so operations a crashed worker left in doubt can be verified.
-    By default a call returns once its intent is durable and its outcome is queued:
-    the outcome commits with the next write, within a few milliseconds (one fsync
-    per call on SQLite). ``durable_outcomes=True`` is the strict mode: a call
-    returns only once its outcome is durable too (docs/decisions/0022).
-    """
-    return Ledger(
-        url,
-        verify=verify,
-        observers=observers,
-        access=access,
-        tools=tools,
-        durable_outcomes=durable_outcomes,
-    )

@@ -13,7 +13,7 @@ import anyio
 from stopline.domain.receipt import Receipt
 from stopline.errors import StoplineError
 from stopline.runtime.ledger import Ledger, VerifyBudget
-from stopline.runtime.ledger import open as open_ledger
+from stopline.runtime.opening import open as open_ledger
 from stopline.runtime.run import Run
 from stopline.testing._hooks import Hooks, WorkerCrashed
 from stopline.testing._sources import Sources
