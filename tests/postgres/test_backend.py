@@ -795,6 +795,38 @@ async def test_a_run_and_its_operations_are_read_from_one_snapshot_in_one_round_
         await backend.close()
 
 
+async def test_a_listed_page_and_its_trees_are_read_from_one_snapshot(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """``list_trees`` (the console's page): the listing and each run's tree and
+    operations in one REPEATABLE READ snapshot. Another session's write committed
+    after the listing and before the trees are read is in neither (read apart, the
+    page showed the run's row before it and its receipt after it); the next page has
+    it. Two round trips: the listing, then the trees with the commit."""
+    backend = await PostgresBackend.open(pg_url + "&pool_min=1&pool_max=1")
+    try:
+        await backend.create_run(run_spec())
+        assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
+        real = reads.trees_and_operations
+
+        async def after_another_write(db: Any, run_ids: Sequence[str]) -> Any:
+            sql(pg_url, "UPDATE operations SET status = 'committed'")  # another session's
+            sql(pg_url, "UPDATE runs SET state = 'completed'")
+            return await real(db, run_ids)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(reads, "trees_and_operations", after_another_write)
+            [(run, ops)], trips = await traced(backend, tmp_path / "page.trace", backend.list_trees)
+        assert (run.id, run.state) == ("run_a", RunState.RUNNING)
+        assert [op.status for op in ops] == [OpStatus.REQUESTED]
+        assert trips == 2
+        assert "REPEATABLE READ, READ ONLY" in (tmp_path / "page.trace").read_text()
+        [(run, ops)] = await backend.list_trees()
+        assert (run.state, [op.status for op in ops]) == (RunState.COMPLETED, [OpStatus.COMMITTED])
+    finally:
+        await backend.close()
+
+
 async def test_a_backends_own_cancel_is_not_handed_back_by_its_listener(pg_url: str) -> None:
     """A cancel's notification comes back to the backend that committed it; its caller
     has the fenced runs already (the runtime delivers them itself), so the listener

@@ -63,3 +63,40 @@ async def test_receipts_of_a_page_are_each_runs_receipt(ledger: stopline.Ledger)
         await ledger.receipts([alone.id, "x" * 10_000])
     with pytest.raises(stopline.InvalidInput, match="run_ids"):
         await ledger.receipts(alone.id)
+
+
+async def test_runs_with_receipts_are_the_listing_each_with_its_receipt(
+    ledger: stopline.Ledger,
+) -> None:
+    """``ledger.runs_with_receipts`` (the console's page, ``stopline runs``): the runs
+    ``reads.runs`` lists with the same filters, newest first, each beside the receipt
+    ``receipt`` builds for it (a parent's with its child's operations), the run's row
+    from the same read (its state is the receipt's); R11 leaves out what ``by`` may not
+    see. A bad filter is refused before anything is read."""
+    send = FakeProvider("send")
+    async with ledger.run("parent", owner="user:1", tenant="acme") as parent:
+        await parent.call(send.tool, "one")
+        async with parent.child("child") as child:
+            await child.call(send.tool, "two")
+    async with ledger.run("other", owner="user:2", tenant="beta") as other:
+        await other.call(send.tool, "three")
+    async with ledger.run("held", owner="user:1", tenant="acme") as held:
+        await held.call(send.tool, "four")
+        await ledger.cancel(held.id, by=Principal("user:1", tenant="acme"))
+        await ledger.wait_settled(held.id)
+        await ledger.wait_idle()  # nothing moves under the comparisons
+        for state, owner, limit in ((None, None, 100), (None, "user:1", 100), (None, None, 2)):
+            listed = await ledger.reads.runs(state=state, owner=owner, limit=limit)
+            found = await ledger.runs_with_receipts(state=state, owner=owner, limit=limit)
+            assert [run for run, _ in found] == listed
+            for run, receipt in found:
+                assert receipt == await ledger.receipt(run.id)
+                assert receipt.run_state is run.state
+        cancelled = await ledger.runs_with_receipts(state=stopline.RunState.CANCELLED)
+        assert [run.id for run, _ in cancelled] == [held.id]
+    everything = await ledger.runs_with_receipts()
+    assert [run.id for run, _ in everything] == [held.id, other.id, child.id, parent.id]
+    assert [len(r.lines) for _, r in everything] == [1, 1, 1, 2]
+    seen = await ledger.runs_with_receipts(by=COLLEAGUE)
+    assert [run.id for run, _ in seen] == [held.id, child.id, parent.id]
+    assert await ledger.runs_with_receipts(by=OUTSIDER) == []

@@ -64,6 +64,7 @@ async def run_workload(url: str, *, traced: Hook, untraced: Hook) -> None:
         await ledger.receipt("r1")
         await ledger.receipt(tree)
         await ledger.receipts([run.id for run in await ledger.reads.runs(limit=200)])
+        await ledger.runs_with_receipts(limit=200)
         await ledger.reads.runs(state=RunState.CANCELLED, limit=50)
         await ledger.reads.events("r1")
         await untraced(ledger)

@@ -14,8 +14,8 @@ from stopline.cli.views import (
     fmt_time,
     op_to_json,
     parse_age,
-    recent_runs,
     run_to_json,
+    started_within,
     timeline,
 )
 from stopline.domain.lifecycle import operator
@@ -46,11 +46,9 @@ def runs(
 
     async def go() -> list[tuple[Any, Receipt]]:
         async with c.reading(url) as ledger:
-            found = await recent_runs(
-                ledger.backend, state=state, owner=owner, since=age, limit=limit
-            )
-            receipts = await ledger.receipts([run.id for run in found])
-            return [(run, receipts[run.id]) for run in found]
+            found = await ledger.runs_with_receipts(state=state, owner=owner, limit=limit)
+            within = started_within(age)
+            return [(run, receipt) for run, receipt in found if within(run)]
 
     rows = c.run_sync(go)
     if as_json:

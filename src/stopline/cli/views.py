@@ -7,9 +7,10 @@ same in a terminal, in ``--json`` and in a browser.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
@@ -27,6 +28,7 @@ __all__ = [
     "recent_runs",
     "review_item_json",
     "run_to_json",
+    "started_within",
     "timeline",
 ]
 
@@ -57,10 +59,13 @@ async def recent_runs(
 ) -> list[RunRecord]:
     """Newest first; ``since`` is an age in seconds."""
     runs = await backend.list_runs(state=state, owner=owner, limit=limit)
-    if since is not None:
-        cutoff = time.time() - since
-        runs = [run for run in runs if run.created_at >= cutoff]
-    return runs
+    return list(filter(started_within(since), runs))
+
+
+def started_within(since: float | None) -> Callable[[RunRecord], bool]:
+    """Whether a run started within ``since`` seconds of now (any run without it)."""
+    cutoff = -math.inf if since is None else time.time() - since
+    return lambda run: run.created_at >= cutoff
 
 
 def run_to_json(run: RunRecord) -> dict[str, Any]:

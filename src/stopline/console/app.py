@@ -182,9 +182,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         ledger = the_ledger(request)
         state_arg = request.query_params.get("state", "")
         state = RunState(state_arg) if state_arg in {s.value for s in RunState} else None
-        runs = await ledger.backend.list_runs(state=state, limit=200)
-        receipts = await ledger.receipts([run.id for run in runs])
-        rows = [(run, receipts[run.id]) for run in runs]
+        rows = await ledger.runs_with_receipts(state=state, limit=200)
         partial = request.query_params.get("partial") == "1"
         return render(
             request,

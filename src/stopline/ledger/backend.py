@@ -360,6 +360,17 @@ class Queries(abc.ABC):
             lambda run_id: self.run_and_operations(run_id, descendants=True), run_ids, UnknownRun
         )
 
+    async def list_trees(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[tuple[RunRecord, list[OperationRecord]]]:
+        """``list_runs`` with each run's ``trees_and_operations`` (a page of runs with
+        their receipts), from one snapshot where the backend can: a run's row and its
+        receipt from one moment, and the listing from that moment too. This default
+        reads twice, and each run's row comes from the second read."""
+        listed = await self.list_runs(state=state, owner=owner, limit=limit)
+        found = await self.trees_and_operations([run.id for run in listed])
+        return [tree for tree in found if not isinstance(tree, UnknownRun)]
+
     @abc.abstractmethod
     async def get_operation(self, op_id: str) -> OperationRecord: ...
 

@@ -209,6 +209,11 @@ class ForwardingBackend(Backend):
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         return await self.inner.trees_and_operations(run_ids)
 
+    async def list_trees(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[tuple[RunRecord, list[OperationRecord]]]:
+        return await self.inner.list_trees(state=state, owner=owner, limit=limit)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self.inner.get_operation(op_id)
 

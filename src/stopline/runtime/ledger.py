@@ -33,7 +33,7 @@ from stopline.domain.lifecycle import (
 from stopline.domain.limits import check_id
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt, build_receipt
-from stopline.domain.vocab import OpStatus, Policy
+from stopline.domain.vocab import OpStatus, Policy, RunState
 from stopline.ledger import open_backend, resolve_url
 from stopline.ledger.backend import Backend, RunSpec
 from stopline.runtime.boundary import Health, typed
@@ -298,6 +298,20 @@ class Ledger:
         trip: those that exist (and ``by`` may see), by id; the others are left out."""
         found, recording = await self.reads.trees(run_ids, by=by), self._core.outcomes.in_hand()
         return {r: build_receipt(run, ops, recording=recording) for r, (run, ops) in found.items()}
+
+    async def runs_with_receipts(
+        self,
+        *,
+        by: str | Principal | None = None,
+        state: RunState | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+    ) -> list[tuple[RunRecord, Receipt]]:
+        """``reads.runs`` (newest first), each with its ``receipt``: the listing, each
+        run's row and its receipt read from one snapshot, so no row mixes moments."""
+        found = await self.reads.runs_with_trees(by=by, state=state, owner=owner, limit=limit)
+        recording = self._core.outcomes.in_hand()
+        return [(run, build_receipt(run, ops, recording=recording)) for run, ops in found]
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it.

@@ -49,6 +49,22 @@ class Reads:
         principal, access = Principal.of(by), self._access()
         return [run for run in found if access.visible(principal, run)]
 
+    async def runs_with_trees(
+        self,
+        *,
+        by: str | Principal | None = None,
+        state: RunState | None = None,
+        owner: str | None = None,
+        limit: int = 100,
+    ) -> list[tuple[RunRecord, list[OperationRecord]]]:
+        """``runs``, each with its tree's operations (what its receipt is built from),
+        the listing and every run's read from one snapshot."""
+        found = await self._queries().list_trees(state=state, owner=owner, limit=limit)
+        if by is None:
+            return found
+        principal, access = Principal.of(by), self._access()
+        return [(run, ops) for run, ops in found if access.visible(principal, run)]
+
     async def operations(
         self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
     ) -> list[OperationRecord]:

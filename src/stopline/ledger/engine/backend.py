@@ -148,6 +148,11 @@ class SqlBackend(Backend):
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         return await self._execute(lambda db: reads.trees_and_operations(db, run_ids), safe=True)
 
+    async def list_trees(
+        self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
+    ) -> list[tuple[RunRecord, list[OperationRecord]]]:
+        return await self._execute(lambda db: reads.list_trees(db, state, owner, limit), safe=True)
+
     async def get_operation(self, op_id: str) -> OperationRecord:
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)
 

@@ -50,6 +50,7 @@ __all__ = [
     "in_flight_workers",
     "last_checkpoint",
     "list_runs",
+    "list_trees",
     "load_approval",
     "load_op",
     "load_ops",
@@ -312,6 +313,19 @@ async def trees_and_operations(
             for root in members.get(op.run_id, ()):
                 ops.setdefault(root, []).append(op)
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
+
+
+async def list_trees(
+    db: Db, state: RunState | None, owner: str | None, limit: int
+) -> list[tuple[RunRecord, list[OperationRecord]]]:
+    """``list_runs`` and the ``trees_and_operations`` of those runs, from one snapshot
+    (a page whose rows were read at one moment and their receipts at another could show
+    a run ``running`` beside its receipt's "cancelled"). Two round trips on PostgreSQL,
+    one job on SQLite's writer."""
+    async with db.transaction(snapshot=True):
+        listed = await list_runs(db, state, owner, limit)
+        found = await trees_and_operations(db, [run.id for run in listed])
+    return [tree for tree in found if not isinstance(tree, UnknownRun)]
 
 
 def _trees(dialect: Dialect, roots: str, params: Params) -> tuple[str, Params]:
