@@ -66,6 +66,7 @@ EXPECTED = {
     "RunRecord",
     "RunState",
     "SchemaTooNew",
+    "SchemaTooOld",
     "StoplineError",
     "Tool",
     "UnknownOperation",

@@ -85,6 +85,7 @@ __all__ = [
     "RunFenced",
     "RunPaused",
     "SchemaTooNew",
+    "SchemaTooOld",
     "StoplineError",
     "UnknownOperation",
     "UnknownRun",
@@ -303,6 +304,24 @@ class CancelInDoubt(LedgerUnavailable):
             location,
             f"cancel of run {run_id!r} is in doubt ({cause}); it may have taken effect. "
             "Cancelling again is safe and idempotent",
+        )
+
+
+class SchemaTooOld(LedgerUnavailable):
+    """A read-only open of a ledger whose schema predates what this stopline reads.
+
+    A read-only open migrates nothing; a read-write open (``stopline.open``, any
+    writing command, the console) migrates it, and the reads work from then on."""
+
+    def __init__(self, location: str, found: int, readable_from: int, current: int) -> None:
+        self.found = found
+        self.readable_from = readable_from
+        super().__init__(
+            location,
+            f"schema version {found} predates what this stopline reads ({readable_from} "
+            f"to {current}); a read-only open migrates nothing: open it once read-write "
+            "(a writing command such as `stopline reconcile`, the console, or a worker's "
+            "stopline.open) to migrate it",
         )
 
 

@@ -20,7 +20,7 @@ from rich.console import Console
 import stopline
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
-from stopline.errors import LedgerUnavailable, StoplineError
+from stopline.errors import LedgerUnavailable, SchemaTooOld, StoplineError
 from stopline.ledger import open_backend, resolve_url
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_USAGE",
     "MissingExtra",
     "Options",
+    "check_ledger",
     "err",
     "exit_code_for",
     "fail",
@@ -137,11 +138,22 @@ async def reading(url: str) -> AsyncIterator[stopline.Ledger]:
         await backend.close()
 
 
+async def check_ledger(url: str) -> None:
+    """Before a read-write open: the URL holds a stopline ledger, not too new for this
+    stopline, checked by a read-only open (a mistyped path is not created, a foreign
+    file is not touched). One older than a read-only open reads passes: the read-write
+    open migrates it."""
+    try:
+        async with reading(url):
+            pass
+    except SchemaTooOld:
+        pass
+
+
 @contextlib.asynccontextmanager
 async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
-    """A write: to an existing stopline ledger only, checked by a read-only open first."""
-    async with reading(url):
-        pass
+    """A write: to an existing stopline ledger only (``check_ledger``)."""
+    await check_ledger(url)
     async with stopline.open(url) as ledger:
         yield ledger
 

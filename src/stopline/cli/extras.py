@@ -46,11 +46,7 @@ def console(
     token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
     url = c.options(ctx).url
 
-    async def check() -> None:
-        async with c.reading(url):  # a typed error for what is not a ledger, file untouched
-            pass
-
-    c.run_sync(check)
+    c.run_sync(lambda: c.check_ledger(url))  # a typed error for what is not a ledger
     sock = listen(host, port)
     shown = f"[{host}]" if ":" in host else host
     c.err.print(f"stopline console for {redact(url)}", markup=False)

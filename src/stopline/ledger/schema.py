@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import OpStatus, RunEvent
-from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew
+from stopline.errors import LedgerCorrupt, SchemaTooNew, SchemaTooOld
 from stopline.ledger.engine import guards
 from stopline.ledger.engine.guards import sql_values
 
@@ -26,6 +26,7 @@ __all__ = [
     "NOTHING_TO_RESUME",
     "OPEN_STATUSES",
     "OPEN_STATUSES_SQL",
+    "READABLE_FROM",
     "SCHEMA_VERSION",
     "PostgresOnly",
     "SqliteOnly",
@@ -237,6 +238,13 @@ _V7 = "CREATE INDEX runs_created ON runs(created_at)"
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# The oldest schema a read-only open reads (it migrates nothing). The migrations after
+# it add indexes only (a test holds that), so every read gives the same answer there,
+# without the index's speed: a newer CLI or console reads a ledger its workers have not
+# migrated yet, and a read-only role can read it at all. A migration that changes what
+# a read reads (a table, a column, a row) moves this to its own version.
+READABLE_FROM = 5
+
 
 def refuse_foreign(location: str, version: int, tables: int) -> None:
     """Tables but no schema version: another program's database, never to be touched.
@@ -249,15 +257,12 @@ def refuse_foreign(location: str, version: int, tables: int) -> None:
 
 
 def check_readable(location: str, version: int, tables: int) -> None:
-    """A read-only open accepts a ledger at ``SCHEMA_VERSION`` only: it migrates nothing."""
+    """A read-only open accepts a ledger from ``READABLE_FROM`` to ``SCHEMA_VERSION``:
+    it migrates nothing (``SchemaTooOld`` below, ``SchemaTooNew`` above)."""
     refuse_foreign(location, version, tables)
     if version == 0:
         raise LedgerCorrupt(location, "not a stopline ledger (an empty database)")
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(location, version, SCHEMA_VERSION)
-    if version < SCHEMA_VERSION:
-        raise LedgerUnavailable(
-            location,
-            f"schema version {version} predates this stopline ({SCHEMA_VERSION}); a read-only "
-            "open migrates nothing: open it once read-write (any writing command) to migrate",
-        )
+    if version < READABLE_FROM:
+        raise SchemaTooOld(location, version, READABLE_FROM, SCHEMA_VERSION)
