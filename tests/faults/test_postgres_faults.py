@@ -400,10 +400,10 @@ async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
 async def test_a_page_of_receipts_is_read_again_after_its_connection_dies_and_typed_while_down(
     pg_url: str,
 ) -> None:
-    """``ledger.receipts`` (the console's page): the server ends the pool's one
-    connection, and the read goes again on a new one, with the same answer; while the
-    server refuses connections it is a typed error within ``retry_for``, nothing hung;
-    once it is back the page reads as before."""
+    """``ledger.receipts`` and ``ledger.runs_with_receipts`` (the console's page): the
+    server ends the pool's one connection, and each read goes again on a new one, with
+    the same answer; while the server refuses connections each is a typed error within
+    ``retry_for``, nothing hung; once it is back the page reads as before."""
     async with stopline.open(pg_url + "&retry_for=0.5&pool_max=1") as ledger:
         backend = ledger.backend
         assert isinstance(backend, PostgresBackend)
@@ -411,14 +411,25 @@ async def test_a_page_of_receipts_is_read_again_after_its_connection_dies_and_ty
         async with ledger.run("job", owner="u", run_id="run_page") as run:
             await run.call(send.tool, 1)
         expected = await ledger.receipts(["run_page"])
-        async with backend.pool.connection() as conn:
-            pid = conn.info.backend_pid
-        terminate(backend.conninfo, pid)
-        assert await ledger.receipts(["run_page"]) == expected
+        listed = await ledger.runs_with_receipts()
+        assert [(run.id, receipt) for run, receipt in listed] == [
+            ("run_page", expected["run_page"])
+        ]
+        reads: list[tuple[Callable[[], Awaitable[object]], object]] = [
+            (lambda: ledger.receipts(["run_page"]), expected),
+            (ledger.runs_with_receipts, listed),
+        ]
+        for read, answer in reads:
+            async with backend.pool.connection() as conn:
+                pid = conn.info.backend_pid
+            terminate(backend.conninfo, pid)
+            assert await read() == answer
         with pytest.MonkeyPatch.context() as patch:
             outage = Outage(backend, patch)
             outage.begin()
-            with anyio.fail_after(20), pytest.raises(LedgerUnavailable):
-                await ledger.receipts(["run_page"])
+            for read, _ in reads:
+                with anyio.fail_after(20), pytest.raises(LedgerUnavailable):
+                    await read()
             outage.end()
         assert await ledger.receipts(["run_page"]) == expected
+        assert await ledger.runs_with_receipts() == listed
