@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import pytest
 
 import stopline
@@ -100,3 +103,24 @@ async def test_runs_with_receipts_are_the_listing_each_with_its_receipt(
     seen = await ledger.runs_with_receipts(by=COLLEAGUE)
     assert [run.id for run, _ in seen] == [held.id, child.id, parent.id]
     assert await ledger.runs_with_receipts(by=OUTSIDER) == []
+
+
+async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
+    ledger: stopline.Ledger,
+) -> None:
+    """A listing's ``limit`` is a number of rows, 0 or more: a negative one (SQLite reads
+    it as no limit: the whole ledger for a page), a string or a bool is ``InvalidInput``
+    naming it, never a storage error; 0 reads nothing."""
+    async with ledger.run("job", owner="user:1") as run:
+        pass
+    reads: tuple[Callable[..., Awaitable[list[Any]]], ...] = (
+        ledger.reads.runs,
+        ledger.runs_with_receipts,
+        ledger.review_items,
+    )
+    for read in reads:
+        for bad in (-1, "10", True, 2.5):
+            with pytest.raises(stopline.InvalidInput, match="limit"):
+                await read(limit=bad)
+        assert await read(limit=0) == []
+    assert [r.id for r in await ledger.reads.runs(limit=1)] == [run.id]

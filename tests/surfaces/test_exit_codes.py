@@ -63,6 +63,10 @@ def test_exit_2_bad_arguments_or_a_missing_extra(tmp_path: Path) -> None:
     anyio.run(_left_running, url, False)
     bad = stopline_cli("runs", "--since", "3x", ledger=url)
     assert bad.returncode == cli.EXIT_USAGE and "bad age '3x'" in bad.stderr
+    for command in ("runs", "stats"):  # a negative LIMIT is none at all on SQLite
+        bad = stopline_cli(command, "--limit", "-1", ledger=url)
+        assert bad.returncode == cli.EXIT_USAGE, bad.stderr
+        assert "Invalid value for '--limit'" in bad.stderr
     # the console extra missing, as on a plain install (jinja2 made unimportable)
     script = "import sys; sys.modules['jinja2'] = None; from stopline.cli import main; "
     script += "sys.exit(main(['console']))"

@@ -37,7 +37,7 @@ def runs(
     since: Annotated[
         str | None, typer.Option(help="Only runs started within this age: 90s, 15m, 1h, 2d, 1w.")
     ] = None,
-    limit: Annotated[int, typer.Option(help="At most this many runs, newest first.")] = 50,
+    limit: Annotated[int, typer.Option(help="At most this many runs, newest first.", min=0)] = 50,
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest first, with their state and receipt headline."""

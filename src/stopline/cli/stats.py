@@ -141,7 +141,9 @@ def stats(
     since: Annotated[
         str | None, typer.Option(help="Only runs started within this age: 1h, 2d, ...")
     ] = None,
-    limit: Annotated[int, typer.Option(help="At most this many runs, newest first.")] = 10_000,
+    limit: Annotated[
+        int, typer.Option(help="At most this many runs, newest first.", min=0)
+    ] = 10_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Outcomes by headline, time from cancel to settled (p50/p99), how unknowns resolved."""

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import LogKind, NoteKind, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import StoplineError
@@ -58,7 +59,7 @@ async def recent_runs(
     limit: int = 100,
 ) -> list[RunRecord]:
     """Newest first; ``since`` is an age in seconds."""
-    runs = await backend.list_runs(state=state, owner=owner, limit=limit)
+    runs = await backend.list_runs(state=state, owner=owner, limit=check_limit("limit", limit))
     return list(filter(started_within(since), runs))
 
 

@@ -13,7 +13,7 @@ import re
 
 from stopline.errors import InvalidInput
 
-__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "check_id", "sanitise"]
+__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "check_id", "check_limit", "sanitise"]
 
 MAX_ID_CHARS = 1024
 MAX_REASON_CHARS = 4096
@@ -34,6 +34,17 @@ def check_id(what: str, value: object) -> str:
     if _SURROGATE.search(value) is not None:
         raise InvalidInput(what, "contains a lone surrogate (not valid UTF-8)")
     raise InvalidInput(what, "contains a control character")
+
+
+def check_limit(what: str, value: object) -> int:
+    """``value`` if it is a usable number of rows to read (an integer, 0 or more), else
+    ``InvalidInput`` naming ``what``: SQLite reads a negative ``LIMIT`` as none at all
+    (a whole ledger for a page), and a string reached the storage as its own error."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(what, f"must be an integer, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidInput(what, f"{value}: must be 0 or more")
+    return value
 
 
 # what an id may not hold: control characters (NUL among them), DEL, lone surrogates

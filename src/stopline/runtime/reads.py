@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from stopline.domain.lifecycle import AccessPolicy, Principal
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, check_limit
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
 from stopline.domain.vocab import RunState
 from stopline.errors import InvalidInput, UnknownOperation, UnknownRun
@@ -43,6 +43,7 @@ class Reads:
         limit: int = 100,
     ) -> list[RunRecord]:
         """Newest first: the runs ``by`` may see, among the ``limit`` newest that match."""
+        limit = check_limit("limit", limit)
         found = await self._queries().list_runs(state=state, owner=owner, limit=limit)
         if by is None:
             return found
@@ -59,6 +60,7 @@ class Reads:
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:
         """``runs``, each with its tree's operations (what its receipt is built from),
         the listing and every run's read from one snapshot."""
+        limit = check_limit("limit", limit)
         found = await self._queries().list_trees(state=state, owner=owner, limit=limit)
         if by is None:
             return found

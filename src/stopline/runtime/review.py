@@ -15,6 +15,7 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING, Any
 
+from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.ledger.backend import OutcomeUpdate
@@ -85,6 +86,7 @@ class ReviewCase:
 
 async def items(core: Core, *, limit: int = 1000) -> list[ReviewItem]:
     """The queue, oldest first, read through the open-operations index."""
+    limit = check_limit("limit", limit)
     ops = await core.backend.unresolved(limit, statuses=REVIEW_STATUSES)
     runs: dict[str, RunRecord] = {}
     out = []
