@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import stopline
-from stopline import OpStatus, Principal
+from stopline import OpStatus, Principal, RunState
 from stopline.testing import FakeProvider
 
 OUTSIDER = Principal("user:9", tenant="other")
@@ -110,7 +110,8 @@ async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
 ) -> None:
     """A listing's ``limit`` is a number of rows, 0 or more: a negative one (SQLite reads
     it as no limit: the whole ledger for a page), a string or a bool is ``InvalidInput``
-    naming it, never a storage error; 0 reads nothing."""
+    naming it, never a storage error; 0 reads nothing. A state is a member or its word,
+    an owner an id; anything else is refused the same way."""
     async with ledger.run("job", owner="user:1") as run:
         pass
     reads: tuple[Callable[..., Awaitable[list[Any]]], ...] = (
@@ -123,4 +124,12 @@ async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
             with pytest.raises(stopline.InvalidInput, match="limit"):
                 await read(limit=bad)
         assert await read(limit=0) == []
+        if read != ledger.review_items:
+            with pytest.raises(stopline.InvalidInput, match="state"):
+                await read(state="finished")
+            with pytest.raises(stopline.InvalidInput, match="owner"):
+                await read(owner=5)
+            with pytest.raises(stopline.InvalidInput, match="owner"):
+                await read(owner="u" * 5_000)
+            assert len(await read(state="completed")) == len(await read(state=RunState.COMPLETED))
     assert [r.id for r in await ledger.reads.runs(limit=1)] == [run.id]

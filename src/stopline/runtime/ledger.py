@@ -303,7 +303,7 @@ class Ledger:
         self,
         *,
         by: str | Principal | None = None,
-        state: RunState | None = None,
+        state: RunState | str | None = None,
         owner: str | None = None,
         limit: int = 100,
     ) -> list[tuple[RunRecord, Receipt]]:

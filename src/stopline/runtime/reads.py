@@ -38,34 +38,31 @@ class Reads:
         self,
         *,
         by: str | Principal | None = None,
-        state: RunState | None = None,
+        state: RunState | str | None = None,
         owner: str | None = None,
         limit: int = 100,
     ) -> list[RunRecord]:
         """Newest first: the runs ``by`` may see, among the ``limit`` newest that match."""
-        limit = check_limit("limit", limit)
+        state, owner, limit = _listing(state, owner, limit)
         found = await self._queries().list_runs(state=state, owner=owner, limit=limit)
-        if by is None:
-            return found
-        principal, access = Principal.of(by), self._access()
-        return [run for run in found if access.visible(principal, run)]
+        return [run for run in found if self._sees(by, run)]
 
     async def runs_with_trees(
         self,
         *,
         by: str | Principal | None = None,
-        state: RunState | None = None,
+        state: RunState | str | None = None,
         owner: str | None = None,
         limit: int = 100,
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:
         """``runs``, each with its tree's operations (what its receipt is built from),
         the listing and every run's read from one snapshot."""
-        limit = check_limit("limit", limit)
+        state, owner, limit = _listing(state, owner, limit)
         found = await self._queries().list_trees(state=state, owner=owner, limit=limit)
-        if by is None:
-            return found
-        principal, access = Principal.of(by), self._access()
-        return [(run, ops) for run, ops in found if access.visible(principal, run)]
+        return [(run, ops) for run, ops in found if self._sees(by, run)]
+
+    def _sees(self, by: str | Principal | None, run: RunRecord) -> bool:
+        return by is None or self._access().visible(Principal.of(by), run)
 
     async def operations(
         self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
@@ -110,3 +107,17 @@ class Reads:
     async def events(self, run_id: str, *, by: str | Principal | None = None) -> list[EventRecord]:
         await self.run(run_id, by=by)
         return await self._queries().events(run_id)
+
+
+def _listing(
+    state: RunState | str | None, owner: str | None, limit: int
+) -> tuple[RunState | None, str | None, int]:
+    """A listing's filters, each checked before anything is read (``InvalidInput``
+    naming it): a state by its member or its word, an owner as an id, a limit."""
+    if state is not None:
+        try:
+            state = RunState(state)
+        except ValueError:
+            words = ", ".join(s.value for s in RunState)
+            raise InvalidInput("state", f"{state!r} is not a run state ({words})") from None
+    return state, None if owner is None else check_id("owner", owner), check_limit("limit", limit)
