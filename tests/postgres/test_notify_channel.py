@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import stopline
-from stopline.errors import LedgerUnavailable
+from stopline.errors import LedgerUnavailable, SchemaTooOld
 from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.schema import SCHEMA_VERSION
 from tests.ledger.contract import run_spec
@@ -177,3 +177,25 @@ async def test_the_listen_statement_does_not_show_the_channel(pg_url: str) -> No
         ((query,),) = sql(pg_url, "SELECT query FROM pg_stat_activity WHERE pid = %s", pid)
         assert "LISTEN" in query
         assert channel not in query
+
+
+async def test_a_read_only_role_reads_a_ledger_one_release_behind(pg_url: str) -> None:
+    """ADR 0047: a role that may only read (it could never migrate) reads a ledger its
+    workers have not migrated yet, V7's index not built, and the page from it; one
+    older than ``READABLE_FROM`` is ``SchemaTooOld`` to it, naming the way on."""
+    owner = await PostgresBackend.open(pg_url)
+    await owner.create_run(run_spec())
+    await owner.close()
+    sql(pg_url, "DROP INDEX runs_created")
+    sql(pg_url, "UPDATE stopline_schema SET version = 6")
+    with role_without_channel(pg_url, "SELECT") as reader_url:
+        reader = await PostgresBackend.open(reader_url, read_only=True)
+        try:
+            [(run, ops)] = await reader.list_trees()
+            assert (run.id, ops) == ("run_a", [])
+        finally:
+            await reader.close()
+        sql(pg_url, "UPDATE stopline_schema SET version = 4")
+        with pytest.raises(SchemaTooOld, match="open it once read-write"):
+            await PostgresBackend.open(reader_url, read_only=True)
+    assert sql(pg_url, "SELECT version FROM stopline_schema") == [(4,)]
