@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stopline.domain.model import CancelState, Evidence
+from stopline.domain.model import CancelState, Evidence, LazyEvidence
 from stopline.domain.vocab import Cancellable, EvidenceKind, OpStatus
 from stopline.ledger import rows
 
@@ -42,15 +42,15 @@ def test_lazy_evidence_is_copied_by_the_tuples_own_iterator(
     tuple's iterator, not ``Sequence``'s index-by-index one (an item, then an
     ``IndexError``). Counted, not timed."""
     raw = '[{"kind":"local","ref":"gate"},{"kind":"response_digest","ref":"sha256:ab"}]'
-    evidence = rows.LazyEvidence(raw)
+    evidence = LazyEvidence(raw)
     indexed: list[object] = []
-    by_index = rows.LazyEvidence.__getitem__
+    by_index = LazyEvidence.__getitem__
 
-    def counted(self: rows.LazyEvidence, index: Any) -> Any:
+    def counted(self: LazyEvidence, index: Any) -> Any:
         indexed.append(index)
         return by_index(self, index)
 
-    monkeypatch.setattr(rows.LazyEvidence, "__getitem__", counted)
+    monkeypatch.setattr(LazyEvidence, "__getitem__", counted)
     copied = tuple(evidence)
     backwards = list(reversed(evidence))
     assert indexed == []

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import stopline
-from stopline import OpStatus, Principal, RunState
+from stopline import EvidenceKind, Headline, OpStatus, Principal, RunState
+from stopline.domain.model import Evidence, LazyEvidence
+from stopline.domain.receipt import build_receipt
 from stopline.testing import FakeProvider
 
 OUTSIDER = Principal("user:9", tenant="other")
@@ -133,3 +136,43 @@ async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
                 await read(owner="u" * 5_000)
             assert len(await read(state="completed")) == len(await read(state=RunState.COMPLETED))
     assert [r.id for r in await ledger.reads.runs(limit=1)] == [run.id]
+
+
+async def test_a_receipts_evidence_is_decoded_only_when_read(
+    ledger: stopline.Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receipt's lines keep each operation's evidence as read (``LazyEvidence``): its
+    headline, message and whether it is settled (a page, ``wait_settled``) decode none
+    of it. A line read for its evidence decodes that operation's alone, and the receipt
+    is equal to, and hashes as, one built from the same records with the evidence
+    decoded first. Counted, not timed."""
+    send = FakeProvider("send")
+    async with ledger.run("job", owner="user:1") as run:
+        for n in range(3):
+            await run.call(send.tool, n)
+    decoded: list[str] = []
+    real = LazyEvidence._decoded
+
+    def counted(self: LazyEvidence) -> tuple[Evidence, ...]:
+        decoded.append(self._raw)
+        return real(self)
+
+    monkeypatch.setattr(LazyEvidence, "_decoded", counted)
+    receipt = await ledger.receipt(run.id)
+    [(_, listed)] = await ledger.runs_with_receipts()
+    assert (receipt.headline, receipt.settled, listed.message) == (
+        Headline.COMPLETED,
+        True,
+        receipt.message,
+    )
+    assert decoded == []
+    assert receipt.lines[1].evidence[0].kind is EvidenceKind.LOCAL
+    assert len(decoded) == 1
+    found, ops = await ledger.reads.run_and_operations(run.id)
+    eager = build_receipt(
+        found, [dataclasses.replace(op, evidence=tuple(op.evidence)) for op in ops]
+    )
+    assert all(isinstance(line.evidence, tuple) for line in eager.lines)
+    assert eager == receipt == listed
+    assert hash(eager) == hash(receipt)
+    assert receipt.text() == eager.text() and receipt.to_json() == eager.to_json()

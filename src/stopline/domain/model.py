@@ -15,8 +15,8 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from stopline.domain import jsontext
 from stopline.domain.vocab import (
@@ -36,6 +36,7 @@ __all__ = [
     "CancelState",
     "EventRecord",
     "Evidence",
+    "LazyEvidence",
     "OperationRecord",
     "OperationSpec",
     "RunRecord",
@@ -168,6 +169,56 @@ class Evidence:
     @classmethod
     def local(cls, ref: str, detail: str = "") -> Evidence:
         return cls(EvidenceKind.LOCAL, ref, detail)
+
+
+class LazyEvidence(Sequence[Evidence]):
+    """An operation's evidence, decoded from its stored JSON on first use; immutable.
+
+    The gate's hot path returns records nobody reads the evidence of, and a
+    receipt's line keeps it as it is: a page of receipts, or ``wait_settled``
+    asking whether a run is settled, reads the statuses only. Decoding it there
+    would cost the writer thread, or the loop, for nothing.
+    """
+
+    __slots__ = ("_items", "_raw")
+
+    def __init__(self, raw: str) -> None:
+        self._raw = raw
+        self._items: tuple[Evidence, ...] | None = None
+
+    def _decoded(self) -> tuple[Evidence, ...]:
+        if self._items is None:
+            self._items = tuple(Evidence.from_json(e) for e in json.loads(self._raw))
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> Evidence: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Evidence]: ...
+    def __getitem__(self, index: int | slice) -> Evidence | Sequence[Evidence]:
+        return self._decoded()[index]
+
+    def __len__(self) -> int:
+        return len(self._decoded())
+
+    # the tuple's own iterators: ``Sequence``'s index each item and end on an IndexError
+    # (a receipt copies every record's evidence into its line)
+    def __iter__(self) -> Iterator[Evidence]:
+        return iter(self._decoded())
+
+    def __reversed__(self) -> Iterator[Evidence]:
+        return reversed(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._decoded() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._decoded())
+
+    def __repr__(self) -> str:
+        return repr(self._decoded())
 
 
 class CancelState(enum.StrEnum):

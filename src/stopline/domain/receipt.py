@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from stopline.domain.guidance import resume_rule
-from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline.domain.model import CancelState, Evidence, LazyEvidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
 
 __all__ = ["HEADLINE_MESSAGES", "OperationLine", "Receipt", "build_receipt", "headline_for"]
@@ -165,7 +165,9 @@ class OperationLine:
     status_words: str
     provider_cancel: str
     recovery: str
-    evidence: tuple[Evidence, ...]
+    # the operation's, immutable: a tuple, or the record's ``LazyEvidence`` (decoded
+    # when a reader asks for it; a page or a settled check never does)
+    evidence: Sequence[Evidence]
     # the response is in hand and its record queued, not yet durable (ADR 0022)
     recording: bool = False
 
@@ -251,7 +253,7 @@ def _line(op: OperationRecord, recording: bool) -> OperationLine:
         status_words=_RECORDING_WORDS if recording else _status_words(op),
         provider_cancel=_cancel_words(op),
         recovery=_recovery(op),
-        evidence=tuple(op.evidence),
+        evidence=op.evidence if isinstance(op.evidence, LazyEvidence) else tuple(op.evidence),
         recording=recording,
     )
 

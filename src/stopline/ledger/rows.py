@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from stopline.domain import jsontext
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
-from stopline.domain.model import CancelState, EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.model import (
+    CancelState,
+    EventRecord,
+    Evidence,
+    LazyEvidence,
+    OperationRecord,
+    RunRecord,
+)
 from stopline.domain.vocab import (
     Cancellable,
     Cause,
@@ -118,54 +125,6 @@ def op_from_row(row: Sequence[Any]) -> OperationRecord:
         compensates=row[18],
         worker=row[19],
     )
-
-
-class LazyEvidence(Sequence[Evidence]):
-    """An operation's evidence, decoded from its JSON column on first use.
-
-    The gate's hot path returns records nobody reads the evidence of; decoding
-    it there would cost the writer thread for nothing.
-    """
-
-    __slots__ = ("_items", "_raw")
-
-    def __init__(self, raw: str) -> None:
-        self._raw = raw
-        self._items: tuple[Evidence, ...] | None = None
-
-    def _decoded(self) -> tuple[Evidence, ...]:
-        if self._items is None:
-            self._items = tuple(Evidence.from_json(e) for e in json.loads(self._raw))
-        return self._items
-
-    @overload
-    def __getitem__(self, index: int) -> Evidence: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Evidence]: ...
-    def __getitem__(self, index: int | slice) -> Evidence | Sequence[Evidence]:
-        return self._decoded()[index]
-
-    def __len__(self) -> int:
-        return len(self._decoded())
-
-    # the tuple's own iterators: ``Sequence``'s index each item and end on an IndexError
-    # (a receipt copies every record's evidence into its line)
-    def __iter__(self) -> Iterator[Evidence]:
-        return iter(self._decoded())
-
-    def __reversed__(self) -> Iterator[Evidence]:
-        return reversed(self._decoded())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
-            return self._decoded() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._decoded())
-
-    def __repr__(self) -> str:
-        return repr(self._decoded())
 
 
 def approval_from_row(row: Sequence[Any]) -> ApprovalRecord:
