@@ -48,15 +48,23 @@ async def test_r11_reads_hide_a_run_from_another_tenant(ledger: stopline.Ledger)
     assert list(await ledger.receipts([run.id], by=COLLEAGUE)) == [run.id]
 
 
+async def _parent_and_child(
+    ledger: stopline.Ledger, send: FakeProvider
+) -> tuple[stopline.Run, stopline.Run]:
+    """A run of tenant acme with one call, and its child with one call of its own."""
+    async with ledger.run("parent", owner="user:1", tenant="acme") as parent:
+        await parent.call(send.tool, "one")
+        async with parent.child("child") as child:
+            await child.call(send.tool, "two")
+    return parent, child
+
+
 async def test_receipts_of_a_page_are_each_runs_receipt(ledger: stopline.Ledger) -> None:
     """``ledger.receipts`` (a page of runs, read at once): each run's receipt as
     ``receipt`` builds it, a parent's with its child's operations; an unknown run is
     left out; an id that cannot be one is refused, naming it, before anything is read."""
     send = FakeProvider("send")
-    async with ledger.run("parent", owner="user:1", tenant="acme") as parent:
-        await parent.call(send.tool, "one")
-        async with parent.child("child") as child:
-            await child.call(send.tool, "two")
+    parent, child = await _parent_and_child(ledger, send)
     async with ledger.run("alone", owner="user:1", tenant="acme") as alone:
         await alone.call(send.tool, "three")
     asked = [alone.id, "run_nothing", parent.id, child.id]
@@ -80,10 +88,7 @@ async def test_runs_with_receipts_are_the_listing_each_with_its_receipt(
     from the same read (its state is the receipt's); R11 leaves out what ``by`` may not
     see. A bad filter is refused before anything is read."""
     send = FakeProvider("send")
-    async with ledger.run("parent", owner="user:1", tenant="acme") as parent:
-        await parent.call(send.tool, "one")
-        async with parent.child("child") as child:
-            await child.call(send.tool, "two")
+    parent, child = await _parent_and_child(ledger, send)
     async with ledger.run("other", owner="user:2", tenant="beta") as other:
         await other.call(send.tool, "three")
     async with ledger.run("held", owner="user:1", tenant="acme") as held:

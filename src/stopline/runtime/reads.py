@@ -30,7 +30,7 @@ class Reads:
 
     async def run(self, run_id: str, *, by: str | Principal | None = None) -> RunRecord:
         run = await self._queries().get_run(run_id)
-        if by is not None and not self._access().visible(Principal.of(by), run):
+        if not self._sees(by)(run):
             raise UnknownRun(run_id)
         return run
 
@@ -45,7 +45,7 @@ class Reads:
         """Newest first: the runs ``by`` may see, among the ``limit`` newest that match."""
         state, owner, limit = _listing(state, owner, limit)
         found = await self._queries().list_runs(state=state, owner=owner, limit=limit)
-        return [run for run in found if self._sees(by, run)]
+        return list(filter(self._sees(by), found))
 
     async def runs_with_trees(
         self,
@@ -59,10 +59,15 @@ class Reads:
         the listing and every run's read from one snapshot."""
         state, owner, limit = _listing(state, owner, limit)
         found = await self._queries().list_trees(state=state, owner=owner, limit=limit)
-        return [(run, ops) for run, ops in found if self._sees(by, run)]
+        sees = self._sees(by)
+        return [(run, ops) for run, ops in found if sees(run)]
 
-    def _sees(self, by: str | Principal | None, run: RunRecord) -> bool:
-        return by is None or self._access().visible(Principal.of(by), run)
+    def _sees(self, by: str | Principal | None) -> Callable[[RunRecord], bool]:
+        """Whether ``by`` may see a run (R11); anyone may without ``by`` (this process)."""
+        if by is None:
+            return lambda run: True
+        principal, access = Principal.of(by), self._access()
+        return lambda run: access.visible(principal, run)
 
     async def operations(
         self, run_id: str, *, by: str | Principal | None = None, descendants: bool = False
@@ -76,7 +81,7 @@ class Reads:
         built from (two reads could mix moments, and the second would wait behind every
         write queued in between)."""
         run, ops = await self._queries().run_and_operations(run_id, descendants=descendants)
-        if by is not None and not self._access().visible(Principal.of(by), run):
+        if not self._sees(by)(run):
             raise UnknownRun(run_id)
         return run, ops
 
@@ -89,11 +94,8 @@ class Reads:
             raise InvalidInput("run_ids", "a sequence of run ids, not one string")
         ids = [check_id("run_id", run_id) for run_id in run_ids]
         found = await self._queries().trees_and_operations(ids)
-        seen = [f for f in found if not isinstance(f, UnknownRun)]
-        if by is not None:
-            principal, access = Principal.of(by), self._access()
-            seen = [(run, ops) for run, ops in seen if access.visible(principal, run)]
-        return {run.id: (run, ops) for run, ops in seen}
+        sees = self._sees(by)
+        return {f[0].id: f for f in found if not isinstance(f, UnknownRun) and sees(f[0])}
 
     async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:
         op = await self._queries().get_operation(op_id)
