@@ -86,7 +86,8 @@ async def _dbos(workdir: Path, steps: int, rounds: int) -> Figure:
     import stopline
     from stopline.bench import _engine_apps as app
 
-    DBOS(config={"name": "stopline-bench", "system_database_url": _sqlite(workdir, "dbos")})
+    url = _sqlite(workdir, "dbos")
+    DBOS(config={"name": "stopline-bench", "system_database_url": url, "log_level": "ERROR"})
     DBOS.launch()
     try:
         bare = await _dbos_rounds(app.bare_steps, steps, rounds)
