@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -95,6 +96,37 @@ async def test_unknown_url_and_option(tmp_path: Path) -> None:
     with pytest.raises(LedgerUnavailable, match="unknown option"):
         async with stopline.open(f"sqlite:///{tmp_path}/l.db?turbo=1"):
             pass
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("cache_mib=1&cache_mib=512", "cache_mib is given twice"),
+        ("busy_timeout", "busy_timeout is given without a value"),
+        ("group_commit_ms=", "group_commit_ms is given without a value"),
+        ("turbo", "unknown option(s) ['turbo']"),
+        ("synchronous=off", "synchronous='OFF' is not FULL, EXTRA or NORMAL"),
+    ],
+)
+async def test_an_option_given_twice_blank_or_unsafe_is_refused_before_the_file_is_made(
+    tmp_path: Path, query: str, says: str
+) -> None:
+    """An option given twice opened with its last value, one given blank (or without
+    ``=``) with its default: silently, either way."""
+    path = tmp_path / "l.db"
+    with pytest.raises(LedgerUnavailable, match=re.escape(says)):
+        async with stopline.open(f"sqlite:///{path}?{query}"):
+            pass
+    assert not path.exists()
+
+
+async def test_a_url_holding_a_nul_is_refused_by_name(tmp_path: Path) -> None:
+    """It failed with a bare ``ValueError`` ("embedded null byte") from the driver."""
+    with pytest.raises(LedgerUnavailable, match="holds a NUL character") as info:
+        async with stopline.open(f"sqlite:///{tmp_path}/l.db\x00x"):
+            pass
+    assert "\x00" not in str(info.value)
+    assert not (tmp_path / "l.db").exists()
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "nan", "inf", "86401"])

@@ -24,6 +24,7 @@ import stopline
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import LedgerCorrupt, LedgerUnavailable, SchemaTooNew, UnknownRun
+from stopline.ledger import redact
 from stopline.ledger.backend import GateVerdict
 from stopline.ledger.engine import fence, reads
 from stopline.ledger.postgres import GateInDoubt, LeaseExpired, PostgresBackend
@@ -316,6 +317,42 @@ async def test_bad_urls(pg_url: str) -> None:
     for bad in ("-1", "inf", "nan", "86401", "soon"):
         with pytest.raises(LedgerUnavailable, match=f"retry_for='{bad}' is not 0-86400 seconds"):
             await PostgresBackend.open(f"{pg_url}&retry_for={bad}")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        # libpq's own refusal, a bare psycopg.ProgrammingError before
+        (
+            "postgresql://127.0.0.1:1/none?turbo=1",
+            'libpq refuses the URL: invalid URI query parameter: "turbo"',
+        ),
+        # urllib's, a bare ValueError
+        ("postgresql://[::1/none", "not a valid URL: Invalid IPv6 URL"),
+        # the last value was taken, or the default: a ledger opened in another schema
+        ("postgresql://127.0.0.1:1/none?schema=a&schema=b", "schema is given twice"),
+        ("postgresql://127.0.0.1:1/none?schema=", "schema is given without a value"),
+        ("postgresql://127.0.0.1:1/none?retry_for", "retry_for is given without a value"),
+        # libpq read the name up to the NUL: the database "test" for "test\0x"
+        ("postgresql://127.0.0.1:1/test\x00x", "the URL holds a NUL character"),
+    ],
+)
+async def test_a_url_that_cannot_be_read_as_given_is_refused_before_anything_connects(
+    url: str, says: str
+) -> None:
+    """Each is refused by name; the server is unreachable, so a refusal that tried to
+    connect would say so instead."""
+    with pytest.raises(LedgerUnavailable, match=re.escape(says)):
+        async with stopline.open(url):
+            pass
+
+
+def test_an_unreadable_urls_password_is_masked_in_its_refusal() -> None:
+    """``redact`` raised the URL's own ``ValueError`` for a URL it could not split, so the
+    message refusing it could not be made."""
+    url = "postgresql://me:s3cret@[::1/none?password=s3cret"
+    assert "s3cret" not in redact(url)
+    assert redact(url).startswith("postgresql://me:***@[::1/none")
 
 
 async def test_pool_sizes_are_checked_before_anything_connects() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -20,6 +21,7 @@ __all__ = [
     "resolve_url",
     "seconds_option",
     "tables_gone",
+    "url_options",
     "whole_option",
 ]
 
@@ -32,10 +34,18 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
+_USERINFO_PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
+
+
 def redact(url: str) -> str:
     """The URL without its secrets (a password in the address or as ``?password=``),
-    for messages, ``location`` and every page or line that shows a ledger."""
-    parts = urllib.parse.urlsplit(url)
+    for messages, ``location`` and every page or line that shows a ledger. A URL that
+    does not parse has its address's password masked by pattern, and no query kept:
+    the message refusing it names it without raising in turn."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return _USERINFO_PASSWORD.sub(r"\1***@", url.partition("?")[0])
     netloc = parts.netloc
     if parts.password is not None:
         netloc = netloc.replace(f":{parts.password}@", ":***@")
@@ -56,6 +66,31 @@ def tables_gone(location: str, message: str) -> LedgerCorrupt:
     return LedgerCorrupt(location, f"{message} (a table of the ledger is gone: dropped?)")
 
 
+def url_options(
+    url: str, where: str, own: frozenset[str], query: str
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """A ledger URL's ``query``: stopline's own options (``own``), each given once and
+    with a value, and the rest in their order (libpq's, for PostgreSQL).
+    Else ``LedgerUnavailable`` naming the option, before anything is opened: an option
+    given twice took its last value, and one given blank its default, silently. A URL
+    holding a NUL character is refused too (libpq reads a name up to it: ``test\\0x``
+    was the database ``test``). One rule for both backends' URLs."""
+    if "\x00" in url:
+        raise LedgerUnavailable(where.replace("\x00", "\\0"), "the URL holds a NUL character")
+    mine: dict[str, str] = {}
+    rest: list[tuple[str, str]] = []
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key not in own:
+            rest.append((key, value))
+        elif key in mine:
+            raise LedgerUnavailable(where, f"{key} is given twice")
+        elif not value:
+            raise LedgerUnavailable(where, f"{key} is given without a value")
+        else:
+            mine[key] = value
+    return mine, rest
+
+
 _SQLITE_OPTIONS = frozenset(
     {"busy_timeout", "synchronous", "group_commit_ms", "cancel_poll_ms", "cache_mib"}
 )
@@ -70,10 +105,9 @@ async def open_backend(url: str | None = None, *, read_only: bool = False) -> Ba
         from stopline.ledger.sqlite import CACHE_MIB, MAX_CACHE_MIB, SQLiteBackend
 
         path, _, query = url.removeprefix("sqlite:///").partition("?")
-        options = dict(urllib.parse.parse_qsl(query))
-        unknown = set(options) - _SQLITE_OPTIONS
-        if unknown:
-            raise LedgerUnavailable(url, f"unknown option(s) {sorted(unknown)}")
+        options, rest = url_options(url, url, _SQLITE_OPTIONS, query)
+        if rest:
+            raise LedgerUnavailable(url, f"unknown option(s) {sorted(k for k, _ in rest)}")
         mib = options.get("cache_mib", str(CACHE_MIB))
         cache_mib = whole_option(url, "cache_mib", mib, low=1, high=MAX_CACHE_MIB)
         return await SQLiteBackend.open(

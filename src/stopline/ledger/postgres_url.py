@@ -2,9 +2,11 @@
 
 ``schema`` (a plain identifier), ``pool_min`` (0 or more) and ``pool_max`` (1 or
 more, not below ``pool_min``), ``retry_for`` (0-86400 seconds) and
-``group_commit_ms`` (0-60000). A bad one is refused with ``LedgerUnavailable``
-naming it as the URL gave it, before anything connects. The rest of the query
-is libpq's, passed on as it is.
+``group_commit_ms`` (0-60000). A bad one (or one given twice, or blank) is
+refused with ``LedgerUnavailable`` naming it as the URL gave it, before anything
+connects. The rest of the query is libpq's, passed on as it is; a URL libpq
+refuses to read (a parameter it does not know) or that does not parse is
+refused the same way.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import re
 import urllib.parse
 from typing import TypedDict
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from stopline.errors import LedgerUnavailable
-from stopline.ledger import milliseconds_option, seconds_option, whole_option
+from stopline.ledger import milliseconds_option, seconds_option, url_options, whole_option
 
 __all__ = ["OWN_OPTIONS", "Options", "parse"]
 
@@ -35,14 +40,20 @@ class Options(TypedDict):
 def parse(url: str, where: str) -> tuple[str, Options]:
     """``url``'s connection string for libpq and stopline's options from it (``where``:
     the URL as errors name it, its password hidden)."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query)
-    own = {k: v for k, v in query if k in OWN_OPTIONS}
-    libpq = [(k, v) for k, v in query if k not in OWN_OPTIONS]
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL" and the like
+        raise LedgerUnavailable(where, f"not a valid URL: {exc}") from None
+    own, theirs = url_options(url, where, OWN_OPTIONS, parts.query)
+    libpq = [(k, v) for k, v in theirs if v]  # a blank one is libpq's default, as before
     # percent-encoded as libpq decodes it: ``urlencode``'s default writes a space as
     # "+", which libpq keeps (``options=-c a=1 -c b=2`` reached the server mangled)
     rest = urllib.parse.urlencode(libpq, quote_via=urllib.parse.quote)
     conninfo = urllib.parse.urlunsplit(("postgresql", parts.netloc, parts.path, rest, ""))
+    try:  # what libpq itself refuses (a parameter it does not know), named here
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise LedgerUnavailable(where, f"libpq refuses the URL: {exc}") from None
     schema = own.get("schema")
     if schema is not None and not _IDENT.fullmatch(schema):
         raise LedgerUnavailable(where, f"schema {schema!r} is not a plain identifier")

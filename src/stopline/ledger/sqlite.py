@@ -72,7 +72,10 @@ class SQLiteBackend(SqlBackend):
         cache_mib: int = CACHE_MIB,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL", "EXTRA"):
-            raise LedgerUnavailable(f"sqlite:///{path}", f"synchronous={synchronous} is unsafe")
+            raise LedgerUnavailable(
+                f"sqlite:///{path}",
+                f"synchronous={synchronous!r} is not FULL, EXTRA or NORMAL (OFF may lose commits)",
+            )
         if not 0 <= busy_timeout <= MAX_WAIT_S:  # NaN too
             raise LedgerUnavailable(
                 f"sqlite:///{path}", f"busy_timeout={busy_timeout!r} is not 0-{MAX_WAIT_S} seconds"
