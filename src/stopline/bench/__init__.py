@@ -24,6 +24,8 @@ import anyio
 
 from stopline.bench.figures import Figure
 from stopline.bench.machine import CpuTimes, cpu_times
+from stopline.bench.options import check_json_path, check_server
+from stopline.errors import InvalidInput
 
 __all__ = ["SUITES", "Figure", "main", "median_round", "run_suites", "steal_figure", "with_steal"]
 
@@ -96,7 +98,10 @@ def main(
     whose same-run ratio is the median (``median_round``).
     """
     if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, not {rounds}")
+        raise InvalidInput("rounds", f"{rounds}: must be at least 1")
+    json_file = check_json_path(json_path) if json_path else None
+    if postgres:
+        check_server(postgres)
     only = (*SUITES, "peers") if peers else SUITES
     runs: list[list[Figure]] = []
     for _ in range(rounds):
@@ -110,8 +115,8 @@ def main(
         print(f.row(width))
     for line in _versus_peers(figures):
         print(line)
-    if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+    if json_file:
+        json_file.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
     return 0
 

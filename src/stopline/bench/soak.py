@@ -45,6 +45,7 @@ from typing import Any
 import anyio
 
 from stopline.bench import _soak_crash
+from stopline.bench.options import check_minutes, check_server
 
 __all__ = ["main", "soak"]
 
@@ -64,6 +65,9 @@ def main(
     """Run the soak, print its figures; 0 if nothing was violated and nothing torn down.
     ``postgres``: a server to soak on (a schema of its own) instead of a SQLite file.
     ``crashes``: workers are killed too (``_soak_crash``)."""
+    check_minutes(seconds / 60)
+    if postgres is not None:
+        check_server(postgres)
     with tempfile.TemporaryDirectory(prefix="stopline-soak-") as tmp:
         figures = soak(
             Path(tmp), seconds=seconds, workers=workers, postgres=postgres, crashes=crashes

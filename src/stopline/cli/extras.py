@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from stopline.cli import _common as c
+from stopline.cli.views import UsageError
+from stopline.errors import InvalidInput
 from stopline.ledger import redact
 
 __all__ = ["register"]
@@ -93,7 +95,9 @@ def bench(
             "or on the --postgres server"
         ),
     ] = False,
-    minutes: Annotated[float, typer.Option(help="With --soak: how long.")] = 2.0,
+    minutes: Annotated[
+        float | None, typer.Option(help="With --soak: how long (default 2).", show_default=False)
+    ] = None,
     crash: Annotated[
         bool,
         typer.Option(
@@ -104,11 +108,24 @@ def bench(
 ) -> None:
     """Benchmarks beside a baseline in the same run, as ratios."""
     from stopline import bench as bench_module
+    from stopline.bench import options
 
+    if not soak and (crash or minutes is not None):
+        raise UsageError("--crash and --minutes go with --soak")
+    if soak and (quick or json_path or peers or rounds != 1):
+        raise UsageError("--soak takes --minutes, --crash and --postgres, no other option")
+    try:  # checked here too so that a bad one is a usage error (exit 2), not a failure
+        if json_path:
+            options.check_json_path(json_path)
+        if minutes is not None:
+            options.check_minutes(minutes)
+    except InvalidInput as exc:
+        raise UsageError(str(exc)) from None
     if soak:
         from stopline.bench import soak as soak_module
 
-        raise typer.Exit(soak_module.main(seconds=minutes * 60, postgres=postgres, crashes=crash))
+        seconds = 60 * (2.0 if minutes is None else minutes)
+        raise typer.Exit(soak_module.main(seconds=seconds, postgres=postgres, crashes=crash))
 
     raise typer.Exit(
         bench_module.main(

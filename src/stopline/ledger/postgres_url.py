@@ -53,7 +53,7 @@ def parse(url: str, where: str) -> tuple[str, Options]:
     try:  # what libpq itself refuses (a parameter it does not know), named here
         conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        raise LedgerUnavailable(where, f"libpq refuses the URL: {exc}") from None
+        raise LedgerUnavailable(where, f"libpq refuses the URL: {str(exc).strip()}") from None
     schema = own.get("schema")
     if schema is not None and not _IDENT.fullmatch(schema):
         raise LedgerUnavailable(where, f"schema {schema!r} is not a plain identifier")
