@@ -45,24 +45,27 @@ def test_a_bad_option_is_a_usage_error_before_anything_is_measured(
 
 
 @pytest.mark.parametrize(
-    ("args", "says"),
+    ("args", "code", "says"),
     [
-        (["--quick", "--postgres", NOWHERE], f"ledger {NOWHERE}: connection failed"),
-        (["--soak", "--postgres", NOWHERE], f"ledger {NOWHERE}: connection failed"),
-        (["--quick", "--postgres", "nonsense"], "invalid --postgres: nonsense is not a"),
+        (["--quick", "--postgres", NOWHERE], 1, f"error: ledger {NOWHERE}: connection failed"),
+        (["--soak", "--postgres", NOWHERE], 1, f"error: ledger {NOWHERE}: connection failed"),
+        (["--quick", "--postgres", f"{NOWHERE}?turbo=1"], 1, "error: ledger"),
+        (["--quick", "--postgres", "nonsense"], 2, "usage: invalid --postgres: nonsense is not"),
         (
             ["--quick", "--postgres", f"{NOWHERE}?schema=mine"],
-            "give the server's URL without schema",
+            2,
+            "usage: invalid --postgres: ",
         ),
-        (["--quick", "--postgres", f"{NOWHERE}?turbo=1"], "libpq refuses the URL"),
     ],
 )
 def test_a_server_the_bench_cannot_use_is_refused_before_anything_is_measured(
-    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], code: int, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", *args]) == 1
+    """A server that cannot be reached, or a URL libpq refuses, is exit 1 as a bad
+    ``--ledger`` is; a URL that is not one the bench can take, a usage error."""
+    assert main(["bench", *args]) == code
     out, err = capsys.readouterr()
-    assert err.startswith("stopline: error: ") and says in err
+    assert err.startswith(f"stopline: {says}")
     assert "Traceback" not in err
     assert "figure" not in out and "violations" not in out
 

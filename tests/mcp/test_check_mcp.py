@@ -181,6 +181,15 @@ def test_check_mcp_plan_errors_name_the_problem(tmp_path: Path) -> None:
         load_plan(bad)
 
 
+def test_check_mcp_without_a_server_says_so() -> None:
+    """An empty target was started as a command: "cannot check : PermissionError"."""
+    done = _cli("")
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "no server given: a Streamable HTTP URL, or -- COMMAND [ARGS...]"
+    )
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**server_env(), "PYTHONPATH": str(ROOT / "src")}
     return subprocess.run(

@@ -49,6 +49,16 @@ def test_a_busy_port_is_a_typed_error(tmp_path: Path) -> None:
     )
 
 
+def test_a_host_that_is_no_address_here_is_named_as_the_host(tmp_path: Path) -> None:
+    """The refusal said "choose another with --port" for a host that did not resolve."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    anyio.run(_ledger, url)
+    done = stopline_cli("console", "--host", "no-such-host.invalid", "--port", "0", ledger=url)
+    assert done.returncode == EXIT_ERROR
+    assert done.stderr.startswith("stopline: error: host no-such-host.invalid is not an address")
+    assert done.stderr.strip().endswith("choose another with --host")
+
+
 async def _ledger(url: str) -> None:
     async with stopline.open(url) as ledger, ledger.run("x", owner="user:ada"):
         pass

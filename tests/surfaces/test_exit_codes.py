@@ -67,6 +67,21 @@ def test_exit_2_bad_arguments_or_a_missing_extra(tmp_path: Path) -> None:
         bad = stopline_cli(command, "--limit", "-1", ledger=url)
         assert bad.returncode == cli.EXIT_USAGE, bad.stderr
         assert "Invalid value for '--limit'" in bad.stderr
+    # an argument the library refuses (InvalidInput) is a usage error too: it was exit 1,
+    # as if the ledger had failed
+    for args, says in [
+        (("runs", "--owner", ""), "invalid owner: must not be empty"),
+        (("cancel", ""), "invalid run_id: must not be empty"),
+    ]:
+        bad = stopline_cli(*args, ledger=url)
+        assert bad.returncode == cli.EXIT_USAGE, bad.stderr
+        assert bad.stderr == f"stopline: usage: {says}\n"
+    # odd arguments that were tracebacks: a module name that is empty or relative, a
+    # port out of range
+    for args in (("map", ""), ("map", ".x"), ("console", "--port", "70000")):
+        bad = stopline_cli(*args, ledger=url)
+        assert bad.returncode == cli.EXIT_USAGE, bad.stderr
+        assert "Traceback" not in bad.stderr and bad.stderr.strip(), args
     # the console extra missing, as on a plain install (jinja2 made unimportable)
     script = "import sys; sys.modules['jinja2'] = None; from stopline.cli import main; "
     script += "sys.exit(main(['console']))"

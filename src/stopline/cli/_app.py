@@ -12,7 +12,7 @@ import typer
 from stopline.cli import _common as c
 from stopline.cli import check_mcp, extras, lifecycle, mapping, review, runs, stats
 from stopline.cli.views import UsageError
-from stopline.errors import StoplineError
+from stopline.errors import InvalidInput, StoplineError
 
 __all__ = ["app", "main"]
 
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return c.EXIT_ERROR
         c.err.print(f"stopline: {missing}", markup=False)
         return c.EXIT_USAGE
-    except UsageError as exc:
+    except (UsageError, InvalidInput) as exc:  # an argument refused before anything ran
         c.err.print(f"stopline: usage: {exc}", markup=False)
         return c.EXIT_USAGE
     except StoplineError as exc:

@@ -44,6 +44,8 @@ def check_mcp(
 
     if era not in ERAS:
         c.fail(f"--era must be one of {', '.join(ERAS)}", Exit.ERROR)
+    if not target[0].strip():
+        c.fail("no server given: a Streamable HTTP URL, or -- COMMAND [ARGS...]", Exit.ERROR)
     server: StdioServerParameters | str
     if len(target) == 1 and target[0].startswith(("http://", "https://")):
         server = target[0]

@@ -119,7 +119,7 @@ def load_module(target: str) -> ModuleType:
         if "" not in sys.path:
             sys.path.insert(0, "")
         return importlib.import_module(target)
-    except ImportError as exc:
+    except (ImportError, ValueError, TypeError) as exc:  # "" and ".x" are these two
         raise UsageError(f"cannot import {target}: {exc}") from exc
 
 

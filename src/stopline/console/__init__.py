@@ -30,6 +30,11 @@ def listen(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(128)
+    except socket.gaierror as exc:  # the host, not the port: no such name or address
+        sock.close()
+        raise PortUnavailable(
+            f"host {host} is not an address here ({exc.strerror}); choose another with --host"
+        ) from exc
     except OSError as exc:
         sock.close()
         why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
