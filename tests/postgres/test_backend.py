@@ -844,15 +844,15 @@ async def test_a_listed_page_and_its_trees_are_read_from_one_snapshot(
     try:
         await backend.create_run(run_spec())
         assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
-        real = reads.trees_and_operations
+        real = reads._trees_of
 
-        async def after_another_write(db: Any, run_ids: Sequence[str]) -> Any:
+        async def after_another_write(db: Any, run_ids: Sequence[str], known: Any) -> Any:
             sql(pg_url, "UPDATE operations SET status = 'committed'")  # another session's
             sql(pg_url, "UPDATE runs SET state = 'completed'")
-            return await real(db, run_ids)
+            return await real(db, run_ids, known)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(reads, "trees_and_operations", after_another_write)
+            patch.setattr(reads, "_trees_of", after_another_write)
             [(run, ops)], trips = await traced(backend, tmp_path / "page.trace", backend.list_trees)
         assert (run.id, run.state) == ("run_a", RunState.RUNNING)
         assert [op.status for op in ops] == [OpStatus.REQUESTED]

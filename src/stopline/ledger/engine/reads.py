@@ -292,27 +292,7 @@ async def trees_and_operations(
     statements in one round trip (a page of 200 receipts was 200 reads, each its own
     moment). An unknown run is returned in its place. Each run's operations keep the
     order one run's read gives them (the statement's own order: ``created_at, id``)."""
-    dialect = db.dialect
-    reads: list[tuple[str, Params]] = []
-    for chunk in chunks(sorted(run_ids)):
-        roots, params = dialect.each_of(chunk)
-        reads += [
-            runs_query(dialect, chunk),
-            _trees(dialect, roots, params),
-            _tree_ops(dialect, roots, params),
-        ]
-    results = await db.snapshot(reads)
-    found: dict[str, RunRecord] = {}
-    ops: dict[str, list[OperationRecord]] = {}
-    for at in range(0, len(results), 3):
-        found.update((r.id, r) for r in map(rows.run_from_row, results[at]))
-        members: dict[str, list[str]] = {}  # a run of a tree -> the trees it is in
-        for root, member in results[at + 1]:
-            members.setdefault(member, []).append(root)
-        for op in map(rows.op_from_row, results[at + 2]):
-            for root in members.get(op.run_id, ()):
-                ops.setdefault(root, []).append(op)
-    return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
+    return await _trees_of(db, run_ids, None)
 
 
 async def list_trees(
@@ -321,11 +301,39 @@ async def list_trees(
     """``list_runs`` and the ``trees_and_operations`` of those runs, from one snapshot
     (a page whose rows were read at one moment and their receipts at another could show
     a run ``running`` beside its receipt's "cancelled"). Two round trips on PostgreSQL,
-    one job on SQLite's writer."""
+    one job on SQLite's writer; the listed rows are the trees' roots (not read again)."""
     async with db.transaction(snapshot=True):
         listed = await list_runs(db, state, owner, limit)
-        found = await trees_and_operations(db, [run.id for run in listed])
+        found = await _trees_of(db, [run.id for run in listed], {r.id: r for r in listed})
     return [tree for tree in found if not isinstance(tree, UnknownRun)]
+
+
+async def _trees_of(
+    db: Db, run_ids: Sequence[str], known: dict[str, RunRecord] | None
+) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
+    """``trees_and_operations``; with ``known``, the roots' rows as read already in
+    this snapshot, so only the trees and their operations are read."""
+    dialect = db.dialect
+    step = 2 if known is not None else 3
+    reads: list[tuple[str, Params]] = []
+    for chunk in chunks(sorted(run_ids)):
+        roots, params = dialect.each_of(chunk)
+        if known is None:
+            reads.append(runs_query(dialect, chunk))
+        reads += [_trees(dialect, roots, params), _tree_ops(dialect, roots, params)]
+    results = await db.snapshot(reads)
+    found: dict[str, RunRecord] = dict(known or {})
+    ops: dict[str, list[OperationRecord]] = {}
+    for at in range(0, len(results), step):
+        if known is None:
+            found.update((r.id, r) for r in map(rows.run_from_row, results[at]))
+        members: dict[str, list[str]] = {}  # a run of a tree -> the trees it is in
+        for root, member in results[at + step - 2]:
+            members.setdefault(member, []).append(root)
+        for op in map(rows.op_from_row, results[at + step - 1]):
+            for root in members.get(op.run_id, ()):
+                ops.setdefault(root, []).append(op)
+    return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
 def _trees(dialect: Dialect, roots: str, params: Params) -> tuple[str, Params]:
