@@ -117,8 +117,9 @@ async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
     ledger: stopline.Ledger,
 ) -> None:
     """A listing's ``limit`` is a number of rows, 0 or more: a negative one (SQLite reads
-    it as no limit: the whole ledger for a page), a string or a bool is ``InvalidInput``
-    naming it, never a storage error; 0 reads nothing. A state is a member or its word,
+    it as no limit: the whole ledger for a page), one past 64 bits, a string or a bool
+    is ``InvalidInput`` naming it, never a storage error; 0 reads nothing, the largest
+    reads everything. A state is a member or its word,
     an owner an id; anything else is refused the same way."""
     async with ledger.run("job", owner="user:1") as run:
         pass
@@ -128,10 +129,11 @@ async def test_a_bad_limit_is_refused_naming_it_before_anything_is_read(
         ledger.review_items,
     )
     for read in reads:
-        for bad in (-1, "10", True, 2.5):
+        for bad in (-1, "10", True, 2.5, 2**63):  # 2**63: OverflowError, "out of range"
             with pytest.raises(stopline.InvalidInput, match="limit"):
                 await read(limit=bad)
         assert await read(limit=0) == []
+        assert len(await read(limit=2**63 - 1)) == (read != ledger.review_items)
         if read != ledger.review_items:
             with pytest.raises(stopline.InvalidInput, match="state"):
                 await read(state="finished")

@@ -67,6 +67,9 @@ def test_exit_2_bad_arguments_or_a_missing_extra(tmp_path: Path) -> None:
         bad = stopline_cli(command, "--limit", "-1", ledger=url)
         assert bad.returncode == cli.EXIT_USAGE, bad.stderr
         assert "Invalid value for '--limit'" in bad.stderr
+        huge = stopline_cli(command, "--limit", str(2**64), ledger=url)  # was OverflowError
+        assert huge.returncode == cli.EXIT_USAGE, huge.stderr
+        assert "limit" in huge.stderr and "Traceback" not in huge.stderr
     # an argument the library refuses (InvalidInput) is a usage error too: it was exit 1,
     # as if the ledger had failed
     for args, says in [

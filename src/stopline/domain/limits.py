@@ -13,7 +13,7 @@ import re
 
 from stopline.errors import InvalidInput
 
-__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "check_id", "check_limit", "sanitise"]
+__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "MAX_ROWS", "check_id", "check_limit", "sanitise"]
 
 MAX_ID_CHARS = 1024
 MAX_REASON_CHARS = 4096
@@ -36,14 +36,18 @@ def check_id(what: str, value: object) -> str:
     raise InvalidInput(what, "contains a control character")
 
 
+MAX_ROWS = 2**63 - 1  # the largest LIMIT both engines bind (a 64-bit integer)
+
+
 def check_limit(what: str, value: object) -> int:
     """``value`` if it is a usable number of rows to read (an integer, 0 or more), else
     ``InvalidInput`` naming ``what``: SQLite reads a negative ``LIMIT`` as none at all
-    (a whole ledger for a page), and a string reached the storage as its own error."""
+    (a whole ledger for a page), a string reached the storage as its own error, and
+    one past 64 bits as ``OverflowError`` (SQLite) or "bigint out of range"."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(what, f"must be an integer, not {type(value).__name__}")
-    if value < 0:
-        raise InvalidInput(what, f"{value}: must be 0 or more")
+    if not 0 <= value <= MAX_ROWS:
+        raise InvalidInput(what, f"{value}: must be 0 to {MAX_ROWS}")
     return value
 
 
