@@ -5,6 +5,7 @@ malformed messages, and each cause told apart in the ledger."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -231,6 +232,21 @@ async def test_mcp_causes_are_told_apart(ledger: stopline.Ledger, plain: Server)
     assert ops["bad"].cause is Cause.SERVER_ERROR
     assert timeout.value.cause is Cause.TIMEOUT
     assert ops["slow"].cause is Cause.TIMEOUT
+
+
+async def test_mcp_call_idle_timeout_that_is_no_wait_is_refused_before_the_gate(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    """A NaN silence reached the call's deadline after the gate: the request never went
+    and the operation stayed ``unknown``. Refused first now, nothing recorded or sent."""
+    async with ledger.run("no-wait", owner="user:1") as run:
+        for bad in (math.nan, -1.0):
+            with pytest.raises(stopline.InvalidInput, match="idle_timeout"):
+                await plain.conn.call(run, "upload", {"payload": "x"}, key="k", idle_timeout=bad)
+        assert await ledger.backend.operations(run.id) == []
+        await plain.conn.call(run, "upload", {"payload": "x"}, key="k", idle_timeout=30)
+    [op] = await ledger.backend.operations(run.id)
+    assert op.status is OpStatus.COMMITTED
 
 
 async def test_mcp_call_timeout_is_the_deprecated_name_of_the_allowed_silence(

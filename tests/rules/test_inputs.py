@@ -5,6 +5,7 @@ that has ended says what to do (R14)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -63,6 +64,42 @@ async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
             await run.call(provider.tool, 1, key="k\udc80")
     assert refused.value.what == "key"
     assert await ledger.backend.operations("run-key") == []
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1.0, "5", True], ids=["nan", "negative", "str", "bool"])
+async def test_a_timeout_that_is_no_wait_is_refused_before_the_gate(
+    ledger: stopline.Ledger, bad: Any
+) -> None:
+    """A NaN or a string reached the call's deadline after its intent was durable: the
+    call never left, and its operation was recorded ``unknown`` (the receipt said
+    "verifying"). Refused before the gate now, as every wait of the API is."""
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-timeout") as run:
+        with pytest.raises(InvalidInput) as refused:
+            await run.call(provider.tool, 1, key="k", timeout=bad)
+        assert refused.value.what == "timeout"
+        assert await ledger.backend.operations("run-timeout") == []
+        assert provider.requests == []
+        assert await run.call(provider.tool, 1, key="k", timeout=math.inf) is not None
+    with pytest.raises(InvalidInput, match="timeout"):
+        await ledger.wait_settled("run-timeout", timeout=bad)
+    receipt = await ledger.wait_settled("run-timeout", timeout=10)
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+
+
+def test_an_mcp_clients_waits_are_checked_when_it_is_made() -> None:
+    """``StoplineMCP``'s waits (and an MCP call's ``idle_timeout``, through the same
+    rule) are refused when given, not in a call after its gate."""
+    from stopline.integrations._renamed import renamed_idle_timeout
+    from stopline.integrations.mcp import StoplineMCP
+
+    for option in ("progress_cap", "settle_timeout", "poll_wait", "connect_timeout"):
+        with pytest.raises(InvalidInput) as refused:
+            StoplineMCP("http://127.0.0.1:1/mcp", **{option: math.nan})
+        assert refused.value.what == option
+    with pytest.raises(InvalidInput, match="idle_timeout"):
+        renamed_idle_timeout("StoplineMCP.call", -1.0, None)
+    assert renamed_idle_timeout("StoplineMCP.call", 5, None) == 5.0
 
 
 DIGEST = (

@@ -1,4 +1,5 @@
-"""What an id may be, checked before anything is written or sent.
+"""What an id, a listing's limit or a wait may be, checked before anything is written
+or sent.
 
 Ids (runs, operation keys, owners, tenants, principals) are stored as text
 by every backend and travel to PostgreSQL over the network: a 1 MB id, an
@@ -13,7 +14,15 @@ import re
 
 from stopline.errors import InvalidInput
 
-__all__ = ["MAX_ID_CHARS", "MAX_REASON_CHARS", "MAX_ROWS", "check_id", "check_limit", "sanitise"]
+__all__ = [
+    "MAX_ID_CHARS",
+    "MAX_REASON_CHARS",
+    "MAX_ROWS",
+    "check_id",
+    "check_limit",
+    "check_seconds",
+    "sanitise",
+]
 
 MAX_ID_CHARS = 1024
 MAX_REASON_CHARS = 4096
@@ -49,6 +58,20 @@ def check_limit(what: str, value: object) -> int:
     if not 0 <= value <= MAX_ROWS:
         raise InvalidInput(what, f"{value}: must be 0 to {MAX_ROWS}")
     return value
+
+
+def check_seconds(what: str, value: object) -> float | None:
+    """``value`` if it is a usable wait (``None``: none; else a real number of seconds,
+    0 or more, infinity meaning none), else ``InvalidInput`` naming ``what``. Checked
+    before a call passes the gate: a NaN or a string reached the deadline after the
+    intent was durable, and left a call that never left recorded ``unknown``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(what, f"must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0:  # NaN too
+        raise InvalidInput(what, f"{value}: must be 0 or more seconds")
+    return float(value)
 
 
 # what an id may not hold: control characters (NUL among them), DEL, lone surrogates

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import warnings
 
+from stopline.domain.limits import check_seconds
+
 __all__ = ["renamed_idle_timeout"]
 
 
 def renamed_idle_timeout(where: str, idle: float | None, timeout: float | None) -> float | None:
-    """The silence allowed: ``idle_timeout=``, or the deprecated ``timeout=`` of ``where``."""
+    """The silence allowed: ``idle_timeout=``, or the deprecated ``timeout=`` of ``where``;
+    a number of seconds, 0 or more, or ``InvalidInput`` naming it (before the gate)."""
     if timeout is None:
-        return idle
+        return check_seconds("idle_timeout", idle)
     if idle is not None:
         raise TypeError(f"{where}: pass idle_timeout= only (timeout= is its deprecated name)")
     warnings.warn(
@@ -28,4 +31,4 @@ def renamed_idle_timeout(where: str, idle: float | None, timeout: float | None) 
         DeprecationWarning,
         stacklevel=3,
     )
-    return timeout
+    return check_seconds("timeout", timeout)

@@ -30,7 +30,7 @@ from stopline.domain.lifecycle import (
     OwnerOrTenantAdmin,
     Principal,
 )
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import OpStatus, Policy, RunState
@@ -320,7 +320,7 @@ class Ledger:
         something was committed to the ledger since the last read (one read of the
         ledger's change mark for all waiters of the process: many waiters on a quiet
         ledger read nothing more), and each 5 s regardless."""
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(check_seconds("timeout", timeout)):
             polls = 0
             seen: str | None = None  # the ledger's mark before the last receipt read
             while True:

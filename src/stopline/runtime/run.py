@@ -24,7 +24,7 @@ import anyio
 import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.model import (
     Evidence,
     OperationRecord,
@@ -235,6 +235,7 @@ class Run:
             return await t.fn(*args, **kwargs)
         if key is not None:
             check_id("key", key)
+        timeout = check_seconds("timeout", timeout)
         try:  # equal arguments, equal digest, in every process; or refused now
             arguments = args_digest([list(args), kwargs])
         except UnstableValue as exc:

@@ -54,6 +54,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from mcp import Client, MCPError, StdioServerParameters
+from stopline.domain.limits import check_seconds
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import UnknownTool
@@ -109,6 +110,10 @@ class StoplineMCP:
         connect_timeout: float = 30.0,
         backoff: Backoff | None = None,
     ) -> None:
+        waits = [progress_cap, settle_timeout, poll_wait, connect_timeout]
+        names = ["progress_cap", "settle_timeout", "poll_wait", "connect_timeout"]
+        for what, wait in zip(names, waits, strict=True):
+            check_seconds(what, wait)  # here, not in a call after its gate
         self.target = target
         self.mode = mode
         self.name = name or "mcp"
