@@ -87,6 +87,38 @@ async def test_a_timeout_that_is_no_wait_is_refused_before_the_gate(
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
 
 
+@pytest.mark.parametrize(
+    ("options", "what"),
+    [
+        ({"attempts": 0}, "attempts"),
+        ({"attempts": "3"}, "attempts"),
+        ({"backoff": math.nan}, "backoff"),
+        ({"backoff": -1.0}, "backoff"),
+        ({"factor": math.nan}, "factor"),
+        ({"max_backoff": -5}, "max_backoff"),
+    ],
+)
+def test_a_retry_that_cannot_wait_between_attempts_is_refused_when_made(
+    options: dict[str, Any], what: str
+) -> None:
+    """A NaN or negative backoff failed between two attempts (the first one past the
+    gate, refused, then ``anyio.sleep(nan)``); ``attempts=0`` made one attempt."""
+    with pytest.raises(InvalidInput) as refused:
+        stopline.Retry(**options)
+    assert refused.value.what == what
+
+
+async def test_a_retry_that_is_not_a_retry_is_refused_before_the_gate(
+    ledger: stopline.Ledger,
+) -> None:
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-retry") as run:
+        with pytest.raises(InvalidInput, match=r"stopline\.Retry, not int") as refused:
+            await run.call(provider.tool, 1, key="k", retry=3)  # type: ignore[arg-type]
+    assert refused.value.what == "retry"
+    assert await ledger.backend.operations("run-retry") == []
+
+
 def test_an_mcp_clients_waits_are_checked_when_it_is_made() -> None:
     """``StoplineMCP``'s waits (and an MCP call's ``idle_timeout``, through the same
     rule) are refused when given, not in a call after its gate."""
@@ -94,8 +126,9 @@ def test_an_mcp_clients_waits_are_checked_when_it_is_made() -> None:
     from stopline.integrations.mcp import StoplineMCP
 
     for option in ("progress_cap", "settle_timeout", "poll_wait", "connect_timeout"):
+        options: dict[str, Any] = {option: math.nan}
         with pytest.raises(InvalidInput) as refused:
-            StoplineMCP("http://127.0.0.1:1/mcp", **{option: math.nan})
+            StoplineMCP("http://127.0.0.1:1/mcp", **options)
         assert refused.value.what == option
     with pytest.raises(InvalidInput, match="idle_timeout"):
         renamed_idle_timeout("StoplineMCP.call", -1.0, None)

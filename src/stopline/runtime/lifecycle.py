@@ -33,12 +33,13 @@ from stopline.domain.lifecycle import (
     Checkpoint,
     Principal,
 )
-from stopline.domain.limits import check_id, sanitise
+from stopline.domain.limits import check_id, check_seconds, sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.vocab import RunState
 from stopline.errors import (
     ApprovalNeeded,
     IllegalTransition,
+    InvalidInput,
     NotPermitted,
     RunEnded,
     UnknownRun,
@@ -112,6 +113,19 @@ class Retry:
     backoff: float = 0.5
     factor: float = 2.0
     max_backoff: float = 30.0
+
+    def __post_init__(self) -> None:
+        """Checked when made (``InvalidInput``): a NaN or negative wait failed between two
+        attempts, after the first had passed the gate, and ``attempts=0`` made one."""
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise InvalidInput(
+                "attempts", f"must be an integer, not {type(self.attempts).__name__}"
+            )
+        if self.attempts < 1:
+            raise InvalidInput("attempts", f"{self.attempts}: must be 1 or more")
+        for what in ("backoff", "factor", "max_backoff"):
+            if check_seconds(what, getattr(self, what)) is None:
+                raise InvalidInput(what, "must be a number, not None")
 
     def delays(self) -> list[float]:
         out, delay = [], self.backoff

@@ -236,6 +236,8 @@ class Run:
         if key is not None:
             check_id("key", key)
         timeout = check_seconds("timeout", timeout)
+        if retry is not None and not isinstance(retry, Retry):
+            raise InvalidInput("retry", f"must be a stopline.Retry, not {type(retry).__name__}")
         try:  # equal arguments, equal digest, in every process; or refused now
             arguments = args_digest([list(args), kwargs])
         except UnstableValue as exc:
