@@ -87,6 +87,51 @@ async def test_a_timeout_that_is_no_wait_is_refused_before_the_gate(
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
 
 
+async def test_the_apis_other_waits_and_limits_are_refused_naming_them(
+    ledger: stopline.Ledger,
+) -> None:
+    """``approve(ttl=nan)`` granted an approval no gate could use (``-1``: expired when
+    made) and ``ttl="x"`` failed with a ``TypeError``; ``reconcile`` took a NaN or a
+    string ``accepted_after`` and a limit of -1 (no limit on SQLite) or past 64 bits
+    (``OverflowError``); ``wait_for_change(poll=nan)`` raised anyio's ``ValueError``.
+    Each is ``InvalidInput`` naming it, and nothing is decided."""
+    async with ledger.run("job", owner="user:1", run_id="run-waits") as run:
+        asked = await run.request_approval("k", approver="boss")
+    bad_ttls: tuple[Any, ...] = (math.nan, -1.0, "x")
+    for ttl in bad_ttls:
+        with pytest.raises(InvalidInput) as refused:
+            await ledger.approve(asked.id, by="boss", ttl=ttl)
+        assert refused.value.what == "ttl"
+    [approval] = await ledger.backend.approvals("run-waits")
+    assert approval.status is stopline.ApprovalStatus.PENDING
+    bad_passes: list[tuple[dict[str, Any], str]] = [
+        ({"accepted_after": math.nan}, "accepted_after"),
+        ({"accepted_after": "x"}, "accepted_after"),
+        ({"limit": -1}, "limit"),
+        ({"limit": 2**64}, "limit"),
+    ]
+    for options, what in bad_passes:
+        with pytest.raises(InvalidInput) as refused:
+            await ledger.reconcile(**options)
+        assert refused.value.what == what
+    with pytest.raises(InvalidInput, match="poll"):
+        await ledger.wait_for_change("run-waits", poll=math.nan)
+    granted = await ledger.approve(asked.id, by="boss", ttl=math.inf)
+    assert granted.status is stopline.ApprovalStatus.GRANTED
+
+
+@pytest.mark.parametrize(
+    ("budget", "what"),
+    [({"attempts": 0}, "attempts"), ({"first_delay": math.nan}, "first_delay")],
+)
+def test_a_verify_budget_that_cannot_wait_is_refused_when_made(
+    budget: dict[str, Any], what: str
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        stopline.VerifyBudget(**budget)
+    assert refused.value.what == what
+
+
 @pytest.mark.parametrize(
     ("options", "what"),
     [

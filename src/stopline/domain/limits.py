@@ -18,9 +18,11 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_REASON_CHARS",
     "MAX_ROWS",
+    "check_backoff",
     "check_id",
     "check_limit",
     "check_seconds",
+    "check_wait",
     "sanitise",
 ]
 
@@ -72,6 +74,27 @@ def check_seconds(what: str, value: object) -> float | None:
     if not value >= 0:  # NaN too
         raise InvalidInput(what, f"{value}: must be 0 or more seconds")
     return float(value)
+
+
+def check_wait(what: str, value: object) -> float:
+    """``check_seconds`` where a wait must be given (``None`` refused too)."""
+    wait = check_seconds(what, value)
+    if wait is None:
+        raise InvalidInput(what, "must be a number of seconds, not None")
+    return wait
+
+
+def check_backoff(attempts: object, **waits: object) -> None:
+    """A schedule of attempts (``Retry``, ``VerifyBudget``): ``attempts`` an integer, 1 or
+    more, and each of ``waits`` a number, 0 or more (``check_wait``); else
+    ``InvalidInput`` naming it, when the schedule is made: a NaN delay failed between
+    two attempts, after the first had passed the gate."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise InvalidInput("attempts", f"must be an integer, not {type(attempts).__name__}")
+    if attempts < 1:
+        raise InvalidInput("attempts", f"{attempts}: must be 1 or more")
+    for what, wait in waits.items():
+        check_wait(what, wait)
 
 
 # what an id may not hold: control characters (NUL among them), DEL, lone surrogates

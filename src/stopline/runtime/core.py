@@ -28,6 +28,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from stopline.domain.lifecycle import AccessPolicy
+from stopline.domain.limits import check_wait
 from stopline.ledger.backend import Backend
 from stopline.runtime.boundary import Boundary, Health
 from stopline.runtime.tool import Tool
@@ -164,7 +165,7 @@ class Core:
         """Until this process changes the run, or ``poll`` s for other processes' changes.
         True if this process changed it."""
         event = self._change_event(run_id)
-        with anyio.move_on_after(poll):
+        with anyio.move_on_after(check_wait("poll", poll)):
             await event.wait()
         self._forget_unwaited(run_id, event)
         return event.is_set()

@@ -33,13 +33,12 @@ from stopline.domain.lifecycle import (
     Checkpoint,
     Principal,
 )
-from stopline.domain.limits import check_id, check_seconds, sanitise
+from stopline.domain.limits import check_backoff, check_id, check_seconds, sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.vocab import RunState
 from stopline.errors import (
     ApprovalNeeded,
     IllegalTransition,
-    InvalidInput,
     NotPermitted,
     RunEnded,
     UnknownRun,
@@ -115,17 +114,11 @@ class Retry:
     max_backoff: float = 30.0
 
     def __post_init__(self) -> None:
-        """Checked when made (``InvalidInput``): a NaN or negative wait failed between two
+        """Checked when made (``InvalidInput``): a NaN backoff failed between two
         attempts, after the first had passed the gate, and ``attempts=0`` made one."""
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise InvalidInput(
-                "attempts", f"must be an integer, not {type(self.attempts).__name__}"
-            )
-        if self.attempts < 1:
-            raise InvalidInput("attempts", f"{self.attempts}: must be 1 or more")
-        for what in ("backoff", "factor", "max_backoff"):
-            if check_seconds(what, getattr(self, what)) is None:
-                raise InvalidInput(what, "must be a number, not None")
+        check_backoff(
+            self.attempts, backoff=self.backoff, factor=self.factor, max_backoff=self.max_backoff
+        )
 
     def delays(self) -> list[float]:
         out, delay = [], self.backoff
@@ -469,6 +462,7 @@ class Lifecycle:
     ) -> ApprovalRecord:
         """Grant or deny an approval; a grant is valid for ``ttl`` seconds (None: forever)."""
         core = self._core
+        ttl = check_seconds("ttl", ttl)  # a NaN grant could never be used, a str failed
         principal = Principal.of(who)
         approval = await core.backend.get_approval(approval_id)
         if principal.id != approval.approver:

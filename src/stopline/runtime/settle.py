@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import SYSTEM
+from stopline.domain.limits import check_backoff
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import FINAL_RUN_STATES, settle_move
 from stopline.domain.vocab import (
@@ -88,10 +89,14 @@ class VerifyBudget:
     factor: float = 2.0
     max_delay: float = 10.0
 
+    def __post_init__(self) -> None:  # checked when made (InvalidInput), as a Retry is
+        waits = ("first_delay", "factor", "max_delay")
+        check_backoff(self.attempts, **{what: getattr(self, what) for what in waits})
+
     def delays(self) -> list[float]:
         """The wait before each read-back, the first included."""
         out, delay = [], self.first_delay
-        for _ in range(max(self.attempts, 1)):
+        for _ in range(self.attempts):
             out.append(min(delay, self.max_delay))
             delay *= self.factor
         return out

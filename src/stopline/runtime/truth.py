@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from stopline.domain.lifecycle import Action, Principal
+from stopline.domain.limits import check_limit, check_wait
 from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import NoteKind, RunState
 from stopline.runtime.reconcile import Reconciler, ReconcileSummary
@@ -79,8 +80,8 @@ class Truth:
         return await self._reconciler.run(
             tools=tools,
             budget=budget,
-            accepted_after=accepted_after,
-            limit=limit,
+            accepted_after=check_wait("accepted_after", accepted_after),
+            limit=check_limit("limit", limit),
             on_progress=on_progress,
         )
 
