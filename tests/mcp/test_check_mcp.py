@@ -188,6 +188,9 @@ def test_check_mcp_without_a_server_says_so() -> None:
     assert done.stderr.strip().endswith(
         "no server given: a Streamable HTTP URL, or -- COMMAND [ARGS...]"
     )
+    nan = _cli("--settle-timeout", "nan", "--", "true")  # failed a cell, after its call
+    assert nan.returncode == 2
+    assert nan.stderr.strip().endswith("invalid --settle-timeout: nan: must be 0 or more seconds")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -75,6 +75,11 @@ def test_exit_2_bad_arguments_or_a_missing_extra(tmp_path: Path) -> None:
     for args, says in [
         (("runs", "--owner", ""), "invalid owner: must not be empty"),
         (("cancel", ""), "invalid run_id: must not be empty"),
+        # refused before the cancel: it failed once the fence was committed
+        (
+            ("cancel", "run_x", "--wait", "--timeout", "nan"),
+            "invalid --timeout: nan: must be 0 or more seconds",
+        ),
     ]:
         bad = stopline_cli(*args, ledger=url)
         assert bad.returncode == cli.EXIT_USAGE, bad.stderr

@@ -17,6 +17,8 @@ import typer
 
 from stopline.cli import _common as c
 from stopline.cli.progress import progress
+from stopline.domain.limits import check_wait
+from stopline.errors import InvalidInput
 
 __all__ = ["register"]
 
@@ -44,6 +46,10 @@ def check_mcp(
 
     if era not in ERAS:
         c.fail(f"--era must be one of {', '.join(ERAS)}", Exit.ERROR)
+    try:  # NaN failed the first cell, after its call was made
+        check_wait("--settle-timeout", settle_timeout)
+    except InvalidInput as exc:
+        c.fail(str(exc), Exit.ERROR)
     if not target[0].strip():
         c.fail("no server given: a Streamable HTTP URL, or -- COMMAND [ARGS...]", Exit.ERROR)
     server: StdioServerParameters | str

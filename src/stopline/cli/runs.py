@@ -19,6 +19,7 @@ from stopline.cli.views import (
     timeline,
 )
 from stopline.domain.lifecycle import operator
+from stopline.domain.limits import check_wait
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
 
@@ -143,6 +144,7 @@ def cancel(
     Exit code: 0 settled, 3 still verifying or awaiting confirmation, 4 needs review.
     """
     url = c.options(ctx).url
+    check_wait("--timeout", timeout)  # before the cancel: nan failed once it was recorded
     progress = None if as_json else c.err.status("waiting for the run to settle (Ctrl-C to stop)")
     latest: list[Receipt] = []
 

@@ -48,6 +48,7 @@ from mcp_types import RequestParamsMeta
 
 import stopline
 from mcp import MCPError, StdioServerParameters
+from stopline.domain.limits import check_wait
 from stopline.domain.vocab import Cancellable, NoteKind, OpStatus, PhaseKind, Policy
 from stopline.errors import PlanError, RunFenced
 from stopline.integrations.mcp._task_state import TaskIdParams
@@ -386,6 +387,7 @@ async def check(
     on_step: Callable[[str], None] = lambda step: None,
 ) -> Profile:
     """Profile ``target``; read-only unless ``plan`` names tools to call."""
+    check_wait("settle_timeout", settle_timeout)  # before anything is called
     label = target if isinstance(target, str) else " ".join([target.command, *target.args])
     profile = Profile(label)
     plan = plan or Plan({})
