@@ -160,3 +160,13 @@ async def test_refuse_cancel_refuses_in_the_cells_own_provider() -> None:
     assert [k.partition("/")[0] for k in cell.upload.refused] == [run_id]
     assert cell.upload.refused == cell.upload.cancel_requests
     assert discovery.upload.cancel_requests == []
+
+
+async def test_a_cell_timeout_that_is_no_wait_is_refused_before_any_cell_runs() -> None:
+    """A NaN ``cell_timeout`` failed every cell, each reported as the workflow's failure."""
+    from stopline import InvalidInput
+
+    with pytest.raises(InvalidInput, match="cell_timeout"):
+        await explore(
+            report_upload_notify, Demo, actions=ACTIONS, out=None, cell_timeout=float("nan")
+        )

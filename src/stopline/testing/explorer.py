@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from stopline.domain.limits import check_wait
 from stopline.errors import StoplineError
 from stopline.runtime.ledger import Ledger, VerifyBudget
 from stopline.runtime.run import Run
@@ -94,6 +95,7 @@ async def explore(
     ``DIR/NAME-<run id>.db`` for inspection; by default they live in a
     temporary directory. ``out`` receives the report (``None``: silent).
     """
+    check_wait("cell_timeout", cell_timeout)  # a NaN failed every cell as the workflow's
     wanted = _parse_only(only)
     if wanted:
         seeds = {s for _, _, s in wanted}
