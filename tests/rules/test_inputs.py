@@ -55,6 +55,20 @@ async def test_ids_that_cannot_be_stored_are_refused_naming_the_field(
     assert await ledger.backend.list_runs(limit=10) == []  # nothing was written
 
 
+async def test_sharing_with_an_owner_that_is_no_run_id_is_refused_naming_it(
+    ledger: stopline.Ledger,
+) -> None:
+    """``share(run_id, with_owner=...)`` takes the owning run's id: an empty one, a NUL
+    or a number went to the storage and came back as "unknown run id"."""
+    async with ledger.run("job", owner="user:1", run_id="run-shared"):
+        pass
+    bad_owners: tuple[Any, ...] = ("", "a\x00", 5)
+    for bad in bad_owners:
+        with pytest.raises(InvalidInput) as refused:
+            await ledger.share("run-shared", with_owner=bad)
+        assert refused.value.what == "with_owner"
+
+
 async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
     ledger: stopline.Ledger,
 ) -> None:

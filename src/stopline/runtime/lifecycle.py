@@ -443,8 +443,9 @@ class Lifecycle:
 
     # -- ownership (R6) -------------------------------------------------------------
     async def share(self, run_id: str, *, with_owner: str) -> None:
-        """Add ``with_owner`` as another owner of a shared run (reference-counted)."""
-        await self._core.backend.add_owner(run_id, with_owner, exclusive=False)
+        """Add the run ``with_owner`` as another owner of a shared run (reference-counted)."""
+        check_id("with_owner", with_owner)  # a run's id: "" or 5 was an unknown run before
+        await self._core.backend.add_owner(check_id("run_id", run_id), with_owner, exclusive=False)
 
     # -- approvals (S5) ---------------------------------------------------------------
     async def request_approval(
