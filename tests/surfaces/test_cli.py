@@ -216,12 +216,20 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, seeded: tuple[str
         (("runs", "--state", "dancing"), url, EXIT_USAGE, "dancing"),
         (("cancel",), url, EXIT_USAGE, "Missing argument"),
     ]
+    # a workflow module that fails as it is imported: one line naming where (tracebacks)
+    (tmp_path / "bad.py").write_text("def (:\n")
+    (tmp_path / "boom.py").write_text("x = 1\nraise RuntimeError('boom at import')\n")
+    cases += [
+        (("map", str(tmp_path / "bad.py")), url, EXIT_USAGE, "SyntaxError: invalid syntax ("),
+        (("map", str(tmp_path / "boom.py")), url, EXIT_USAGE, "boom at import ("),
+        (("map", str(tmp_path / "boom.py")), url, EXIT_USAGE, "boom.py, line 2)"),
+    ]
     for args, ledger, code, words in cases:
         done = stopline_cli(*args, ledger=ledger)
         assert done.returncode == code, (args, done.stderr)
         assert "Traceback" not in done.stderr
         assert words in done.stderr, (args, done.stderr)
-        if code == EXIT_ERROR:
+        if code == EXIT_ERROR or args[0] == "map":
             assert len(done.stderr.strip().splitlines()) == 1
 
 

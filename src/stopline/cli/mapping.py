@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
@@ -121,6 +122,20 @@ def load_module(target: str) -> ModuleType:
         return importlib.import_module(target)
     except (ImportError, ValueError, TypeError) as exc:  # "" and ".x" are these two
         raise UsageError(f"cannot import {target}: {exc}") from exc
+    except UsageError:
+        raise
+    except Exception as exc:  # the module's own failure: one line, where it happened
+        raise UsageError(f"cannot import {target}: {_where(exc)}") from exc
+
+
+def _where(exc: Exception) -> str:
+    """``exc`` as one line with the place it was raised (the module's last frame; a
+    ``SyntaxError`` names its own line)."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{at}"
 
 
 def _phases(module: ModuleType) -> list[tuple[PhaseKind, Policy]]:
