@@ -337,3 +337,16 @@ async def test_temporal_console_shows_a_workflow_and_its_cancel_reaches_temporal
     assert h.provider.effects() == []
     assert receipt.cancelled_by == "console:ada"
     assert receipt.lines[0].status is OpStatus.NOT_COMMITTED
+
+
+@pytest.mark.parametrize("every", [0.0, -1.0, float("nan")])
+async def test_a_heartbeat_interval_that_is_no_interval_is_refused_when_the_plugin_is_made(
+    every: float, tmp_path: Path
+) -> None:
+    """``heartbeat_every=0`` beat in a busy loop; a NaN or a negative one reached
+    ``asyncio.sleep`` inside every activity."""
+    from stopline.integrations.temporal import StoplinePlugin
+
+    async with stopline.open(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
+        with pytest.raises(stopline.InvalidInput, match="heartbeat_every"):
+            StoplinePlugin(ledger, heartbeat_every=every)

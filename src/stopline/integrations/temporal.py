@@ -53,9 +53,10 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
+from stopline.domain.limits import check_wait
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import OperationInDoubt, RunFenced
+from stopline.errors import InvalidInput, OperationInDoubt, RunFenced
 from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
@@ -126,6 +127,8 @@ class StoplinePlugin(SimplePlugin):
         tenant: str = "default",
         heartbeat_every: float = 1.0,
     ) -> None:
+        if not check_wait("heartbeat_every", heartbeat_every):  # 0: a busy loop of beats
+            raise InvalidInput("heartbeat_every", "0: must be more than 0 seconds")
         self.gate = EngineGate(ledger, engine="temporal", owner=owner, tenant=tenant, tools=tools)
         self.heartbeat_every = heartbeat_every
         self.client: temporalio.client.Client | None = None
