@@ -130,6 +130,9 @@ async def test_the_apis_other_waits_and_limits_are_refused_naming_them(
         assert refused.value.what == what
     with pytest.raises(InvalidInput, match="poll"):
         await ledger.wait_for_change("run-waits", poll=math.nan)
+    with pytest.raises(InvalidInput, match="cancel_answer_timeout"):
+        ledger.cancel_answer_timeout = math.nan  # read by the settler, in a cancel's follow-up
+    assert ledger.cancel_answer_timeout >= 0
     granted = await ledger.approve(asked.id, by="boss", ttl=math.inf)
     assert granted.status is stopline.ApprovalStatus.GRANTED
 

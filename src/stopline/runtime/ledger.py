@@ -30,7 +30,7 @@ from stopline.domain.lifecycle import (
     OwnerOrTenantAdmin,
     Principal,
 )
-from stopline.domain.limits import check_id, check_seconds
+from stopline.domain.limits import check_id, check_seconds, check_wait
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt, build_receipt
 from stopline.domain.vocab import OpStatus, Policy, RunState
@@ -127,7 +127,7 @@ class Ledger:
 
     @cancel_answer_timeout.setter
     def cancel_answer_timeout(self, seconds: float) -> None:
-        self._core.cancel_answer_timeout = seconds
+        self._core.cancel_answer_timeout = check_wait("cancel_answer_timeout", seconds)
 
     @property
     def worker_id(self) -> str:
