@@ -249,6 +249,35 @@ async def test_mcp_call_idle_timeout_that_is_no_wait_is_refused_before_the_gate(
     assert op.status is OpStatus.COMMITTED
 
 
+async def test_mcp_arguments_no_request_can_carry_are_refused_and_the_connection_lives(
+    ledger: stopline.Ledger, plain: Server
+) -> None:
+    """A lone surrogate in the arguments (``os.fsdecode`` of a non-UTF-8 file name
+    makes one) failed the SDK's JSON writer after the gate: the connection closed, and
+    another run's call in flight on it failed with the refused one. Refused before the
+    gate now, for an effect and for a read; the other call completes."""
+    await plain.hold("received:notify")
+    other: list[Any] = []
+
+    async def in_flight() -> None:
+        async with ledger.run("other", owner="user:1") as run:
+            other.append(await plain.conn.call(run, "notify", {"payload": "fine"}, key="o"))
+
+    connections = plain.conn.connections
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(in_flight)
+        await plain.reached("received:notify")
+        async with ledger.run("bad", owner="user:1") as run:
+            with pytest.raises(stopline.InvalidInput, match="arguments") as refused:
+                await plain.conn.call(run, "upload", {"payload": "report-\udc80.pdf"}, key="b")
+            assert "surrogates not allowed" in str(refused.value)
+            assert await ledger.backend.operations(run.id) == []
+            with pytest.raises(stopline.InvalidInput, match="arguments"):
+                await plain.conn.call(run, "lookup", {"key": "\udc80"})  # a read
+        await plain.release("received:notify")
+    assert len(other) == 1 and plain.conn.connections == connections
+
+
 async def test_mcp_call_timeout_is_the_deprecated_name_of_the_allowed_silence(
     ledger: stopline.Ledger, plain: Server
 ) -> None:

@@ -231,6 +231,8 @@ class Run:
         """``call`` with the tool's arguments passed apart from stopline's options."""
         t: Tool[R] = tool if isinstance(tool, Tool) else self._core.adopt(tool)
         args, kwargs = tuple(args), dict(kwargs or {})
+        if t.check_arguments is not None:
+            t.check_arguments(args, kwargs)
         if not t.effects:
             return await t.fn(*args, **kwargs)
         if key is not None:

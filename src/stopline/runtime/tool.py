@@ -115,6 +115,9 @@ class Tool(Generic[R]):
         # a horizon itself (``CallContext.settles_by``)
         self.settles_within = settles_within
         self.wants_context = effects and _first_param_is_context(fn)
+        # checks a call's arguments before anything is done (the gate, a read): raises
+        # InvalidInput for arguments the tool could never send (an MCP tool's: JSON)
+        self.check_arguments: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
 
     def canceller(self, fn: CancelFn) -> CancelFn:
         """Register how to ask the provider to cancel.

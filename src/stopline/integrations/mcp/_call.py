@@ -33,6 +33,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import pydantic_core
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -40,6 +41,7 @@ from pydantic import ValidationError
 
 from mcp import Client, MCPError
 from stopline.domain.vocab import Cause, NoteKind, RunState
+from stopline.errors import InvalidInput
 from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
@@ -48,7 +50,7 @@ from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
 
-__all__ = ["Deadline", "McpCall", "plain_result"]
+__all__ = ["Deadline", "McpCall", "plain_result", "sendable"]
 
 
 class Deadline:
@@ -76,6 +78,17 @@ class Deadline:
 
     def _bounded(self, at: float) -> float:
         return at if self.cap is None else min(at, self.start + self.cap)
+
+
+def sendable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """An MCP tool's ``Tool.check_arguments``: arguments the SDK cannot write as JSON (a
+    lone surrogate, which UTF-8 cannot hold; a value with no JSON form) are
+    ``InvalidInput`` before the gate. Written, they failed the SDK's writer and closed
+    the connection, and every other call in flight on it with the one refused."""
+    try:
+        pydantic_core.to_json([args, kwargs])
+    except pydantic_core.PydanticSerializationError as exc:
+        raise InvalidInput("arguments", f"an MCP request cannot carry them: {exc}") from None
 
 
 def plain_result(result: CallToolResult) -> Any:

@@ -59,7 +59,7 @@ from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import UnknownTool
 from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.integrations.mcp._call import McpCall, plain_result
+from stopline.integrations.mcp._call import McpCall, plain_result, sendable
 from stopline.integrations.mcp._vocab import (
     KEY_META,
     VERIFY_TOOL,
@@ -292,7 +292,7 @@ class StoplineMCP:
             cancellable=cancellable,
             settles_within=policy.settles_within,
         )
-        tool.wants_context = effects
+        tool.wants_context, tool.check_arguments = effects, sendable
         user_verify = self.verifiers.get(name)
         use_server = policy.verify if policy.verify is not None else self.offers_verify
         if not effects:
