@@ -219,10 +219,12 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, seeded: tuple[str
     # a workflow module that fails as it is imported: one line naming where (tracebacks)
     (tmp_path / "bad.py").write_text("def (:\n")
     (tmp_path / "boom.py").write_text("x = 1\nraise RuntimeError('boom at import')\n")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")  # exit 3, nothing said
     cases += [
         (("map", str(tmp_path / "bad.py")), url, EXIT_USAGE, "SyntaxError: invalid syntax ("),
         (("map", str(tmp_path / "boom.py")), url, EXIT_USAGE, "boom at import ("),
         (("map", str(tmp_path / "boom.py")), url, EXIT_USAGE, "boom.py, line 2)"),
+        (("map", str(tmp_path / "exits.py")), url, EXIT_USAGE, "it called sys.exit(3)"),
     ]
     for args, ledger, code, words in cases:
         done = stopline_cli(*args, ledger=ledger)

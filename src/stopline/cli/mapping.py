@@ -126,6 +126,8 @@ def load_module(target: str) -> ModuleType:
         raise
     except Exception as exc:  # the module's own failure: one line, where it happened
         raise UsageError(f"cannot import {target}: {_where(exc)}") from exc
+    except SystemExit as exc:  # it ended the command with its own code, saying nothing
+        raise UsageError(f"cannot import {target}: it called sys.exit({exc.code!r})") from exc
 
 
 def _where(exc: Exception) -> str:
