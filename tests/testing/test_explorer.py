@@ -163,7 +163,7 @@ async def test_refuse_cancel_refuses_in_the_cells_own_provider() -> None:
 
 
 async def test_a_cell_timeout_that_is_no_wait_is_refused_before_any_cell_runs() -> None:
-    """A NaN ``cell_timeout`` failed every cell, each reported as the workflow's failure."""
+    """A NaN ``cell_timeout`` was anyio's bare ``ValueError`` from the first cell's deadline."""
     from stopline import InvalidInput
 
     with pytest.raises(InvalidInput, match="cell_timeout"):

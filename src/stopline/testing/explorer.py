@@ -95,7 +95,7 @@ async def explore(
     ``DIR/NAME-<run id>.db`` for inspection; by default they live in a
     temporary directory. ``out`` receives the report (``None``: silent).
     """
-    check_wait("cell_timeout", cell_timeout)  # a NaN failed every cell as the workflow's
+    check_wait("cell_timeout", cell_timeout)  # a NaN was anyio's bare ValueError, mid-matrix
     wanted = _parse_only(only)
     if wanted:
         seeds = {s for _, _, s in wanted}
