@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 from stopline.errors import InvalidInput, LedgerUnavailable
-from stopline.ledger import redact
+from stopline.ledger import redact, url_options
 
 __all__ = ["check_json_path", "check_minutes", "check_server"]
 
@@ -52,8 +52,8 @@ def check_server(url: str, timeout_s: int = 10) -> str:
     parse(url, where)  # whatever a ledger's open refuses, refused the same way
     # a ledger's own options: the bench makes its own schemas and pools, so a server URL
     # carrying them would be half obeyed
-    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query)
-    if own := sorted({key for key, _ in query} & OWN_OPTIONS):
+    given, _ = url_options(url, where, OWN_OPTIONS, urllib.parse.urlsplit(url).query)
+    if own := sorted(given):
         raise InvalidInput(
             "--postgres",
             f"{where}: give the server's URL without {', '.join(own)} "

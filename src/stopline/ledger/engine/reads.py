@@ -314,7 +314,7 @@ async def _trees_of(
     """``trees_and_operations``; with ``known``, the roots' rows as read already in
     this snapshot, so only the trees and their operations are read."""
     dialect = db.dialect
-    step = 2 if known is not None else 3
+    per_chunk = 2 if known is not None else 3  # [the roots' rows,] the trees, their ops
     reads: list[tuple[str, Params]] = []
     for chunk in chunks(sorted(run_ids)):
         roots, params = dialect.each_of(chunk)
@@ -324,13 +324,14 @@ async def _trees_of(
     results = await db.snapshot(reads)
     found: dict[str, RunRecord] = dict(known or {})
     ops: dict[str, list[OperationRecord]] = {}
-    for at in range(0, len(results), step):
-        if known is None:
-            found.update((r.id, r) for r in map(rows.run_from_row, results[at]))
+    for at in range(0, len(results), per_chunk):
+        *roots_read, trees, tree_ops = results[at : at + per_chunk]
+        for read in roots_read:
+            found.update((r.id, r) for r in map(rows.run_from_row, read))
         members: dict[str, list[str]] = {}  # a run of a tree -> the trees it is in
-        for root, member in results[at + step - 2]:
+        for root, member in trees:
             members.setdefault(member, []).append(root)
-        for op in map(rows.op_from_row, results[at + step - 1]):
+        for op in map(rows.op_from_row, tree_ops):
             for root in members.get(op.run_id, ()):
                 ops.setdefault(root, []).append(op)
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
