@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 __all__ = ["EffectRecord", "EffectState", "EffectStore"]
 
 
@@ -122,11 +124,15 @@ class EffectStore:
     def set_state(
         self, key: str, state: EffectState, *, result: Any = None, detail: str = ""
     ) -> None:
+        try:
+            text = _recordable(result)
+        except pydantic_core.PydanticSerializationError as exc:  # the state is still the truth
+            text, detail = "null", detail or f"its result has no JSON form ({exc})"
         with self._txn() as db:
             db.execute(
                 "UPDATE stopline_effects SET state = ?, result = ?, detail = ?, updated_at = ?"
                 " WHERE key = ?",
-                (state.value, json.dumps(result), detail, time.time(), key),
+                (state.value, text, detail, time.time(), key),
             )
 
     def set_cancel(self, key: str, cancel: str) -> None:
@@ -181,6 +187,17 @@ class EffectStore:
                 ),
             ).rowcount
         return int(before) + int(inside)
+
+
+def _recordable(result: Any) -> str:
+    """A tool's result as the record keeps it: the JSON the MCP SDK writes of it.
+
+    A pydantic model, a ``datetime``, a ``set`` as the SDK writes them, anything
+    else as its ``str`` (the SDK's text fallback); a replay returns this JSON form.
+    What has none (a cycle, bytes that are not UTF-8) raises, and its state is
+    recorded without it.
+    """
+    return pydantic_core.to_json(result, fallback=str).decode()
 
 
 def _get(db: sqlite3.Connection, key: str) -> EffectRecord | None:

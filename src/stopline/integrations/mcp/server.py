@@ -38,6 +38,7 @@ What each piece promises:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
@@ -175,7 +176,13 @@ class Effects:
             except BaseException as exc:
                 self.store.set_state(key, EffectState.UNKNOWN, detail=repr(exc))
                 raise
-            self.store.set_state(key, EffectState.COMMITTED, result=result)
+            try:
+                self.store.set_state(key, EffectState.COMMITTED, result=result)
+            except Exception as exc:
+                detail = _unrecorded(exc)
+                with contextlib.suppress(Exception):
+                    self.store.set_state(key, EffectState.UNKNOWN, detail=detail)
+                raise _in_doubt(detail) from exc
             return result
         finally:
             anyio.from_thread.run_sync(self._close_live, key, live)
@@ -306,6 +313,11 @@ class Operation:
             if self._done or self._live is None or self._live.state.terminal:
                 return
             with anyio.CancelScope(shield=True):
+                if self._live.state is EffectState.COMMITTING:  # the effect may have happened
+                    detail = _unrecorded(exc)
+                    with contextlib.suppress(Exception):
+                        await self._set(EffectState.UNKNOWN, detail=detail)
+                    raise _in_doubt(detail) from exc
                 if isinstance(exc, anyio.get_cancelled_exc_class()):
                     was = self._live.state.value
                     detail = f"cancelled while {was}; nothing committed"
@@ -363,9 +375,21 @@ def _replay_or_refuse(record: EffectRecord) -> Any:
     if record.state is EffectState.COMMITTED:
         return record.result
     raise _in_doubt(
-        f"operation {record.key!r} is {record.state.value} ({record.detail or 'in progress'}); "
-        "it is not run again"
+        f"operation {record.key!r} is {record.state.value} ({_detail(record)}); it is not run again"
     )
+
+
+def _detail(record: EffectRecord) -> str:
+    if record.detail or record.state is not EffectState.COMMITTING:
+        return record.detail or "in progress"
+    return "its commit began; no outcome is recorded yet"
+
+
+def _unrecorded(exc: BaseException | None) -> str:
+    """Once ``committing`` is recorded the effect may have happened: what failed after
+    it makes the outcome ``unknown``, never ``not_committed``."""
+    cause = f"{type(exc).__name__}: {exc}" if exc is not None else "the tool ended"
+    return f"the commit ran; its outcome could not be recorded ({cause})"
 
 
 def _rejected(reason: str) -> MCPError:
@@ -390,7 +414,7 @@ def _status(key: str, record: EffectRecord | None, in_flight: bool) -> dict[str,
         "key": key,
         "state": record.state.value,
         "verdict": verdict,
-        "detail": record.detail,
+        "detail": record.detail if record.state.terminal else _detail(record),
         "cancel": record.cancel,
         "updated_at": record.updated_at,
     }
