@@ -1,26 +1,32 @@
-"""The server-side ``Effects`` record keeps what a tool returns, and never records
-``not_committed`` once a commit began (tests/support/recorded_server.py over stdio).
+"""The server-side ``Effects`` record tells no effect ``not_committed`` that may have
+happened, over real stdio servers (tests/support/recorded_server.py, and the
+testing server for two processes on one file).
 
-A tool's result went through ``json.dumps`` after its effect: a ``datetime`` or a
-pydantic model failed there, the async path recorded ``not_committed`` and told
-the client so, and a retry with the same key committed a second time.
+- A tool's result went through ``json.dumps`` after its effect: a ``datetime``
+  or a pydantic model failed there, the async path recorded ``not_committed``
+  and told the client so, and a retry with the same key committed again.
+- A second server process on the same file (a stdio server per client) took
+  the first one's work in flight for a crashed predecessor's at its start:
+  ``not_committed``, and a retry through it committed a second time.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import anyio
 import pytest
 from mcp_types import RequestParamsMeta
 
 import stopline
 from mcp import Client, MCPError, StdioServerParameters
 from stopline import OpStatus
-from stopline.integrations.mcp import KEY_META, OUTCOME_DATA, VERIFY_TOOL, StoplineMCP
-from tests.mcp.conftest import ROOT, server_env
+from stopline.integrations.mcp import KEY_META, OUTCOME_DATA, VERIFY_TOOL, Effects, StoplineMCP
+from tests.mcp.conftest import ROOT, server_env, stdio_params
 
 pytestmark = pytest.mark.timeout(60)
 AT = "2026-12-06T09:30:00Z"
@@ -113,3 +119,58 @@ async def test_a_result_with_no_json_form_still_records_the_commit(
     assert "no JSON form" in verify.structured_content["detail"]
     assert await raw(conn.client, "blob", op.id) is None  # replayed: no second effect
     assert await ctl(conn.client, "ctl_commits") == ["blob"]
+
+
+async def test_a_second_server_on_the_file_leaves_the_firsts_work_in_flight(
+    tmp_path: Path,
+) -> None:
+    """Two testing servers on one effects file. The first holds a call after accepting
+    it; the second, started then, reads it in doubt (not ``not_committed``) and
+    refuses the same key; the first commits it, once."""
+    db = tmp_path / "effects.db"
+    async with Client(stdio_params(db)) as first:
+        await first.call_tool("ctl_hold", {"point": "accepted:upload"})
+        async with anyio.create_task_group() as tg:
+            answers: list[Any] = []
+
+            async def call() -> None:
+                answers.append(await raw(first, "upload", "k", payload="p"))
+
+            tg.start_soon(call)
+            await first.call_tool("ctl_reached", {"point": "accepted:upload"})
+            async with Client(stdio_params(db)) as second:
+                verify = await second.call_tool(VERIFY_TOOL, {"key": "k"})
+                assert verify.structured_content is not None
+                assert verify.structured_content["state"] == "accepted"
+                assert verify.structured_content["verdict"] == "unknown"
+                with pytest.raises(MCPError) as refused:
+                    await raw(second, "upload", "k", payload="p")
+                assert refused.value.error.data == {OUTCOME_DATA: "unknown"}
+            await first.call_tool("ctl_release", {"point": "accepted:upload"})
+        assert answers == [{"id": "k", "tool": "upload", "value": "p"}]
+        truth = await first.call_tool("ctl_truth", {})
+        assert truth.structured_content is not None
+        assert [e["key"] for e in truth.structured_content["effects"]] == ["k"]  # one effect
+
+
+def test_claims_in_a_file_from_before_owners_are_recovered_as_before(tmp_path: Path) -> None:
+    """A file written before claims named their process: its unfinished claims are
+    resolved at the next start, as they were then, and the column is added."""
+    path = tmp_path / "effects.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE stopline_effects (key TEXT PRIMARY KEY, tool TEXT NOT NULL,"
+            " state TEXT NOT NULL, result TEXT, detail TEXT NOT NULL DEFAULT '',"
+            " cancel TEXT NOT NULL DEFAULT 'none', created_at REAL NOT NULL,"
+            " updated_at REAL NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO stopline_effects (key, tool, state, created_at, updated_at)"
+            " VALUES ('a', 't', 'accepted', 0, 0), ('b', 't', 'committing', 0, 0)"
+        )
+    db.close()
+    effects = Effects(path)
+    assert effects.recovered == 2
+    a, b = effects.store.get("a"), effects.store.get("b")
+    assert a is not None and a.state.value == "not_committed"
+    assert b is not None and b.state.value == "unknown"

@@ -5,6 +5,11 @@ Synchronous on purpose: each method is one transaction, called through
 from sync tools, which already run in a worker thread. A connection per
 transaction keeps it safe across threads and across server processes that
 share the file (a restarted server reads what the previous one committed).
+
+Each claim names the process that made it (host, pid, and the pid's start time
+where ``/proc`` tells it). Recovery at start resolves only the claims of
+processes that have ended: another live server on the same file (a stdio
+server per client, HTTP workers) keeps its work in flight.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import contextlib
 import dataclasses
 import enum
 import json
+import os
+import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -46,7 +53,8 @@ CREATE TABLE IF NOT EXISTS stopline_effects (
     detail TEXT NOT NULL DEFAULT '',
     cancel TEXT NOT NULL DEFAULT 'none',
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS stopline_cancellations (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -75,10 +83,14 @@ class EffectRecord:
 class EffectStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.owner = _owner(os.getpid())
         db = sqlite3.connect(self.path, timeout=10)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(stopline_effects)")}
+            if "owner" not in columns:  # a file from before claims named their process
+                db.execute("ALTER TABLE stopline_effects ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
         finally:
             db.close()
 
@@ -113,9 +125,9 @@ class EffectStore:
                 return existing, False
             db.execute(
                 "INSERT OR REPLACE INTO stopline_effects"
-                " (key, tool, state, result, detail, cancel, created_at, updated_at)"
-                " VALUES (?, ?, ?, NULL, '', 'none', ?, ?)",
-                (key, tool, EffectState.RECEIVED.value, now, now),
+                " (key, tool, state, result, detail, cancel, created_at, updated_at, owner)"
+                " VALUES (?, ?, ?, NULL, '', 'none', ?, ?, ?)",
+                (key, tool, EffectState.RECEIVED.value, now, now, self.owner),
             )
             record = _get(db, key)
             assert record is not None
@@ -159,34 +171,69 @@ class EffectStore:
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def recover(self) -> int:
-        """At start: work a previous process left unfinished is resolved truthfully.
+        """At start: work a process that has ended left unfinished is resolved truthfully.
 
         Before its commit section it never will commit (``not_committed``);
-        inside it, nobody can tell (``unknown``). Returns how many were resolved.
+        inside it, nobody can tell (``unknown``). A live process's work, and a
+        claim whose process cannot be judged here (another host), is left as it
+        is: it reads as in doubt. Returns how many were resolved.
         """
         now = time.time()
+        resolved = 0
         with self._txn() as db:
-            before = db.execute(
-                "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ?"
-                " WHERE state IN (?, ?)",
-                (
-                    EffectState.NOT_COMMITTED.value,
-                    "the server process ended before the commit",
-                    now,
-                    EffectState.RECEIVED.value,
-                    EffectState.ACCEPTED.value,
-                ),
-            ).rowcount
-            inside = db.execute(
-                "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ? WHERE state = ?",
-                (
-                    EffectState.UNKNOWN.value,
-                    "the server process ended inside the commit",
-                    now,
-                    EffectState.COMMITTING.value,
-                ),
-            ).rowcount
-        return int(before) + int(inside)
+            owners = db.execute(
+                "SELECT DISTINCT owner FROM stopline_effects WHERE state IN (?, ?, ?)",
+                (EffectState.RECEIVED, EffectState.ACCEPTED, EffectState.COMMITTING),
+            ).fetchall()
+            for (owner,) in owners:
+                if not _ended(owner):
+                    continue
+                for was, now_is, where in (
+                    (EffectState.RECEIVED, EffectState.NOT_COMMITTED, "before"),
+                    (EffectState.ACCEPTED, EffectState.NOT_COMMITTED, "before"),
+                    (EffectState.COMMITTING, EffectState.UNKNOWN, "inside"),
+                ):
+                    resolved += db.execute(
+                        "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ?"
+                        " WHERE owner = ? AND state = ?",
+                        (now_is, f"the server process ended {where} the commit", now, owner, was),
+                    ).rowcount
+        return resolved
+
+
+def _owner(pid: int) -> str:
+    return f"{socket.gethostname()}:{pid}:{_started(pid)}"
+
+
+def _started(pid: int) -> str:
+    """When ``pid`` started (clock ticks since boot, from ``/proc``), so that a reused
+    pid is not taken for the process that made a claim; ``""`` where it cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def _ended(owner: str) -> bool:
+    """Whether the process that made a claim has certainly ended. A claim from a file
+    written before claims were named (``""``) is taken as ended, as it was then; a
+    claim from another host cannot be judged here and is not."""
+    if not owner:
+        return True
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid != os.getpid() and os.name == "posix":  # signal 0 only asks; on Windows it kills
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # alive, another user's
+    return bool(started) and _started(pid) != started  # the pid now names another process
 
 
 def _recordable(result: Any) -> str:
