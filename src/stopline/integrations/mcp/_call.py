@@ -30,6 +30,7 @@ late answer still attaches (R4).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -97,6 +98,15 @@ def plain_result(result: CallToolResult) -> Any:
         return result.structured_content
     texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]  # type: ignore[union-attr]
     return "\n".join(texts)
+
+
+def payload_of(raw: Mapping[str, Any] | None) -> Any:
+    """What a ``CallToolResult`` in a server's other answer (a task's) returns, as
+    ``plain_result``; ``None`` when it is none: the verdict stands without it."""
+    try:
+        return plain_result(CallToolResult.model_validate(raw)) if raw is not None else None
+    except ValidationError:
+        return None
 
 
 def may_reissue(conn: StoplineMCP, name: str, client: Client, attempt: int) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -63,8 +64,16 @@ def _seconds(stamp: Any) -> float | None:
         return None
     try:
         return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
+
+
+def _millis(value: Any) -> int | None:
+    """A duration in ms as a server wrote it: a finite number, else none given (a
+    server may write ``1e400``, which parses as infinity, or ``true``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,8 +122,8 @@ def parse_task(raw: Mapping[str, Any]) -> TaskView:
         task_id=task_id,
         status=status,
         created_at=_seconds(body.get("createdAt")),
-        ttl_ms=int(ttl) if isinstance(ttl, int | float) else None,
-        poll_interval_ms=int(poll) if isinstance(poll, int | float) else None,
+        ttl_ms=_millis(ttl),
+        poll_interval_ms=_millis(poll),
         status_message=message if isinstance(message, str) else None,
         result=dict(result) if isinstance(result, Mapping) else None,
         error=dict(error) if isinstance(error, Mapping) else None,

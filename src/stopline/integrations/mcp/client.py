@@ -59,7 +59,7 @@ from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import UnknownTool
 from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.integrations.mcp._call import McpCall, plain_result, sendable
+from stopline.integrations.mcp._call import McpCall, payload_of, plain_result, sendable
 from stopline.integrations.mcp._vocab import (
     KEY_META,
     VERIFY_TOOL,
@@ -458,20 +458,24 @@ class StoplineMCP:
         )
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Background work for one call (a task followed, a late answer) fails alone, logged:
+        the connection's task group, which it runs in, holds every run's calls."""
         if self._tg is not None:
-            self._tg.start_soon(fn, *args)
+            self._tg.start_soon(self._alone, fn, *args)
+
+    async def _alone(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            logger.exception("stopline: %s's background work failed (%s)", self.name, fn.__name__)
 
     async def _task_final(self, call: CallContext, outcome: TaskOutcome) -> None:
         """What a followed task really did, attached to its operation (R4)."""
-        verdict, result = Verdict(outcome.proves), None
-        if verdict is Verdict.COMMITTED and outcome.result is not None:
-            result = plain_result(CallToolResult.model_validate(outcome.result))
-        try:
-            await call.core.outcomes.late_response(
-                call.op_id, verdict, result=result, ref=outcome.ref, detail=outcome.detail
-            )
-        except Exception:
-            logger.exception("stopline: could not attach a task's outcome to %s", call.op_id)
+        verdict = Verdict(outcome.proves)
+        result = payload_of(outcome.result) if verdict is Verdict.COMMITTED else None
+        await call.core.outcomes.late_response(
+            call.op_id, verdict, result=result, ref=outcome.ref, detail=outcome.detail
+        )
 
     def _sent(self, key: str, request_id: Any) -> None:
         span = self._spans.get(key)
@@ -485,15 +489,11 @@ class StoplineMCP:
     def _on_late(self, late: LateAnswer) -> None:
         self.late.append(late)
         outcomes = self._outcomes.get(late.key) if late.key else None
-        if outcomes is None or self._tg is None:
-            return
-        self._tg.start_soon(self._attach_late, outcomes, late)
+        if outcomes is not None:
+            self._spawn(self._attach_late, outcomes, late)
 
     async def _attach_late(self, outcomes: Outcomes, late: LateAnswer) -> None:
         assert late.key is not None
         verdict, result, detail = classify_late(late)
         ref = f"mcp:{self.name}:request:{late.request_id}"
-        try:
-            await outcomes.late_response(late.key, verdict, result=result, ref=ref, detail=detail)
-        except Exception:
-            logger.exception("stopline: could not attach a late MCP answer to %s", late.key)
+        await outcomes.late_response(late.key, verdict, result=result, ref=ref, detail=detail)

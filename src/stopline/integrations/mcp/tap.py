@@ -202,10 +202,10 @@ def classify_late(late: LateAnswer) -> tuple[Verdict, Any, str]:
         structured = late.result.get("structuredContent")
         if structured is not None:
             return Verdict.COMMITTED, structured, why
-        texts = [
-            c.get("text", "") for c in late.result.get("content", []) if c.get("type") == "text"
-        ]
-        return Verdict.COMMITTED, "\n".join(texts), why
+        content = late.result.get("content")
+        blocks = content if isinstance(content, list) else []  # a server we never saw
+        texts = [c.get("text") for c in blocks if isinstance(c, dict) and c.get("type") == "text"]
+        return Verdict.COMMITTED, "\n".join(t for t in texts if isinstance(t, str)), why
     error: ErrorData | None = late.error
     assert error is not None
     data = error.data if isinstance(error.data, dict) else {}

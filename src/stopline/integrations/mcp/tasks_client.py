@@ -169,6 +169,8 @@ class TasksClient(ClientExtension):
             raise NoAnswer(
                 Cause.SERVER_ERROR, f"task {view.task_id} vanished: {exc.message}"
             ) from exc
+        except ValueError as exc:  # the server's answer to tasks/get was no task
+            raise NoAnswer(Cause.SERVER_ERROR, f"task {view.task_id}: {exc}") from exc
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await self._ask_cancel(session, view.task_id, era, call)
@@ -258,6 +260,8 @@ class TasksClient(ClientExtension):
                     await anyio.sleep(self._interval(view))
             except MCPError as exc:
                 outcome = TaskOutcome(None, f"task {view.task_id} vanished: {exc.message}")
+            except ValueError as exc:  # an answer that is no task proves nothing
+                outcome = TaskOutcome(None, f"task {view.task_id}: {exc}")
         await self._on_final(call, outcome)
 
     async def _final(self, session: ClientSession, view: TaskView, era: Era) -> TaskOutcome:
