@@ -137,3 +137,17 @@ async def test_a_late_answer_with_odd_content_is_kept_and_fails_nothing(
         async with ledger.run("after", owner="user:2") as later:
             assert await conn.call(later, "lookup", {}) == "found"
         assert conn.connections == 1
+
+
+async def test_a_created_task_with_no_id_is_unknown(ledger: stopline.Ledger) -> None:
+    """The server says it created a task and gives no ``taskId``: the work may be
+    running and cannot be followed; ``unknown``, and the connection is kept."""
+    async with connect("no-task-id") as conn:
+        async with ledger.run("upload", owner="user:1") as run:
+            with pytest.raises(stopline.NoAnswer) as no_answer:
+                await conn.call(run, "upload", {})
+        assert no_answer.value.cause is Cause.SERVER_ERROR
+        assert "cannot be read" in str(no_answer.value)
+        op = (await ledger.backend.operations(run.id))[0]
+        assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+        assert conn.connections == 1

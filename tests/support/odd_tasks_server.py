@@ -11,6 +11,7 @@ answers depends on ``MODE``:
 - ``huge-ttl``: the task's ``ttl`` and ``pollInterval`` are ``1e400``, a JSON
   number no float holds (infinity once parsed); ``tasks/get`` completes it.
 - ``not-a-task``: ``tasks/get`` answers ``{}``, which is no task.
+- ``no-task-id``: the created task has no ``taskId``.
 - ``not-a-task-after-cancel``: ``tasks/get`` answers the task ``working`` until
   a ``tasks/cancel`` arrives, then ``{}``.
 
@@ -102,7 +103,10 @@ def main(mode: str) -> None:
                 _found(pending)
         elif method == "tools/call":
             created += 1
-            _answer(rid, {"task": _task(f"t-{created}", "working", mode)})
+            task = _task(f"t-{created}", "working", mode)
+            if mode == "no-task-id":
+                del task["taskId"]
+            _answer(rid, {"task": task})
         elif method == "tasks/get":
             task_id = str(params.get("taskId"))
             if mode == "not-a-task" or (mode == "not-a-task-after-cancel" and cancelled):

@@ -132,7 +132,7 @@ class TasksClient(ClientExtension):
         return [ResultClaim(result_type="task", model=CreatedTask, resolve=self._resolve)]
 
     async def _resolve(self, created: CreatedTask, cctx: ClaimContext) -> types.CallToolResult:
-        view = parse_task(created.model_dump(by_alias=True, exclude_none=True))
+        view = _created(created.model_dump(by_alias=True, exclude_none=True))
         return await self.drive(cctx.session, view, MODERN)
 
     async def call_legacy(
@@ -154,7 +154,7 @@ class TasksClient(ClientExtension):
         raw = await raw_request(session, "tools/call", params, on_progress)
         if not isinstance(raw.get("task"), Mapping):
             return types.CallToolResult.model_validate(raw)  # the server ran it inline
-        return await self.drive(session, parse_task(raw), LEGACY)
+        return await self.drive(session, _created(raw), LEGACY)
 
     # -- one task, from creation to its end ---------------------------------------------------
     async def drive(self, session: ClientSession, view: TaskView, era: Era) -> types.CallToolResult:
@@ -310,3 +310,12 @@ async def raw_request(
     if on_progress is not None:
         opts["on_progress"] = on_progress
     return dict(await session._dispatcher.send_raw_request(method, data["params"], opts))
+
+
+def _created(raw: Mapping[str, Any]) -> TaskView:
+    """The task a ``tools/call`` answer says was created. One that cannot be read is the
+    call's ``NoAnswer``: the work may be running, and nothing can follow it."""
+    try:
+        return parse_task(raw)
+    except ValueError as exc:
+        raise NoAnswer(Cause.SERVER_ERROR, f"the server's task cannot be read: {exc}") from exc
