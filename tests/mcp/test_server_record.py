@@ -54,7 +54,7 @@ async def ctl(client: Client, name: str) -> Any:
     result = await client.call_tool(name, {})
     assert not result.is_error, result
     assert result.structured_content is not None
-    return result.structured_content["result"]
+    return result.structured_content.get("result", result.structured_content)
 
 
 @pytest.mark.parametrize("tool", ["stamp", "receipt", "stamp_sync"])
@@ -174,3 +174,29 @@ def test_claims_in_a_file_from_before_owners_are_recovered_as_before(tmp_path: P
     a, b = effects.store.get("a"), effects.store.get("b")
     assert a is not None and a.state.value == "not_committed"
     assert b is not None and b.state.value == "unknown"
+
+
+async def test_a_cancel_the_log_cannot_record_still_stops_the_tool(conn: StoplineMCP) -> None:
+    """The disk is full when a cancel arrives: the cancellation log cannot be written,
+    and the cancel still reaches the tool; the server's session goes on."""
+    client = conn.client
+
+    async def waits() -> dict[str, list[str]]:
+        return dict(await ctl(client, "ctl_waits"))
+
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            await client.call_tool(
+                "wait", {"fill": True}, meta=cast(RequestParamsMeta, {KEY_META: "w"})
+            )
+
+        tg.start_soon(call)
+        while not (await waits())["waiting"]:
+            pass  # each ask is a round trip to the server
+        tg.cancel_scope.cancel()
+    while not (await waits())["stopped"]:
+        pass
+    assert (await waits())["waiting"] == []
+    assert await ctl(client, "ctl_free_disk") is True
+    assert await raw(client, "stamp", "after") == {"at": AT, "commit": 1}

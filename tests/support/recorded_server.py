@@ -16,6 +16,9 @@ Called with ``fill=true``, an effect ends by setting this process's file size
 limit to one byte: the effect has happened, and the record of its outcome
 cannot be written (SQLite cannot grow its journal), the real fault of a disk
 that filled during the commit, without root. ``ctl_free_disk`` lifts the limit.
+
+``wait`` waits until its request is cancelled (``fill=true`` fills the disk
+first); ``ctl_waits`` lists the requests waiting and those a cancel stopped.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import signal
 import sys
 from typing import Any
 
+import anyio
 import pydantic
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -53,6 +57,8 @@ def build(path: str) -> MCPServer[Any]:
     effects = Effects(path)
     effects.install(server)
     commits: list[str] = []
+    waiting: list[str] = []  # requests of ``wait`` inside its wait
+    stopped: list[str] = []  # requests of ``wait`` that a cancel stopped
 
     def effect(tool: str, fill: bool) -> int:
         commits.append(tool)
@@ -86,6 +92,22 @@ def build(path: str) -> MCPServer[Any]:
             if op.replayed:
                 return op.result
             return await op.commit(lambda: [b"\xff", effect("blob", False)])
+
+    @server.tool(meta=effect_meta())
+    async def wait(ctx: Context[Any], fill: bool = False) -> None:
+        async with effects.operation(ctx, "wait"):
+            if fill:
+                limit_files(1)
+            waiting.append(str(ctx.request_id))
+            try:
+                await anyio.sleep_forever()
+            finally:
+                waiting.remove(str(ctx.request_id))
+                stopped.append(str(ctx.request_id))
+
+    @server.tool(meta={EFFECTS_META: False})
+    def ctl_waits() -> dict[str, list[str]]:
+        return {"waiting": list(waiting), "stopped": list(stopped)}
 
     @server.tool(meta={EFFECTS_META: False})
     def ctl_commits() -> list[str]:
