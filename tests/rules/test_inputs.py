@@ -69,6 +69,44 @@ async def test_sharing_with_an_owner_that_is_no_run_id_is_refused_naming_it(
         assert refused.value.what == "with_owner"
 
 
+async def test_a_read_by_an_id_no_ledger_holds_is_the_same_answer_on_both_engines(
+    ledger: stopline.Ledger,
+) -> None:
+    """A NUL in an id to look up (a console URL's ``%00``): SQLite said "unknown",
+    PostgreSQL a storage error (``LedgerError``) its driver raised. Each read by one
+    id, and each ``by``, is ``InvalidInput`` naming it, on both, before the read."""
+    async with ledger.run("job", owner="user:1") as run:
+        pass
+    bad = "x\x00y"
+    verdict = stopline.ReviewVerdict.parse("committed")
+    reads: dict[str, Any] = {
+        "run_id": [
+            ledger.backend.get_run(bad),
+            ledger.backend.operations(bad),
+            ledger.backend.events(bad),
+            ledger.backend.approvals(bad),
+            ledger.backend.last_checkpoint(bad),
+            ledger.why_not_approved(bad, "op"),
+        ],
+        "op_id": [
+            ledger.backend.get_operation(bad),
+            ledger.verify(bad),
+            ledger.inspect_review(bad),
+            ledger.resolve_review(bad, verdict, by="user:1"),
+            ledger.compensate(bad, by="user:1"),
+            ledger.stop_compensation(bad, by="user:1"),
+        ],
+        "approval_id": [ledger.approve(bad, by="user:1"), ledger.deny(bad, by="user:1")],
+        "by": [ledger.receipt(run.id, by=bad), ledger.receipts([run.id], by=bad)],
+    }
+    for what, calls in reads.items():
+        for call in calls:
+            with pytest.raises(InvalidInput) as refused:
+                await call
+            assert refused.value.what == what, call
+    assert len(await ledger.backend.events(run.id)) > 0  # the ledger answers as before
+
+
 async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
     ledger: stopline.Ledger,
 ) -> None:

@@ -211,3 +211,29 @@ def test_a_review_item_is_resolved_from_the_console(tmp_path: Path) -> None:
             return [(e.kind.value, e.ref) for e in op.evidence]
 
     assert ("review", "console:lee") in anyio.run(evidence)
+
+
+def test_an_id_or_a_name_no_ledger_can_hold_is_a_bad_request(pg_url: str) -> None:
+    """A NUL in a URL's run or operation id, or in the login name, on PostgreSQL: a
+    400 naming it. The run page was a 409 with the driver's words, and a name with
+    a NUL logged in and failed at its first cancel."""
+    ids = anyio.run(seed, pg_url)
+    client = TestClient(
+        create_app(ConsoleConfig(url=pg_url, token=TOKEN)), base_url="http://127.0.0.1"
+    )
+    with client:
+        refused = client.get(f"/?token={TOKEN}&name=a%00b")
+        assert refused.status_code == 400 and "contains a NUL character" in refused.text
+        client.get(f"/?token={TOKEN}&name=ada")
+        page = client.get("/runs/x%00y")
+        assert page.status_code == 400 and "invalid run_id: contains a NUL" in page.text
+        listing = client.get(f"/runs/{ids.running}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', listing.text)
+        assert csrf is not None
+        review = client.post(
+            "/review/o%00/resolve", data={"csrf": csrf[1], "decision": "committed"}
+        )
+        assert review.status_code == 400 and "invalid op_id" in review.text
+        cancel = client.post("/runs/x%00y/cancel", data={"csrf": csrf[1]})
+        assert cancel.status_code == 400 and "invalid run_id" in cancel.text
+        assert client.get(f"/runs/{ids.running}").status_code == 200

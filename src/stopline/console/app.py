@@ -38,8 +38,9 @@ from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.svg import run_timeline, settle_chart
 from stopline.domain.lifecycle import operator
+from stopline.domain.limits import check_id
 from stopline.domain.vocab import RunState
-from stopline.errors import NotFound, StoplineError
+from stopline.errors import InvalidInput, NotFound, StoplineError
 from stopline.ledger import redact
 from stopline.runtime.review import ReviewVerdict
 
@@ -149,6 +150,10 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 name = request.query_params.get("name") or getpass.getuser()
                 session_id = secrets.token_urlsafe(32)
                 principal = config.principal or f"console:{name}"
+                try:  # the name every action is recorded by: refused now, not at a cancel
+                    check_id("name", principal)
+                except InvalidInput as exc:
+                    return render(request, "denied.html", 400, reason=str(exc))
                 sessions[session_id] = Session(secrets.token_urlsafe(32), principal)
                 rest = {k: v for k, v in request.query_params.items() if k not in ("token", "name")}
                 target = URL(path=quote(request.url.path), query=urlencode(rest))
@@ -169,6 +174,8 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 return await handler(request)
             except NotFound as exc:
                 return render(request, "error.html", 404, message=str(exc))
+            except InvalidInput as exc:  # an id or a field no ledger can hold
+                return render(request, "error.html", 400, message=str(exc))
             except StoplineError as exc:
                 return render(request, "error.html", 409, message=str(exc))
 

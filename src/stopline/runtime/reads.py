@@ -29,8 +29,9 @@ class Reads:
         self._access = access
 
     async def run(self, run_id: str, *, by: str | Principal | None = None) -> RunRecord:
+        sees = self._sees(by)
         run = await self._queries().get_run(run_id)
-        if not self._sees(by)(run):
+        if not sees(run):
             raise UnknownRun(run_id)
         return run
 
@@ -43,9 +44,9 @@ class Reads:
         limit: int = 100,
     ) -> list[RunRecord]:
         """Newest first: the runs ``by`` may see, among the ``limit`` newest that match."""
-        state, owner, limit = _listing(state, owner, limit)
+        state, owner, limit, sees = *_listing(state, owner, limit), self._sees(by)
         found = await self._queries().list_runs(state=state, owner=owner, limit=limit)
-        return list(filter(self._sees(by), found))
+        return list(filter(sees, found))
 
     async def runs_with_trees(
         self,
@@ -57,9 +58,8 @@ class Reads:
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:
         """``runs``, each with its tree's operations (what its receipt is built from),
         the listing and every run's read from one snapshot."""
-        state, owner, limit = _listing(state, owner, limit)
+        state, owner, limit, sees = *_listing(state, owner, limit), self._sees(by)
         found = await self._queries().list_trees(state=state, owner=owner, limit=limit)
-        sees = self._sees(by)
         return [(run, ops) for run, ops in found if sees(run)]
 
     def _sees(self, by: str | Principal | None) -> Callable[[RunRecord], bool]:
@@ -67,6 +67,7 @@ class Reads:
         if by is None:
             return lambda run: True
         principal, access = Principal.of(by), self._access()
+        check_id("by", principal.id)  # before the read it filters
         return lambda run: access.visible(principal, run)
 
     async def operations(
@@ -80,8 +81,9 @@ class Reads:
         """The run and its operations from one snapshot, in one read: what a receipt is
         built from (two reads could mix moments, and the second would wait behind every
         write queued in between)."""
+        sees = self._sees(by)
         run, ops = await self._queries().run_and_operations(run_id, descendants=descendants)
-        if not self._sees(by)(run):
+        if not sees(run):
             raise UnknownRun(run_id)
         return run, ops
 
@@ -92,9 +94,8 @@ class Reads:
         those that exist (and ``by`` may see), by id, each with its tree's operations."""
         if isinstance(run_ids, str):  # each of its characters would be read as an id
             raise InvalidInput("run_ids", "a sequence of run ids, not one string")
-        ids = [check_id("run_id", run_id) for run_id in run_ids]
+        ids, sees = [check_id("run_id", run_id) for run_id in run_ids], self._sees(by)
         found = await self._queries().trees_and_operations(ids)
-        sees = self._sees(by)
         return {f[0].id: f for f in found if not isinstance(f, UnknownRun) and sees(f[0])}
 
     async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:

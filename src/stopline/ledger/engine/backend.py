@@ -13,7 +13,9 @@ it; a backend whose transactions are not shared ignores it. ``committed`` is
 called with the result on the loop once it commits, before the caller resumes,
 by a backend that sees the commit outside the caller's task (SQLite); others
 ignore it. Every method below is that one line: the rules live in the bodies,
-written once.
+written once. A read by one id checks it first (``check_id``): an id no ledger
+can hold (a NUL, which PostgreSQL's text cannot carry) is ``InvalidInput`` on
+both engines, before a connection is taken.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
+from stopline.domain.limits import check_id
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, InvalidInput, UnknownOperation, UnknownRun
@@ -93,6 +96,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
     async def get_run(self, run_id: str) -> RunRecord:
+        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.load_run(db, run_id), safe=True)
 
     async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
@@ -127,11 +131,13 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: runs.note_many(db, notes))
 
     async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
+        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.operations(db, run_id, descendants), safe=True)
 
     async def run_and_operations(
         self, run_id: str, *, descendants: bool = False
     ) -> tuple[RunRecord, list[OperationRecord]]:
+        check_id("run_id", run_id)
         return await self._execute(
             lambda db: reads.run_and_operations(db, run_id, descendants), safe=True
         )
@@ -154,6 +160,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: reads.list_trees(db, state, owner, limit), safe=True)
 
     async def get_operation(self, op_id: str) -> OperationRecord:
+        check_id("op_id", op_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)
 
     async def get_operations(
@@ -162,6 +169,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: reads.load_ops(db, op_ids), safe=True)
 
     async def events(self, run_id: str) -> list[EventRecord]:
+        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.events(db, run_id), safe=True)
 
     async def unresolved(
@@ -207,15 +215,18 @@ class SqlBackend(Backend):
         )
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.approvals(db, run_id), safe=True)
 
     async def get_approval(self, approval_id: str) -> ApprovalRecord:
+        check_id("approval_id", approval_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.load_approval(db, approval_id), safe=True)
 
     async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
         return await self._execute(lambda db: ap.checkpoint(db, run_id, name, state))
 
     async def last_checkpoint(self, run_id: str) -> Checkpoint | None:
+        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
         return await self._execute(lambda db: reads.last_checkpoint(db, run_id), safe=True)
 
     async def audit(
