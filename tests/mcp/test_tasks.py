@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 import stopline
 from stopline import Cause, OpStatus, PhaseKind, Policy
-from stopline.integrations.mcp import ToolPolicy
+from stopline.integrations.mcp import KEY_META, ToolPolicy
+from stopline.integrations.mcp.tasks_client import raw_request
 from stopline.runtime.context import CallContext
 from tests.mcp.conftest import TRANSPORTS, Server, open_server, wait_status
 from tests.scenarios.workflows import Started, start
@@ -187,3 +189,26 @@ async def test_mcp_task_lost_create_result(
             op = await ledger.verify(op.id)
             assert op.status is OpStatus.NOT_COMMITTED
             assert await server.effects_of(op.id) == []
+
+
+@pytest.fixture(scope="module")
+async def legacy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Server]:
+    """The testing server over stdio, 2025-11-25: the client asks for a task's TTL."""
+    tmp = tmp_path_factory.mktemp("legacy-ttl")
+    async for opened in open_server("stdio-legacy", tmp, None, tasks=True, policies=TASKS):
+        yield opened
+
+
+@pytest.mark.parametrize("ttl", [-1, 0, True, 1e400], ids=["negative", "zero", "bool", "huge"])
+async def test_a_ttl_no_task_can_keep_gets_the_servers_own(legacy: Server, ttl: Any) -> None:
+    """A client asks for a task with a ``ttl`` of -1 (or 0, ``true``, ``1e400``). The
+    server keeps it for its own TTL: a -1 was taken as asked, and the task was purged
+    before anyone could read it, its work running on."""
+    session = legacy.conn.client.session
+    params: dict[str, Any] = {"name": "upload", "arguments": {"payload": "ttl"}}
+    params |= {"task": {"ttl": ttl}, "_meta": {KEY_META: f"ttl-{ttl}"}}
+    created = await raw_request(session, "tools/call", params)
+    task = created["task"]
+    assert task["ttl"] == 600_000
+    read = await raw_request(session, "tasks/get", {"taskId": task["taskId"]})
+    assert read["taskId"] == task["taskId"]

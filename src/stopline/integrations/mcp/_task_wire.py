@@ -40,6 +40,7 @@ __all__ = [
     "TaskStatus",
     "TaskView",
     "iso",
+    "millis",
     "parse_task",
 ]
 
@@ -68,7 +69,7 @@ def _seconds(stamp: Any) -> float | None:
         return None
 
 
-def _millis(value: Any) -> int | None:
+def millis(value: Any) -> int | None:
     """A duration in ms as a server wrote it: a finite number, else none given (a
     server may write ``1e400``, which parses as infinity, or ``true``)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -122,8 +123,8 @@ def parse_task(raw: Mapping[str, Any]) -> TaskView:
         task_id=task_id,
         status=status,
         created_at=_seconds(body.get("createdAt")),
-        ttl_ms=_millis(ttl),
-        poll_interval_ms=_millis(poll),
+        ttl_ms=millis(ttl),
+        poll_interval_ms=millis(poll),
         status_message=message if isinstance(message, str) else None,
         result=dict(result) if isinstance(result, Mapping) else None,
         error=dict(error) if isinstance(error, Mapping) else None,

@@ -52,7 +52,7 @@ from pydantic import BaseModel
 
 from mcp import MCPError
 from stopline.integrations.mcp._task_state import ServerTask, TaskIdParams, UpdateParams
-from stopline.integrations.mcp._task_wire import LEGACY, MODERN, TERMINAL, Era
+from stopline.integrations.mcp._task_wire import LEGACY, MODERN, TERMINAL, Era, millis
 from stopline.integrations.mcp._vocab import KEY_META, OUTCOME_DATA, TASKS_EXTENSION
 
 if TYPE_CHECKING:
@@ -204,8 +204,8 @@ class TasksServer(Extension):
             return await call_next(ctx)
         if support is None:
             return await call_next(ctx)  # a receiver that does not task a request ignores it
-        ttl = ask.get("ttl") if isinstance(ask, dict) else None
-        task = self._start(ctx, call_next, str(name), LEGACY, ttl if isinstance(ttl, int) else None)
+        ttl = millis(ask.get("ttl")) if isinstance(ask, dict) else None
+        task = self._start(ctx, call_next, str(name), LEGACY, ttl)
         return task.created()
 
     def _start(
@@ -229,7 +229,10 @@ class TasksServer(Extension):
             key=key,
             created_at=now,
             last_updated_at=now,
-            ttl_ms=min(ttl_ms, self.default_ttl_ms) if ttl_ms else self.default_ttl_ms,
+            # asked for, up to ours; none, 0 or less (purged at once, unread) is ours
+            ttl_ms=min(ttl_ms, self.default_ttl_ms)
+            if ttl_ms and ttl_ms > 0
+            else self.default_ttl_ms,
             poll_interval_ms=self.poll_interval_ms,
         )
         self.tasks[task.task_id] = task  # durable for this process before the answer leaves
