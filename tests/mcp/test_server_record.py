@@ -200,3 +200,30 @@ async def test_a_cancel_the_log_cannot_record_still_stops_the_tool(conn: Stoplin
     assert (await waits())["waiting"] == []
     assert await ctl(client, "ctl_free_disk") is True
     assert await raw(client, "stamp", "after") == {"at": AT, "commit": 1}
+
+
+async def test_a_long_poll_waits_for_an_attempt_another_server_holds(tmp_path: Path) -> None:
+    """``stopline_verify(wait_seconds=...)`` waited only for an attempt of its own
+    process: one held by another server on the file answered at once, "unknown", and
+    a client settling a cancel asked again in a busy loop. It waits for that one too."""
+    db = tmp_path / "effects.db"
+    async with Client(stdio_params(db)) as first, Client(stdio_params(db)) as second:
+        await first.call_tool("ctl_hold", {"point": "accepted:upload"})
+        async with anyio.create_task_group() as tg:
+            verdicts: list[Any] = []
+
+            async def call() -> None:
+                await raw(first, "upload", "k", payload="p")
+
+            async def verify() -> None:
+                answer = await second.call_tool(VERIFY_TOOL, {"key": "k", "wait_seconds": 30})
+                assert answer.structured_content is not None
+                verdicts.append(answer.structured_content["verdict"])
+
+            tg.start_soon(call)
+            await first.call_tool("ctl_reached", {"point": "accepted:upload"})
+            tg.start_soon(verify)
+            await second.call_tool("ctl_truth", {})  # answered after the verify was taken up
+            assert verdicts == []
+            await first.call_tool("ctl_release", {"point": "accepted:upload"})
+        assert verdicts == ["committed"]

@@ -68,6 +68,8 @@ from stopline.telemetry import ATTR_OP_ID
 
 __all__ = ["Effects", "Operation", "effect_meta", "key_of"]
 
+_POLL = 0.05  # s between reads of an attempt another process holds
+
 T = TypeVar("T")
 
 
@@ -137,13 +139,28 @@ class Effects:
 
     # -- reads ---------------------------------------------------------------------
     async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
-        live = self._live.get(key)
-        if live is not None and wait_seconds > 0:
+        if wait_seconds > 0:  # a long poll: NaN and less are none
             with anyio.move_on_after(min(wait_seconds, 30.0)):
-                await live.settled.wait()
+                await self._until_ended(key)
         record = await anyio.to_thread.run_sync(self.store.get, key)
         in_flight = key in self._live or self._arriving[key] > 0
         return _status(key, record, in_flight)
+
+    async def _until_ended(self, key: str) -> None:
+        """Until the attempt with ``key`` ends: awaited when it runs here; read again each
+        ``_POLL`` s while it is arriving here or another process on the file holds it
+        (its end is seen only in the file), so a client's long poll is not a busy loop."""
+        while True:
+            live = self._live.get(key)
+            if live is not None:
+                await live.settled.wait()
+                return
+            record = await anyio.to_thread.run_sync(self.store.get, key)
+            if record is None and self._arriving[key] <= 0:
+                return  # never seen here
+            if record is not None and record.state.terminal:
+                return
+            await anyio.sleep(_POLL)
 
     async def cancellations(self) -> list[dict[str, Any]]:
         """The cancellation log, oldest first."""
