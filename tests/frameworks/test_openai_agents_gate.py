@@ -337,3 +337,29 @@ async def test_s05_openai_agents_denied_in_stopline_is_rejected_in_the_sdk(
     assert effect.lines() == []
     assert await ledger.backend.operations("oa-g-deny") == []  # nothing reached the gate
     assert (await ledger.receipt("oa-g-deny")).headline is Headline.COMPLETED
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "arguments", ['{"note": ', '["refund 9"]', '{"note": 9}'], ids=["cut", "list", "schema"]
+)
+async def test_arguments_the_sdk_refuses_are_not_committed_and_told_to_the_model(
+    ledger: stopline.Ledger, tmp_path: Path, sync: bool, arguments: str
+) -> None:
+    """The model's arguments are cut short, not an object, or not the tool's schema: the
+    SDK refuses them before the function runs. The call was recorded ``unknown`` and
+    the receipt said "verifying" for nothing done; it is ``not_committed``, and the
+    model is told what the SDK tells it without stopline."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    steps = [[function_call("write_note", arguments, call_id="c1")], [assistant_message("ok")]]
+    agent, model = agent_for(effect, steps, sync=sync)
+    session = Session(effect)
+    await session(ledger, agent, "refund 9", "oa-g-args")
+    op = await ledger.backend.get_operation("oa-g-args/tool:c1")
+    assert op.status is OpStatus.NOT_COMMITTED
+    assert "Invalid JSON input for tool write_note" in op.evidence[-1].detail
+    assert effect.lines() == []  # the function never ran
+    receipt = await ledger.wait_settled("oa-g-args", timeout=10)
+    assert receipt.headline is Headline.COMPLETED
+    told = str(model.last_call.input if model.last_call else "")
+    assert "'output': 'An error occurred while running the tool. Please try again.'" in told

@@ -51,12 +51,13 @@ import contextvars
 import dataclasses
 import functools
 import json
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents import Agent, FunctionTool, RunConfig, Runner
 from agents import Tool as AgentsTool
 from agents import tool as agents_tool
+from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPUtil
 from agents.result import RunResultStreaming
 from agents.run_config import CallModelData, ModelInputData
@@ -81,7 +82,7 @@ from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import CancelFn, ReadBack, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, ReadBack, Rejected, Tool, Verdict, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -98,6 +99,8 @@ _OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "stopline_openai_agents_op_id", default=None
 )
 _GATED = "__stopline_gated__"  # marks an invoker that passes the gate
+# how the SDK words its refusal of a model's arguments, raised before the function runs
+_REFUSED_ARGUMENTS = "Invalid JSON input for tool "
 
 
 def gated(
@@ -127,7 +130,7 @@ def gated(
         tool_ctx = _CALL.get()
         assert tool_ctx is not None, "called outside the gated tool"
         (arguments,) = args
-        return lambda: body(tool_ctx, arguments)
+        return lambda: _refusing_arguments(body(tool_ctx, arguments))
 
     if _runs_in_thread(tool):  # the SDK runs it in a thread: let it finish, keep its answer
         stopline_tool = detached_tool(tool.name, spec, start)
@@ -154,8 +157,11 @@ def gated(
             if body is invoke:
                 raise
             # recorded; now what the SDK does with a tool's error (text for the model)
+            cause = exc.__cause__ if isinstance(exc, Rejected) else None
             text = await agents_tool.maybe_invoke_function_tool_failure_error_function(
-                function_tool=gated_tool, context=ctx, error=exc
+                function_tool=gated_tool,
+                context=ctx,
+                error=cause if isinstance(cause, ModelBehaviorError) else exc,
             )
             if text is None:
                 raise
@@ -280,6 +286,19 @@ def mcp_tools(
         for name, listed in conn.listing.items()
         if name not in skip and (include is None or name in include)
     ]
+
+
+async def _refusing_arguments(invoked: Awaitable[Any]) -> Any:
+    """The SDK refuses a model's arguments (not JSON, not an object, not the tool's
+    schema) before the tool's function runs: nothing was done, so the call is
+    ``Rejected`` (``not_committed``), not an error in doubt. The model is told what
+    the SDK tells it."""
+    try:
+        return await invoked
+    except ModelBehaviorError as exc:
+        if not str(exc).startswith(_REFUSED_ARGUMENTS):
+            raise
+        raise Rejected(f"the SDK refused the arguments: {exc}") from exc
 
 
 def _mcp_tool(
