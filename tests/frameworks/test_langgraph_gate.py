@@ -37,9 +37,10 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def replies() -> Iterator[AIMessage]:
-    """The fake model: asks for ``write_note`` once, then answers."""
-    call = {"name": "write_note", "args": {"note": "refund 9"}, "id": "c1", "type": "tool_call"}
+def replies(args: dict[str, Any] | None = None) -> Iterator[AIMessage]:
+    """The fake model: asks for ``write_note`` once (with ``args``), then answers."""
+    args = {"note": "refund 9"} if args is None else args
+    call = {"name": "write_note", "args": args, "id": "c1", "type": "tool_call"}
     yield AIMessage(content="", tool_calls=[call])
     while True:
         yield AIMessage(content="done")
@@ -48,8 +49,14 @@ def replies() -> Iterator[AIMessage]:
 class Graph:
     """model -> tools (gated by the hook) -> model, until the model stops asking."""
 
-    def __init__(self, tool: Any, verify: Any = None, **compile_options: Any) -> None:
-        self.model = GenericFakeChatModel(messages=replies())
+    def __init__(
+        self,
+        tool: Any,
+        verify: Any = None,
+        args: dict[str, Any] | None = None,
+        **compile_options: Any,
+    ) -> None:
+        self.model = GenericFakeChatModel(messages=replies(args))
         self.asking: anyio.Event | None = None  # the model's first turn waits for it
         self.thinking: anyio.Event | None = None  # ... its second turn, for this one
         self.asked = anyio.Event()
@@ -244,6 +251,28 @@ async def test_langgraph_raising_tool_is_not_completed(
     kinds = [e.kind for e in await ledger.backend.events("lg-g-raise") if e.op_id == op.id]
     assert "lost" in kinds and "committed" not in kinds
     assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize("args", [{"memo": "x"}, {"note": ["a"]}], ids=["missing", "wrong-type"])
+async def test_langgraph_arguments_the_tool_refuses_pass_no_gate(
+    ledger: stopline.Ledger, tmp_path: Path, sync: bool, args: dict[str, Any]
+) -> None:
+    """The model's arguments do not fit the tool's schema: ``ToolNode`` refuses them
+    before the function runs and tells the model. They were gated, recorded
+    ``unknown`` and the receipt said "verifying" for a call that did nothing. No
+    operation is recorded now, and the model gets ``ToolNode``'s own message."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    graph = Graph(write_tool(effect, sync=sync), args=args)
+    workflow = Workflow()
+    await workflow(ledger, graph.graph, start(), "lg-g-args")
+    assert await ledger.backend.operations("lg-g-args") == []
+    assert effect.lines() == []
+    told = [m for m in workflow.output["messages"] if isinstance(m, ToolMessage)]
+    assert len(told) == 1 and told[0].status == "error"
+    assert str(told[0].content).startswith("Error invoking tool 'write_note' with kwargs")
+    receipt = await ledger.wait_settled("lg-g-args", timeout=10)
+    assert receipt.headline is Headline.COMPLETED
 
 
 async def test_s05_langgraph_interrupt_in_a_gated_tool_is_a_pause(

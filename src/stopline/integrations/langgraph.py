@@ -54,11 +54,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import anyio
 from langchain_core.messages import AIMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, StructuredTool
+from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from langchain_core.tools import tool as lc_tool
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest, msg_content_output
 from langgraph.types import Command
+from pydantic import BaseModel, ValidationError
 
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
@@ -233,6 +234,8 @@ def gate(
         tool, call = request.tool, request.tool_call
         if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
             return await execute(request)  # a read, unknown, or gated by itself
+        if not _fits(tool, call["args"]):  # refused before it runs: no operation, no gate
+            return await execute(request.override(tool=_refusing(tool)))
         is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
         spec = ToolSpec(
             verify=as_verifier(verify.get(tool.name)),
@@ -274,6 +277,33 @@ def gate(
         return ToolMessage(content=as_content, name=tool.name, tool_call_id=call["id"])
 
     return wrap
+
+
+def _fits(tool: BaseTool, args: Any) -> bool:
+    """Whether the model's arguments fit the schema the tool showed it (its injected
+    arguments left out). ``ToolNode`` refuses ones that do not before the tool runs."""
+    schema = tool.tool_call_schema
+    if tool.args_schema is None or not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        return True  # no model to check against: ``ToolNode``'s own check is the only one
+    try:
+        schema.model_validate(args)
+    except ValidationError:
+        return False
+    return True
+
+
+def _refusing(tool: BaseTool) -> BaseTool:
+    """A stand-in with ``tool``'s name and schema: ``ToolNode`` refuses the arguments to
+    it as it would to ``tool``, with its own message (or its configured handling);
+    should it not, the stand-in refuses, and ``tool`` never runs ungated."""
+
+    def refuse(**kwargs: Any) -> Any:
+        raise ToolException(f"stopline: the arguments do not fit {tool.name}'s schema")
+
+    assert tool.args_schema is not None  # ``_fits`` said so
+    return StructuredTool(
+        name=tool.name, description=tool.description, args_schema=tool.args_schema, func=refuse
+    )
 
 
 def _direct(start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work]) -> Any:
