@@ -43,6 +43,7 @@ class Script:
         self.thinking: anyio.Event | None = None  # when set: wait for it before asking
         self.after_return: anyio.Event | None = None  # ... before answering, once returned
         self.asked = anyio.Event()
+        self.first_args: dict[str, Any] | None = None  # the first ask's arguments, if others
 
     async def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.turns += 1
@@ -61,7 +62,8 @@ class Script:
         if self.thinking is not None:
             self.asked.set()
             await self.thinking.wait()
-        call = ToolCallPart("write_note", {"note": "refund 9"}, tool_call_id=f"t{self.turns}")
+        args = self.first_args if self.turns == 1 and self.first_args else {"note": "refund 9"}
+        call = ToolCallPart("write_note", args, tool_call_id=f"t{self.turns}")
         return ModelResponse(parts=[call])
 
 
@@ -301,3 +303,21 @@ async def test_s05_pydantic_ai_approval_pauses_the_run_until_approved(
     with pytest.raises(stopline.RunEnded):  # nothing would run in it: said, not ignored
         async with sl.run(ledger, owner="user:1", run_id="pai-g-s05"):
             pass
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_arguments_the_tool_refuses_pass_no_gate(
+    ledger: stopline.Ledger, tmp_path: Path, sync: bool
+) -> None:
+    """The model's arguments do not fit the tool: Pydantic AI refuses them and tells the
+    model before its toolset is called, so no operation is recorded for them (the
+    LangGraph and OpenAI Agents hooks had to be taught this; this one holds it)."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    script = Script()
+    script.first_args = {"memo": 9}
+    session = Session(effect)
+    await session(ledger, agent_for(effect, script, sync=sync), "pai-g-args")
+    assert await ledger.backend.operations("pai-g-args") == []
+    assert effect.lines() == []
+    assert script.turns == 2  # told of the refusal, the model answered
+    assert (await ledger.wait_settled("pai-g-args", timeout=10)).headline is Headline.COMPLETED
