@@ -391,3 +391,23 @@ def test_the_adapters_mcp_tools_take_idle_timeout_and_warn_on_timeout() -> None:
         assert adapter.mcp_tools(conn, idle_timeout=5) == []
         with pytest.warns(DeprecationWarning, match=r"mcp_tools\(timeout=\)"):
             adapter.mcp_tools(conn, timeout=5)
+
+
+@pytest.mark.usefixtures("no_trace_export")
+@pytest.mark.parametrize("arguments", ['{"payload": ', '["x"]'], ids=["cut", "list"])
+async def test_openai_agents_mcp_arguments_that_are_no_object_pass_no_gate(
+    ledger: stopline.Ledger, server: Server, arguments: str
+) -> None:
+    """The model's arguments for an MCP tool are cut short or not an object: no request
+    can be made of them. The call passes no gate, and the model is told as the SDK's
+    own MCP tools tell it (the failure text), instead of the run failing."""
+    model = ScriptedModel(
+        [[function_call("upload", arguments, call_id="c1")], [assistant_message("done")]]
+    )
+    agent = OaAgent(name="ops", model=model, tools=oa.mcp_tools(server.conn, include=TOOLS))
+    async with oa.run(ledger, owner="user:1", run_id="oa-mcp-args") as s:
+        result = await s.stream(agent, "go")
+    assert result.final_output == "done"
+    assert await ledger.backend.operations("oa-mcp-args") == []
+    told = str(model.last_call.input if model.last_call else "")
+    assert "An error occurred while running the tool" in told

@@ -51,7 +51,7 @@ import contextvars
 import dataclasses
 import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents import Agent, FunctionTool, RunConfig, Runner
@@ -78,6 +78,7 @@ from stopline.integrations._frameworks import (
     open_run,
     verify_answer,
 )
+from stopline.integrations._openai_arguments import json_object, refusing_arguments
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
@@ -99,8 +100,6 @@ _OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "stopline_openai_agents_op_id", default=None
 )
 _GATED = "__stopline_gated__"  # marks an invoker that passes the gate
-# how the SDK words its refusal of a model's arguments, raised before the function runs
-_REFUSED_ARGUMENTS = "Invalid JSON input for tool "
 
 
 def gated(
@@ -130,7 +129,7 @@ def gated(
         tool_ctx = _CALL.get()
         assert tool_ctx is not None, "called outside the gated tool"
         (arguments,) = args
-        return lambda: _refusing_arguments(body(tool_ctx, arguments))
+        return lambda: refusing_arguments(body(tool_ctx, arguments))
 
     if _runs_in_thread(tool):  # the SDK runs it in a thread: let it finish, keep its answer
         stopline_tool = detached_tool(tool.name, spec, start)
@@ -288,24 +287,13 @@ def mcp_tools(
     ]
 
 
-async def _refusing_arguments(invoked: Awaitable[Any]) -> Any:
-    """The SDK refuses a model's arguments (not JSON, not an object, not the tool's
-    schema) before the tool's function runs: nothing was done, so the call is
-    ``Rejected`` (``not_committed``), not an error in doubt. The model is told what
-    the SDK tells it."""
-    try:
-        return await invoked
-    except ModelBehaviorError as exc:
-        if not str(exc).startswith(_REFUSED_ARGUMENTS):
-            raise
-        raise Rejected(f"the SDK refused the arguments: {exc}") from exc
-
-
 def _mcp_tool(
     conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], idle: float | None
 ) -> FunctionTool:
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
-        args = json.loads(arguments) if arguments else {}
+        args = json_object(arguments)
+        if args is None:  # no request can be made of it: no gate, told as the SDK tells
+            return agents_tool.default_tool_error_function(ctx, ModelBehaviorError(arguments))
         key = f"tool:{ctx.tool_call_id}"
         result = await mcp_call(conn, name, args, key=key, idle_timeout=idle)
         return result if isinstance(result, str) else json.dumps(result)
