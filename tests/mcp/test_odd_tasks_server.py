@@ -55,6 +55,18 @@ async def cancel_once_accepted(ledger: stopline.Ledger, run_id: str) -> None:
     await ledger.cancel(run_id, by="user:1")
 
 
+async def upload_unanswered(conn: StoplineMCP, ledger: stopline.Ledger) -> str:
+    """``upload`` in a run of its own: no answer, from the server, and the operation in
+    doubt; what the ``NoAnswer`` says."""
+    async with ledger.run("upload", owner="user:1") as run:
+        with pytest.raises(stopline.NoAnswer) as no_answer:
+            await conn.call(run, "upload", {})
+    assert no_answer.value.cause is Cause.SERVER_ERROR
+    op = (await ledger.backend.operations(run.id))[0]
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    return str(no_answer.value)
+
+
 async def until_held(conn: StoplineMCP) -> None:
     """Until the server holds the read (it says so when asked; each ask is a round trip)."""
     while (await conn.client.call_tool("ctl_pending", {})).content[0].text != "1":  # type: ignore[union-attr]
@@ -83,13 +95,7 @@ async def test_an_answer_that_is_no_task_is_the_calls_own_outcome(
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_in_flight, conn, ledger, found)
             await until_held(conn)
-            async with ledger.run("upload", owner="user:1") as run:
-                with pytest.raises(stopline.NoAnswer) as no_answer:
-                    await conn.call(run, "upload", {})
-        assert no_answer.value.cause is Cause.SERVER_ERROR
-        assert "not a task" in str(no_answer.value)
-        op = (await ledger.backend.operations(run.id))[0]
-        assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+            assert "not a task" in await upload_unanswered(conn, ledger)
         assert found == ["found"]
         assert conn.connections == 1
 
@@ -143,11 +149,5 @@ async def test_a_created_task_with_no_id_is_unknown(ledger: stopline.Ledger) -> 
     """The server says it created a task and gives no ``taskId``: the work may be
     running and cannot be followed; ``unknown``, and the connection is kept."""
     async with connect("no-task-id") as conn:
-        async with ledger.run("upload", owner="user:1") as run:
-            with pytest.raises(stopline.NoAnswer) as no_answer:
-                await conn.call(run, "upload", {})
-        assert no_answer.value.cause is Cause.SERVER_ERROR
-        assert "cannot be read" in str(no_answer.value)
-        op = (await ledger.backend.operations(run.id))[0]
-        assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+        assert "cannot be read" in await upload_unanswered(conn, ledger)
         assert conn.connections == 1
