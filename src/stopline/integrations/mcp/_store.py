@@ -69,6 +69,18 @@ CREATE TABLE IF NOT EXISTS stopline_cancellations (
 """
 
 
+# an ended process's unfinished claims: before the commit section never committed;
+# inside it, nobody can tell
+_RESOLVE = """
+UPDATE stopline_effects SET
+    state = CASE state WHEN 'committing' THEN 'unknown' ELSE 'not_committed' END,
+    detail = 'the server process ended '
+        || CASE state WHEN 'committing' THEN 'inside' ELSE 'before' END || ' the commit',
+    updated_at = ?
+WHERE owner = ? AND state IN (?, ?, ?)
+"""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EffectRecord:
     key: str
@@ -178,26 +190,15 @@ class EffectStore:
         claim whose process cannot be judged here (another host), is left as it
         is: it reads as in doubt. Returns how many were resolved.
         """
-        now = time.time()
+        pending = (EffectState.RECEIVED, EffectState.ACCEPTED, EffectState.COMMITTING)
         resolved = 0
         with self._txn() as db:
             owners = db.execute(
-                "SELECT DISTINCT owner FROM stopline_effects WHERE state IN (?, ?, ?)",
-                (EffectState.RECEIVED, EffectState.ACCEPTED, EffectState.COMMITTING),
+                "SELECT DISTINCT owner FROM stopline_effects WHERE state IN (?, ?, ?)", pending
             ).fetchall()
             for (owner,) in owners:
-                if not _ended(owner):
-                    continue
-                for was, now_is, where in (
-                    (EffectState.RECEIVED, EffectState.NOT_COMMITTED, "before"),
-                    (EffectState.ACCEPTED, EffectState.NOT_COMMITTED, "before"),
-                    (EffectState.COMMITTING, EffectState.UNKNOWN, "inside"),
-                ):
-                    resolved += db.execute(
-                        "UPDATE stopline_effects SET state = ?, detail = ?, updated_at = ?"
-                        " WHERE owner = ? AND state = ?",
-                        (now_is, f"the server process ended {where} the commit", now, owner, was),
-                    ).rowcount
+                if _ended(owner):
+                    resolved += db.execute(_RESOLVE, (time.time(), owner, *pending)).rowcount
         return resolved
 
 

@@ -397,9 +397,11 @@ def _replay_or_refuse(record: EffectRecord) -> Any:
 
 
 def _detail(record: EffectRecord) -> str:
-    if record.detail or record.state is not EffectState.COMMITTING:
-        return record.detail or "in progress"
-    return "its commit began; no outcome is recorded yet"
+    if record.detail:
+        return record.detail
+    if record.state is EffectState.COMMITTING:
+        return "its commit began; no outcome is recorded yet"
+    return "in progress"
 
 
 def _unrecorded(exc: BaseException | None) -> str:

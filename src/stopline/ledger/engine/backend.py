@@ -96,7 +96,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: runs.set_phase(db, run_id, kind, policy), safe=True)
 
     async def get_run(self, run_id: str) -> RunRecord:
-        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
+        check_id("run_id", run_id)
         return await self._execute(lambda db: reads.load_run(db, run_id), safe=True)
 
     async def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunRecord]:
@@ -131,7 +131,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: runs.note_many(db, notes))
 
     async def operations(self, run_id: str, *, descendants: bool = False) -> list[OperationRecord]:
-        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
+        check_id("run_id", run_id)
         return await self._execute(lambda db: reads.operations(db, run_id, descendants), safe=True)
 
     async def run_and_operations(
@@ -160,7 +160,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: reads.list_trees(db, state, owner, limit), safe=True)
 
     async def get_operation(self, op_id: str) -> OperationRecord:
-        check_id("op_id", op_id)  # an id no ledger holds: the same answer on both
+        check_id("op_id", op_id)
         return await self._execute(lambda db: reads.load_op(db, op_id), safe=True)
 
     async def get_operations(
@@ -169,7 +169,7 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: reads.load_ops(db, op_ids), safe=True)
 
     async def events(self, run_id: str) -> list[EventRecord]:
-        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
+        check_id("run_id", run_id)
         return await self._execute(lambda db: reads.events(db, run_id), safe=True)
 
     async def unresolved(
@@ -215,18 +215,18 @@ class SqlBackend(Backend):
         )
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
+        check_id("run_id", run_id)
         return await self._execute(lambda db: reads.approvals(db, run_id), safe=True)
 
     async def get_approval(self, approval_id: str) -> ApprovalRecord:
-        check_id("approval_id", approval_id)  # an id no ledger holds: the same answer on both
+        check_id("approval_id", approval_id)
         return await self._execute(lambda db: reads.load_approval(db, approval_id), safe=True)
 
     async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
         return await self._execute(lambda db: ap.checkpoint(db, run_id, name, state))
 
     async def last_checkpoint(self, run_id: str) -> Checkpoint | None:
-        check_id("run_id", run_id)  # an id no ledger holds: the same answer on both
+        check_id("run_id", run_id)
         return await self._execute(lambda db: reads.last_checkpoint(db, run_id), safe=True)
 
     async def audit(
