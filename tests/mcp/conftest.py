@@ -68,7 +68,11 @@ def serve_http(*args: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # a call still held at a barrier (a failed test)
+            proc.kill()
+            proc.wait(10)
 
 
 @pytest.fixture(scope="module")

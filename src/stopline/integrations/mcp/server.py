@@ -108,7 +108,8 @@ class Effects:
         self.recovered = self.store.recover()
         self._live: dict[str, _Live] = {}
         self._arriving: collections.Counter[str] = collections.Counter()
-        self._requests: dict[str, tuple[str | None, str | None]] = {}
+        # (peer, request id) -> (key, tool): a request id names a request of one peer only
+        self._requests: dict[tuple[str, str], tuple[str | None, str | None]] = {}
 
     def install(self, server: MCPServer[Any]) -> None:
         """Add the ``stopline_verify`` tool and the cancellation-log middleware."""
@@ -221,37 +222,40 @@ class Effects:
         params = cast(dict[str, Any], ctx.params or {})
         if ctx.method == "notifications/cancelled":
             rid = str(params.get("requestId"))
-            await self._note_cancel(rid, "notification", str(params.get("reason") or ""))
+            reason = str(params.get("reason") or "")
+            await self._note_cancel(rid, "notification", reason, peer=_peer(ctx))
             return await call_next(ctx)
         if ctx.method != "tools/call" or ctx.request_id is None:
             return await call_next(ctx)
         meta = cast(dict[str, Any], ctx.meta or {})
         key = meta.get(KEY_META) if isinstance(meta.get(KEY_META), str) else None
-        rid = str(ctx.request_id)
+        rid, peer = str(ctx.request_id), _peer(ctx)
         if key:  # the MCP SDK's server span for this request: name stopline's operation
             trace.get_current_span().set_attribute(ATTR_OP_ID, key)
-        self._requests[rid] = (key, params.get("name"))
+        self._requests[peer, rid] = (key, params.get("name"))
         if key:  # registered before any await: a verify sent after this request sees it
             self._arriving[key] += 1
         try:
             return await call_next(ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._note_cancel(rid, "handler_cancelled", "")
+                await self._note_cancel(rid, "handler_cancelled", "", peer=peer)
             raise
         finally:
-            self._requests.pop(rid, None)
+            self._requests.pop((peer, rid), None)
             if key:
                 self._arriving[key] -= 1
                 if self._arriving[key] <= 0:
                     del self._arriving[key]
 
     async def cancel_ignored(self, request_id: str, reason: str = "") -> None:
-        """For servers that drop ``notifications/cancelled``: log it as a refused cancel."""
-        await self._note_cancel(request_id, "ignored", reason, refused=True)
+        """For stdio servers that drop ``notifications/cancelled``: log it as a refused cancel."""
+        await self._note_cancel(request_id, "ignored", reason, peer="", refused=True)
 
-    async def _note_cancel(self, rid: str, via: str, reason: str, *, refused: bool = False) -> None:
-        key, tool = self._requests.get(rid, (None, None))
+    async def _note_cancel(
+        self, rid: str, via: str, reason: str, *, peer: str, refused: bool = False
+    ) -> None:
+        key, tool = self._requests.get((peer, rid), (None, None))
         live = self._live.get(key) if key else None
         if live is not None:
             state = live.state.value
@@ -263,6 +267,23 @@ class Effects:
         await anyio.to_thread.run_sync(self.store.log_cancel, rid, key, tool, via, state, reason)
         if key and live is not None and (refused or live.shielded):
             await anyio.to_thread.run_sync(self.store.set_cancel, key, "refused")
+
+
+def _peer(ctx: ServerRequestContext[Any, Any]) -> str:
+    """Which client sent this message, so that a cancel names only that client's request.
+
+    JSON-RPC request ids are chosen by each client, so two clients of one HTTP
+    server use the same ids. Stdio has one client per process (``""``);
+    Streamable HTTP names its session in a header, SSE in the query; an HTTP
+    message of no session (stateless) is its own peer: a cancel sent in another
+    exchange names none of its requests (the SDK could not cancel it either).
+    """
+    request = ctx.request
+    if request is None:
+        return ""
+    headers, query = getattr(request, "headers", {}), getattr(request, "query_params", {})
+    session = headers.get("mcp-session-id") or query.get("session_id")
+    return f"session:{session}" if session else f"exchange:{id(request)}"
 
 
 class Operation:

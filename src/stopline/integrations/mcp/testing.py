@@ -3,6 +3,7 @@
     python -m stopline.integrations.mcp.testing --db effects.db            # stdio
     python -m stopline.integrations.mcp.testing --db effects.db --ignore-cancel
     python -m stopline.integrations.mcp.testing --db effects.db --http 8123
+    python -m stopline.integrations.mcp.testing --db effects.db --http 8123 --sse
 
 Its providers keep ground truth like ``stopline.testing.FakeProvider``:
 
@@ -350,12 +351,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ignore-cancel", action="store_true", help="stdio: drop every cancel")
     parser.add_argument("--http", type=int, metavar="PORT", help="Streamable HTTP on 127.0.0.1")
     parser.add_argument("--fd", type=int, help="Streamable HTTP on this listening socket")
+    parser.add_argument("--sse", action="store_true", help="with --http/--fd: the SSE transport")
     args = parser.parse_args(argv)
     server, effects, _ = build_server(args.db)
     if args.http or args.fd is not None:
         import uvicorn
 
-        app = server.streamable_http_app()
+        app = server.sse_app() if args.sse else server.streamable_http_app()
         if args.fd is not None:  # a socket the parent bound and listens on: no start-up race
             uvicorn.run(app, fd=args.fd, log_level="warning")
         else:
