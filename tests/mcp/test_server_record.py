@@ -12,6 +12,7 @@ testing server for two processes on one file).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
@@ -227,3 +228,50 @@ async def test_a_long_poll_waits_for_an_attempt_another_server_holds(tmp_path: P
             assert verdicts == []
             await first.call_tool("ctl_release", {"point": "accepted:upload"})
         assert verdicts == ["committed"]
+
+
+async def test_a_server_that_ended_leaves_no_claim_in_progress_for_the_one_that_runs(
+    tmp_path: Path,
+) -> None:
+    """Two testing servers on one effects file; the first dies holding one call before
+    its commit section and one inside it. Its claims were resolved only when a server
+    next started: the one that ran on read them "in progress" and refused their keys
+    until a restart. It resolves them as soon as it reads them, as a start would."""
+    db = tmp_path / "effects.db"
+    async with Client(stdio_params(db)) as second:
+        with contextlib.suppress(Exception):  # the first's session ends with its process
+            async with Client(stdio_params(db)) as first:
+                await first.call_tool("ctl_hold", {"point": "accepted:upload"})
+                await first.call_tool("ctl_hold", {"point": "sync:sync_commit"})
+                async with anyio.create_task_group() as tg:
+
+                    async def call(tool: str, key: str) -> None:
+                        with contextlib.suppress(Exception):  # no answer: the process died
+                            await raw(first, tool, key, payload="p")
+
+                    tg.start_soon(call, "upload", "before")
+                    tg.start_soon(call, "sync_commit", "inside")
+                    await first.call_tool("ctl_reached", {"point": "accepted:upload"})
+                    await first.call_tool("ctl_reached", {"point": "sync:sync_commit"})
+                    status = await second.call_tool(VERIFY_TOOL, {"key": "before"})
+                    assert status.structured_content is not None
+                    assert status.structured_content["state"] == "accepted"  # alive: in doubt
+                    await first.call_tool("ctl_die", {})
+        before = await second.call_tool(VERIFY_TOOL, {"key": "before", "wait_seconds": 30})
+        inside = await second.call_tool(VERIFY_TOOL, {"key": "inside"})
+        assert before.structured_content is not None and inside.structured_content is not None
+        assert before.structured_content["verdict"] == "not_committed"
+        assert "ended before the commit" in before.structured_content["detail"]
+        assert inside.structured_content["verdict"] == "unknown"
+        assert inside.structured_content["state"] == "unknown"
+        assert await raw(second, "upload", "before", payload="p") == {
+            "id": "before",
+            "tool": "upload",
+            "value": "p",
+        }  # provably not committed: the retry runs
+        with pytest.raises(MCPError) as refused:  # it may have committed: never run again
+            await raw(second, "sync_commit", "inside", payload="p")
+        assert refused.value.error.data == {OUTCOME_DATA: "unknown"}
+        truth = await second.call_tool("ctl_truth", {})
+        assert truth.structured_content is not None
+        assert [e["key"] for e in truth.structured_content["effects"]] == ["before"]

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS stopline_cancellations (
 """
 
 
+_PENDING = (EffectState.RECEIVED, EffectState.ACCEPTED, EffectState.COMMITTING)
 # an ended process's unfinished claims: before the commit section never committed;
 # inside it, nobody can tell
 _RESOLVE = """
@@ -122,6 +123,7 @@ class EffectStore:
 
     def get(self, key: str) -> EffectRecord | None:
         with self._txn() as db:
+            _resolve_ended(db, key)
             return _get(db, key)
 
     def begin(self, key: str, tool: str) -> tuple[EffectRecord, bool]:
@@ -132,6 +134,7 @@ class EffectStore:
         """
         now = time.time()
         with self._txn() as db:
+            _resolve_ended(db, key)
             existing = _get(db, key)
             if existing is not None and existing.state is not EffectState.NOT_COMMITTED:
                 return existing, False
@@ -183,23 +186,35 @@ class EffectStore:
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def recover(self) -> int:
-        """At start: work a process that has ended left unfinished is resolved truthfully.
+        """At start: work a process that has ended left unfinished is resolved truthfully
+        (one key at a time, as it is read, while this one runs: ``_resolve_ended``).
 
         Before its commit section it never will commit (``not_committed``);
         inside it, nobody can tell (``unknown``). A live process's work, and a
         claim whose process cannot be judged here (another host), is left as it
         is: it reads as in doubt. Returns how many were resolved.
         """
-        pending = (EffectState.RECEIVED, EffectState.ACCEPTED, EffectState.COMMITTING)
         resolved = 0
         with self._txn() as db:
             owners = db.execute(
-                "SELECT DISTINCT owner FROM stopline_effects WHERE state IN (?, ?, ?)", pending
+                "SELECT DISTINCT owner FROM stopline_effects WHERE state IN (?, ?, ?)", _PENDING
             ).fetchall()
             for (owner,) in owners:
                 if _ended(owner):
-                    resolved += db.execute(_RESOLVE, (time.time(), owner, *pending)).rowcount
+                    resolved += db.execute(_RESOLVE, (time.time(), owner, *_PENDING)).rowcount
         return resolved
+
+
+def _resolve_ended(db: sqlite3.Connection, key: str) -> None:
+    """Before ``key`` is read or claimed: if its claim is unfinished and the process that
+    made it has ended (another server on the file, gone while this one runs), resolve it
+    now by the rule of ``recover``, not at the next start."""
+    row = db.execute(
+        "SELECT owner FROM stopline_effects WHERE key = ? AND state IN (?, ?, ?)",
+        (key, *_PENDING),
+    ).fetchone()
+    if row is not None and _ended(row[0]):
+        db.execute(_RESOLVE + " AND key = ?", (time.time(), row[0], *_PENDING, key))
 
 
 def _owner(pid: int) -> str:
