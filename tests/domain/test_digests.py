@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stopline.domain import jsontext
-from stopline.domain.limits import check_id
+from stopline.domain.limits import MAX_RESULT_CHARS, check_id
 from stopline.domain.model import Evidence, _canonical, args_digest, digest, result_digest
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent
 from stopline.errors import InvalidInput
@@ -114,7 +114,12 @@ def _replayable(value: Any) -> bool:
 
 @given(_values)
 def test_result_digest_equals_digest_and_tells_json(value: Any) -> None:
-    _answers_alike(lambda v: (digest(v), _replayable(v)), result_digest, value)
+    _answers_alike(lambda v: (digest(v), _replayable(v)), _digest_and_kept, value)
+
+
+def _digest_and_kept(value: Any) -> tuple[str, bool]:
+    response, not_kept = result_digest(value)
+    return response, not_kept is None
 
 
 def test_a_result_with_an_object_is_digested_by_repr_and_not_replayable() -> None:
@@ -122,7 +127,21 @@ def test_a_result_with_an_object_is_digested_by_repr_and_not_replayable() -> Non
         def __repr__(self) -> str:
             return "Thing()"
 
-    assert result_digest({"x": Thing()}) == (digest({"x": Thing()}), False)
+    assert result_digest({"x": Thing()}) == (
+        digest({"x": Thing()}),
+        "a dict is not JSON: a replay cannot return it",
+    )
+
+
+def test_a_result_longer_than_the_ledger_keeps_is_digested_and_not_kept() -> None:
+    """Its digest is the digest of its JSON; the ledger writes its outcome without it."""
+    at_most, longer = "x" * (MAX_RESULT_CHARS - 2), "x" * (MAX_RESULT_CHARS - 1)  # with quotes
+    assert result_digest(at_most) == (digest(at_most), None)
+    response, why = result_digest(longer)
+    assert response == digest(longer)
+    assert why is not None and f"{MAX_RESULT_CHARS:,}" in why
+    assert rows.dump_result(at_most, True) == (f'"{at_most}"', True)
+    assert rows.dump_result(longer, True) == (None, False)
 
 
 @pytest.mark.parametrize(

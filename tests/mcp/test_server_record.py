@@ -26,6 +26,7 @@ from mcp_types import RequestParamsMeta
 import stopline
 from mcp import Client, MCPError, StdioServerParameters
 from stopline import OpStatus
+from stopline.domain.limits import MAX_RESULT_CHARS
 from stopline.integrations.mcp import KEY_META, OUTCOME_DATA, VERIFY_TOOL, Effects, StoplineMCP
 from tests.mcp.conftest import ROOT, server_env, stdio_params
 
@@ -120,6 +121,24 @@ async def test_a_result_with_no_json_form_still_records_the_commit(
     assert "no JSON form" in verify.structured_content["detail"]
     assert await raw(conn.client, "blob", op.id) is None  # replayed: no second effect
     assert await ctl(conn.client, "ctl_commits") == ["blob"]
+
+
+async def test_a_result_longer_than_a_record_keeps_records_the_commit_without_it(
+    ledger: stopline.Ledger, conn: StoplineMCP
+) -> None:
+    """Past ``MAX_RESULT_CHARS`` (the ledger's limit too) the record keeps the state
+    and not the result: the answer reaches the client, both records say committed."""
+    async with ledger.run("long", owner="user:1") as run:
+        answer = await conn.call(run, "long", {"size": MAX_RESULT_CHARS})
+    assert answer == "x" * MAX_RESULT_CHARS
+    op = (await ledger.backend.operations(run.id))[0]
+    assert op.status is OpStatus.COMMITTED and not op.has_result  # nor in the ledger
+    verify = await conn.client.call_tool(VERIFY_TOOL, {"key": op.id})
+    assert verify.structured_content is not None
+    assert verify.structured_content["verdict"] == "committed"
+    assert f"{MAX_RESULT_CHARS + 2:,} characters" in verify.structured_content["detail"]
+    assert await raw(conn.client, "long", op.id, size=1) is None  # replayed, no effect
+    assert await ctl(conn.client, "ctl_commits") == ["long"]
 
 
 async def test_a_second_server_on_the_file_leaves_the_firsts_work_in_flight(

@@ -12,6 +12,7 @@ import pytest
 
 import stopline
 from stopline import Cause, LedgerFull, NotReplayable, OpStatus
+from stopline.domain.limits import MAX_RESULT_CHARS
 from stopline.ledger.backend import Backend, OutcomeUpdate
 from tests.conftest import FAST_VERIFY
 
@@ -82,6 +83,53 @@ async def test_r2_a_result_that_is_not_json_is_refused_at_record_time(
     with pytest.raises(NotReplayable):  # a replay says so; it never hands back None
         await ledger.dispatch("run-obj", tool, key="k")
     assert sent == ["run-obj/k"]
+
+
+async def test_r2_a_result_longer_than_the_ledger_keeps_is_committed_without_it(
+    ledger: stopline.Ledger,
+) -> None:
+    """A result past ``MAX_RESULT_CHARS`` was written with the outcome: past what the
+    engine takes (1e9 bytes on SQLite), the write failed every retry and the call that
+    answered stayed ``requested``. Its outcome is recorded without it; a replay says so;
+    another run's calls go on."""
+    sent: list[str] = []
+
+    async def fetch(ctx: stopline.CallContext, size: int) -> str:
+        sent.append(ctx.key)
+        return "x" * size
+
+    tool = stopline.Tool(fetch)
+    async with ledger.run("job", owner="user:1", run_id="run-long") as run:
+        answer: str = await run.call(tool, MAX_RESULT_CHARS, key="k")
+        assert answer == "x" * MAX_RESULT_CHARS  # the caller has it; the ledger does not
+        assert await run.call(tool, 3, key="short") == "xxx"
+    op = await ledger.backend.get_operation("run-long/k")
+    assert op.status is OpStatus.COMMITTED and not op.has_result and op.result is None
+    assert op.evidence[-1].ref == "result_not_replayable"
+    assert f"at most {MAX_RESULT_CHARS:,}" in op.evidence[-1].detail
+    with pytest.raises(NotReplayable):
+        await ledger.dispatch("run-long", tool, MAX_RESULT_CHARS, key="k")
+    assert await ledger.dispatch("run-long", tool, 3, key="short") == "xxx"  # kept, replayed
+    assert sent == ["run-long/k", "run-long/short"]
+    receipt = await ledger.wait_settled("run-long", timeout=10)
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED] * 2
+
+
+async def test_r4_a_late_result_longer_than_the_ledger_keeps_is_recorded_without_it(
+    ledger: stopline.Ledger,
+) -> None:
+    """Every path that keeps a result goes through one limit: a late answer's too."""
+
+    async def lose(ctx: stopline.CallContext) -> None:
+        raise stopline.NoAnswer(Cause.TIMEOUT, "no answer")
+
+    async with ledger.run("job", owner="user:1", run_id="run-late") as run:
+        with pytest.raises(stopline.NoAnswer):
+            await run.call(stopline.Tool(lose), key="k")
+    op = await ledger.late_response(
+        "run-late/k", stopline.Verdict.COMMITTED, result="x" * MAX_RESULT_CHARS
+    )
+    assert op.status is OpStatus.COMMITTED and not op.has_result and op.result is None
 
 
 class RefusesWrites:

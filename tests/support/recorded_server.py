@@ -10,7 +10,9 @@ ground truth) and returns a value the standard library's ``json`` cannot write:
 - ``stamp_sync``: a plain ``def`` tool (``Effects.run_sync``) returning a dict
   with a ``datetime``;
 - ``blob``: an async tool returning bytes that are not UTF-8, which have no JSON
-  form at all (the SDK cannot answer with them either).
+  form at all (the SDK cannot answer with them either);
+- ``long``: an async tool returning a string of ``size`` characters (longer than
+  a record keeps, ``MAX_RESULT_CHARS``, when asked).
 
 Called with ``fill=true``, an effect ends by setting this process's file size
 limit to one byte: the effect has happened, and the record of its outcome
@@ -92,6 +94,13 @@ def build(path: str) -> MCPServer[Any]:
             if op.replayed:
                 return op.result
             return await op.commit(lambda: [b"\xff", effect("blob", False)])
+
+    @server.tool(meta=effect_meta())
+    async def long(ctx: Context[Any], size: int) -> Any:
+        async with effects.operation(ctx, "long") as op:
+            if op.replayed:
+                return op.result
+            return await op.commit(lambda: "x" * size if effect("long", False) else "")
 
     @server.tool(meta=effect_meta())
     async def wait(ctx: Context[Any], fill: bool = False) -> None:

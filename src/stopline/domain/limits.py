@@ -17,6 +17,7 @@ from stopline.errors import InvalidInput
 __all__ = [
     "MAX_ID_CHARS",
     "MAX_REASON_CHARS",
+    "MAX_RESULT_CHARS",
     "MAX_ROWS",
     "check_backoff",
     "check_id",
@@ -28,6 +29,11 @@ __all__ = [
 
 MAX_ID_CHARS = 1024
 MAX_REASON_CHARS = 4096
+# the longest result (JSON text) the ledger keeps; a longer one is digested, not kept
+# (a replay cannot return it): SQLite refuses a string past 1e9 bytes and PostgreSQL a
+# text past 1 GB, so the outcome of a call that answered could never be written, and a
+# write that size holds every other run's records behind it (ADR 0049)
+MAX_RESULT_CHARS = 16 * 2**20
 
 
 def check_id(what: str, value: object) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from stopline.domain import jsontext
+from stopline.domain.limits import MAX_RESULT_CHARS
 from stopline.domain.vocab import (
     Cancellable,
     Cause,
@@ -88,15 +89,21 @@ def _plain(value: Any, depth: int) -> bool:
     return False
 
 
-def result_digest(value: Any) -> tuple[str, bool]:
-    """``digest(value)``, and whether the value is JSON (so a replay can return it).
+def result_digest(value: Any) -> tuple[str, str | None]:
+    """``digest(value)``, and why a replay cannot return the value (``None``: it can;
+    the ledger keeps it): it is not JSON, or its JSON is longer than the ledger keeps.
 
     Raises ``ValueError`` as ``digest`` does."""
     try:
         text = jsontext.canonical(value)
     except TypeError:  # not JSON: digested through repr, not replayable
-        return digest(value), False
-    return _sha(text), True
+        return digest(value), f"a {type(value).__name__} is not JSON: a replay cannot return it"
+    if len(text) > MAX_RESULT_CHARS:
+        return _sha(text), (
+            f"the result is {len(text):,} characters of JSON and the ledger keeps at most"
+            f" {MAX_RESULT_CHARS:,}: a replay cannot return it"
+        )
+    return _sha(text), None
 
 
 def _sha(text: str) -> str:

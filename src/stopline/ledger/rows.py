@@ -8,6 +8,7 @@ from typing import Any
 
 from stopline.domain import jsontext
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
+from stopline.domain.limits import MAX_RESULT_CHARS
 from stopline.domain.model import (
     CancelState,
     EventRecord,
@@ -160,13 +161,15 @@ def dump_evidence(evidence: Sequence[Evidence]) -> str:
 
 
 def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
-    """JSON text of a result, or (None, False) when it is absent or not JSON-able."""
+    """JSON text of a result, or (None, False) when it is absent, not JSON-able or longer
+    than the ledger keeps (``MAX_RESULT_CHARS``: the outcome is written without it)."""
     if not has_result:
         return None, False
     try:
-        return jsontext.compact(result), True
+        text = jsontext.compact(result)
     except (TypeError, ValueError):
         return None, False
+    return (text, True) if len(text) <= MAX_RESULT_CHARS else (None, False)
 
 
 def dump_data(data: Mapping[str, Any]) -> str:

@@ -379,7 +379,7 @@ class Run:
             raise
         ctx.answered = True
         try:
-            response, replayable = result_digest(result)
+            response, not_kept = result_digest(result)
         except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
                 detail = f"the result could not be digested: {type(exc).__name__}: {exc}"
@@ -388,14 +388,13 @@ class Run:
         evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response)]
         if ctx.provider_ref and not ctx.is_accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
-        if not replayable:  # refused now, at record time, rather than a None on replay
-            why = f"a {type(result).__name__} is not JSON: a replay cannot return it"
-            evidence.append(Evidence.local(NOT_REPLAYABLE, why))
+        if not_kept:  # refused now, at record time, rather than a None on replay
+            evidence.append(Evidence.local(NOT_REPLAYABLE, not_kept))
         update = OutcomeUpdate(
             OpEvent.COMMITTED,
             evidence,
-            result=result if replayable else None,
-            has_result=replayable,
+            result=None if not_kept else result,
+            has_result=not not_kept,
         )
         if not core.durable_outcomes and core.backend.defers_outcomes:
             # queued in order now, committed with the next group commit (ADR 0022)

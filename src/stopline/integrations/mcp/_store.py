@@ -28,6 +28,8 @@ from typing import Any
 
 import pydantic_core
 
+from stopline.domain.limits import MAX_RESULT_CHARS
+
 __all__ = ["EffectRecord", "EffectState", "EffectStore"]
 
 
@@ -155,6 +157,8 @@ class EffectStore:
             text = _recordable(result)
         except pydantic_core.PydanticSerializationError as exc:  # the state is still the truth
             text, detail = "null", detail or f"its result has no JSON form ({exc})"
+        if len(text) > MAX_RESULT_CHARS:  # as the ledger: the state, without the result
+            text, detail = "null", detail or f"its result is {len(text):,} characters of JSON"
         with self._txn() as db:
             db.execute(
                 "UPDATE stopline_effects SET state = ?, result = ?, detail = ?, updated_at = ?"
