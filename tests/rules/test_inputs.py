@@ -118,6 +118,60 @@ async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
     assert await ledger.backend.operations("run-key") == []
 
 
+FREE_TEXT = {**BAD_TEXT, "long": "x" * 1_000_000}
+STORED = {"surrogate": "stop \ufffd now", "nul": "stop \ufffd now", "long": "x" * 4095 + "\u2026"}
+
+
+@pytest.mark.parametrize("bad", list(FREE_TEXT), ids=list(FREE_TEXT))
+async def test_text_a_call_brings_back_is_stored_as_it_can_be_and_the_call_recorded(
+    ledger: stopline.Ledger, bad: str
+) -> None:
+    """A tool's description, a provider's reference, a refusal's reason or a lost
+    answer's message is free text from code or a server we did not write. A NUL failed
+    PostgreSQL's write (the gate "in doubt", an outcome retried for ever: the call that
+    was refused stayed ``requested``), a lone surrogate every write (``UnicodeEncodeError``
+    to the caller), and a megabyte was written whole, once per event. Each is stored
+    with its unstorable characters replaced and cut at ``MAX_REASON_CHARS``."""
+    text, stored = FREE_TEXT[bad], STORED[bad]
+
+    async def refuse(ctx: stopline.CallContext) -> None:
+        await ctx.accepted(ref=text, detail=text)
+        raise stopline.Rejected(text, ref=text)
+
+    async def lose(ctx: stopline.CallContext) -> None:
+        raise stopline.NoAnswer(stopline.Cause.TIMEOUT, text)
+
+    async with ledger.run("job", owner="user:1", run_id="run-text") as run:
+        with pytest.raises(stopline.Rejected):
+            await run.call(stopline.Tool(refuse, description=text), key="refused")
+        with pytest.raises(stopline.NoAnswer):
+            await run.call(stopline.Tool(lose), key="lost")
+    refused = await ledger.backend.get_operation("run-text/refused")
+    assert refused.status is OpStatus.NOT_COMMITTED
+    assert refused.description == stored and refused.error == stored
+    assert {e.ref for e in refused.evidence if e.ref != "gate"} == {stored}
+    assert stored in {e.detail for e in refused.evidence}
+    lost = await ledger.backend.get_operation("run-text/lost")
+    assert lost.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert stored in {e.detail for e in lost.evidence}
+    receipt = await ledger.wait_settled("run-text", timeout=10)
+    receipt.text().encode()  # prints: no lone surrogate left
+
+
+@pytest.mark.parametrize(
+    "name", ["a\x00b", "a\udc80b", "x" * 5000], ids=["nul", "surrogate", "long"]
+)
+async def test_a_tool_name_that_cannot_be_stored_is_refused_before_the_gate(
+    ledger: stopline.Ledger, name: str
+) -> None:
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-name") as run:
+        with pytest.raises(InvalidInput) as refused:
+            await run.call(stopline.Tool(provider.tool.fn, name=name), 1, key="k")
+    assert refused.value.what == "tool"
+    assert await ledger.backend.operations("run-name") == [] and provider.requests == []
+
+
 @pytest.mark.parametrize("bad", [math.nan, -1.0, "5", True], ids=["nan", "negative", "str", "bool"])
 async def test_a_timeout_that_is_no_wait_is_refused_before_the_gate(
     ledger: stopline.Ledger, bad: Any

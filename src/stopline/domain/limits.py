@@ -25,6 +25,7 @@ __all__ = [
     "check_seconds",
     "check_wait",
     "sanitise",
+    "storable",
 ]
 
 MAX_ID_CHARS = 1024
@@ -108,12 +109,26 @@ _UNUSABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _unstorable(c: str) -> bool:
-    return 0xD800 <= ord(c) <= 0xDFFF or (ord(c) < 0x20 and c not in "\n\t") or ord(c) == 0x7F
+# what free text may not hold: the same, but newlines and tabs
+_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
 
 
-def sanitise(text: str) -> str:
-    """A reason as every backend can store it: lone surrogates and control characters
-    (but newlines and tabs) replaced by U+FFFD, at most ``MAX_REASON_CHARS`` characters.
-    A cancel's reason is never a reason to refuse the cancel: its fence always commits."""
-    return "".join("\ufffd" if _unstorable(c) else c for c in str(text)[:MAX_REASON_CHARS])
+def storable(text: object) -> bool:
+    """Whether ``sanitise`` would give ``text`` back as it is (a check in C, no copy)."""
+    return type(text) is str and len(text) <= MAX_REASON_CHARS and not _UNSTORABLE.search(text)
+
+
+def sanitise(text: object) -> str:
+    """Free text as every backend can store it and every terminal can print it: lone
+    surrogates and control characters (but newlines and tabs) replaced by U+FFFD, at
+    most ``MAX_REASON_CHARS`` characters (a longer text ends with "…").
+
+    For text that describes and is never looked up: a cancel's reason (never a
+    reason to refuse the cancel: its fence always commits), an operation's
+    description, an error's message, evidence (a provider's answer, a server's
+    message). A NUL there failed PostgreSQL's write, a lone surrogate every
+    write, after the call had gone out; a 1 GB message was written whole."""
+    text = str(text)
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 1] + "\u2026"
+    return _UNSTORABLE.sub("\ufffd", text)

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from stopline.domain import jsontext
-from stopline.domain.limits import MAX_RESULT_CHARS
+from stopline.domain.limits import MAX_RESULT_CHARS, check_id, sanitise, storable
 from stopline.domain.vocab import (
     Cancellable,
     Cause,
@@ -163,6 +163,11 @@ class Evidence:
     ref: str
     detail: str = ""
 
+    def __post_init__(self) -> None:  # whoever wrote it: text every backend can store
+        if not (storable(self.ref) and storable(self.detail)):
+            object.__setattr__(self, "ref", sanitise(self.ref))
+            object.__setattr__(self, "detail", sanitise(self.detail))
+
     def to_json(self) -> dict[str, str]:
         out = {"kind": self.kind.value, "ref": self.ref}
         if self.detail:
@@ -290,6 +295,11 @@ class OperationSpec:
     compensates: str | None = None  # set for a compensation: the operation it corrects
     worker: str = ""  # the worker (process) that passes the gate
     needs_approval: bool = False  # passes only with a granted, unexpired approval (S5)
+
+    def __post_init__(self) -> None:  # refused or made storable before the gate writes it
+        check_id("tool", self.tool)
+        if not storable(self.description):
+            object.__setattr__(self, "description", sanitise(self.description))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

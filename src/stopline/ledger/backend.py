@@ -29,6 +29,7 @@ import anyio
 import anyio.abc
 
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
+from stopline.domain.limits import sanitise
 from stopline.domain.model import (
     EventRecord,
     Evidence,
@@ -134,6 +135,10 @@ class OutcomeUpdate:
     error: str | None = None
     cancel_state: str | None = None
     late: bool = False
+
+    def __post_init__(self) -> None:  # a provider's message: text every backend can store
+        if self.error is not None:
+            object.__setattr__(self, "error", sanitise(self.error))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
