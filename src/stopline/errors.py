@@ -91,10 +91,47 @@ __all__ = [
     "UnknownRun",
     "UnknownTool",
     "UnstableValue",
+    "describe",
 ]
 
 
-class StoplineError(Exception):
+class _Rebuilt:
+    """Pickles as the call that made it: each error takes its own arguments (an id, a
+    status, a cause), not the message ``BaseException`` would pickle, so a process
+    pool, DBOS or Temporal that carries one to another process gets it back whole."""
+
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls, *args)
+        self._made_with = (args, kwargs)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args, kwargs = self._made_with
+        return _rebuild, (type(self), args, kwargs, self.__dict__)
+
+
+def _rebuild(
+    cls: type[BaseException], args: tuple[Any, ...], kwargs: dict[str, Any], state: dict[str, Any]
+) -> BaseException:
+    error = cls(*args, **kwargs)
+    error.__dict__.update(state)
+    return error
+
+
+def describe(exc: BaseException) -> str:
+    """``"TypeName: message"`` of any exception, as evidence and logs tell it; also of one
+    whose ``str`` raises (the message is then said to be unreadable, and the outcome is
+    recorded all the same)."""
+    try:
+        message = str(exc)
+    except Exception as failed:
+        message = f"(its message could not be read: {type(failed).__name__})"
+    return f"{type(exc).__name__}: {message}"
+
+
+class StoplineError(_Rebuilt, Exception):
     """Root of every error stopline raises."""
 
     def to_json(self) -> dict[str, Any]:
@@ -178,11 +215,12 @@ class OperationInDoubt(StoplineError):
 
 
 class NotReplayable(StoplineError):
-    def __init__(self, op_id: str) -> None:
+    def __init__(self, op_id: str, why: str = "its result was not JSON and was not kept") -> None:
         self.op_id = op_id
+        self.why = why
         super().__init__(
-            f"operation {op_id!r} committed, but its result was not JSON and was not kept; "
-            "it is not sent again: read the result from its destination, or return JSON"
+            f"operation {op_id!r} committed, but {why}; it is not sent again:"
+            " read the result from its destination"
         )
 
 
@@ -367,7 +405,7 @@ class GateInDoubt(CommitInDoubt):
         super().__init__(location, f"the intent of operation {op_id!r} may be recorded: in doubt")
 
 
-class RunFenced(BaseException):
+class RunFenced(_Rebuilt, BaseException):
     """Raised in a workflow whose run is fenced; ``ledger.run()`` absorbs it."""
 
     def __init__(self, run_id: str, op_id: str | None = None) -> None:

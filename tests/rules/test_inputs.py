@@ -158,6 +158,18 @@ async def test_text_a_call_brings_back_is_stored_as_it_can_be_and_the_call_recor
     receipt.text().encode()  # prints: no lone surrogate left
 
 
+async def test_a_run_that_fails_with_terminal_escapes_stores_none_of_them(
+    ledger: stopline.Ledger,
+) -> None:
+    """The reason of a run's ``fail`` event was its exception's message as it came: an
+    ESC sequence in it reached the terminal of whoever ran ``stopline show``."""
+    with pytest.raises(ValueError, match="cleared"):
+        async with ledger.run("job", owner="user:1", run_id="run-esc"):
+            raise ValueError("\x1b]0;title\x07\x1b[2Jcleared")
+    (failed,) = [e for e in await ledger.backend.events("run-esc") if e.kind == "fail"]
+    assert failed.data["reason"] == "ValueError: \ufffd]0;title\ufffd\ufffd[2Jcleared"
+
+
 @pytest.mark.parametrize(
     "name", ["a\x00b", "a\udc80b", "x" * 5000], ids=["nul", "surrogate", "long"]
 )

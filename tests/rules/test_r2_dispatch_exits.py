@@ -132,6 +132,28 @@ async def test_r4_a_late_result_longer_than_the_ledger_keeps_is_recorded_without
     assert op.status is OpStatus.COMMITTED and not op.has_result and op.result is None
 
 
+class Unreadable(Exception):
+    """An exception whose message cannot be read: its ``str`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_r2_an_exception_whose_message_cannot_be_read_leaves_an_outcome(
+    ledger: stopline.Ledger,
+) -> None:
+    """The outcome was written with the exception's ``str``: one that raised left the
+    operation ``requested`` ("sent; no answer yet") for good, and a Temporal or DBOS
+    retry found it in doubt for ever."""
+    async with ledger.run("job", owner="user:1", run_id="run-unreadable") as run:
+        with pytest.raises(Unreadable):
+            await run.call(raising(Unreadable()), key="k")
+    op = await ledger.backend.get_operation("run-unreadable/k")
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert op.evidence[1].detail == "Unreadable: (its message could not be read: RuntimeError)"
+    assert (await ledger.wait_settled("run-unreadable", timeout=10)).settled
+
+
 class RefusesWrites:
     """An observer: the ledger refuses the next ``failures`` outcome writes."""
 

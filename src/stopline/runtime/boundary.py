@@ -28,7 +28,14 @@ import anyio
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from stopline.errors import LedgerCorrupt, LedgerError, RunFenced, SchemaTooNew, StoplineError
+from stopline.errors import (
+    LedgerCorrupt,
+    LedgerError,
+    RunFenced,
+    SchemaTooNew,
+    StoplineError,
+    describe,
+)
 
 __all__ = ["Backoff", "Boundary", "Health", "StepHealth", "only_cancels_of", "retryable", "typed"]
 
@@ -107,7 +114,7 @@ class Health:
         health = self.steps.setdefault(step, StepHealth())
         health.failures += 1
         health.retries += retrying
-        health.last_error = f"{type(exc).__name__}: {exc}"
+        health.last_error = describe(exc)
         health.last_failure_at = time.time()
         if isinstance(exc, (SchemaTooNew, LedgerCorrupt)):
             self.broken = health.last_error

@@ -25,7 +25,7 @@ import anyio
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
 from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, OpEvent, OpStatus
-from stopline.errors import IllegalTransition, NotPermitted
+from stopline.errors import IllegalTransition, NotPermitted, describe
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Compensation, NoAnswer, Rejected, Tool
@@ -181,7 +181,7 @@ class Compensator:
             update = OutcomeUpdate(OpEvent.LOST, [lost], cause=exc.cause)
         except Exception as exc:  # R3: anything else is unknown, never "did not happen"
             cause = Cause.TRANSPORT if isinstance(exc, OSError) else Cause.LOCAL_ERROR
-            lost = Evidence.local(cause.value, f"{type(exc).__name__}: {exc}")
+            lost = Evidence.local(cause.value, describe(exc))
             update = OutcomeUpdate(OpEvent.LOST, [lost], cause=cause)
         else:
             response = Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))

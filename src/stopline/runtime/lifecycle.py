@@ -33,7 +33,7 @@ from stopline.domain.lifecycle import (
     Checkpoint,
     Principal,
 )
-from stopline.domain.limits import check_backoff, check_id, check_seconds, sanitise
+from stopline.domain.limits import check_backoff, check_id, check_seconds
 from stopline.domain.model import RunRecord
 from stopline.domain.vocab import RunState
 from stopline.errors import (
@@ -269,8 +269,6 @@ class Lifecycle:
         asks to cancel have been asked (the request recorded and sent, not answered)."""
         core = self._core
         principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
-        # a reason that cannot be stored never stands between a cancel and its fence
-        reason = sanitise(reason)
         asyncio_loop = sniffio.current_async_library() == "asyncio"
         with _EarlyCut(self._cut, self._follow, armed=asyncio_loop) as early:
             result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
@@ -410,7 +408,6 @@ class Lifecycle:
         """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
         core = self._core
         principal, _ = await self.authorize(by, Action.PAUSE, run_id)
-        reason = sanitise(reason)
         for paused in await core.backend.pause(run_id, by=principal.id, reason=reason):
             local = core.runs.get(paused)
             if local is not None:

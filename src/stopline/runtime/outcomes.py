@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 from stopline.domain.model import Evidence, OperationRecord, digest
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
-from stopline.errors import IllegalTransition, StoplineError, UnknownOperation
+from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
@@ -228,7 +228,7 @@ class Outcomes:
         """A run that ended on its own: ``completed`` (``failed`` with ``error``), unless
         it was cancelled meanwhile, in which case it settles."""
         event = RunEvent.COMPLETE if error is None else RunEvent.FAIL
-        reason = "" if error is None else f"{type(error).__name__}: {error}"
+        reason = "" if error is None else describe(error)
         try:
             run, _ = await self._core.backend.run_event(run_id, event, by=by, reason=reason)
         except IllegalTransition:  # cancelled elsewhere meanwhile: it settles below

@@ -35,7 +35,7 @@ from stopline.domain.model import (
     result_digest,
 )
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
-from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced
+from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced, describe
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import ApprovalNeeded, Retry
@@ -125,9 +125,9 @@ async def _record_exit(
         elif isinstance(exc, TimeoutError):
             await core.outcomes.lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
         elif isinstance(exc, ConnectionError | OSError):
-            await core.outcomes.lost(ctx, Cause.TRANSPORT, f"{type(exc).__name__}: {exc}")
+            await core.outcomes.lost(ctx, Cause.TRANSPORT, describe(exc))
         else:  # any other exception, or a BaseException (KeyboardInterrupt, SystemExit, ...)
-            await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, f"{type(exc).__name__}: {exc}")
+            await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, describe(exc))
 
 
 class Run:
@@ -348,8 +348,10 @@ class Run:
         """R10: a committed operation is never repeated; its recorded result is returned
         (``on_resume``: the same rule a receipt's recovery line is derived from, R14)."""
         if on_resume(op.status) is OnResume.REPLAYED:
-            if any(e.ref == NOT_REPLAYABLE for e in op.evidence):
-                raise NotReplayable(op.id)
+            # not kept: raises; read back without one: None, so a resume goes on (ADR 0049)
+            for e in op.evidence:
+                if e.ref == NOT_REPLAYABLE:
+                    raise NotReplayable(op.id, e.detail)
             return op.result
         if op.status is OpStatus.PREVENTED:
             self.cancel_requested = True
@@ -382,7 +384,7 @@ class Run:
             response, not_kept = result_digest(result)
         except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
-                detail = f"the result could not be digested: {type(exc).__name__}: {exc}"
+                detail = f"the result could not be digested: {describe(exc)}"
                 await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, detail)
             return result
         evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response)]

@@ -36,7 +36,7 @@ from stopline.domain.vocab import (
     RunEvent,
     RunState,
 )
-from stopline.errors import UnknownRun
+from stopline.errors import UnknownRun, describe
 from stopline.ledger.backend import Note, OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
@@ -271,7 +271,7 @@ class Settler:
                 answer = await ask()
                 answered = True
         except Exception as exc:
-            answered, answer, detail = True, False, f"{type(exc).__name__}: {exc}"
+            answered, answer, detail = True, False, describe(exc)
         state = _answer_state(answer) if answered else CancelState.UNANSWERED
         if state is CancelState.CONFIRMED:
             await core.outcomes.resolve(
@@ -387,7 +387,7 @@ class Settler:
             read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
         except Exception as exc:
             # kept as evidence: a verifier's error is part of why the outcome is in doubt
-            failed = Evidence.local("verify_error", f"{type(exc).__name__}: {exc}")
+            failed = Evidence.local("verify_error", describe(exc))
             return await core.backend.note(
                 op.id, NoteKind.VERIFY_FAILED, {"evidence": [failed.to_json()]}
             )

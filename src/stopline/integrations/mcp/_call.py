@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from mcp import Client, MCPError
 from stopline.domain.vocab import Cause, NoteKind, RunState
-from stopline.errors import InvalidInput
+from stopline.errors import InvalidInput, describe
 from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import NoAnswer, Rejected
@@ -228,7 +228,7 @@ class McpCall:
             raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
         except Exception as exc:
             self.conn.mark_broken()
-            raise NoAnswer(Cause.TRANSPORT, f"{type(exc).__name__}: {exc}") from exc
+            raise NoAnswer(Cause.TRANSPORT, describe(exc)) from exc
 
     def _no_answer(self, exc: MCPError) -> Exception:
         data = exc.data if isinstance(exc.data, dict) else {}

@@ -57,7 +57,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
-from stopline.errors import UnknownTool
+from stopline.errors import UnknownTool, describe
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp._call import McpCall, payload_of, plain_result, sendable
 from stopline.integrations.mcp._vocab import (
@@ -319,7 +319,7 @@ class StoplineMCP:
                     raise NoAnswer(Cause.SERVER_ERROR, detail) from exc
                 why = f"MCP connection closed: {exc.message}"
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
-                why = f"{type(exc).__name__}: {exc}"
+                why = describe(exc)
             self.mark_broken()
             if attempt == 2:
                 raise NoAnswer(Cause.TRANSPORT, why)

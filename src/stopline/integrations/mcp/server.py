@@ -53,6 +53,7 @@ from opentelemetry import trace
 
 from mcp import MCPError
 from stopline.domain.vocab import Cancellable
+from stopline.errors import describe
 from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectStore
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
@@ -188,7 +189,7 @@ class Effects:
                 self.store.set_state(key, EffectState.NOT_COMMITTED, detail=exc.reason)
                 raise _rejected(exc.reason) from exc
             except Exception as exc:
-                detail = f"{type(exc).__name__}: {exc}"
+                detail = describe(exc)
                 self.store.set_state(key, EffectState.UNKNOWN, detail=detail)
                 raise _in_doubt(f"the commit failed part-way: {exc}") from exc
             except BaseException as exc:
@@ -336,7 +337,7 @@ class Operation:
                 await self._set(EffectState.NOT_COMMITTED, detail=exc.reason)
                 raise _rejected(exc.reason) from exc
             except Exception as exc:
-                await self._set(EffectState.UNKNOWN, detail=f"{type(exc).__name__}: {exc}")
+                await self._set(EffectState.UNKNOWN, detail=describe(exc))
                 raise _in_doubt(f"the commit failed part-way: {exc}") from exc
             await self._set(EffectState.COMMITTED, result=result)
         self._done = True
@@ -371,7 +372,7 @@ class Operation:
                 if isinstance(exc, Rejected):
                     reason = exc.reason
                 elif exc is not None:
-                    reason = f"{type(exc).__name__}: {exc}"
+                    reason = describe(exc)
                 await self._set(EffectState.NOT_COMMITTED, detail=reason)
             if isinstance(exc, MCPError) or exc is None:
                 return
@@ -428,7 +429,7 @@ def _detail(record: EffectRecord) -> str:
 def _unrecorded(exc: BaseException | None) -> str:
     """Once ``committing`` is recorded the effect may have happened: what failed after
     it makes the outcome ``unknown``, never ``not_committed``."""
-    cause = f"{type(exc).__name__}: {exc}" if exc is not None else "the tool ended"
+    cause = describe(exc) if exc is not None else "the tool ended"
     return f"the commit ran; its outcome could not be recorded ({cause})"
 
 

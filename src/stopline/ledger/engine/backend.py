@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import ApprovalRecord, CancelResult, Checkpoint
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, InvalidInput, UnknownOperation, UnknownRun
@@ -76,7 +76,8 @@ class SqlBackend(Backend):
         if event is RunEvent.CANCEL:  # one mechanism: the subtree fence
             result = await self.cancel(run_id, by=by, reason=reason)
             return result.run, result.first
-        return await self._move(run_id, event, by, reason)
+        # a reason that cannot be stored never stops the move (both engines' moves)
+        return await self._move(run_id, event, by, sanitise(reason))
 
     async def _move(
         self, run_id: str, event: RunEvent, by: str, reason: str

@@ -15,6 +15,7 @@ import functools
 import time
 
 from stopline.domain.lifecycle import ApprovalStatus, CancelResult
+from stopline.domain.limits import sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
@@ -209,6 +210,7 @@ async def cancel(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
     batch with the ``COMMIT``. So a run with no children costs one round trip on
     PostgreSQL. A run found cancellable with children is a tree: its cancel runs
     again as ``_tree``, which reads the closure level by level, one transaction."""
+    reason = sanitise(reason)  # a reason that cannot be stored never stands before the fence
     dialect = db.dialect
     now = time.time()
     results = await db.whole(
@@ -262,6 +264,7 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
 
 async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
     """running -> pausing for the run and what it owns exclusively; paused at once if idle."""
+    reason = sanitise(reason)
     async with db.transaction():
         root = await load_run(db, run_id, lock=db.dialect.for_update)
         apply(RUN_TABLE, root.state, RunEvent.PAUSE)
