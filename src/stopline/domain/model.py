@@ -31,7 +31,7 @@ from stopline.domain.vocab import (
     RunState,
     by_value,
 )
-from stopline.errors import UnstableValue
+from stopline.errors import LedgerCorrupt, UnstableValue, describe
 
 __all__ = [
     "CancelState",
@@ -200,7 +200,10 @@ class LazyEvidence(Sequence[Evidence]):
 
     def _decoded(self) -> tuple[Evidence, ...]:
         if self._items is None:
-            self._items = tuple(Evidence.from_json(e) for e in json.loads(self._raw))
+            try:
+                self._items = tuple(Evidence.from_json(e) for e in json.loads(self._raw))
+            except (ValueError, TypeError, KeyError) as exc:  # written by another program
+                raise LedgerCorrupt("row of evidence", f"cannot be read: {describe(exc)}") from exc
         return self._items
 
     @overload

@@ -27,6 +27,7 @@ from stopline.domain.vocab import (
     RunState,
     by_value,
 )
+from stopline.errors import LedgerCorrupt, describe
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -78,24 +79,37 @@ def list_runs_query(
     return sql, (*params, limit)
 
 
+_UNREADABLE = (ValueError, TypeError, KeyError, IndexError)  # json's errors are ValueErrors
+
+
+def _unreadable(what: str, row: Sequence[Any], exc: Exception) -> LedgerCorrupt:
+    """A stored row stopline cannot read (a state no release writes, data that is not
+    JSON): ``LedgerCorrupt`` naming it, not a bare ``ValueError`` from deep in a read."""
+    where = f"row of {what} {row[0]!r}" if row else f"row of {what}"
+    return LedgerCorrupt(where, f"cannot be read: {describe(exc)}")
+
+
 def run_from_row(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        id=row[0],
-        name=row[1],
-        owner=row[2],
-        tenant=row[3],
-        parent_id=row[4],
-        state=RunState(row[5]),
-        fence=row[6],
-        grants=Grant(row[7]),
-        phase=PhaseKind(row[8]) if row[8] else None,
-        policy=Policy(row[9]),
-        created_at=row[10],
-        updated_at=row[11],
-        cancelled_by=row[12],
-        cancel_reason=row[13],
-        cancelled_at=row[14],
-    )
+    try:
+        return RunRecord(
+            id=row[0],
+            name=row[1],
+            owner=row[2],
+            tenant=row[3],
+            parent_id=row[4],
+            state=RunState(row[5]),
+            fence=row[6],
+            grants=Grant(row[7]),
+            phase=PhaseKind(row[8]) if row[8] else None,
+            policy=Policy(row[9]),
+            created_at=row[10],
+            updated_at=row[11],
+            cancelled_by=row[12],
+            cancel_reason=row[13],
+            cancelled_at=row[14],
+        )
+    except _UNREADABLE as exc:  # a row another program wrote
+        raise _unreadable("run", row, exc) from exc
 
 
 _op_status = by_value(OpStatus)
@@ -104,56 +118,71 @@ _cancel_state = CancelState.parse
 
 
 def op_from_row(row: Sequence[Any]) -> OperationRecord:
-    return OperationRecord(
-        id=row[0],
-        run_id=row[1],
-        tool=row[2],
-        description=row[3],
-        args_digest=row[4],
-        status=_op_status(row[5]),
-        cancellable=_cancellable(row[6]),
-        can_verify=bool(row[7]),
-        can_compensate=bool(row[8]),
-        cancel_state=_cancel_state(row[9]),
-        attempts=row[10],
-        result=json.loads(row[11]) if row[12] else None,
-        has_result=bool(row[12]),
-        error=row[13],
-        cause=Cause(row[14]) if row[14] else None,
-        evidence=LazyEvidence(row[15]),
-        created_at=row[16],
-        updated_at=row[17],
-        compensates=row[18],
-        worker=row[19],
-    )
+    try:
+        return OperationRecord(
+            id=row[0],
+            run_id=row[1],
+            tool=row[2],
+            description=row[3],
+            args_digest=row[4],
+            status=_op_status(row[5]),
+            cancellable=_cancellable(row[6]),
+            can_verify=bool(row[7]),
+            can_compensate=bool(row[8]),
+            cancel_state=_cancel_state(row[9]),
+            attempts=row[10],
+            result=json.loads(row[11]) if row[12] else None,
+            has_result=bool(row[12]),
+            error=row[13],
+            cause=Cause(row[14]) if row[14] else None,
+            evidence=LazyEvidence(row[15]),
+            created_at=row[16],
+            updated_at=row[17],
+            compensates=row[18],
+            worker=row[19],
+        )
+    except _UNREADABLE as exc:  # a row another program wrote
+        raise _unreadable("operation", row, exc) from exc
 
 
 def approval_from_row(row: Sequence[Any]) -> ApprovalRecord:
-    return ApprovalRecord(
-        id=row[0],
-        run_id=row[1],
-        scope=row[2],
-        approver=row[3],
-        status=ApprovalStatus(row[4]),
-        expires_at=row[5],
-        requested_by=row[6],
-        decided_by=row[7],
-        created_at=row[8],
-        decided_at=row[9],
-    )
+    try:
+        return ApprovalRecord(
+            id=row[0],
+            run_id=row[1],
+            scope=row[2],
+            approver=row[3],
+            status=ApprovalStatus(row[4]),
+            expires_at=row[5],
+            requested_by=row[6],
+            decided_by=row[7],
+            created_at=row[8],
+            decided_at=row[9],
+        )
+    except _UNREADABLE as exc:  # a row another program wrote
+        raise _unreadable("approval", row, exc) from exc
 
 
 def event_from_row(row: Sequence[Any]) -> EventRecord:
-    return EventRecord(
-        seq=row[0],
-        at=row[1],
-        run_id=row[2],
-        op_id=row[3],
-        kind=row[4],
-        from_state=row[5],
-        to_state=row[6],
-        data=json.loads(row[7]),
-    )
+    try:
+        return EventRecord(
+            seq=row[0],
+            at=row[1],
+            run_id=row[2],
+            op_id=row[3],
+            kind=row[4],
+            from_state=row[5],
+            to_state=row[6],
+            data=_object(json.loads(row[7])),
+        )
+    except _UNREADABLE as exc:  # a row another program wrote
+        raise _unreadable("event", row, exc) from exc
+
+
+def _object(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"an event's data is a JSON object, not {type(data).__name__}")
+    return data
 
 
 def dump_evidence(evidence: Sequence[Evidence]) -> str:
