@@ -33,9 +33,9 @@ def tamper(url: str, sql: str, *params: Any) -> None:
     import psycopg
 
     schema = parse_qs(urlsplit(url).query)["schema"][0]
-    with psycopg.connect(server_url(), autocommit=True) as db:
-        db.execute(f'SET search_path TO "{schema}"')
-        db.execute(sql.replace("?", "%s"), params)
+    with psycopg.connect(server_url(), autocommit=True) as pg:
+        pg.execute(f'SET search_path TO "{schema}"')
+        pg.execute(sql.replace("?", "%s"), params)
 
 
 async def one_run(ledger: stopline.Ledger) -> str:
