@@ -217,9 +217,14 @@ async def test_r09_pause_is_not_cancel(ledger: stopline.Ledger) -> None:
         await held.reached.wait()
         paused = await ledger.pause(started.run_id, by="user:1")
         assert paused.headline is Headline.PAUSED
+        again = await ledger.pause(started.run_id, by="user:1")  # idempotent while pausing
+        assert again.headline is Headline.PAUSED
         held.release()
         while (await ledger.backend.get_run(started.run_id)).state is not RunState.PAUSED:
             await ledger.wait_for_change(started.run_id)
+        assert (await ledger.pause(started.run_id, by="user:1")).headline is Headline.PAUSED
+        kinds = [e.kind for e in await ledger.backend.events(started.run_id) if e.op_id is None]
+        assert kinds.count("pause") == 1  # a pause that found it done wrote nothing
         assert first.effects and second.requests == []  # finished; next one held
         run = await ledger.backend.get_run(started.run_id)
         assert run.grants & stopline.Grant.INITIATE  # pause suspends, it does not revoke

@@ -405,7 +405,8 @@ class Lifecycle:
 
     # -- pause and resume (R9, R10) ---------------------------------------------------
     async def pause(self, run_id: str, *, by: str | Principal, reason: str = "") -> None:
-        """Stop dispatch at the next boundary; in-flight work finishes and is recorded."""
+        """Stop dispatch at the next boundary; in-flight work finishes and is recorded.
+        Idempotent: a run already pausing or paused is left as it is."""
         core = self._core
         principal, _ = await self.authorize(by, Action.PAUSE, run_id)
         for paused in await core.backend.pause(run_id, by=principal.id, reason=reason):

@@ -27,6 +27,7 @@ from stopline.ledger.engine.guards import (
     CANCELLABLE,
     IN_FLIGHT,
     NOTHING_TO_RESUME,
+    PAUSE_STATES,
     sql_values,
 )
 from stopline.ledger.engine.reads import (
@@ -267,6 +268,8 @@ async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
     reason = sanitise(reason)
     async with db.transaction():
         root = await load_run(db, run_id, lock=db.dialect.for_update)
+        if root.state in PAUSE_STATES:  # idempotent, as a cancel is: a retry finds it done
+            return []
         apply(RUN_TABLE, root.state, RunEvent.PAUSE)
         now = time.time()
         subtree, frontier = [run_id], [run_id]
