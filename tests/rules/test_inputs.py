@@ -323,12 +323,26 @@ def test_argument_digests_are_equal_across_processes() -> None:
 async def test_an_argument_without_a_stable_form_is_refused_at_call_time(
     ledger: stopline.Ledger,
 ) -> None:
+    """Without a key its operation would be named by nothing stable: refused. Named by
+    a key (a DBOS step's, a queue message's), its arguments are not compared: a step
+    taking a client object was refused even with the key that names it."""
     provider = FakeProvider("send")
     async with ledger.run("job", owner="user:1", run_id="run-obj") as run:
         with pytest.raises(InvalidInput, match="memory") as refused:
-            await run.call(provider.tool, object(), key="k")
-    assert refused.value.what == "arguments"
-    assert provider.requests == [] and await ledger.backend.operations("run-obj") == []
+            await run.call(provider.tool, object())
+        assert refused.value.what == "arguments"
+        assert provider.requests == [] and await ledger.backend.operations("run-obj") == []
+        sent: list[str] = []
+
+        async def send(ctx: stopline.CallContext, client: object) -> str:
+            sent.append(ctx.key)
+            return "sent"
+
+        tool = stopline.Tool(send)
+        assert await run.call(tool, object(), key="k") == "sent"
+        assert await run.call(tool, object(), key="k") == "sent"  # replayed, not sent
+    op = await ledger.backend.get_operation("run-obj/k")
+    assert op.args_digest == "unstable:args[0][0]" and sent == ["run-obj/k"]
 
 
 async def test_stopline_options_cannot_collide_with_a_tool_argument(

@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["INTERRUPTED", "Run"]
 
 R = TypeVar("R")
-
-
 NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
 
 # the operations this task is inside of (a tool that calls run.call, and its child tasks)
@@ -242,8 +240,10 @@ class Run:
             raise InvalidInput("retry", f"must be a stopline.Retry, not {type(retry).__name__}")
         try:  # equal arguments, equal digest, in every process; or refused now
             arguments = args_digest([list(args), kwargs])
-        except UnstableValue as exc:
-            raise InvalidInput("arguments", f"{exc.path}: {exc.why}") from exc
+        except UnstableValue as exc:  # named by its key, such a call is not compared
+            if key is None:
+                raise InvalidInput("arguments", f"{exc.path}: {exc.why}") from exc
+            arguments = f"unstable:{exc.path}"
         self._seq += 1
         op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
         self._core.register_tool(t)
