@@ -9,7 +9,7 @@ import math
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -156,6 +156,56 @@ async def test_text_a_call_brings_back_is_stored_as_it_can_be_and_the_call_recor
     assert stored in {e.detail for e in lost.evidence}
     receipt = await ledger.wait_settled("run-text", timeout=10)
     receipt.text().encode()  # prints: no lone surrogate left
+
+
+@pytest.mark.parametrize("answer", [None, True, "done", 1], ids=["none", "true", "word", "int"])
+async def test_r5_a_verifier_answer_that_is_no_verdict_proves_nothing(
+    ledger: stopline.Ledger, answer: Any
+) -> None:
+    """A verifier answering ``None``, ``True`` or a word was read as "not committed":
+    the receipt said nothing happened to a call whose answer was lost. It proves
+    nothing: the operation stays in doubt, and the verifier's error is kept."""
+
+    async def charge(ctx: stopline.CallContext) -> None:
+        raise stopline.NoAnswer(stopline.Cause.TRANSPORT, "connection reset")
+
+    tool = stopline.Tool(charge)
+
+    @tool.verifier
+    async def read(ctx: stopline.CallContext) -> Any:
+        return answer
+
+    async with ledger.run("job", owner="user:1", run_id="run-v") as run:
+        with pytest.raises(stopline.NoAnswer):
+            await run.call(tool, key="k")
+    op = await ledger.verify("run-v/k")
+    assert op.status is OpStatus.UNKNOWN
+    (failed,) = [e for e in await ledger.backend.events("run-v") if e.kind == "verify_failed"]
+    assert "InvalidInput: invalid verdict" in str(failed.data)
+
+
+async def test_r5_a_verdict_given_as_its_string_is_that_verdict(ledger: stopline.Ledger) -> None:
+    """``"committed"`` and ``"not_committed"`` (a verifier's or a late answer's) are the
+    verdicts they name: a late ``"committed"`` was recorded as a refusal."""
+
+    async def charge(ctx: stopline.CallContext) -> None:
+        raise stopline.NoAnswer(stopline.Cause.TRANSPORT, "connection reset")
+
+    tool = stopline.Tool(charge)
+
+    @tool.verifier
+    async def read(ctx: stopline.CallContext) -> Any:
+        return "committed"
+
+    async with ledger.run("job", owner="user:1", run_id="run-w") as run:
+        for key in ("read", "late"):
+            with pytest.raises(stopline.NoAnswer):
+                await run.call(tool, key=key)
+    assert (await ledger.verify("run-w/read")).status is OpStatus.COMMITTED
+    late = await ledger.late_response("run-w/late", cast(Any, "committed"), result="ok")
+    assert late.status is OpStatus.COMMITTED and late.result == "ok"
+    with pytest.raises(InvalidInput, match="verdict"):
+        await ledger.late_response("run-w/late", cast(Any, "yes"))
 
 
 async def test_a_run_that_fails_with_terminal_escapes_stores_none_of_them(

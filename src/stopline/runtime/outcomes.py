@@ -28,7 +28,7 @@ from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, 
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
-from stopline.runtime.tool import Verdict
+from stopline.runtime.tool import Verdict, as_verdict
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
@@ -206,6 +206,7 @@ class Outcomes:
         self, op_id: str, verdict: Verdict, *, result: Any = None, ref: str = "", detail: str = ""
     ) -> OperationRecord:
         """R4: attach a response that came after cancel or timeout; never restarts anything."""
+        verdict = as_verdict(verdict)  # a string read as "refused" proved nothing
         evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
         if ref:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))

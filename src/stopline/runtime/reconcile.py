@@ -142,7 +142,7 @@ class Reconciler:
         ctx = await context_for(core, op, tool)
         try:
             answer = await verify_fn(ctx)
-            read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
+            read = ReadBack.of(answer)
         except Exception:
             return op
         if read.verdict is Verdict.UNKNOWN:

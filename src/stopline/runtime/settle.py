@@ -384,7 +384,7 @@ class Settler:
         ctx = await context_for(core, op, tool)
         try:
             answer = await verify_fn(ctx)
-            read = answer if isinstance(answer, ReadBack) else ReadBack(answer)
+            read = ReadBack.of(answer)
         except Exception as exc:
             # kept as evidence: a verifier's error is part of why the outcome is in doubt
             failed = Evidence.local("verify_error", describe(exc))

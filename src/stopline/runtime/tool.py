@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from stopline.domain.vocab import Cancellable
-from stopline.errors import NoAnswer, Rejected
+from stopline.errors import InvalidInput, NoAnswer, Rejected
 
 if TYPE_CHECKING:
     from stopline.domain.model import CancelState
@@ -32,6 +32,7 @@ __all__ = [
     "Tool",
     "Verdict",
     "Verifier",
+    "as_verdict",
     "tool",
 ]
 
@@ -75,6 +76,24 @@ class ReadBack:
     detail: str = ""
     result: Any = None
     ended: bool = False
+
+    def __post_init__(self) -> None:  # "committed" is Verdict.COMMITTED; None is no verdict
+        object.__setattr__(self, "verdict", as_verdict(self.verdict))
+
+    @classmethod
+    def of(cls, answer: object) -> ReadBack:
+        """A verifier's answer, a ``ReadBack`` or a bare verdict, as a ``ReadBack``."""
+        return answer if isinstance(answer, ReadBack) else cls(as_verdict(answer))
+
+
+def as_verdict(value: object) -> Verdict:
+    """``value`` as a ``Verdict`` (its string, ``"committed"``, is one too), else
+    ``InvalidInput``: a verifier answering ``None``, ``True`` or ``"committed"`` as a
+    string was read as "not committed", which proved nothing of the kind."""
+    try:
+        return Verdict(value)  # type: ignore[arg-type]  # checked here
+    except ValueError:
+        raise InvalidInput("verdict", f"{value!r}: one of {', '.join(Verdict)}") from None
 
 
 CancelFn = Callable[["CallContext"], Awaitable["bool | CancelState | None"]]
