@@ -20,7 +20,7 @@ from stopline.testing import FakeProvider
 
 pytestmark = pytest.mark.timeout(30)
 
-BAD_TEXT = {"surrogate": "stop \udc80 now", "nul": "stop \x00 now"}
+BAD_TEXT = {"surrogate": "stop \udc80 now", "nul": "stop \x00 now", "c1": "stop \x9b now"}
 
 
 @pytest.mark.parametrize("bad", list(BAD_TEXT), ids=list(BAD_TEXT))
@@ -119,7 +119,7 @@ async def test_a_key_that_cannot_be_stored_is_refused_before_the_gate(
 
 
 FREE_TEXT = {**BAD_TEXT, "long": "x" * 1_000_000}
-STORED = {"surrogate": "stop \ufffd now", "nul": "stop \ufffd now", "long": "x" * 4095 + "\u2026"}
+STORED = {**dict.fromkeys(BAD_TEXT, "stop \ufffd now"), "long": "x" * 4095 + "\u2026"}
 
 
 @pytest.mark.parametrize("bad", list(FREE_TEXT), ids=list(FREE_TEXT))

@@ -59,32 +59,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else c.EXIT_ERROR)
     except c.MissingExtra as exc:
-        c.err.print(f"stopline: {exc}", markup=False)
+        c.err.print(f"stopline: {exc}")
         return c.EXIT_USAGE
     except ModuleNotFoundError as exc:
         missing = c.MissingExtra.of(exc)
         if missing is None:
-            c.err.print(f"stopline: error: {exc}", markup=False)
+            c.err.print(f"stopline: error: {exc}")
             return c.EXIT_ERROR
-        c.err.print(f"stopline: {missing}", markup=False)
+        c.err.print(f"stopline: {missing}")
         return c.EXIT_USAGE
     except (UsageError, InvalidInput) as exc:  # an argument refused before anything ran
-        c.err.print(f"stopline: usage: {exc}", markup=False)
+        c.err.print(f"stopline: usage: {exc}")
         return c.EXIT_USAGE
     except StoplineError as exc:
-        c.err.print(f"stopline: error: {exc}", markup=False)
+        c.err.print(f"stopline: error: {exc}")
         return c.EXIT_ERROR
     except NotImplementedError:
-        c.err.print("stopline: error: not available in this version", markup=False)
+        c.err.print("stopline: error: not available in this version")
         return c.EXIT_ERROR
     except click.exceptions.Abort:
-        c.err.print("stopline: interrupted", markup=False)
+        c.err.print("stopline: interrupted")
         return c.EXIT_PENDING
     except KeyboardInterrupt:
-        c.err.print("stopline: interrupted; nothing recorded is lost", markup=False)
+        c.err.print("stopline: interrupted; nothing recorded is lost")
         return c.EXIT_PENDING
     except OSError as exc:
-        c.err.print(f"stopline: error: {exc}", markup=False)
+        c.err.print(f"stopline: error: {exc}")
         return c.EXIT_ERROR
     return c.EXIT_OK
 

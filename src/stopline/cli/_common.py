@@ -16,8 +16,11 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 import typer
 from rich.console import Console
+from rich.style import Style
+from rich.text import Text
 
 import stopline
+from stopline.domain.limits import sanitise, storable
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
 from stopline.errors import LedgerUnavailable, SchemaTooOld, StoplineError
@@ -32,6 +35,7 @@ __all__ = [
     "EXIT_USAGE",
     "MissingExtra",
     "Options",
+    "Terminal",
     "check_ledger",
     "err",
     "exit_code_for",
@@ -39,9 +43,11 @@ __all__ = [
     "opened",
     "out",
     "print_json",
+    "printable",
     "reading",
     "require_extra",
     "run_sync",
+    "styled",
 ]
 
 EXIT_OK = 0  # settled (or a read that succeeded)
@@ -51,8 +57,69 @@ EXIT_PENDING = 3  # still verifying or awaiting confirmation (or Ctrl-C while wa
 EXIT_NEEDS_REVIEW = 4  # a human must decide an outcome
 EXIT_NOTHING_TO_DO = 5  # resume of a run that is not paused or cancelled: nothing happened
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+def printable(value: object) -> str:
+    """``value`` as a terminal may show it: every control character but newline and tab
+    replaced by U+FFFD (``sanitise``'s rule), so no text from a ledger, an exception or a
+    server can move the cursor, retitle the window or clear the screen. Nothing is cut
+    off."""
+    text = str(value)
+    if storable(text):  # the common case: one scan in C, no copy
+        return text
+    return sanitise(text, at_most=None)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """One line of ``text`` or ``(text, style)`` pieces, each made ``printable``: how a
+    command styles what it prints (``Terminal`` reads no markup)."""
+    line = Text()
+    for part in parts:
+        text, style = (part, "") if isinstance(part, str) else part
+        line.append(printable(text), style=style)
+    return line
+
+
+class Terminal(Console):
+    """A rich console on which every string is shown as exactly what it holds.
+
+    Run names, ids, owners, reasons, descriptions and error messages come from the
+    ledger, the command line or another program, and every one reaches the terminal as
+    a string through ``render_str`` (``print``, a table's cells, a title). Here that
+    string is never read as markup (``[/x]`` raised ``MarkupError``, ``run_[red]1``
+    printed as ``run_1``), nor as ``:emoji:`` codes, nor highlighted, and its control
+    characters are replaced (``printable``). Style comes only from ``style=`` or from a
+    ``Text`` built with ``styled``.
+    """
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        super().__init__(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+    def render_str(
+        self,
+        text: str,
+        *,
+        style: str | Style = "",
+        justify: Any = None,
+        overflow: Any = None,
+        emoji: bool | None = None,
+        markup: bool | None = None,
+        highlight: bool | None = None,
+        highlighter: Any = None,
+    ) -> Text:
+        # every string is literal text, whatever a caller asks (markup=True included)
+        return super().render_str(
+            printable(text),
+            style=style,
+            justify=justify,
+            overflow=overflow,
+            emoji=False,
+            markup=False,
+            highlight=False,
+        )
+
+
+out = Terminal()
+err = Terminal(stderr=True)
 
 T = TypeVar("T")
 
@@ -217,7 +284,7 @@ def print_json(data: Any) -> None:
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    err.print(f"stopline: error: {message}", markup=False)
+    err.print(f"stopline: error: {message}")
     raise typer.Exit(code)
 
 
@@ -242,14 +309,13 @@ _HEADLINE_STYLE = {
 
 
 def print_receipt(receipt: Receipt) -> None:
-    style = _HEADLINE_STYLE.get(receipt.headline, "")
-    out.print(f"[{style}]{receipt.message}[/]" if style else receipt.message)
+    out.print(receipt.message, style=_HEADLINE_STYLE.get(receipt.headline, ""))
     for line in receipt.lines:
-        out.print(f"  {line.text()}", markup=False)
+        out.print(f"  {line.text()}")
     if receipt.cancelled_by:
         reason = f" ({receipt.cancel_reason})" if receipt.cancel_reason else ""
-        out.print(f"  cancelled by {receipt.cancelled_by}{reason}", markup=False)
+        out.print(f"  cancelled by {receipt.cancelled_by}{reason}")
     if receipt.resume_rule:
-        out.print(f"  resume: {receipt.resume_rule}", markup=False)
+        out.print(f"  resume: {receipt.resume_rule}")
     state = "settled" if receipt.settled else "not settled yet"
-    out.print(f"  [dim]run {receipt.run_id}: {receipt.run_state.value}, {state}[/]")
+    out.print(f"  run {receipt.run_id}: {receipt.run_state.value}, {state}", style="dim")

@@ -91,7 +91,7 @@ def check_mcp(
     if as_json:
         c.print_json(profile.to_json())
     else:
-        c.out.print(render_text(profile), markup=False, highlight=False, soft_wrap=True)
+        c.out.print(render_text(profile))
     raise typer.Exit(int(profile.exit))
 
 

@@ -42,23 +42,39 @@ def console(
     the console extra is missing; 0 after Ctrl-C.
     """
     c.require_extra("console", "jinja2", "starlette", "uvicorn", "python_multipart")
-    from stopline.console import ConsoleConfig, listen, serve
+    from stopline.console import (
+        ConsoleConfig,
+        check_principal,
+        every_interface,
+        listen,
+        local_url,
+        serve,
+    )
 
     token = token or os.environ.get("STOPLINE_CONSOLE_TOKEN") or secrets.token_urlsafe(24)
     url = c.options(ctx).url
-
-    c.run_sync(lambda: c.check_ledger(url))  # a typed error for what is not a ledger
-    sock = listen(host, port)
-    shown = f"[{host}]" if ":" in host else host
-    c.err.print(f"stopline console for {redact(url)}", markup=False)
-    c.err.print(f"open http://{shown}:{sock.getsockname()[1]}/?token={token}", markup=False)
+    if principal is not None:  # usage (exit 2), before anything is opened or bound
+        check_principal("--principal", principal)
     config = ConsoleConfig(
         url=url, token=token, principal=principal, allowed_hosts=tuple(allow_host or ())
     )
+
+    c.run_sync(lambda: c.check_ledger(url))  # a typed error for what is not a ledger
+    sock = listen(host, port)
+
+    def ready() -> None:  # the ledger is open and the port bound: only now an address
+        c.err.print(f"stopline console for {redact(url)}")
+        if every_interface(sock):
+            c.err.print(
+                f"listening on every interface ({sock.getsockname()[0]}): other machines "
+                "reach it by a name given with --allow-host, with the token"
+            )
+        c.err.print(f"open {local_url(sock)}?token={token}")
+
     try:
-        serve(config, sock)
+        serve(config, sock, ready=ready)
     except KeyboardInterrupt:
-        c.err.print("stopline console stopped", markup=False)
+        c.err.print("stopline console stopped")
 
 
 def demo(ctx: typer.Context) -> None:

@@ -36,7 +36,7 @@ def _show(result: Any, as_json: bool) -> int:
     if as_json:
         c.print_json(to_json() if callable(to_json) else result)
     else:
-        c.out.print(str(result), markup=False)
+        c.out.print(str(result))
     return c.EXIT_OK
 
 
@@ -87,7 +87,7 @@ def resume(
         if as_json:
             c.print_json({"run_id": result.id, "run_state": result.state.value, "resumed": False})
         else:
-            c.out.print(message, markup=False)
+            c.out.print(message)
         raise typer.Exit(c.EXIT_NOTHING_TO_DO)
     raise typer.Exit(_show(result, as_json))
 

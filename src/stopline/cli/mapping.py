@@ -205,7 +205,7 @@ def _yes(flag: bool) -> str:
 
 
 def _print(result: ModuleMap) -> None:
-    c.out.print(f"[bold]{result.module}[/]")
+    c.out.print(result.module, style="bold")
     if result.phases:
         phases = Table(box=None, header_style="bold", title="phases", title_justify="left")
         for name in ("PHASE", "POLICY", "A CANCEL STOPS IT"):
@@ -232,9 +232,9 @@ def _print(result: ModuleMap) -> None:
         c.out.print("no stopline.Tool objects at module level")
     gaps = [(t.name, g) for t in result.tools for g in t.gaps]
     if gaps:
-        c.out.print("[bold yellow]gaps[/]")
+        c.out.print("gaps", style="bold yellow")
         for name, gap in gaps:
-            c.out.print(f"  {name}: {gap}", markup=False)
+            c.out.print(f"  {name}: {gap}")
 
 
 def register(app: typer.Typer) -> None:

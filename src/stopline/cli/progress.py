@@ -30,6 +30,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from stopline.cli._common import printable
+
 __all__ = ["Bar", "progress"]
 
 
@@ -57,7 +59,7 @@ class Bar:
 
     def describe(self, text: str) -> None:
         if self._drawn is not None and self._task is not None:
-            self._drawn.update(self._task, description=text)
+            self._drawn.update(self._task, description=printable(text))
 
 
 @contextlib.contextmanager
@@ -74,10 +76,10 @@ def progress(
         return
     columns = (
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # a tool's name is not markup
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as drawn:
-        yield Bar(drawn, drawn.add_task(description, total=total))
+        yield Bar(drawn, drawn.add_task(printable(description), total=total))

@@ -80,26 +80,25 @@ def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
             }
         )
         return
-    c.out.print(f"[bold]{op.description or op.tool}[/] {op.id}")
+    c.out.print(c.styled((op.description or op.tool, "bold"), f" {op.id}"))
     c.out.print(f"  status {op.status.value}; run {run.id} ({run.state.value}), owner {run.owner}")
     c.out.print(
         f"  provider can cancel: {op.cancellable.value}; verifier: {op.can_verify}; "
-        f"compensator: {op.can_compensate}; attempts: {op.attempts}",
-        markup=False,
+        f"compensator: {op.can_compensate}; attempts: {op.attempts}"
     )
     if op.error:
-        c.out.print(f"  error: {op.error}", markup=False)
-    c.out.print("[bold]evidence[/]")
+        c.out.print(f"  error: {op.error}")
+    c.out.print("evidence", style="bold")
     for ev in op.evidence:
-        c.out.print(f"  - {ev.kind.value}: {ev.ref} {ev.detail}".rstrip(), markup=False)
-    c.out.print("[bold]events[/]")
+        c.out.print(f"  - {ev.kind.value}: {ev.ref} {ev.detail}".rstrip())
+    c.out.print("events", style="bold")
     for entry in build_timeline(events, [op]):
         line = f"  {entry.seq} {fmt_time(entry.at)} {entry.words}"
         if entry.transition:
             line += f" [{entry.transition}]"
         if entry.detail:
             line += f" ({entry.detail})"
-        c.out.print(line, markup=False)
+        c.out.print(line)
 
 
 @app.command()

@@ -110,9 +110,11 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
         return
     run = data["run"]
     c.out.print(
-        f"[bold]{run.name}[/] {run.id}  owner {run.owner}  tenant {run.tenant}  "
-        f"state [bold]{run.state.value}[/]",
-        markup=True,
+        c.styled(
+            (run.name, "bold"),
+            f" {run.id}  owner {run.owner}  tenant {run.tenant}  state ",
+            (run.state.value, "bold"),
+        )
     )
     table = Table(box=None, header_style="bold", title="timeline", title_justify="left")
     table.add_column("TIME", no_wrap=True)
@@ -124,7 +126,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
         table.add_row(fmt_time(e.at, clock=True), e.subject, e.words, e.transition, detail)
     c.out.print(table)
     c.out.print()
-    c.out.print("[bold]receipt[/]")
+    c.out.print("receipt", style="bold")
     c.print_receipt(receipt)
 
 
@@ -145,7 +147,8 @@ def cancel(
     """
     url = c.options(ctx).url
     check_wait("--timeout", timeout)  # before the cancel: nan failed once it was recorded
-    progress = None if as_json else c.err.status("waiting for the run to settle (Ctrl-C to stop)")
+    waiting = c.styled("waiting for the run to settle (Ctrl-C to stop)")
+    progress = None if as_json else c.err.status(waiting)
     latest: list[Receipt] = []
 
     async def go() -> Receipt:
@@ -161,7 +164,7 @@ def cancel(
                     receipt = await ledger.receipt(run_id)
                     latest.append(receipt)
                     if progress is not None:
-                        progress.update(f"{receipt.message} (Ctrl-C to stop waiting)")
+                        progress.update(c.styled(f"{receipt.message} (Ctrl-C to stop waiting)"))
                     if receipt.settled:
                         break
                     await ledger.wait_for_change(run_id)
@@ -176,8 +179,7 @@ def cancel(
             c.fail("interrupted before the cancel was recorded", c.EXIT_PENDING)
         c.err.print(
             f"interrupted; the cancel is recorded in the ledger. Follow it with: stopline show "
-            f"{run_id}",
-            markup=False,
+            f"{run_id}"
         )
         receipt = latest[-1]
         _emit(receipt, as_json)

@@ -18,11 +18,10 @@ import typer
 from rich.table import Table
 
 from stopline.cli import _common as c
-from stopline.cli.views import fmt_seconds, parse_age, recent_runs
+from stopline.cli.views import fmt_seconds, parse_age, started_within
 from stopline.domain.model import EventRecord
-from stopline.domain.receipt import headline_for
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent
-from stopline.ledger.backend import Backend
+from stopline.runtime.ledger import Ledger
 from stopline.telemetry import resolved_by
 
 __all__ = ["Stats", "compute_stats", "percentile", "register"]
@@ -101,14 +100,23 @@ def _unknowns(events: Sequence[EventRecord]) -> tuple[int, Counter[str]]:
 
 
 async def compute_stats(
-    backend: Backend, *, since: float | None = None, limit: int = 10_000
+    ledger: Ledger, *, since: float | None = None, limit: int = 10_000
 ) -> Stats:
+    """The figures of the ``limit`` newest runs started within ``since`` seconds.
+
+    Each run counts under its receipt's headline, read as ``ledger.receipt`` reads it
+    (the run's operations and those of the runs it owns exclusively), so a parent
+    whose child committed an action is not counted as cancelled before any action.
+    """
     stats = Stats()
-    for run in await recent_runs(backend, since=since, limit=limit):
-        ops = await backend.operations(run.id)
+    backend = ledger.backend
+    within = started_within(since)
+    for run, receipt in await ledger.runs_with_receipts(limit=limit):
+        if not within(run):
+            continue
         events = await backend.events(run.id)
         stats.runs += 1
-        stats.outcomes[headline_for(run, ops).value] += 1
+        stats.outcomes[receipt.headline.value] += 1
         if run.cancelled_at is not None:
             stats.cancelled += 1
         took = _settle_time(events)
@@ -152,7 +160,7 @@ def stats(
 
     async def go() -> Stats:
         async with c.reading(url) as ledger:
-            return await compute_stats(ledger.backend, since=age, limit=limit)
+            return await compute_stats(ledger, since=age, limit=limit)
 
     result = c.run_sync(go)
     if as_json:

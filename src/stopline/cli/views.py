@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
-from stopline.domain.vocab import LogKind, NoteKind, OpEvent, OpStatus, RunEvent, RunState
+from stopline.domain.vocab import LogKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import StoplineError
-from stopline.ledger.backend import Backend
 from stopline.runtime.review import ReviewItem
 
 __all__ = [
@@ -26,7 +24,6 @@ __all__ = [
     "event_to_json",
     "op_to_json",
     "parse_age",
-    "recent_runs",
     "review_item_json",
     "run_to_json",
     "started_within",
@@ -48,19 +45,6 @@ def parse_age(text: str) -> float:
     if match is None:
         raise UsageError(f"bad age {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h)")
     return float(match.group(1)) * _UNIT[match.group(2)]
-
-
-async def recent_runs(
-    backend: Backend,
-    *,
-    state: RunState | None = None,
-    owner: str | None = None,
-    since: float | None = None,
-    limit: int = 100,
-) -> list[RunRecord]:
-    """Newest first; ``since`` is an age in seconds."""
-    runs = await backend.list_runs(state=state, owner=owner, limit=check_limit("limit", limit))
-    return list(filter(started_within(since), runs))
 
 
 def started_within(since: float | None) -> Callable[[RunRecord], bool]:

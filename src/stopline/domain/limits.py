@@ -109,8 +109,9 @@ _UNUSABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-# what free text may not hold: the same, but newlines and tabs
-_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+# what free text may not hold: the same, but newlines and tabs, and the C1 controls
+# (U+0080-U+009F: U+009B is a CSI to some terminals)
+_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def storable(text: object) -> bool:
@@ -118,10 +119,10 @@ def storable(text: object) -> bool:
     return type(text) is str and len(text) <= MAX_REASON_CHARS and not _UNSTORABLE.search(text)
 
 
-def sanitise(text: object) -> str:
+def sanitise(text: object, *, at_most: int | None = MAX_REASON_CHARS) -> str:
     """Free text as every backend can store it and every terminal can print it: lone
-    surrogates and control characters (but newlines and tabs) replaced by U+FFFD, at
-    most ``MAX_REASON_CHARS`` characters (a longer text ends with "…").
+    surrogates and control characters (but newlines and tabs; C1 too) replaced by
+    U+FFFD, at most ``at_most`` characters (a longer text ends with "…").
 
     For text that describes and is never looked up: a cancel's reason (never a
     reason to refuse the cancel: its fence always commits), an operation's
@@ -129,6 +130,6 @@ def sanitise(text: object) -> str:
     message). A NUL there failed PostgreSQL's write, a lone surrogate every
     write, after the call had gone out; a 1 GB message was written whole."""
     text = str(text)
-    if len(text) > MAX_REASON_CHARS:
-        text = text[: MAX_REASON_CHARS - 1] + "\u2026"
+    if at_most is not None and len(text) > at_most:  # ``None``: shown whole (a terminal)
+        text = text[: at_most - 1] + "\u2026"
     return _UNSTORABLE.sub("\ufffd", text)
