@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 import anyio
@@ -237,3 +238,36 @@ def test_an_id_or_a_name_no_ledger_can_hold_is_a_bad_request(pg_url: str) -> Non
         cancel = client.post("/runs/x%00y/cancel", data={"csrf": csrf[1]})
         assert cancel.status_code == 400 and "invalid run_id" in cancel.text
         assert client.get(f"/runs/{ids.running}").status_code == 200
+
+
+def test_a_busy_ledger_is_503_with_retry_after_and_a_conflict_stays_409(tmp_path: Path) -> None:
+    """Another process holding SQLite's write lock made a cancel a 409, as if the run
+    had refused it; the ledger is busy, and asking again once it is free works."""
+    path = tmp_path / "ledger.db"
+    ids = anyio.run(seed, f"sqlite:///{path}")
+    app = create_app(ConsoleConfig(url=f"sqlite:///{path}?busy_timeout=0.2", token=TOKEN))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get(f"/?token={TOKEN}")
+        page = client.get(f"/runs/{ids.running}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")  # as another process's write transaction
+            busy = client.post(f"/runs/{ids.running}/cancel", data={"csrf": csrf[1]})
+            assert busy.status_code == 503, busy.text
+            assert busy.headers["retry-after"] == "1"
+            assert "database is locked" in busy.text
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        done = client.post(f"/runs/{ids.running}/cancel", data={"csrf": csrf[1]})
+        assert done.status_code == 200 and "Canceled before external action." in done.text
+        review = client.get("/review").text
+        action = re.search(r'action="(/review/[^"]+/resolve)"', review)
+        assert action is not None
+        decided = {"csrf": csrf[1], "decision": "committed"}
+        assert client.post(action[1], data=decided).status_code == 200
+        again = client.post(action[1], data=decided)  # no longer in review: a conflict
+        assert again.status_code == 409 and "retry-after" not in again.headers
+        assert "illegal transition" in again.text

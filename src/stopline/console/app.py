@@ -37,14 +37,21 @@ import stopline
 from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.svg import run_timeline, settle_chart
-from stopline.domain.lifecycle import operator
+from stopline.domain.lifecycle import SYSTEM, operator
 from stopline.domain.limits import check_id
 from stopline.domain.vocab import RunState
-from stopline.errors import InvalidInput, NotFound, StoplineError
+from stopline.errors import (
+    CommitInDoubt,
+    InvalidInput,
+    LedgerLocked,
+    LedgerUnavailable,
+    NotFound,
+    StoplineError,
+)
 from stopline.ledger import redact
 from stopline.runtime.review import ReviewVerdict
 
-__all__ = ["LOCAL_HOSTS", "ConsoleConfig", "HostGuard", "create_app"]
+__all__ = ["LOCAL_HOSTS", "ConsoleConfig", "HostGuard", "check_principal", "create_app"]
 
 COOKIE = "stopline_console"
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -56,6 +63,21 @@ _STOPPED = frozenset(
     {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
 )
 _FINAL = frozenset({RunState.CANCELLED, RunState.COMPLETED, RunState.FAILED})
+# the ledger is busy (another process holds its lock) or out of reach: not the request's
+# fault and not a conflict; asking again later may work (503, Retry-After)
+_UNAVAILABLE = (LedgerLocked, LedgerUnavailable, CommitInDoubt)
+RETRY_AFTER_SECONDS = 1
+
+
+def check_principal(what: str, principal: str) -> str:
+    """``principal`` if the console can record actions by it, else ``InvalidInput``
+    naming ``what``: an id a ledger can hold, and not stopline's own (which the access
+    policy refuses to anyone else). Checked at start and at each login, never first at
+    a cancel."""
+    check_id(what, principal)
+    if principal == SYSTEM.id:
+        raise InvalidInput(what, f"{principal!r} is stopline's own principal: no one acts as it")
+    return principal
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +86,10 @@ class ConsoleConfig:
     token: str
     principal: str | None = None  # else console:<name given at login, or the login user>
     allowed_hosts: tuple[str, ...] = ()  # besides LOCAL_HOSTS, for Host and Origin
+
+    def __post_init__(self) -> None:
+        if self.principal is not None:  # refused here, not at every login after
+            check_principal("principal", self.principal)
 
 
 def _hostname(value: str) -> str | None:
@@ -151,7 +177,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 session_id = secrets.token_urlsafe(32)
                 principal = config.principal or f"console:{name}"
                 try:  # the name every action is recorded by: refused now, not at a cancel
-                    check_id("name", principal)
+                    check_principal("name", principal)
                 except InvalidInput as exc:
                     return render(request, "denied.html", 400, reason=str(exc))
                 sessions[session_id] = Session(secrets.token_urlsafe(32), principal)
@@ -176,7 +202,11 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 return render(request, "error.html", 404, message=str(exc))
             except InvalidInput as exc:  # an id or a field no ledger can hold
                 return render(request, "error.html", 400, message=str(exc))
-            except StoplineError as exc:
+            except _UNAVAILABLE as exc:
+                busy = render(request, "error.html", 503, message=str(exc))
+                busy.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+                return busy
+            except StoplineError as exc:  # what the contract refuses (an illegal transition)
                 return render(request, "error.html", 409, message=str(exc))
 
         return wrapped
@@ -251,7 +281,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         return render(request, "receipt.html", receipt=receipt, by=session.principal)
 
     async def stats_page(request: Request) -> Response:
-        result = await compute_stats(the_ledger(request).backend)
+        result = await compute_stats(the_ledger(request))
         p50, p99 = percentile(result.settle_times, 50), percentile(result.settle_times, 99)
         return render(
             request,
