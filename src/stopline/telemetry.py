@@ -211,8 +211,10 @@ class TracedBackend(ForwardingBackend):
         self, run_id: str, event: RunEvent, *, by: str, reason: str = ""
     ) -> tuple[RunRecord, bool]:
         if event is not RunEvent.CANCEL:
-            # read before the write, so the spans end with no await after the commit
-            ops = await self.inner.operations(run_id) if event in _RUN_END_EVENTS else []
+            # read before the write, so the spans end with no await after the commit; the
+            # tree's operations, as the run's receipt reads them (its headline is theirs)
+            ending = event in _RUN_END_EVENTS
+            ops = await self.inner.operations(run_id, descendants=True) if ending else []
             run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
             if changed:
                 self._run_changed(run, event, ops)
@@ -226,7 +228,7 @@ class TracedBackend(ForwardingBackend):
         # as ``run_event``: the ending runs' operations read before the write, in one read
         ending = [run_id for run_id, event in items if event in _RUN_END_EVENTS]
         ops: dict[str, list[OperationRecord]] = {}
-        for found in await self.inner.runs_and_operations(ending) if ending else []:
+        for found in await self.inner.trees_and_operations(ending) if ending else []:
             if not isinstance(found, UnknownRun):
                 ops[found[0].id] = found[1]
         results = await self.inner.run_events(items, by=by)

@@ -156,6 +156,28 @@ async def test_s01_spans_prevented_at_the_gate(
     assert send.requests == []
 
 
+async def test_a_parents_outcome_is_its_receipts_headline(
+    traced: stopline.Ledger, otel: Otel
+) -> None:
+    """The outcome counted for a run, and its span's headline, came from the run's own
+    operations: a parent whose exclusively owned child had committed an action was
+    counted "canceled before external action" while its receipt said otherwise."""
+    wire = FakeProvider("wire", cancellable=Cancellable.NEVER)
+    async with traced.run("parent", owner="user:1", run_id="run-p") as run:
+        async with run.child("child", run_id="run-c") as child:
+            await child.call(wire.tool, 5)
+        await traced.cancel("run-p", by="user:1")
+    await settled_and_traced(traced, otel, "run-p")
+    receipt = await traced.receipt("run-p")
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    (parent,) = [
+        s for s in otel.named("stopline.run") if (s.attributes or {})[ATTR_RUN_ID] == "run-p"
+    ]
+    assert (parent.attributes or {})["stopline.headline"] == receipt.headline.value
+    assert otel.count("stopline.runs.outcomes", headline=receipt.headline.value) >= 1
+    assert otel.count("stopline.runs.outcomes", headline="canceled_before_external_action") == 0
+
+
 async def test_s03_spans_unknown_then_verified(traced: stopline.Ledger, otel: Otel) -> None:
     notify = FakeProvider("notify", cancellable=Cancellable.NEVER)
     held = notify.hold("committed")
