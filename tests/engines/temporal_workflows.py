@@ -9,6 +9,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import (
     ActivityCancellationType,
     ChildWorkflowCancellationType,
@@ -25,6 +26,7 @@ class Plan:
     maximum_attempts: int = 0  # 0: Temporal's default, unlimited
     children: list[str] = dataclasses.field(default_factory=list)  # "exclusive" / "shared"
     child_activities: list[str] = dataclasses.field(default_factory=list)
+    fail_first_attempt: bool = False  # the workflow's code fails its first attempt
 
 
 @workflow.defn
@@ -38,6 +40,8 @@ class Pipeline:
 
     @workflow.run
     async def run(self, plan: Plan) -> list[Any]:
+        if plan.fail_first_attempt and workflow.info().attempt == 1:
+            raise ApplicationError("the first attempt fails before any activity")
         if plan.wait_for_go:
             await workflow.wait_condition(lambda: self._go)
         out: list[Any] = []
@@ -75,3 +79,31 @@ class Pipeline:
         if plan.children:
             await workflow.wait_condition(lambda: self._go)
         return out
+
+
+@workflow.defn
+class GiveUp:
+    """Starts ``upload``, and cancels it itself on "go" (its own code: no workflow cancel)."""
+
+    def __init__(self) -> None:
+        self._go = False
+
+    @workflow.signal
+    def go(self) -> None:
+        self._go = True
+
+    @workflow.run
+    async def run(self) -> str:
+        upload = workflow.start_activity(
+            "upload",
+            args=[f"upload of {workflow.info().workflow_id}"],
+            start_to_close_timeout=timedelta(seconds=30),
+            heartbeat_timeout=timedelta(seconds=1),
+        )
+        await workflow.wait_condition(lambda: self._go)
+        upload.cancel()
+        try:
+            await upload
+        except ActivityError:  # cancelled, as asked
+            return "gave up"
+        return "it finished first"

@@ -27,28 +27,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import hashlib
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import operator
+from stopline.domain.limits import check_id
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
-from stopline.errors import UnknownRun
+from stopline.errors import InvalidInput, NoAnswer, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
 from stopline.runtime.tool import Tool, Verdict
 
-__all__ = ["EngineCancel", "EngineGate", "call_context", "cancel_collecting"]
+__all__ = [
+    "ENDED_ON_ITS_OWN",
+    "EngineCancel",
+    "EngineCut",
+    "EngineGate",
+    "Unstarted",
+    "call_context",
+    "cancel_collecting",
+    "fitted",
+]
 
 R = TypeVar("R")
 # how an integration cancels one of its engine's workflows: (workflow id, reason)
 EngineCancel = Callable[[str, str], Awaitable[None]]
+# why the engine cut a call when its run was not fenced (a timeout, the workflow's own
+# cancel of the activity): the ``NoAnswer`` its operation is recorded ``unknown`` with
+EngineCut = Callable[[], NoAnswer]
+# the run a cancel creates, already fenced, for a workflow the engine holds but has not
+# started yet (queued): ``None`` when the engine knows no such workflow either
+Unstarted = Callable[[], Awaitable[RunSpec | None]]
+
+# the states of a run whose workflow ended by itself (no cancel): nothing in it will run
+ENDED_ON_ITS_OWN = frozenset({RunState.COMPLETED, RunState.FAILED})
+# ids stopline derives: an engine's id containing either is never used as it is
+_DERIVED = re.compile("#sha256:|@run:")
+_DIGEST = "#sha256:"
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 _REMEMBER_FENCED = 10_000
-# the run states in which the run still holds ``initiate`` (not fenced)
+# the run states in which the run holds ``initiate`` (not fenced; a resumed run too)
 _LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
 
 _CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
@@ -56,15 +81,49 @@ _CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
 )
 
 
+def fitted(text: str, room: int) -> str:
+    """An engine's id as (part of) a stopline id of at most ``room`` characters.
+
+    ``text`` itself when it fits, holds no control character and no marker of a
+    derived id; else its printable start and the SHA-256 of all of it
+    (``HEAD#sha256:HEX``): stable across processes, and never equal to an id
+    used as itself, nor (but for a SHA-256 collision) to another derived one.
+    """
+    try:
+        check_id("id", text)
+        usable = len(text) <= room and _DERIVED.search(text) is None
+    except InvalidInput:
+        usable = False
+    if usable:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    head = _UNPRINTABLE.sub("?", text)[: max(room - len(_DIGEST) - len(digest), 0)]
+    return f"{head}{_DIGEST}{digest}"
+
+
 async def cancel_collecting(
-    ledger: Ledger, run_id: str, *, by: str, reason: str
+    ledger: Ledger, run_id: str, *, by: str, reason: str, unstarted: Unstarted | None = None
 ) -> tuple[Receipt, list[str]]:
     """``ledger.cancel``, and every run its fence reached (the run, its exclusive
-    descendants), for an engine to cancel in turn."""
+    descendants), for an engine to cancel in turn.
+
+    A run the ledger does not know may belong to a workflow the engine holds but
+    has not started (queued): ``unstarted`` gives its run, created here and fenced
+    at once, so that the workflow does nothing when it starts (its run refuses
+    every gate) and the engine's cancel is still asked for. ``UnknownRun`` only when
+    the engine knows no such workflow either."""
     fenced: list[str] = [run_id]
     stop_listening = ledger.on_cancel(fenced.extend)
     try:
-        receipt = await ledger.cancel(run_id, by=by, reason=reason)
+        try:
+            receipt = await ledger.cancel(run_id, by=by, reason=reason)
+        except UnknownRun:
+            spec = None if unstarted is None else await unstarted()
+            if spec is None:
+                raise
+            with contextlib.suppress(Exception):  # its workflow started and opened it meanwhile
+                await ledger.backend.create_run(spec)
+            receipt = await ledger.cancel(run_id, by=by, reason=reason)
     finally:
         stop_listening()
     return receipt, list(dict.fromkeys(fenced))
@@ -105,6 +164,8 @@ class EngineGate:
         # runs this process has seen fenced (the latest ones): a completion after that is
         # late evidence; ``is_fenced`` falls back to the ledger for the others
         self.fenced: dict[str, None] = {}
+        # the engine's id of each run whose id is not it (derived: ``fitted``, ADR 0050)
+        self.engine_ids: dict[str, str] = {}
         self._engine_cancel: EngineCancel | None = None
         self._listening = [ledger.on_cancel(self._saw_fence)]
 
@@ -141,7 +202,8 @@ class EngineGate:
             except UnknownRun:
                 continue
             if self.owns(run):
-                await cancel(run_id, run.cancel_reason or "stopline cancel")
+                engine_id = self.engine_ids.get(run_id, run_id)
+                await cancel(engine_id, run.cancel_reason or "stopline cancel")
 
     def run_name(self, workflow: str) -> str:
         return f"{self.engine}:{workflow}"
@@ -188,9 +250,24 @@ class EngineGate:
         self._records[run_id] = record
         return record
 
+    def remember_engine_id(self, run_id: str, engine_id: str) -> None:
+        """``run_id`` is the engine's ``engine_id`` (a derived id: ``fitted``)."""
+        if run_id != engine_id:
+            self.engine_ids[run_id] = engine_id
+            while len(self.engine_ids) > _REMEMBER_FENCED:
+                del self.engine_ids[next(iter(self.engine_ids))]
+
+    async def find_run(self, run_id: str) -> RunRecord | None:
+        """The run as the ledger has it now (not this process's copy), if it exists."""
+        try:
+            return await self.ledger.backend.get_run(run_id)
+        except UnknownRun:
+            return None
+
     async def end_run(self, run_id: str, error: BaseException | None = None) -> None:
         """The workflow ended on its own (``completed``, or ``failed`` with ``error``)."""
         self._records.pop(run_id, None)
+        self.engine_ids.pop(run_id, None)
         await self.ledger.end(run_id, by=self.owner, error=error)
 
     async def fence(self, run_id: str, reason: str) -> Receipt:
@@ -199,9 +276,12 @@ class EngineGate:
         return await self.ledger.cancel(run_id, by=self.principal, reason=reason)
 
     async def is_fenced(self, run_id: str) -> bool:
+        """Whether the run was cancelled (not merely ended: a workflow may complete
+        while the engine's cancel of one of its calls is on its way)."""
         if run_id in self.fenced:
             return True
-        if (await self.ledger.backend.get_run(run_id)).state in _LIVE:
+        run = await self.ledger.backend.get_run(run_id)
+        if run.cancelled_at is None or run.state in _LIVE:  # never cancelled, or resumed
             return False
         self._saw_fence([run_id])
         return True
@@ -217,35 +297,51 @@ class EngineGate:
         args: Sequence[Any],
         *,
         policy: Policy,
+        cut: EngineCut | None = None,
     ) -> R:
         """Run ``body`` as the operation ``run_id/key`` through the gate.
 
         Raises what ``Run.call`` raises (``RunFenced`` when the gate refuses,
         ``OperationInDoubt``, ``Rejected``, ...), and ``asyncio.CancelledError``
-        when the engine's cancel ended the call.
+        when the engine's cancel ended the call. ``cut`` says why the engine cut
+        an ``immediate`` call of a run that is not fenced; without it the cut is
+        taken for a cancel of the run.
         """
         record = await self.open_run(run_id, workflow)
         run = Run(self.ledger, self.ledger.core, record)
         run.policy = policy
         sent: list[bool] = []  # set when this call dispatched the body (not a replay)
-        task = asyncio.create_task(run.call(_bound(tool, body, sent), *args, key=key))
+        why: list[NoAnswer] = []  # set when the engine cut the body for a reason of its own
+        task = asyncio.create_task(run.call(_bound(tool, body, sent, why), *args, key=key))
         try:
             result = await asyncio.shield(task)
         except asyncio.CancelledError:
             if task.done():
                 raise
-            result = await self._cancelled(run, task, policy)
+            result = await self._cancelled(run, task, policy, cut, why)
         if sent and run_id in self.fenced:  # R4: kept, attached to its operation, nothing restarted
             await self.ledger.late_response(
                 f"{run_id}/{key}", Verdict.COMMITTED, result=result, detail="after the cancel"
             )
         return result
 
-    async def _cancelled(self, run: Run, task: asyncio.Task[R], policy: Policy) -> R:
+    async def _cancelled(
+        self,
+        run: Run,
+        task: asyncio.Task[R],
+        policy: Policy,
+        cut: EngineCut | None,
+        why: list[NoAnswer],
+    ) -> R:
         """The engine cancelled the awaiting task while the body runs."""
         run.ask_providers_to_cancel()
         if policy is Policy.IMMEDIATE:
-            run.cancel_requested = True  # the body's abort is recorded as the user's cancel
+            # the cause recorded is what happened: a cancel of the run (its fence is
+            # durable before the engine's cancel reaches the call), else the engine's own
+            if cut is None or await self.is_fenced(run.id):
+                run.cancel_requested = True  # the body's abort is recorded as the cancel's
+            else:
+                why.append(cut())  # the body leaves with it: ``unknown``, by that cause (R3)
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -268,14 +364,21 @@ async def _never_called() -> None:  # pragma: no cover - the body is always boun
     raise AssertionError("an engine tool runs its bound body")
 
 
-def _bound(tool: Tool[Any], body: Callable[[], Awaitable[R]], sent: list[bool]) -> Tool[R]:
-    """``tool``'s capabilities around this one call's body; the body sees its context."""
+def _bound(
+    tool: Tool[Any], body: Callable[[], Awaitable[R]], sent: list[bool], why: list[NoAnswer]
+) -> Tool[R]:
+    """``tool``'s capabilities around this one call's body; the body sees its context,
+    and leaves with ``why`` when the engine cut it for a reason of its own."""
 
     async def run_body(ctx: CallContext, *_args: Any) -> R:
         sent.append(True)
         token = _CALL.set(ctx)
         try:
             return await body()
+        except asyncio.CancelledError:
+            if why:
+                raise why[0] from None
+            raise
         finally:
             _CALL.reset(token)
 

@@ -7,7 +7,9 @@ only through three local activities (the worker side, ``temporal.py``):
 - ``stopline.open_run`` when the workflow starts: the run exists before any
   activity, so a cancel before the first dispatch has a run to fence; a child
   workflow's run is a child of its parent's, shared when the child is started
-  with ``ParentClosePolicy.ABANDON`` (it outlives its parent by design, R6);
+  with ``ParentClosePolicy.ABANDON`` (it outlives its parent by design, R6).
+  It answers the run's id (ADR 0050): the workflow id's run, or a run of this
+  execution's own when the workflow id's run ended on its own before;
 - ``stopline.fence_run`` when Temporal delivers a workflow cancel (client, UI,
   CLI): the fence is committed *before* the workflow's code hears of the
   cancel, so nothing it does afterwards passes the gate (R1); it opens the
@@ -15,21 +17,26 @@ only through three local activities (the worker side, ``temporal.py``):
 - ``stopline.end_run`` when the workflow ends on its own.
 
 Every activity the workflow starts carries its ``ActivityCancellationType``
-in a header, from which the worker side picks the call's phase policy.
+and its run's id in headers, from which the worker side picks the call's
+phase policy and its run; a child workflow carries its parent's run, and a
+continue-as-new the run it goes on with.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
+from temporalio.api.common.v1 import Payload
 from temporalio.exceptions import FailureError
 from temporalio.worker import (
+    ContinueAsNewInput,
     ExecuteWorkflowInput,
     StartActivityInput,
     StartChildWorkflowInput,
+    StartLocalActivityInput,
     WorkflowInboundInterceptor,
     WorkflowOutboundInterceptor,
 )
@@ -39,6 +46,7 @@ __all__ = [
     "END_RUN",
     "FENCE_RUN",
     "OPEN_RUN",
+    "RUN_HEADER",
     "SHARED_HEADER",
     "StoplineWorkflowInbound",
 ]
@@ -48,31 +56,49 @@ FENCE_RUN = "stopline.fence_run"
 END_RUN = "stopline.end_run"
 CANCELLATION_HEADER = "stopline-cancellation-type"
 SHARED_HEADER = "stopline-shared"
+RUN_HEADER = "stopline-run"  # the stopline run an activity, child or continuation belongs to
+# a ledger write that cannot succeed fails at once (the worker side makes it non-retryable)
 _LEDGER_TIMEOUT = timedelta(seconds=30)
 
 
-async def _ledger(name: str, *args: Any) -> None:
-    await workflow.execute_local_activity(
+async def _ledger(name: str, *args: Any) -> Any:
+    return await workflow.execute_local_activity(
         name, args=list(args), start_to_close_timeout=_LEDGER_TIMEOUT
     )
+
+
+def _header(input: ExecuteWorkflowInput, name: str, kind: type[Any], default: Any) -> Any:
+    payload = input.headers.get(name)
+    return default if payload is None else workflow.payload_converter().from_payload(payload, kind)
 
 
 class StoplineWorkflowInbound(WorkflowInboundInterceptor):
     """Opens, fences and ends the workflow's stopline run."""
 
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-        super().init(_Outbound(outbound))
+        self._outbound = _Outbound(outbound)
+        super().init(self._outbound)
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
         info = workflow.info()
-        shared = SHARED_HEADER in input.headers and (
-            workflow.payload_converter().from_payload(input.headers[SHARED_HEADER], bool)
-        )
         parent = info.parent.workflow_id if info.parent is not None else ""
-        run = (info.workflow_id, info.workflow_type, parent, shared)
+        # (workflow id, this execution, type, the parent's run, the parent's workflow id,
+        # shared, the run a continue-as-new goes on with)
+        execution = (
+            info.workflow_id,
+            info.run_id,
+            info.workflow_type,
+            _header(input, RUN_HEADER, str, "") if parent else "",
+            parent,
+            _header(input, SHARED_HEADER, bool, False),
+            "" if parent else _header(input, RUN_HEADER, str, ""),
+        )
+        outbound = self._outbound
 
         async def opened_then_run() -> Any:
-            await _ledger(OPEN_RUN, *run)
+            run_id = await _ledger(OPEN_RUN, *execution)
+            # a history recorded before open_run answered: the run was the workflow id's
+            outbound.run_id = run_id if isinstance(run_id, str) else info.workflow_id
             return await self.next.execute_workflow(input)
 
         main = asyncio.ensure_future(opened_then_run())
@@ -86,28 +112,46 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
                     raise
                 # R1: fence first (opening the run if the cancel came before it was
                 # opened), then let the workflow's code hear of the cancel
-                await _ledger(FENCE_RUN, *run, reason or "workflow cancel")
+                await _ledger(FENCE_RUN, *execution, reason or "workflow cancel")
                 main.cancel()
                 result = await main
         except FailureError as exc:  # the workflow fails (a plain exception retries its task)
-            await _ledger(END_RUN, info.workflow_id, f"{type(exc).__name__}: {exc}")
+            if outbound.run_id:  # else its run never opened: nothing to end
+                await _ledger(END_RUN, outbound.run_id, f"{type(exc).__name__}: {exc}")
             raise
-        await _ledger(END_RUN, info.workflow_id, "")
+        await _ledger(END_RUN, outbound.run_id, "")
         return result
 
 
 class _Outbound(WorkflowOutboundInterceptor):
-    """Tells the worker side each activity's cancellation type and each child's ownership."""
+    """Tells the worker side each activity's cancellation type and run, each child's
+    ownership and parent run, and a continuation's run."""
+
+    run_id = ""  # the workflow's stopline run, once open_run has answered
+
+    def _with_run(self, headers: dict[str, Payload]) -> dict[str, Payload]:
+        if self.run_id:
+            headers[RUN_HEADER] = workflow.payload_converter().to_payload(self.run_id)
+        return headers
 
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
         payload = workflow.payload_converter().to_payload(input.cancellation_type.name)
-        input.headers = {**input.headers, CANCELLATION_HEADER: payload}
+        input.headers = self._with_run({**input.headers, CANCELLATION_HEADER: payload})
         return self.next.start_activity(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
+        payload = workflow.payload_converter().to_payload(input.cancellation_type.name)
+        input.headers = self._with_run({**input.headers, CANCELLATION_HEADER: payload})
+        return self.next.start_local_activity(input)
 
     async def start_child_workflow(
         self, input: StartChildWorkflowInput
     ) -> workflow.ChildWorkflowHandle[Any, Any]:
         shared = input.parent_close_policy is workflow.ParentClosePolicy.ABANDON
         payload = workflow.payload_converter().to_payload(shared)
-        input.headers = {**input.headers, SHARED_HEADER: payload}
+        input.headers = self._with_run({**input.headers, SHARED_HEADER: payload})
         return await self.next.start_child_workflow(input)
+
+    def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        input.headers = self._with_run(dict(input.headers))
+        self.next.continue_as_new(input)

@@ -53,11 +53,13 @@ from typing import Any, ParamSpec, TypeVar
 from dbos import DBOS
 from dbos._context import get_local_dbos_context
 from dbos._error import DBOSWorkflowCancelledError
+from dbos._sys_db import WorkflowStatusString
 
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
+from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, Verifier
 
@@ -66,12 +68,44 @@ __all__ = ["StoplineDBOS", "call_context", "cancel"]
 P = ParamSpec("P")
 R = TypeVar("R")
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
+# DBOS's states of a workflow it holds and has not run to its end: its run may not exist yet
+_NOT_STARTED = frozenset(
+    s.value
+    for s in (
+        WorkflowStatusString.ENQUEUED,
+        WorkflowStatusString.DELAYED,
+        WorkflowStatusString.PENDING,
+    )
+)
 
 
-async def cancel(ledger: Ledger, workflow_id: str, *, by: str, reason: str = "") -> Receipt:
+async def cancel(
+    ledger: Ledger,
+    workflow_id: str,
+    *,
+    by: str,
+    reason: str = "",
+    owner: str | None = None,
+    tenant: str = "default",
+) -> Receipt:
     """Fence the workflow's run (durably, first), then cancel it in DBOS, with the
-    children it owns exclusively. For a process with no bound ``StoplineDBOS``."""
-    receipt, fenced = await cancel_collecting(ledger, workflow_id, by=by, reason=reason)
+    children it owns exclusively. For a process with no bound ``StoplineDBOS``.
+
+    A workflow DBOS holds but has not started yet (enqueued) gets its run now,
+    fenced at once (its ``owner`` the canceller unless given): DBOS
+    cancels it, and were it to start it would do nothing. ``UnknownRun`` when
+    neither the ledger nor DBOS knows the workflow."""
+
+    async def unstarted() -> RunSpec | None:
+        status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
+        if status is None or str(status.status) not in _NOT_STARTED:
+            return None
+        name = f"dbos:{status.name or 'workflow'}"
+        return RunSpec(id=workflow_id, name=name, owner=owner or by, tenant=tenant)
+
+    receipt, fenced = await cancel_collecting(
+        ledger, workflow_id, by=by, reason=reason, unstarted=unstarted
+    )
     for run_id in fenced:
         await _cancel_in_dbos(run_id, reason)
     return receipt

