@@ -412,7 +412,8 @@ class RunFenced(_Rebuilt, BaseException):
         self.run_id = run_id
         self.op_id = op_id
         where = f" (operation {op_id!r} refused at the gate)" if op_id else ""
-        super().__init__(f"run {run_id!r} is cancelled{where}")
+        # the gate refuses a run that was cancelled and one that has ended alike
+        super().__init__(f"run {run_id!r} is fenced: cancelled or ended{where}")
 
 
 # Deprecated aliases (0.2, removed in 0.3): the old names are also Pydantic AI's.
