@@ -20,7 +20,7 @@ from rich.style import Style
 from rich.text import Text
 
 import stopline
-from stopline.domain.limits import sanitise, storable
+from stopline.domain.limits import sanitise
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
 from stopline.errors import LedgerUnavailable, SchemaTooOld, StoplineError
@@ -63,10 +63,7 @@ def printable(value: object) -> str:
     replaced by U+FFFD (``sanitise``'s rule), so no text from a ledger, an exception or a
     server can move the cursor, retitle the window or clear the screen. Nothing is cut
     off."""
-    text = str(value)
-    if storable(text):  # the common case: one scan in C, no copy
-        return text
-    return sanitise(text, at_most=None)
+    return sanitise(value, at_most=None)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

@@ -24,6 +24,7 @@ __all__ = [
     "check_limit",
     "check_seconds",
     "check_wait",
+    "replace_unusable",
     "sanitise",
     "storable",
 ]
@@ -117,6 +118,11 @@ _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 def storable(text: object) -> bool:
     """Whether ``sanitise`` would give ``text`` back as it is (a check in C, no copy)."""
     return type(text) is str and len(text) <= MAX_REASON_CHARS and not _UNSTORABLE.search(text)
+
+
+def replace_unusable(text: str, by: str) -> str:
+    """``text`` with each character an id may not hold (``check_id``) replaced by ``by``."""
+    return _UNUSABLE.sub(by, text)
 
 
 def sanitise(text: object, *, at_most: int | None = MAX_REASON_CHARS) -> str:

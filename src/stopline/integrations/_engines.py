@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import operator
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, replace_unusable
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
@@ -52,6 +52,7 @@ __all__ = [
     "Unstarted",
     "call_context",
     "cancel_collecting",
+    "find_run",
     "fitted",
 ]
 
@@ -70,7 +71,6 @@ ENDED_ON_ITS_OWN = frozenset({RunState.COMPLETED, RunState.FAILED})
 # ids stopline derives: an engine's id containing either is never used as it is
 _DERIVED = re.compile("#sha256:|@run:")
 _DIGEST = "#sha256:"
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 _REMEMBER_FENCED = 10_000
 # the run states in which the run holds ``initiate`` (not fenced; a resumed run too)
@@ -97,8 +97,16 @@ def fitted(text: str, room: int) -> str:
     if usable:
         return text
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    head = _UNPRINTABLE.sub("?", text)[: max(room - len(_DIGEST) - len(digest), 0)]
+    head = replace_unusable(text, "?")[: max(room - len(_DIGEST) - len(digest), 0)]
     return f"{head}{_DIGEST}{digest}"
+
+
+async def find_run(ledger: Ledger, run_id: str) -> RunRecord | None:
+    """The run as the ledger has it now (not a process's copy), if it exists."""
+    try:
+        return await ledger.backend.get_run(run_id)
+    except UnknownRun:
+        return None
 
 
 async def cancel_collecting(
@@ -256,13 +264,6 @@ class EngineGate:
             self.engine_ids[run_id] = engine_id
             while len(self.engine_ids) > _REMEMBER_FENCED:
                 del self.engine_ids[next(iter(self.engine_ids))]
-
-    async def find_run(self, run_id: str) -> RunRecord | None:
-        """The run as the ledger has it now (not this process's copy), if it exists."""
-        try:
-            return await self.ledger.backend.get_run(run_id)
-        except UnknownRun:
-            return None
 
     async def end_run(self, run_id: str, error: BaseException | None = None) -> None:
         """The workflow ended on its own (``completed``, or ``failed`` with ``error``)."""

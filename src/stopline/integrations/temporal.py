@@ -55,7 +55,6 @@ from temporalio.worker import (
 from temporalio.workflow import ActivityCancellationType
 
 from stopline.domain.limits import check_wait
-from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cause, OpStatus, Policy
 from stopline.errors import (
@@ -74,6 +73,7 @@ from stopline.integrations._engines import (
     EngineGate,
     call_context,
     cancel_collecting,
+    find_run,
     fitted,
 )
 from stopline.integrations._temporal_workflow import (
@@ -149,11 +149,11 @@ async def _execution_run(
     which nothing reopens: then a run of this execution's own. A cancelled one is
     kept: its fence refuses every later execution of the id (ADR 0024)."""
     if carried:
-        record = await gate.find_run(carried)
+        record = await find_run(gate.ledger, carried)
         if record is not None and record.state not in ENDED_ON_ITS_OWN:
             return carried
     run_id = run_id_of(workflow_id)
-    record = await gate.find_run(run_id)
+    record = await find_run(gate.ledger, run_id)
     if record is not None and record.state in ENDED_ON_ITS_OWN:
         run_id = run_id_of(workflow_id, execution)
     await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
@@ -195,11 +195,11 @@ async def cancel(
             raise
         described = None
     run_id = run_id_of(workflow_id)
-    root = await _find(ledger, run_id)
+    root = await find_run(ledger, run_id)
     if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
         own = run_id_of(workflow_id, described.run_id)
         queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
-        if queued or await _find(ledger, own) is not None:
+        if queued or await find_run(ledger, own) is not None:
             run_id = own
 
     async def unstarted() -> RunSpec | None:
@@ -216,13 +216,6 @@ async def cancel(
     for fenced_id in fenced:
         await _request_cancel(client, workflow_id if fenced_id == run_id else fenced_id, reason)
     return receipt
-
-
-async def _find(ledger: Ledger, run_id: str) -> RunRecord | None:
-    try:
-        return await ledger.backend.get_run(run_id)
-    except UnknownRun:
-        return None
 
 
 async def _request_cancel(client: temporalio.client.Client, workflow_id: str, reason: str) -> None:

@@ -125,8 +125,7 @@ class EffectStore:
 
     def get(self, key: str) -> EffectRecord | None:
         with self._txn() as db:
-            _resolve_ended(db, key)
-            return _get(db, key)
+            return _current(db, key)
 
     def begin(self, key: str, tool: str) -> tuple[EffectRecord, bool]:
         """Claim ``key`` for a fresh attempt, or return what it already holds.
@@ -136,8 +135,7 @@ class EffectStore:
         """
         now = time.time()
         with self._txn() as db:
-            _resolve_ended(db, key)
-            existing = _get(db, key)
+            existing = _current(db, key)
             if existing is not None and existing.state is not EffectState.NOT_COMMITTED:
                 return existing, False
             db.execute(
@@ -191,7 +189,7 @@ class EffectStore:
 
     def recover(self) -> int:
         """At start: work a process that has ended left unfinished is resolved truthfully
-        (one key at a time, as it is read, while this one runs: ``_resolve_ended``).
+        (one key at a time, as it is read, while this one runs: ``_current``).
 
         Before its commit section it never will commit (``not_committed``);
         inside it, nobody can tell (``unknown``). A live process's work, and a
@@ -209,16 +207,18 @@ class EffectStore:
         return resolved
 
 
-def _resolve_ended(db: sqlite3.Connection, key: str) -> None:
-    """Before ``key`` is read or claimed: if its claim is unfinished and the process that
-    made it has ended (another server on the file, gone while this one runs), resolve it
-    now by the rule of ``recover``, not at the next start."""
-    row = db.execute(
-        "SELECT owner FROM stopline_effects WHERE key = ? AND state IN (?, ?, ?)",
-        (key, *_PENDING),
-    ).fetchone()
-    if row is not None and _ended(row[0]):
-        db.execute(_RESOLVE + " AND key = ?", (time.time(), row[0], *_PENDING, key))
+def _current(db: sqlite3.Connection, key: str) -> EffectRecord | None:
+    """``key``'s record as it is read or claimed: an unfinished claim whose process has
+    ended (another server on the file, gone while this one runs) is resolved first, by
+    the rule of ``recover``, not at the next start. One read for any other record."""
+    record = _get(db, key)
+    if record is None or record.state.terminal:
+        return record
+    (owner,) = db.execute("SELECT owner FROM stopline_effects WHERE key = ?", (key,)).fetchone()
+    if not _ended(owner):
+        return record
+    db.execute(_RESOLVE + " AND key = ?", (time.time(), owner, *_PENDING, key))
+    return _get(db, key)
 
 
 def _owner(pid: int) -> str:
