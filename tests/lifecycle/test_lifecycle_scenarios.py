@@ -379,3 +379,42 @@ async def test_r09_a_workflow_that_ends_while_pausing_completes(ledger: stopline
     receipt = await ledger.wait_settled(started.run_id, timeout=10)
     assert receipt.run_state is RunState.COMPLETED
     assert receipt.headline is Headline.COMPLETED
+
+
+@pytest.mark.parametrize("decision", ["denied", "pending", "expired"])
+async def test_r11_a_retried_key_passes_the_gate_only_with_its_approval_granted(
+    ledger: stopline.Ledger, decision: str
+) -> None:
+    """An operation that provably did not happen (here refused by its provider; in
+    LangGraph, the attempt an ``interrupt()`` stopped) is retried under its key with
+    ``needs_approval``: the retry passed the gate whatever its approval said, and a
+    denied wire was sent."""
+    sent: list[int] = []
+    refuse = True
+
+    async def wire(amount: int) -> str:
+        if refuse:
+            raise stopline.Rejected("not now")  # nothing done
+        sent.append(amount)
+        return "wired"
+
+    tool = stopline.Tool(wire)
+    async with ledger.run("pay", owner="user:1", run_id="r") as run:
+        with pytest.raises(stopline.Rejected):
+            await run.call(tool, 500, key="w")
+        refuse = False
+        approval = await run.request_approval("w", approver="boss:1")
+        if decision == "denied":
+            await ledger.deny(approval.id, by="boss:1")
+        elif decision == "expired":
+            await ledger.approve(approval.id, by="boss:1", ttl=0)
+        with pytest.raises(
+            ApprovalNeeded, match=decision.rstrip("d") if decision != "pending" else decision
+        ):
+            await run.call(tool, 500, key="w", needs_approval=True)
+        assert not sent
+        assert (await ledger.backend.get_operation("r/w")).status is OpStatus.NOT_COMMITTED
+        if decision == "pending":  # granted, the same retry passes
+            await ledger.approve(approval.id, by="boss:1")
+            assert await run.call(tool, 500, key="w", needs_approval=True) == "wired"
+            assert sent == [500]

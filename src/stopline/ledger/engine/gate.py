@@ -128,6 +128,12 @@ async def gate_committed(db: Db, op_id: str, token: str) -> int | None:
     return None if recorded is None else int(recorded["fence"])
 
 
+async def _approved(db: Db, params: dict[str, Any]) -> bool:
+    """The operation's approval is granted and unexpired (the intent's own condition)."""
+    sql = f"SELECT 1 FROM runs WHERE id = :run AND {_APPROVED}"
+    return await db.one(sql, {k: params[k] for k in ("run", "id", "now")}) is not None
+
+
 async def _lease_ok(db: Db, worker: str) -> bool:
     row = await db.one(
         f"SELECT lease_until > {db.dialect.now} FROM workers WHERE id = ?{db.dialect.for_share}",
@@ -182,6 +188,9 @@ async def _seen_before(
     if existing.status in RETRYABLE and may_initiate:
         if not await _lease_ok(db, spec.worker):
             raise LeaseExpired(spec.worker, db.location)
+        if _approval_in_sql(spec) and not await _approved(db, params):
+            # a retry passes the same check as the first attempt: its approval granted
+            return GateResult(GateVerdict.NEEDS_APPROVAL, fence=run.fence)
         # a retry with the same key: the earlier attempt provably did not commit
         target = apply(OPERATION_TABLE, existing.status, OpEvent.GATE_PASSED)
         await db.run(
