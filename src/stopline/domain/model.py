@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from stopline.domain import jsontext
@@ -44,6 +44,8 @@ __all__ = [
     "UnstableValue",
     "args_digest",
     "digest",
+    "horizon_evidence",
+    "horizon_in",
     "result_digest",
 ]
 
@@ -181,6 +183,22 @@ class Evidence:
     @classmethod
     def local(cls, ref: str, detail: str = "") -> Evidence:
         return cls(EvidenceKind.LOCAL, ref, detail)
+
+
+def horizon_evidence(at: float) -> Evidence:
+    """R13: the evidence that records an operation's horizon (epoch seconds)."""
+    return Evidence.local("horizon", f"{at:.3f}")
+
+
+def horizon_in(evidence: Iterable[Evidence]) -> float | None:
+    """The horizon the first ``horizon`` item of ``evidence`` records, if any."""
+    for e in evidence:
+        if e.kind is EvidenceKind.LOCAL and e.ref == "horizon":
+            try:
+                return float(e.detail)
+            except ValueError:
+                return None
+    return None
 
 
 class LazyEvidence(Sequence[Evidence]):
@@ -332,13 +350,7 @@ class OperationRecord:
     def horizon(self) -> float | None:
         """R13: the latest moment this operation's effect could still land, when one
         was recorded (``horizon`` evidence, written with the lost answer)."""
-        for e in reversed(self.evidence):
-            if e.kind is EvidenceKind.LOCAL and e.ref == "horizon":
-                try:
-                    return float(e.detail)
-                except ValueError:
-                    return None
-        return None
+        return horizon_in(reversed(self.evidence))
 
     @property
     def provider_can_cancel(self) -> bool:

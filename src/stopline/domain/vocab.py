@@ -178,6 +178,7 @@ class NoteKind(enum.StrEnum):
     VERIFY_FAILED = "verify_failed"  # a read-back raised
     VERIFY_UNKNOWN = "verify_unknown"  # a read-back that could not tell, and why
     PROGRESS = "progress"  # advisory: never proves a commit
+    HORIZON_STATED = "horizon_stated"  # the provider's bound (R13), kept across a crash
     COMPENSATION_PROPOSED = "compensation_proposed"  # compensation=ask, on cancel
     COMPENSATION_STOP_ASKED = "compensation_stop_asked"
     MCP_REISSUED = "mcp_reissued"  # a broken stream lost the request: sent again

@@ -28,6 +28,7 @@ from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, Op
 from stopline.errors import IllegalTransition, NotPermitted, describe
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
+from stopline.runtime.outcomes import lost_update
 from stopline.runtime.tool import Compensation, NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
@@ -146,16 +147,14 @@ class Compensator:
         core = self._core
         settler = core.settler
         scope = self._scopes[original.id]
+        ctx = CompensationContext(core, original, comp.id, tool)
         try:
             async with settler.working():
                 with scope:
-                    await self._dispatch(original, comp, tool)
-                if scope.cancelled_caught:
-                    stopped = Evidence.local(Cause.USER_CANCEL.value, "stopped on request")
-                    await core.outcomes.resolve(
-                        comp.id,
-                        OutcomeUpdate(OpEvent.LOST, [stopped], cause=Cause.USER_CANCEL),
-                    )
+                    await self._dispatch(ctx, tool)
+                if scope.cancelled_caught:  # its effect may still land: with its horizon
+                    stopped = lost_update(ctx, Cause.USER_CANCEL, "stopped on request")
+                    await core.outcomes.resolve(comp.id, stopped)
                 await self.link(await core.backend.get_operation(comp.id))
         finally:
             self._scopes.pop(original.id, None)
@@ -163,12 +162,9 @@ class Compensator:
             if done is not None:
                 done.set()
 
-    async def _dispatch(
-        self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]
-    ) -> None:
+    async def _dispatch(self, ctx: CompensationContext, tool: Tool[Any]) -> None:
         core = self._core
         assert tool.compensate_fn is not None
-        ctx = CompensationContext(core, original, comp.id, tool)
         try:
             result = await tool.compensate_fn(ctx)
         except Rejected as exc:
@@ -176,18 +172,16 @@ class Compensator:
             update = OutcomeUpdate(
                 OpEvent.REJECTED, [refused], cause=Cause.SERVER_ERROR, error=exc.reason
             )
-        except NoAnswer as exc:
-            lost = Evidence.local(exc.cause.value, exc.detail)
-            update = OutcomeUpdate(OpEvent.LOST, [lost], cause=exc.cause)
+        except NoAnswer as exc:  # lost as a call's answer is: with its horizon (R13)
+            update = lost_update(ctx, exc.cause, exc.detail)
         except Exception as exc:  # R3: anything else is unknown, never "did not happen"
             cause = Cause.TRANSPORT if isinstance(exc, OSError) else Cause.LOCAL_ERROR
-            lost = Evidence.local(cause.value, describe(exc))
-            update = OutcomeUpdate(OpEvent.LOST, [lost], cause=cause)
+            update = lost_update(ctx, cause, describe(exc))
         else:
             response = Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))
             update = OutcomeUpdate(OpEvent.COMMITTED, [response], result=result, has_result=True)
         with anyio.CancelScope(shield=True):
-            await core.outcomes.resolve(comp.id, update)
+            await core.outcomes.resolve(ctx.op_id, update)
 
     # -- the link --------------------------------------------------------------
     async def link(self, comp: OperationRecord) -> None:

@@ -3,18 +3,53 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
-from stopline.domain.model import Evidence
+import anyio
+
+from stopline.domain.model import Evidence, horizon_evidence
 from stopline.domain.vocab import EvidenceKind, NoteKind, OpEvent
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.boundary import retryable
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
     from stopline.runtime.tool import Tool
 
-__all__ = ["CallContext"]
+__all__ = ["CallContext", "Recording"]
+
+
+class Recording:
+    """A write the runtime makes in the background; awaiting it waits until it is
+    done, and raises the error that stopped it."""
+
+    __slots__ = ("_done", "_error")
+
+    def __init__(self, done: anyio.Event | None) -> None:
+        self._done = done  # None: nothing to write
+        self._error: Exception | None = None
+
+    async def write(
+        self, note: Callable[..., Awaitable[object]], op_id: str, data: dict[str, object]
+    ) -> None:
+        assert self._done is not None
+        try:
+            await note(op_id, NoteKind.HORIZON_STATED, data)
+        except Exception as exc:
+            if retryable(exc):
+                raise  # the error boundary tries again when the ledger may take it
+            self._error = exc  # the bound still holds here; an awaiting tool hears it
+        self._done.set()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> None:
+        if self._done is not None:
+            await self._done.wait()
+        if self._error is not None:
+            raise self._error
 
 
 class CallContext:
@@ -73,11 +108,21 @@ class CallContext:
         """The idempotency key to hand to the provider: the operation's id."""
         return self.op_id
 
-    def settles_by(self, at: float) -> None:
+    def settles_by(self, at: float) -> Recording:
         """The provider states the latest moment (epoch seconds) by which this call's
-        effect lands or never will (R13); the earliest stated bound wins."""
-        if self.stated_horizon is None or at < self.stated_horizon:
-            self.stated_horizon = at
+        effect lands or never will (R13); the earliest stated bound wins.
+
+        It holds at once for this process, and is written to the ledger in the
+        background so that it holds after a crash too (recovery gives it to the
+        operation it marks ``unknown``). ``await ctx.settles_by(at)`` returns once it
+        is written, and raises the ledger's error if it could not be."""
+        if self.stated_horizon is not None and at >= self.stated_horizon:
+            return Recording(None)
+        self.stated_horizon = at
+        recording = Recording(anyio.Event())
+        data = {"evidence": [horizon_evidence(at).to_json()]}
+        self.core.spawn(recording.write, self.core.backend.note, self.op_id, data)
+        return recording
 
     def cancel_via(
         self, channel: str, ask: Callable[[], Awaitable[object]], *, on_cut: bool = False

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskStatus
 
-from stopline.domain.model import Evidence, OperationRecord, digest
+from stopline.domain.model import Evidence, OperationRecord, digest, horizon_evidence
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
@@ -46,7 +46,7 @@ def lost_update(
     now = time.time() if now is None else now
     horizon = ctx.horizon(now)
     if horizon > now:
-        evidence.append(Evidence.local("horizon", f"{horizon:.3f}"))
+        evidence.append(horizon_evidence(horizon))
     return OutcomeUpdate(OpEvent.LOST, evidence, cause=cause)
 
 

@@ -28,7 +28,8 @@ from stopline.domain.model import Evidence, OperationRecord
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.compensate import context_for
-from stopline.runtime.tool import ReadBack, Tool, Verdict
+from stopline.runtime.readback import ask
+from stopline.runtime.tool import Tool, Verdict
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     from stopline.runtime.settle import VerifyBudget
 
 __all__ = ["ReconcileSummary", "Reconciler"]
-
-_CONCURRENCY = 16
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,17 +110,15 @@ class Reconciler:
                 if op.status is OpStatus.ACCEPTED and op.updated_at < now - accepted_after
             ]
             finals: dict[str, OperationRecord] = {}
-            limiter = anyio.CapacityLimiter(_CONCURRENCY)
             total = len(unknown) + len(accepted)
             if on_progress is not None:
                 on_progress(0, total)
 
-            async def one(op: OperationRecord) -> None:
-                async with limiter:
-                    if op.status is OpStatus.UNKNOWN:
-                        finals[op.id] = await settler.verify_with_budget(op, budget)
-                    else:
-                        finals[op.id] = await self.peek_accepted(op)
+            async def one(op: OperationRecord) -> None:  # its read-backs take a slot each
+                if op.status is OpStatus.UNKNOWN:
+                    finals[op.id] = await settler.verify_with_budget(op, budget)
+                else:
+                    finals[op.id] = await self.peek_accepted(op, budget)
                 if on_progress is not None:
                     on_progress(len(finals), total)
 
@@ -132,7 +129,9 @@ class Reconciler:
                 await settler.advance(run_id)
         return _summary(recovered, finals, settler.can_verify_here)
 
-    async def peek_accepted(self, op: OperationRecord) -> OperationRecord:
+    async def peek_accepted(
+        self, op: OperationRecord, budget: VerifyBudget | None = None
+    ) -> OperationRecord:
         """One read-back of an operation accepted long ago; recorded only if it proves."""
         core = self._core
         tool = core.tools.get(op.tool)
@@ -141,18 +140,18 @@ class Reconciler:
             return op
         ctx = await context_for(core, op, tool)
         try:
-            answer = await verify_fn(ctx)
-            read = ReadBack.of(answer)
+            limit = (budget or core.verify_budget).read_timeout
+            read = await ask(verify_fn, ctx, limit, core.settler.read_slots)
         except Exception:
             return op
-        if read.verdict is Verdict.UNKNOWN:
+        if read.verdict is Verdict.UNKNOWN or core.settler.not_yet(op, read, in_flight=True):
             return op
         evidence = [Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", read.detail)]
         if read.verdict is Verdict.COMMITTED:
             update = OutcomeUpdate(
                 OpEvent.COMMITTED, evidence, result=read.result, has_result=read.result is not None
             )
-        else:  # "never will": the provider dropped it
+        else:  # "never will": the provider dropped it (past the horizon, or it said so)
             update = OutcomeUpdate(OpEvent.REJECTED, evidence, error="read-back: not committed")
         return await core.outcomes.resolve(op.id, update)
 

@@ -16,7 +16,6 @@ settles (S8).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import SYSTEM
-from stopline.domain.limits import check_backoff
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import FINAL_RUN_STATES, settle_move
 from stopline.domain.vocab import (
@@ -41,6 +39,7 @@ from stopline.ledger.backend import Note, OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
+from stopline.runtime.readback import READS_AT_ONCE, VerifyBudget, ask
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
@@ -73,35 +72,6 @@ _FINAL_KEPT = 4096
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class VerifyBudget:
-    """How hard to try a read-back before handing an operation to review.
-
-    ``attempts`` read-backs, the first ``first_delay`` seconds after the answer was
-    lost (a provider that is still finishing gets that long), each next one after a
-    delay growing by ``factor`` up to ``max_delay``. An operation whose horizon
-    (R13) is still ahead when the budget is spent gets one more read-back once it
-    has passed.
-    """
-
-    attempts: int = 6
-    first_delay: float = 0.2
-    factor: float = 2.0
-    max_delay: float = 10.0
-
-    def __post_init__(self) -> None:  # checked when made (InvalidInput), as a Retry is
-        waits = ("first_delay", "factor", "max_delay")
-        check_backoff(self.attempts, **{what: getattr(self, what) for what in waits})
-
-    def delays(self) -> list[float]:
-        """The wait before each read-back, the first included."""
-        out, delay = [], self.first_delay
-        for _ in range(self.attempts):
-            out.append(min(delay, self.max_delay))
-            delay *= self.factor
-        return out
-
-
 class Settler:
     def __init__(self, core: Core) -> None:
         self._core = core
@@ -114,6 +84,7 @@ class Settler:
             core, lambda op_ids: core.backend.get_operations(op_ids)
         )
         self._not_yet: set[str] = set()  # ops a read-back found nothing for, before the horizon
+        self.read_slots = anyio.CapacityLimiter(READS_AT_ONCE)
         self._verifying: dict[str, anyio.Event] = {}  # op id -> set when its verification ends
         # run id -> work under way that asks for the run's step when it ends (a provider's
         # answer awaited, the record of calls a cancel cut): no step reads it meanwhile
@@ -324,7 +295,7 @@ class Settler:
                 reads = 0  # each read-back reads the operation first: ``op`` may be stale
                 for delay in delays:
                     await anyio.sleep(delay)  # a provider still finishing gets this long
-                    current, done = await self._one_read(current)
+                    current, done = await self._one_read(current, budget)
                     reads += 1
                     if done:
                         return current
@@ -333,7 +304,7 @@ class Settler:
                 horizon = self.horizon_of(current)
                 if op.id in self._not_yet and horizon is not None and horizon > time.time():
                     await anyio.sleep(horizon - time.time() + 0.001)
-                    current, done = await self._one_read(current)
+                    current, done = await self._one_read(current, budget)
                     reads += 1
                     if done:
                         return current
@@ -345,12 +316,14 @@ class Settler:
             if done_event is not None:
                 done_event.set()
 
-    async def _one_read(self, op: OperationRecord) -> tuple[OperationRecord, bool]:
+    async def _one_read(
+        self, op: OperationRecord, budget: VerifyBudget | None
+    ) -> tuple[OperationRecord, bool]:
         """One read-back unless something else settled it; whether it is settled now."""
         current = await self._reads.one(op.id)
         if current.status is not OpStatus.UNKNOWN:
             return current, True
-        current = await self.read_back(current)
+        current = await self.read_back(current, budget)
         return current, current.status is not OpStatus.UNKNOWN
 
     def horizon_of(self, op: OperationRecord) -> float | None:
@@ -362,7 +335,21 @@ class Settler:
             return None
         return op.created_at + tool.settles_within
 
-    async def read_back(self, op: OperationRecord) -> OperationRecord:
+    def not_yet(self, op: OperationRecord, read: ReadBack, *, in_flight: bool = False) -> bool:
+        """R13: a read-back that found nothing proves nothing while the effect can still
+        land: before the horizon, unless the provider said the request ended. A call
+        still ``in_flight`` (accepted, its worker waiting on it) has no horizon but a
+        stated or declared one: its local call has not ended."""
+        if read.verdict is not Verdict.NOT_COMMITTED or read.ended:
+            return False
+        horizon = self.horizon_of(op)
+        if horizon is None:
+            return in_flight
+        return horizon > time.time()
+
+    async def read_back(
+        self, op: OperationRecord, budget: VerifyBudget | None = None
+    ) -> OperationRecord:
         """One read-only look at the destination; records what it proves (R5)."""
         core = self._core
         tool = core.tools.get(op.tool)
@@ -383,8 +370,8 @@ class Settler:
         assert tool is not None
         ctx = await context_for(core, op, tool)
         try:
-            answer = await verify_fn(ctx)
-            read = ReadBack.of(answer)
+            limit = (budget or core.verify_budget).read_timeout
+            read = await ask(verify_fn, ctx, limit, self.read_slots)
         except Exception as exc:
             # kept as evidence: a verifier's error is part of why the outcome is in doubt
             failed = Evidence.local("verify_error", describe(exc))
@@ -399,10 +386,7 @@ class Settler:
             return await core.backend.note(
                 op.id, NoteKind.VERIFY_UNKNOWN, {"evidence": [looked.to_json()]}
             )
-        horizon = self.horizon_of(op)
-        early = horizon is not None and horizon > time.time()
-        if read.verdict is Verdict.NOT_COMMITTED and early and not read.ended:
-            # R13: not found is "not yet" while the effect can still land
+        if self.not_yet(op, read):
             self._not_yet.add(op.id)
             return await self._reads.one(op.id)
         committed = read.verdict is Verdict.COMMITTED

@@ -12,12 +12,19 @@ the partial index ``ops_open`` (its condition repeated verbatim).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Collection, Sequence
 
-from stopline.domain.model import Evidence, OperationRecord, OperationSpec
+from stopline.domain.model import (
+    Evidence,
+    OperationRecord,
+    OperationSpec,
+    horizon_evidence,
+    horizon_in,
+)
 from stopline.domain.transitions import OPERATION_TABLE, apply
-from stopline.domain.vocab import Cause, OpEvent
+from stopline.domain.vocab import Cause, NoteKind, OpEvent
 from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.gate import gate
@@ -63,12 +70,16 @@ async def recover_orphans(
             )
             held, params = db.dialect.in_list("worker", dead)
             orphans = await db.all(
-                f"SELECT id FROM operations{open_index} WHERE {in_flight_where()} AND {held}"
-                f" ORDER BY created_at, id{db.dialect.for_update}",
+                f"SELECT id, run_id FROM operations{open_index} WHERE {in_flight_where()}"
+                f" AND {held} ORDER BY created_at, id{db.dialect.for_update}",
                 params,
             )
-            update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.CRASH)
-            recovered = [await record(db, op_id, update) for (op_id,) in orphans]
+            stated = await _stated_horizons(db, {run_id for _, run_id in orphans})
+            for op_id, _ in orphans:
+                horizon = stated.get(op_id)  # R13: the provider's bound outlives the worker
+                kept = evidence if horizon is None else [*evidence, horizon_evidence(horizon)]
+                update = OutcomeUpdate(OpEvent.LOST, kept, cause=Cause.CRASH)
+                recovered.append(await record(db, op_id, update))
         # leases that expired and guard nothing are history; tombstones after a while
         await db.run(
             "DELETE FROM workers WHERE ((lease_until > 0 AND lease_until < ?)"
@@ -77,6 +88,28 @@ async def recover_orphans(
             (now, now - TOMBSTONE_DAYS * 86400),
         )
     return recovered
+
+
+async def _stated_horizons(db: Db, run_ids: Collection[str]) -> dict[str, float]:
+    """The earliest horizon stated for each operation of these runs (``settles_by``,
+    noted as it was stated); a note that cannot be read states nothing."""
+    if not run_ids:
+        return {}
+    which, params = db.dialect.in_list("run_id", sorted(run_ids))
+    notes = await db.all(
+        f"SELECT op_id, data FROM events WHERE {which} AND kind = ?",
+        (*params, NoteKind.HORIZON_STATED.value),
+    )
+    stated: dict[str, float] = {}
+    for op_id, data in notes:
+        try:
+            items = [Evidence.from_json(e) for e in json.loads(data)["evidence"]]
+        except (ValueError, TypeError, KeyError):
+            continue
+        at = horizon_in(items)
+        if at is not None and (op_id not in stated or at < stated[op_id]):
+            stated[op_id] = at
+    return stated
 
 
 async def begin_compensation(
