@@ -204,3 +204,25 @@ async def test_r2_a_failed_write_is_retried_until_the_ledger_takes_it(
         receipt = await ledger.wait_settled("run-disk", timeout=10)
         assert receipt.lines[0].status is OpStatus.COMMITTED
         assert observer[0].failures == 0  # both refusals happened, then it was taken
+
+
+async def test_r4_a_late_result_that_is_not_json_is_committed_without_it(
+    ledger: stopline.Ledger,
+) -> None:
+    """A response that came after the answer was lost, with a result that is not JSON:
+    it was recorded as kept and stored as nothing, so a replay handed back ``None`` (a
+    model was told the call returned null). It is kept as an answer in time is: the
+    commit proven, the result said not kept, a replay refused."""
+
+    async def allocate(ctx: stopline.CallContext) -> set[int]:
+        raise ConnectionResetError("the answer was lost")
+
+    tool = stopline.Tool(allocate)
+    with pytest.raises(ConnectionResetError):
+        async with ledger.run("job", owner="user:1", run_id="run-late") as run:
+            await run.call(tool, key="k")
+    op = await ledger.late_response("run-late/k", stopline.Verdict.COMMITTED, result={1, 2})
+    assert op.status is OpStatus.COMMITTED and not op.has_result and op.result is None
+    assert op.result_not_kept is not None and "set is not JSON" in op.result_not_kept
+    with pytest.raises(NotReplayable, match="set is not JSON"):
+        await ledger.dispatch("run-late", tool, key="k")

@@ -34,6 +34,7 @@ from stopline.domain.vocab import (
 from stopline.errors import LedgerCorrupt, UnstableValue, describe
 
 __all__ = [
+    "NOT_REPLAYABLE",
     "CancelState",
     "EventRecord",
     "Evidence",
@@ -43,6 +44,7 @@ __all__ = [
     "RunRecord",
     "UnstableValue",
     "args_digest",
+    "committed_evidence",
     "digest",
     "horizon_evidence",
     "horizon_in",
@@ -106,6 +108,19 @@ def result_digest(value: Any) -> tuple[str, str | None]:
             f" {MAX_RESULT_CHARS:,}: a replay cannot return it"
         )
     return _sha(text), None
+
+
+NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
+
+
+def committed_evidence(result: Any, detail: str = "") -> tuple[list[Evidence], bool]:
+    """The evidence a response proves a commit with, and whether the ledger keeps the
+    result to return on a replay (if not, the evidence says why). Raises as ``digest``."""
+    response, not_kept = result_digest(result)
+    evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response, detail)]
+    if not_kept:  # refused now, at record time, rather than a None on replay
+        evidence.append(Evidence.local(NOT_REPLAYABLE, not_kept))
+    return evidence, not not_kept
 
 
 def _sha(text: str) -> str:
@@ -345,6 +360,15 @@ class OperationRecord:
     updated_at: float
     compensates: str | None = None
     worker: str = ""
+
+    @property
+    def result_not_kept(self) -> str | None:
+        """Why the ledger holds no result of this commit to return (``committed_evidence``
+        said so when it was recorded), else ``None``."""
+        for e in self.evidence:
+            if e.kind is EvidenceKind.LOCAL and e.ref == NOT_REPLAYABLE:
+                return e.detail
+        return None
 
     @property
     def horizon(self) -> float | None:

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from stopline.domain.lifecycle import SYSTEM
-from stopline.domain.model import Evidence, OperationRecord, OperationSpec, digest
+from stopline.domain.model import (
+    Evidence,
+    OperationRecord,
+    OperationSpec,
+    committed_evidence,
+    digest,
+)
 from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, OpEvent, OpStatus
 from stopline.errors import IllegalTransition, NotPermitted, describe
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
@@ -178,8 +184,10 @@ class Compensator:
             cause = Cause.TRANSPORT if isinstance(exc, OSError) else Cause.LOCAL_ERROR
             update = lost_update(ctx, cause, describe(exc))
         else:
-            response = Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result))
-            update = OutcomeUpdate(OpEvent.COMMITTED, [response], result=result, has_result=True)
+            evidence, kept = committed_evidence(result)
+            update = OutcomeUpdate(
+                OpEvent.COMMITTED, evidence, result=result if kept else None, has_result=kept
+            )
         with anyio.CancelScope(shield=True):
             await core.outcomes.resolve(ctx.op_id, update)
 

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskStatus
 
-from stopline.domain.model import Evidence, OperationRecord, digest, horizon_evidence
+from stopline.domain.model import (
+    Evidence,
+    OperationRecord,
+    committed_evidence,
+    digest,
+    horizon_evidence,
+)
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
@@ -207,7 +213,11 @@ class Outcomes:
     ) -> OperationRecord:
         """R4: attach a response that came after cancel or timeout; never restarts anything."""
         verdict = as_verdict(verdict)  # a string read as "refused" proved nothing
-        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
+        kept = verdict is Verdict.COMMITTED
+        if kept:  # a result the ledger cannot keep is said so, as an answer in time is
+            evidence, kept = committed_evidence(result, detail or "late")
+        else:
+            evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
         if ref:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
         if verdict is Verdict.UNKNOWN:
@@ -220,7 +230,7 @@ class Outcomes:
         return await self.resolve(
             op_id,
             OutcomeUpdate(
-                event, evidence, result=result, has_result=verdict is Verdict.COMMITTED, late=True
+                event, evidence, result=result if kept else None, has_result=kept, late=True
             ),
         )
 

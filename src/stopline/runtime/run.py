@@ -26,13 +26,14 @@ import anyio.lowlevel
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.model import (
+    NOT_REPLAYABLE,
     Evidence,
     OperationRecord,
     OperationSpec,
     RunRecord,
     UnstableValue,
     args_digest,
-    result_digest,
+    committed_evidence,
 )
 from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
 from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced, describe
@@ -49,10 +50,9 @@ if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger
     from stopline.runtime.scope import RunScope
 
-__all__ = ["INTERRUPTED", "Run"]
+__all__ = ["INTERRUPTED", "NOT_REPLAYABLE", "Run"]  # NOT_REPLAYABLE: the domain's
 
 R = TypeVar("R")
-NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
 
 # the operations this task is inside of (a tool that calls run.call, and its child tasks)
 _CALLING: ContextVar[frozenset[str]] = ContextVar("stopline_calling", default=frozenset())
@@ -349,9 +349,8 @@ class Run:
         (``on_resume``: the same rule a receipt's recovery line is derived from, R14)."""
         if on_resume(op.status) is OnResume.REPLAYED:
             # not kept: raises; read back without one: None, so a resume goes on (ADR 0049)
-            for e in op.evidence:
-                if e.ref == NOT_REPLAYABLE:
-                    raise NotReplayable(op.id, e.detail)
+            if op.result_not_kept is not None:
+                raise NotReplayable(op.id, op.result_not_kept)
             return op.result
         if op.status is OpStatus.PREVENTED:
             self.cancel_requested = True
@@ -381,22 +380,16 @@ class Run:
             raise
         ctx.answered = True
         try:
-            response, not_kept = result_digest(result)
+            evidence, kept = committed_evidence(result)
         except Exception as exc:  # an answer came that cannot be written down: in doubt
             with anyio.CancelScope(shield=True):
                 detail = f"the result could not be digested: {describe(exc)}"
                 await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, detail)
             return result
-        evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response)]
         if ctx.provider_ref and not ctx.is_accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
-        if not_kept:  # refused now, at record time, rather than a None on replay
-            evidence.append(Evidence.local(NOT_REPLAYABLE, not_kept))
         update = OutcomeUpdate(
-            OpEvent.COMMITTED,
-            evidence,
-            result=None if not_kept else result,
-            has_result=not not_kept,
+            OpEvent.COMMITTED, evidence, result=result if kept else None, has_result=kept
         )
         if not core.durable_outcomes and core.backend.defers_outcomes:
             # queued in order now, committed with the next group commit (ADR 0022)
