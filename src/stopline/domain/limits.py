@@ -10,6 +10,7 @@ as a storage error.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from stopline.errors import InvalidInput
@@ -24,6 +25,7 @@ __all__ = [
     "check_limit",
     "check_seconds",
     "check_wait",
+    "fitted",
     "replace_unusable",
     "sanitise",
     "storable",
@@ -139,3 +141,29 @@ def sanitise(text: object, *, at_most: int | None = MAX_REASON_CHARS) -> str:
     if at_most is not None and len(text) > at_most:  # ``None``: shown whole (a terminal)
         text = text[: at_most - 1] + "\u2026"
     return _UNSTORABLE.sub("\ufffd", text)
+
+
+# ids stopline derives: an id made elsewhere containing either is never used as it is
+_DERIVED = re.compile("#sha256:|@run:")
+_DIGEST = "#sha256:"
+
+
+def fitted(text: str, room: int) -> str:
+    """An id made elsewhere (an engine's, a child run's) as (part of) a stopline id of at
+    most ``room`` characters.
+
+    ``text`` itself when it fits, holds no control character and no marker of a
+    derived id; else its printable start and the SHA-256 of all of it
+    (``HEAD#sha256:HEX``): stable across processes, and never equal to an id
+    used as itself, nor (but for a SHA-256 collision) to another derived one.
+    """
+    try:
+        check_id("id", text)
+        usable = len(text) <= room and _DERIVED.search(text) is None
+    except InvalidInput:
+        usable = False
+    if usable:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    head = replace_unusable(text, "?")[: max(room - len(_DIGEST) - len(digest), 0)]
+    return f"{head}{_DIGEST}{digest}"

@@ -27,17 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import hashlib
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import operator
-from stopline.domain.limits import check_id, replace_unusable
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
-from stopline.errors import InvalidInput, NoAnswer, UnknownRun
+from stopline.errors import NoAnswer, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -53,7 +50,6 @@ __all__ = [
     "call_context",
     "cancel_collecting",
     "find_run",
-    "fitted",
 ]
 
 R = TypeVar("R")
@@ -68,9 +64,6 @@ Unstarted = Callable[[], Awaitable[RunSpec | None]]
 
 # the states of a run whose workflow ended by itself (no cancel): nothing in it will run
 ENDED_ON_ITS_OWN = frozenset({RunState.COMPLETED, RunState.FAILED})
-# ids stopline derives: an engine's id containing either is never used as it is
-_DERIVED = re.compile("#sha256:|@run:")
-_DIGEST = "#sha256:"
 
 _REMEMBER_FENCED = 10_000
 # the run states in which the run holds ``initiate`` (not fenced; a resumed run too)
@@ -79,26 +72,6 @@ _LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
 _CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "stopline_engine_call", default=None
 )
-
-
-def fitted(text: str, room: int) -> str:
-    """An engine's id as (part of) a stopline id of at most ``room`` characters.
-
-    ``text`` itself when it fits, holds no control character and no marker of a
-    derived id; else its printable start and the SHA-256 of all of it
-    (``HEAD#sha256:HEX``): stable across processes, and never equal to an id
-    used as itself, nor (but for a SHA-256 collision) to another derived one.
-    """
-    try:
-        check_id("id", text)
-        usable = len(text) <= room and _DERIVED.search(text) is None
-    except InvalidInput:
-        usable = False
-    if usable:
-        return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    head = replace_unusable(text, "?")[: max(room - len(_DIGEST) - len(digest), 0)]
-    return f"{head}{_DIGEST}{digest}"
 
 
 async def find_run(ledger: Ledger, run_id: str) -> RunRecord | None:

@@ -54,7 +54,7 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from stopline.domain.limits import check_wait
+from stopline.domain.limits import check_wait, fitted
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cause, OpStatus, Policy
 from stopline.errors import (
@@ -74,7 +74,6 @@ from stopline.integrations._engines import (
     call_context,
     cancel_collecting,
     find_run,
-    fitted,
 )
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,

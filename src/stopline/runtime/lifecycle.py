@@ -431,11 +431,14 @@ class Lifecycle:
                 raise
             latest = dataclasses.replace(current, state=state)
             raise RunEnded(run_id, state, what_to_do(latest)) from exc
-        local = core.runs.get(run_id)
-        if local is not None:
-            local.pause_requested = False
-            local.cancel_requested = False
-            local.covered = False
+        # the runs it owns resumed with it: their blocks open here go on too
+        for rid, local in list(core.runs.items()):
+            stopped = local.pause_requested or local.cancel_requested
+            if rid == run_id or (
+                stopped and (await core.backend.get_run(rid)).state is RunState.RUNNING
+            ):
+                local.pause_requested = local.cancel_requested = local.covered = False
+                core.changed(rid)
         core.changed(run_id)
         return Resumed(run, await core.backend.last_checkpoint(run_id), tuple(expired))
 

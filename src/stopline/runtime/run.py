@@ -41,6 +41,7 @@ from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import ApprovalNeeded, Retry
 from stopline.runtime.outcomes import INTERRUPTED
+from stopline.runtime.replay import child_id, replay_gate
 from stopline.runtime.tool import NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
@@ -168,6 +169,8 @@ class Run:
         self.pause_requested = False
         # the workflow stopped to wait (a human's approval): its block ends, the run stays paused
         self.suspended = False
+        self.replaying = False  # a child that ended, re-entered by its parent (ADR 0053)
+        self._children: dict[str, int] = {}  # ``child_id``'s count of its children by name
 
     # -- the gate's caller ---------------------------------------------------
     async def call(
@@ -280,7 +283,8 @@ class Run:
         *,
         replayed: bool,
     ) -> R:
-        gate = await self._core.backend.gate(spec)
+        backend = self._core.backend  # a replaying block reads what happened, never writes
+        gate = await (replay_gate(backend, self, spec) if self.replaying else backend.gate(spec))
         while gate.verdict is GateVerdict.PAUSED:
             await self._core.wait_while_paused(self.id)
             gate = await self._core.backend.gate(spec)
@@ -414,12 +418,14 @@ class Run:
         self.boundary()
 
     def child(self, name: str, *, shared: bool = False, run_id: str | None = None) -> RunScope:
-        """A sub-agent's run, owned by this one (exclusively unless ``shared``)."""
+        """A sub-agent's run, owned by this one (exclusively unless ``shared``); by default
+        its id is ``child_id``'s: a resumed parent reaches the same child (ADR 0053)."""
+        derived = child_id(self.id, name, self._children)
         return self._ledger.run(
             name,
             owner=self.owner,
             tenant=self.tenant,
-            run_id=run_id,
+            run_id=derived if run_id is None else run_id,
             parent_id=self.id,
             shared=shared,
         )

@@ -25,6 +25,7 @@ from stopline.domain.vocab import RunState
 from stopline.errors import AlreadyAttached, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.boundary import only_cancels_of
+from stopline.runtime.replay import replays
 from stopline.runtime.run import Run
 
 if TYPE_CHECKING:
@@ -70,17 +71,20 @@ class RunScope:
                 record = await backend.get_run(self._spec.id)
             except UnknownRun:
                 record = None
+        replaying = record is not None and replays(self._spec, record)
         if record is None:
             record = await backend.create_run(self._spec)
-        elif record.state.ended or record.state in _SETTLING:  # nothing would run in it
+        elif (record.state.ended or record.state in _SETTLING) and not replaying:
             raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
         run = self._run = Run(self._ledger, self._core, record, self._scope)
+        run.replaying = replaying
         run.block_task_cancels = _task_cancels()
         # registered and entered in one step: ``run.opened`` is the order in which the
         # blocks' scopes opened (what a delivery reads nesting from)
         self._core.register_run(run)
         self._scope.__enter__()
-        if record.state is not RunState.RUNNING and record.state not in (
+        if not replaying and record.state not in (
+            RunState.RUNNING,
             RunState.PAUSING,
             RunState.PAUSED,
         ):
@@ -100,8 +104,9 @@ class RunScope:
         by_enclosing = run.covered and isinstance(exc, anyio.get_cancelled_exc_class())
         run.cancelled_caught = ours or self._scope.cancelled_caught or by_enclosing
         del self._core.runs[run.id]
-        with anyio.CancelScope(shield=True):
-            await self._core.outbox.end_run(run, None if swallowed else exc)
+        if not run.replaying:  # a replay ended long ago: nothing to record
+            with anyio.CancelScope(shield=True):
+                await self._core.outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
 
 

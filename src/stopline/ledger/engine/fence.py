@@ -314,33 +314,59 @@ async def settle_pause(db: Db, run_id: str) -> RunRecord:
         return await load_run(db, run_id)
 
 
+# the states a resume moves (the run table's): the rest of a tree must be there or done
+RESUMABLE = frozenset(state for state, event in RUN_TABLE if event is RunEvent.RESUME)
+
+
 async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
-    """paused/pausing/cancelled -> running; R10: only when every operation is settled."""
+    """paused/pausing/cancelled -> running, for the run and what it owns exclusively (the
+    tree its pause or cancel stopped: a child left paused waited for ever); R10: a
+    cancelled run of it only when every one of its operations is settled."""
     async with db.transaction():
         run = await load_run(db, run_id, lock=db.dialect.for_update)
         if run.state in NOTHING_TO_RESUME:
             return run, []  # running already, or ended on its own: like a second cancel, a no-op
-        target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
-        now = time.time()
-        if run.state is RunState.CANCELLED:
-            open_op = await first_unsettled(db, run_id)
+        apply(RUN_TABLE, run.state, RunEvent.RESUME)
+        subtree, frontier = [run], [run_id]
+        while frontier:
+            frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
+            subtree += [await load_run(db, rid, lock=db.dialect.for_update) for rid in frontier]
+        stopped = [r for r in subtree if r.state not in NOTHING_TO_RESUME]
+        for r in stopped:
+            if r.state not in RESUMABLE:  # a run of it still settling, or in review
+                raise NotPermitted(
+                    f"run {run_id!r} cannot resume: the run {r.id!r} it owns is "
+                    f"{r.state.value} (let it settle, or resolve its review, first)"
+                )
+        for r in subtree if run.state is RunState.CANCELLED else []:  # R10, over the tree
+            open_op = await first_unsettled(db, r.id)
             if open_op is not None:
                 raise NotPermitted(
                     f"run {run_id!r} cannot resume: operation {open_op[0]!r} is not resolved "
                     "(verify or review it first)"
                 )
-        expired = [
-            r[0]
-            for r in await db.all(
-                "UPDATE approvals SET status = ? WHERE run_id = ? AND status = ?"
-                " AND expires_at IS NOT NULL AND expires_at <= ? RETURNING id",
-                (ApprovalStatus.EXPIRED, run_id, ApprovalStatus.GRANTED, now),
-            )
-        ]
-        await db.run(
-            "UPDATE runs SET state = ?, grants = grants | ?, updated_at = ? WHERE id = ?",
-            (target, int(Grant.INITIATE), now, run_id),
-        )
-        data = {"by": by, "expired_approvals": expired}
-        await db.run(*event_statement(now, run_id, None, RunEvent.RESUME, run.state, target, data))
+        now = time.time()
+        expired: list[str] = []
+        for r in stopped:
+            expired += await _resume_one(db, r, by, now)
         return await load_run(db, run_id), expired
+
+
+async def _resume_one(db: Db, run: RunRecord, by: str, now: float) -> list[str]:
+    """One run of a resumed tree back to running; the approvals that expired meanwhile."""
+    target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
+    expired = [
+        r[0]
+        for r in await db.all(
+            "UPDATE approvals SET status = ? WHERE run_id = ? AND status = ?"
+            " AND expires_at IS NOT NULL AND expires_at <= ? RETURNING id",
+            (ApprovalStatus.EXPIRED, run.id, ApprovalStatus.GRANTED, now),
+        )
+    ]
+    await db.run(
+        "UPDATE runs SET state = ?, grants = grants | ?, updated_at = ? WHERE id = ?",
+        (target, int(Grant.INITIATE), now, run.id),
+    )
+    data = {"by": by, "expired_approvals": expired}
+    await db.run(*event_statement(now, run.id, None, RunEvent.RESUME, run.state, target, data))
+    return expired

@@ -1,0 +1,149 @@
+"""A parent's children across a stop and a resume (R10, R14; ADR 0053).
+
+A resumed parent runs its workflow from the start; the children it opens must be
+the runs it opened before, or their completed actions are sent again under new
+keys. A resume moves the tree its pause or cancel stopped.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import stopline
+from stopline import OpStatus, RunState
+from stopline.errors import NotPermitted, RunEnded
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Provider:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+        async def send(ctx: stopline.CallContext, text: str) -> str:
+            self.sent.append(ctx.key)
+            return f"sent {text}"
+
+        self.tool = stopline.Tool(send)
+
+
+async def workflow(
+    ledger: stopline.Ledger, provider: Provider, *, cancel: bool, extra: bool = False
+) -> None:
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        async with run.child("sub") as sub:
+            assert await sub.call(provider.tool, "hello", key="send") == "sent hello"
+            if extra:
+                await sub.call(provider.tool, "more", key="more")
+        if cancel:
+            await ledger.cancel(run.id, by="user:1")
+        await run.call(provider.tool, "summary", key="summary")
+
+
+async def test_a_resumed_parent_reaches_the_child_it_opened_and_repeats_nothing(
+    ledger: stopline.Ledger,
+) -> None:
+    """``run.child(name)`` took a random id: the parent's receipt said its child's send
+    "is returned from the ledger, not repeated", and following it sent it again."""
+    provider = Provider()
+    await workflow(ledger, provider, cancel=True)
+    receipt = await ledger.wait_settled("r", timeout=10)
+    assert "1 completed action is returned from the ledger" in receipt.resume_rule
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.COMPLETED
+    await ledger.resume("r", by="user:1")
+    await workflow(ledger, provider, cancel=False)  # the same workflow, followed literally
+    assert provider.sent == ["r:sub/send", "r/summary"]
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.COMPLETED
+    assert (await ledger.receipt("r")).headline is stopline.Headline.COMPLETED
+
+
+async def test_a_replayed_child_refuses_a_call_it_never_made_and_writes_nothing(
+    ledger: stopline.Ledger,
+) -> None:
+    provider = Provider()
+    await workflow(ledger, provider, cancel=True)
+    await ledger.wait_settled("r", timeout=10)
+    await ledger.resume("r", by="user:1")
+    before = await ledger.backend.events("r:sub")
+    with pytest.raises(RunEnded, match="'r:sub/more'"):
+        await workflow(ledger, provider, cancel=False, extra=True)
+    assert provider.sent == ["r:sub/send"]
+    assert await ledger.backend.events("r:sub") == before
+
+
+async def test_children_of_one_name_are_numbered_in_the_order_they_open(
+    ledger: stopline.Ledger,
+) -> None:
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        ids = []
+        for _ in range(3):
+            async with run.child("step") as child:
+                ids.append(child.id)
+        async with run.child("other", run_id="mine") as named:
+            ids.append(named.id)
+        long_name = "n" * 1024
+        async with run.child(long_name) as long:
+            ids.append(long.id)
+    assert ids[:4] == ["r:step", "r:step.2", "r:step.3", "mine"]
+    assert len(ids[4]) <= 1024 and "#sha256:" in ids[4]  # fitted, stable
+
+
+async def test_resuming_a_paused_parent_resumes_the_children_its_pause_stopped(
+    ledger: stopline.Ledger,
+) -> None:
+    """A pause stops the tree; the resume moved only its root, and the child's next
+    call waited for ever."""
+    provider = Provider()
+    async with ledger.run("parent", owner="user:1", run_id="r") as run, run.child("sub") as sub:
+        await sub.call(provider.tool, "a", key="a")
+        await ledger.pause("r", by="user:1")
+        assert (await ledger.backend.get_run("r:sub")).state is RunState.PAUSED
+        await ledger.resume("r", by="user:1")
+        assert (await ledger.backend.get_run("r:sub")).state is RunState.RUNNING
+        with anyio.fail_after(10):  # a hang fails, it is not a timing
+            assert await sub.call(provider.tool, "b", key="b") == "sent b"
+    assert provider.sent == ["r:sub/a", "r:sub/b"]
+
+
+async def test_resuming_a_cancelled_parent_resumes_its_cancelled_children(
+    ledger: stopline.Ledger,
+) -> None:
+    provider = Provider()
+
+    async def tree(cancel: bool) -> None:
+        async with ledger.run("parent", owner="user:1", run_id="r") as run, run.child("sub") as sub:
+            await sub.call(provider.tool, "a", key="a")
+            if cancel:
+                await ledger.cancel("r", by="user:1")
+            await sub.call(provider.tool, "b", key="b")
+
+    await tree(cancel=True)
+    await ledger.wait_settled("r", timeout=10)
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.CANCELLED
+    await ledger.resume("r", by="user:1")
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.RUNNING
+    await tree(cancel=False)
+    assert provider.sent == ["r:sub/a", "r:sub/b"]  # a replayed, b sent once
+
+
+async def test_a_tree_resumes_only_when_its_childrens_operations_are_resolved(
+    ledger: stopline.Ledger,
+) -> None:
+    """R10 over the tree: a child's operation in review blocks the parent's resume,
+    named, and nothing of the tree moves."""
+
+    async def lost(ctx: stopline.CallContext) -> str:
+        raise ConnectionResetError("the answer was lost")  # no verifier: review
+
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        async with run.child("sub") as sub:
+            with pytest.raises(ConnectionResetError):
+                await sub.call(stopline.Tool(lost), key="pay")
+        await ledger.cancel("r", by="user:1")
+    await ledger.wait_settled("r", timeout=10)
+    op = await ledger.backend.get_operation("r:sub/pay")
+    assert op.status is OpStatus.NEEDS_REVIEW
+    with pytest.raises(NotPermitted, match="r:sub"):
+        await ledger.resume("r", by="user:1")
+    assert (await ledger.backend.get_run("r")).state is not RunState.RUNNING
