@@ -10,13 +10,10 @@ things the same way, so they live here once:
   side-effecting tool as a stopline operation keyed by the framework's own id
   (``tool_call_id``, ``call_id``, a LangGraph task id), so a retry or a resume
   that reaches the same call returns the recorded result instead of repeating it.
-- **Sync tools finish in a thread the adapter owns (R4).** Frameworks run a
-  ``def`` tool in a worker thread and forget it when they cancel the awaiting
-  task: the thread goes on and commits, and nobody records it. Here the
-  thread is started from the ledger's own task group; when the awaiting
-  scope is cancelled the operation is recorded ``unknown`` (R3), and the
-  thread's eventual result is attached with ``ledger.late_response`` (R4).
-  Its verifier is the thread itself: it waits for the function to return.
+- **Sync tools finish in a thread the adapter owns (R4)**, ``_detached``: a
+  ``def`` tool's thread is started from the ledger's task group, its answer is
+  attached late when the framework stopped waiting, and whatever it raises (a
+  ``BaseException`` too) is its own call's answer, never the task group's.
 
 - **MCP tools run beside the framework (``mcp_call``).** A call of an MCP
   tool through ``StoplineMCP`` runs in the ledger's task group, so the
@@ -38,7 +35,18 @@ has not recorded, with the same tool and the same arguments as an operation
 recorded by an earlier entry of the run, is that operation: it gets its key,
 so the gate replays what committed (or verifies what is in doubt) instead of
 repeating it. Each recorded operation is matched at most once per entry, in
-the order it was recorded; a further identical call is a new operation.
+the order it was recorded; a further identical call is a new operation. "The
+same arguments" is the digest the gate records (``args_digest``), one function:
+a date, a UUID or an enum compares as the gate wrote it.
+
+**A call id the framework reuses (ADR 0054).** A framework's call id names one
+operation of the run: the same id with the same arguments is that call again
+(replayed), the same id with other arguments is refused before anything is
+sent, with an error that says the id was reused.
+
+**A result that was not kept** (``result_not_replayable`` evidence, the
+runtime's replay check) is never handed to the model as ``None``: a replayed
+tool call answers with ``unkept_note``.
 
 **Waiting for a person (``Bound.suspend``).** When the framework stops to ask
 for an approval, the run is paused, not completed: ``run.suspend`` (R9), with
@@ -53,22 +61,31 @@ import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus, Principal
-from stopline.domain.model import digest
+from stopline.domain.model import args_digest
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
-from stopline.errors import NoRun, NotFound, RunFenced, RunPaused
+from stopline.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    NoRun,
+    NotFound,
+    NotReplayable,
+    RunFenced,
+    RunPaused,
+    UnstableValue,
+)
+from stopline.integrations._detached import Work, detached_tool
 from stopline.integrations._verify import VerifyByKey, as_verifier, verify_answer, wants_context
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import CancelFn, ReadBack, Rejected, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, Tool, Verifier
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -79,6 +96,7 @@ __all__ = [
     "RunPaused",
     "ToolSpec",
     "VerifyByKey",
+    "Work",
     "as_verifier",
     "bind",
     "current",
@@ -87,6 +105,7 @@ __all__ = [
     "mcp_call",
     "open_run",
     "stopline_tool",
+    "unkept_note",
     "verify_answer",
 ]
 
@@ -154,7 +173,11 @@ class Bound:
         if key is None or self._prior is None:
             return key
         op_id = f"{self.run.id}/{key}"
-        same = self._prior.setdefault((tool, digest(args)), [])
+        try:  # the digest the gate records: equal arguments compare equal
+            arguments = args_digest(args)
+        except UnstableValue:  # not comparable (the gate records it apart): its own key
+            return key
+        same = self._prior.setdefault((tool, arguments), [])
         if op_id in self._recorded:  # the call itself, replayed under its id
             if op_id in same:
                 same.remove(op_id)
@@ -234,16 +257,52 @@ async def gated_call(
     *args: Any,
     key: str | None,
     needs_approval: bool = False,
+    unkept_as_text: bool = True,
     **kwargs: Any,
 ) -> Any:
     """One call of ``tool`` through the gate of the current run, under ``key``
-    (or the key of the recorded call it repeats, ``Bound.key_for``)."""
+    (or the key of the recorded call it repeats, ``Bound.key_for``).
+
+    A replayed call whose result was not kept answers with ``unkept_note`` (a
+    tool's answer for the model), or raises ``NotReplayable`` (``unkept_as_text=False``:
+    a node's state update cannot be a sentence)."""
     bound = current()
     key = bound.key_for(tool.name, key, [args, kwargs])
     # a call the run was paused for passes only with its approval granted
     asked = key is not None and f"{bound.run.id}/{key}" in bound._approvals
-    return await bound.run.call(
-        tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
+    try:
+        return await bound.run.call(
+            tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
+        )
+    except (IdempotencyConflict, NotReplayable) as refused:
+        if isinstance(refused, NotReplayable) and not unkept_as_text:
+            raise
+        return _refused_replay(refused, key, tool.name)
+
+
+def _refused_replay(
+    refused: IdempotencyConflict | NotReplayable, key: str | None, tool: str
+) -> str:
+    """What the gate's refusal of a framework's call means to the adapter: a key naming
+    another recorded call was reused by the framework (raised, ADR 0054); a call whose
+    result was not kept answers with ``unkept_note``."""
+    if isinstance(refused, NotReplayable):
+        return unkept_note(tool, refused.why)
+    if key is None:
+        raise refused
+    raise InvalidInput(
+        "tool call id",
+        f"{key!r} (a {tool} call) reuses the id of an earlier call of this run with "
+        "other arguments: the model (or the history handed back) reused a call id; "
+        "nothing was sent, and stopline does not guess which call it is (ADR 0054)",
+    ) from refused
+
+
+def unkept_note(tool: str, why: str) -> str:
+    """A tool's answer for the model when the call happened but its result was not kept."""
+    return (
+        f"{tool} was done earlier in this run; its result was not kept ({why}). "
+        "Do not call it again for the same request."
     )
 
 
@@ -325,6 +384,8 @@ async def mcp_call(
     if not outcome:  # the ledger closed under it: what the server did is in the record
         raise RunFenced(run.id)
     ok, value = outcome[0]
+    if isinstance(value, IdempotencyConflict | NotReplayable):
+        return _refused_replay(value, key, name)
     if not ok:
         raise value
     return value
@@ -334,7 +395,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
     """A ``stopline.Tool`` for a framework tool's function, sync or async.
 
     An async function is called directly (a cancel interrupts it; the outcome is
-    ``unknown`` until verified). A sync one runs in an owned thread (see above).
+    ``unknown`` until verified). A sync one runs in an owned thread (``_detached``).
     A ``stopline.Tool`` is used as it is.
     """
     if isinstance(fn, Tool):
@@ -362,118 +423,3 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
         return lambda: anyio.to_thread.run_sync(run)
 
     return detached_tool(name, spec, in_thread)
-
-
-Work = Callable[[], Awaitable[Any]]
-
-
-def detached_tool(
-    name: str,
-    spec: ToolSpec,
-    start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
-) -> Tool[Any]:
-    """A tool whose work runs to its end in the ledger's task group, whoever stops waiting.
-
-    ``start(ctx, args, kwargs)`` returns the work (a thread, a framework's own
-    executor call). A cancelled caller records ``unknown``; the work's answer is
-    attached when it comes (R4). The verifier waits for that answer.
-    """
-    detached = _Detached(start, spec.verify)
-    tool: Tool[Any] = Tool(
-        detached.call,
-        name=name,
-        description=spec.description or name.replace("_", " "),
-        effects=spec.effects,
-        cancellable=Cancellable.NEVER,  # it cannot be interrupted: say so (R12)
-    )
-    tool.wants_context = spec.effects
-    tool.verify_fn = detached.verify
-    tool.settles_within = spec.settles_within
-    return tool
-
-
-class _Outcome:
-    """One call of a sync function in its worker thread."""
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()  # the function returned or raised
-        self.settled = anyio.Event()  # ... and what it proves is recorded
-        self.abandoned = False  # the awaiting scope was cancelled first
-        self.result: Any = None
-        self.error: Exception | None = None
-
-
-class _Detached:
-    """Calls that finish, and are recorded, whoever stops waiting for them."""
-
-    def __init__(
-        self,
-        start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work],
-        verify: Verifier | None,
-    ) -> None:
-        self.start = start
-        self.user_verify = verify
-        self.calls: dict[str, _Outcome] = {}
-
-    async def call(self, ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
-        core = ctx.core
-        outcome = self.calls[ctx.key] = _Outcome()
-        work = self.start(ctx, args, kwargs)
-        core.spawn(self._work, core.outcomes, ctx.key, outcome, work)
-        try:
-            await outcome.done.wait()
-        except anyio.get_cancelled_exc_class():
-            # the framework stopped waiting: the thread goes on; its answer is kept (R4)
-            outcome.abandoned = True
-            if outcome.done.is_set():
-                core.spawn(self._report, core.outcomes, ctx.key, outcome)
-            raise
-        outcome.settled.set()
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.result
-
-    async def _work(self, outcomes: Outcomes, key: str, outcome: _Outcome, work: Work) -> None:
-        with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
-            try:
-                outcome.result = await work()
-            except Exception as exc:
-                outcome.error = exc
-            outcome.done.set()
-            if outcome.abandoned:
-                await self._report(outcomes, key, outcome)
-
-    async def _report(self, outcomes: Outcomes, key: str, outcome: _Outcome) -> None:
-        """Attach the late answer to its operation: committed, refused, or kept only."""
-        try:
-            if outcome.error is None:
-                await outcomes.late_response(
-                    key, Verdict.COMMITTED, result=outcome.result, detail="late: worker thread"
-                )
-            elif isinstance(outcome.error, Rejected):
-                await outcomes.late_response(
-                    key, Verdict.NOT_COMMITTED, ref=outcome.error.ref, detail=outcome.error.reason
-                )
-            else:
-                detail = f"late: {type(outcome.error).__name__}: {outcome.error}"
-                await outcomes.late_response(key, Verdict.UNKNOWN, detail=detail)
-        finally:
-            outcome.settled.set()
-
-    async def verify(self, ctx: CallContext) -> ReadBack | Verdict:
-        """The thread is this process's ground truth: wait for it to answer."""
-        outcome = self.calls.get(ctx.key)
-        if outcome is None:  # not run here (another process, before a restart)
-            if self.user_verify is not None:
-                return await self.user_verify(ctx)
-            return ReadBack(Verdict.UNKNOWN, detail="not run in this process")
-        await outcome.settled.wait()
-        if outcome.error is None:
-            return ReadBack(
-                Verdict.COMMITTED, "worker-thread", "the function returned", outcome.result
-            )
-        if isinstance(outcome.error, Rejected):
-            return ReadBack(Verdict.NOT_COMMITTED, outcome.error.ref, outcome.error.reason)
-        if self.user_verify is not None:
-            return await self.user_verify(ctx)
-        return ReadBack(Verdict.UNKNOWN, detail=f"{type(outcome.error).__name__}")

@@ -1,25 +1,43 @@
-"""Pydantic AI: the tools of a ``StoplineMCP`` connection as a toolset (``mcp_toolset``).
+"""Pydantic AI and MCP: the tools of a ``StoplineMCP`` connection as a toolset
+(``mcp_toolset``), and what the gate adds to Pydantic AI's own MCP toolsets.
 
-Split from ``pydantic_ai`` (which re-exports every name here): each call is
-``conn.call`` in the bound run, keyed by the model's ``tool_call_id``.
+Split from ``pydantic_ai`` (which re-exports the public names here): each call of
+``mcp_toolset`` is ``conn.call`` in the bound run, keyed by the model's
+``tool_call_id``. A native ``MCPToolset``'s call carries its operation id in
+``_meta`` (``with_key``, its ``process_tool_call``) and is read back through
+the server's ``stopline_verify`` (``mcp_verify``), named by a name that is the
+same in every process (``server_name``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from pydantic_ai.mcp import CallToolFunc
+from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
-from stopline.integrations._frameworks import mcp_call
+from stopline.integrations._frameworks import mcp_call, verify_answer
 from stopline.integrations._renamed import renamed_idle_timeout
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
 __all__ = ["MCPToolset", "history_key", "mcp_toolset"]
+
+# the operation id of the MCP call in progress, for its ``_meta`` (``with_key``)
+OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "stopline_pydantic_ai_op_id", default=None
+)
 
 
 def history_key(tool_call_id: str) -> str:
@@ -93,3 +111,51 @@ def mcp_toolset(
     ``idle_timeout``: the silence allowed in each call (``timeout=``: its old name)."""
     idle = renamed_idle_timeout("mcp_toolset", idle_timeout, timeout)
     return MCPToolset(conn, include=include, exclude=exclude, idle_timeout=idle)
+
+
+async def with_key(
+    user_hook: Any, ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
+) -> Any:
+    """``process_tool_call``: the operation id in the request's ``_meta`` (the server's key)."""
+    op_id = OP_ID.get()
+
+    async def keyed(
+        name: str, args: dict[str, Any], *, metadata: dict[str, Any] | None = None
+    ) -> Any:
+        meta = {**(metadata or {}), **({KEY_META: op_id} if op_id else {})}
+        return await call_tool(name, args, metadata=meta or None)
+
+    if user_hook is not None:
+        return await user_hook(ctx, keyed, name, args)
+    return await keyed(name, args)
+
+
+def key_in_meta(toolset: AbstractToolset[Any]) -> None:
+    """Install ``with_key`` on an MCP toolset, around the hook it has (once)."""
+    if isinstance(toolset, NativeMCPToolset):
+        hook = toolset.process_tool_call
+        if not isinstance(hook, functools.partial) or hook.func is not with_key:
+            toolset.process_tool_call = functools.partial(with_key, hook)
+
+
+async def mcp_verify(server: NativeMCPToolset[Any], ctx: CallContext) -> ReadBack:
+    """The server's own record of the key (``stopline_verify``), when it offers one."""
+    tools = await server.list_tools()
+    name = server_name(server)
+    if not any(t.name == VERIFY_TOOL for t in tools):
+        return ReadBack(Verdict.UNKNOWN, detail=f"{name} offers no {VERIFY_TOOL}")
+    try:
+        status = await server.direct_call_tool(VERIFY_TOOL, {"key": ctx.key})
+    except Exception as exc:  # a read that failed proves nothing
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
+    return verify_answer(status, name, ctx.key)
+
+
+def server_name(server: NativeMCPToolset[Any]) -> str:
+    """A name of the server that is the same in every process (its ``label`` may hold
+    an object's address): its ``id``, else the name it gave at initialization."""
+    if server.id:
+        return server.id
+    with contextlib.suppress(AttributeError):
+        return server.server_info.name
+    return "mcp"

@@ -41,7 +41,12 @@ cancel commits again. Here:
   checkpoint; stopline replays what committed).
 
 Node and tool results are replayed from the ledger, so they should be JSON-able
-(a state update of plain values, a tool's message content).
+(a state update of plain values, a tool's message content). A tool call that
+runs returns its own ``ToolMessage`` (its ``artifact``, ``additional_kwargs`` and
+``response_metadata`` kept); the ledger records its content only, so a replayed
+call's message is rebuilt from that content. A replayed tool call whose result
+was not kept answers with a note saying so; a replayed node raises
+``NotReplayable``.
 """
 
 from __future__ import annotations
@@ -243,6 +248,8 @@ def gate(
             settles_within=horizons.get(tool.name),
         )
 
+        ran: list[ToolMessage] = []  # the tool's own message, when it ran in this call
+
         def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
             async def work() -> Any:
                 try:
@@ -251,7 +258,10 @@ def gate(
                     raise _Interrupted(bubble) from None
                 if isinstance(message, ToolMessage) and message.status == "error":
                     raise _Raised(message)
-                return message.content if isinstance(message, ToolMessage) else message
+                if not isinstance(message, ToolMessage):
+                    return message
+                ran.append(message)
+                return message.content  # what is recorded (and replayed): the content
 
             return work
 
@@ -271,6 +281,8 @@ def gate(
             return raised.message
         if isinstance(content, Command):
             return content  # a Command the tool returned: passed on as it is
+        if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)
+            return ran[0]
         # the tool's content, or a result replayed or read back from the ledger (a
         # verifier's ``ReadBack.result``): made message content as ``ToolNode`` does
         as_content: Any = msg_content_output(content)  # list[dict] is content too
@@ -373,7 +385,8 @@ def node(
         t = stopline_tool(f, label, spec)
 
         async def gated_node(state: Any) -> Any:
-            return await gated_call(t, state, key=_task_key())
+            # a state update cannot be a sentence: a result not kept raises NotReplayable
+            return await gated_call(t, state, key=_task_key(), unkept_as_text=False)
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__

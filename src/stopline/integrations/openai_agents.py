@@ -58,11 +58,13 @@ from agents import Agent, FunctionTool, RunConfig, Runner
 from agents import Tool as AgentsTool
 from agents import tool as agents_tool
 from agents.exceptions import ModelBehaviorError
-from agents.mcp import MCPServer, MCPUtil
 from agents.result import RunResultStreaming
 from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
+from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.lifecycle import Action
+from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
@@ -74,32 +76,35 @@ from stopline.integrations._frameworks import (
     as_verifier,
     detached_tool,
     gated_call,
-    mcp_call,
     open_run,
-    verify_answer,
+    unkept_note,
 )
-from stopline.integrations._openai_arguments import json_object, refusing_arguments
-from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
+from stopline.integrations._openai_arguments import json_value, refusing_arguments
+from stopline.integrations._openai_mcp import (
+    GATED,
+    OP_ID,
+    key_in_meta,
+    mcp_server_of,
+    mcp_tools,
+    mcp_verify,
+    offered,
+    reads_only,
+)
+from stopline.integrations._openai_nested import agent_of, agent_tool_over, handoff_to
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import CancelFn, ReadBack, Rejected, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, Rejected, Tool, Verifier
 
 if TYPE_CHECKING:
-    from stopline.integrations.mcp import StoplineMCP
+    pass
 
 __all__ = ["AgentSession", "NoRun", "gate_agent", "gated", "mcp_tools", "run"]
 
-# the SDK's tool context, handed to the gated tool beside the arguments (the JSON
-# input is the operation's digest; the context is not)
-_CALL: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.ContextVar(
+# the SDK's tool context and the model's argument text, handed to the gated tool
+# beside the parsed arguments (those are the operation's digest: ``json_value``)
+_CALL: contextvars.ContextVar[tuple[ToolContext[Any], str] | None] = contextvars.ContextVar(
     "stopline_openai_agents_call", default=None
 )
-# the operation id of the MCP call in progress, for its ``_meta`` (``_with_key``)
-_OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "stopline_openai_agents_op_id", default=None
-)
-_GATED = "__stopline_gated__"  # marks an invoker that passes the gate
 
 
 def gated(
@@ -116,42 +121,43 @@ def gated(
     ``failure_error_function`` as the SDK would.
     """
     invoke = tool.on_invoke_tool
-    if getattr(invoke, _GATED, False):
+    if getattr(invoke, GATED, False):
         return tool
     body = getattr(invoke, "_invoke_tool_impl", None) or invoke  # errors still raised
-    server = _mcp_server_of(body)
+    server = mcp_server_of(body)
     if server is not None:
-        _key_in_meta(server)
+        key_in_meta(server)
     # the receipt names it by its tool name; ``settles_within``: its R13 horizon
     spec = ToolSpec(verify=as_verifier(verify), cancel=cancel, settles_within=settles_within)
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
-        tool_ctx = _CALL.get()
-        assert tool_ctx is not None, "called outside the gated tool"
-        (arguments,) = args
-        return lambda: refusing_arguments(body(tool_ctx, arguments))
+        call = _CALL.get()
+        assert call is not None, "called outside the gated tool"
+        tool_ctx, text = call  # the SDK parses the model's text itself, as without stopline
+        return lambda: refusing_arguments(body(tool_ctx, text))
 
     if _runs_in_thread(tool):  # the SDK runs it in a thread: let it finish, keep its answer
         stopline_tool = detached_tool(tool.name, spec, start)
     else:  # a cancel interrupts it: unknown until verified
 
-        async def direct(ctx: CallContext, arguments: str) -> Any:
-            token = _OP_ID.set(ctx.key)
+        async def direct(ctx: CallContext, arguments: Any) -> Any:
+            token = OP_ID.set(ctx.key)
             try:
                 return await start(ctx, (arguments,), {})()
             finally:
-                _OP_ID.reset(token)
+                OP_ID.reset(token)
 
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
         spec.declare(stopline_tool)
         if spec.verify is None and server is not None:
-            stopline_tool.verify_fn = functools.partial(_mcp_verify, server)
+            stopline_tool.verify_fn = functools.partial(mcp_verify, server)
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
-        token = _CALL.set(ctx)
-        try:
-            return await gated_call(stopline_tool, arguments, key=f"tool:{ctx.tool_call_id}")
+        token = _CALL.set((ctx, arguments))
+        try:  # compared as parsed: the same JSON spelled another way is the same call
+            key = f"tool:{ctx.tool_call_id}"
+            return await gated_call(stopline_tool, json_value(arguments), key=key)
         except Exception as exc:
             if body is invoke:
                 raise
@@ -168,51 +174,9 @@ def gated(
         finally:
             _CALL.reset(token)
 
-    setattr(on_invoke_tool, _GATED, True)
+    setattr(on_invoke_tool, GATED, True)
     gated_tool = dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
     return gated_tool
-
-
-def _mcp_server_of(body: Any) -> MCPServer | None:
-    """The server of an MCP tool the SDK built (``MCPUtil.invoke_mcp_tool`` bound to it)."""
-    if isinstance(body, functools.partial) and body.func == MCPUtil.invoke_mcp_tool:
-        server = body.args[0] if body.args else None
-        return server if isinstance(server, MCPServer) else None
-    return None
-
-
-def _key_in_meta(server: MCPServer) -> None:
-    """Install ``_with_key`` as the server's ``tool_meta_resolver``, around its own (once)."""
-    resolver = getattr(server, "tool_meta_resolver", None)
-    if isinstance(resolver, functools.partial) and resolver.func is _with_key:
-        return
-    server.tool_meta_resolver = functools.partial(_with_key, resolver)
-
-
-async def _with_key(user_resolver: Any, context: Any) -> dict[str, Any] | None:
-    """The operation id in the request's ``_meta`` (the server's idempotency key)."""
-    meta: dict[str, Any] = {}
-    if user_resolver is not None:
-        found = user_resolver(context)
-        if hasattr(found, "__await__"):
-            found = await found
-        meta.update(found or {})
-    op_id = _OP_ID.get()
-    if op_id:
-        meta[KEY_META] = op_id
-    return meta or None
-
-
-async def _mcp_verify(server: MCPServer, ctx: CallContext) -> ReadBack:
-    """The server's own record of the key (``stopline_verify``), when it offers one."""
-    try:
-        if not any(t.name == VERIFY_TOOL for t in await server.list_tools()):
-            return ReadBack(Verdict.UNKNOWN, detail=f"{server.name} offers no {VERIFY_TOOL}")
-        result = await server.call_tool(VERIFY_TOOL, {"key": ctx.key})
-    except Exception as exc:  # a read that failed proves nothing
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
-    status = result.structured_content if not result.is_error else None
-    return verify_answer(status, server.name, ctx.key)
 
 
 def gate_agent(
@@ -224,15 +188,27 @@ def gate_agent(
     settles_within: Mapping[str, float] | None = None,
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
-    """A copy of ``agent`` (and of the agents it hands off to) whose tools pass the gate:
-    its function tools and the tools of its ``mcp_servers``, except ``reads``."""
+    """A copy of ``agent`` whose tools pass the gate: its function tools and the tools
+    of its ``mcp_servers``, except ``reads`` (and an MCP server's read-only tools);
+    and so of every agent it leads to: its handoffs (``Agent`` or ``Handoff``) and the
+    agents it uses as tools (``_openai_nested``)."""
     seen = {} if _seen is None else _seen
     if id(agent) in seen:
         return seen[id(agent)]
     verify, cancel, horizons = dict(verify or {}), dict(cancel or {}), dict(settles_within or {})
 
-    def gate(tool: AgentsTool) -> AgentsTool:
-        if not isinstance(tool, FunctionTool) or tool.name in reads:
+    def again(other: Agent[Any]) -> Agent[Any]:
+        return gate_agent(
+            other, reads=reads, verify=verify, cancel=cancel, settles_within=horizons, _seen=seen
+        )
+
+    def gate(tool: AgentsTool, *, mcp: bool = False) -> AgentsTool:
+        if not isinstance(tool, FunctionTool):
+            return tool
+        child = agent_of(tool)
+        if child is not None:  # an agent used as a tool: not an operation, its tools are
+            return agent_tool_over(tool, child, again(child))
+        if tool.name in reads or (mcp and reads_only(tool)):
             return tool
         name = tool.name
         return gated(
@@ -242,70 +218,18 @@ def gate_agent(
             settles_within=horizons.get(name),
         )
 
-    copy = agent.clone(tools=[gate(t) for t in agent.tools])
-    seen[id(agent)] = copy
+    copy = seen[id(agent)] = agent.clone()  # first: an agent may lead back to itself
+    copy.tools = [gate(t) for t in agent.tools]
     copy.handoffs = [
-        gate_agent(
-            h, reads=reads, verify=verify, cancel=cancel, settles_within=horizons, _seen=seen
-        )
-        if isinstance(h, Agent)
-        else h
-        for h in agent.handoffs
+        again(h) if isinstance(h, Agent) else handoff_to(h, again) for h in agent.handoffs
     ]
     listed = copy.get_mcp_tools
 
     async def get_mcp_tools(run_context: Any) -> list[AgentsTool]:
-        return [gate(t) for t in await listed(run_context)]
+        return [gate(t, mcp=True) for t in offered(await listed(run_context))]
 
     object.__setattr__(copy, "get_mcp_tools", get_mcp_tools)
     return copy
-
-
-def mcp_tools(
-    conn: StoplineMCP,
-    *,
-    include: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    idle_timeout: float | None = None,
-    timeout: float | None = None,
-) -> list[AgentsTool]:
-    """Function tools for the tools ``conn`` lists (``include``/``exclude`` by name).
-
-    Each call is ``conn.call`` in the current stopline run under ``tool:<call_id>``;
-    it runs beside the SDK's task, so ``cancel(mode="immediate")`` does not cut it
-    halfway through stopline's cancel (the run's policy decides). A JSON-object
-    result is handed to the model as JSON.
-    """
-    from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
-
-    idle = renamed_idle_timeout("mcp_tools", idle_timeout, timeout)
-    skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
-    return [
-        _mcp_tool(conn, name, listed.description or listed.title or name, listed.input_schema, idle)
-        for name, listed in conn.listing.items()
-        if name not in skip and (include is None or name in include)
-    ]
-
-
-def _mcp_tool(
-    conn: StoplineMCP, name: str, description: str, schema: dict[str, Any], idle: float | None
-) -> FunctionTool:
-    async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
-        args = json_object(arguments)
-        if args is None:  # no request can be made of it: no gate, told as the SDK tells
-            return agents_tool.default_tool_error_function(ctx, ModelBehaviorError(arguments))
-        key = f"tool:{ctx.tool_call_id}"
-        result = await mcp_call(conn, name, args, key=key, idle_timeout=idle)
-        return result if isinstance(result, str) else json.dumps(result)
-
-    setattr(on_invoke_tool, _GATED, True)  # StoplineMCP gates each call itself
-    return FunctionTool(
-        name=name,
-        description=description,
-        params_json_schema=dict(schema),
-        on_invoke_tool=on_invoke_tool,
-        strict_json_schema=False,  # MCP input schemas are not strict JSON schemas
-    )
 
 
 def _runs_in_thread(tool: FunctionTool) -> bool:
@@ -406,9 +330,12 @@ class AgentSession:
         ``after_turn`` lets the calls in flight finish: the run's policy becomes
         ``at_boundary`` before the fence, so stopline does not interrupt them either.
         """
-        self._mode = mode
-        if mode == "after_turn":
-            self.bound.run.policy = Policy.AT_BOUNDARY
+        # R11 first: a refused cancel changes nothing, the run's policy included
+        await self.bound.ledger.authorize(by, Action.CANCEL, self.id)
+        if not self.bound.run.cancel_requested:  # a second cancel returns the receipt (R7)
+            self._mode = mode
+            if mode == "after_turn":
+                self.bound.run.policy = Policy.AT_BOUNDARY
         return await self.bound.cancel(by=by, reason=reason)
 
     def _interrupt(self) -> None:
@@ -425,27 +352,38 @@ class AgentSession:
             model_data = await filtered if hasattr(filtered, "__await__") else filtered
         if not self.bound.resumed:
             return model_data  # nothing recorded before this entry
+        ops = await self.bound.ledger.backend.operations(self.id)
         shown = {
             str(item.get("call_id"))
             for item in model_data.input
             if isinstance(item, dict) and item.get("call_id")
         }
-        lines = []
-        for op in await self.bound.ledger.backend.operations(self.id):
-            key = op.id.removeprefix(f"{self.id}/")
-            if key.removeprefix("tool:") in shown or op.status is OpStatus.PREVENTED:
-                continue
-            outcome = f"{op.status.value}" + (
-                f", result {json.dumps(op.result, default=str)}"
-                if op.status is OpStatus.COMMITTED
-                else ""
-            )
-            lines.append(f"- {op.tool} ({key}): {outcome}")
+        keys = {op.id: op.id.removeprefix(f"{self.id}/") for op in ops}
+        lines = [
+            _recorded_line(op, keys[op.id])
+            for op in ops
+            if keys[op.id].removeprefix("tool:") not in shown
+            and op.status is not OpStatus.PREVENTED
+        ]
         if not lines:
             return model_data
-        note = "Recorded before this resume; these calls are done, do not repeat them:\n"
+        note = "Recorded before this resume, each call with what its evidence proves:\n"
         message: Any = {"role": "developer", "content": note + "\n".join(lines)}
         return dataclasses.replace(model_data, input=[*model_data.input, message])
+
+
+def _recorded_line(op: OperationRecord, key: str) -> str:
+    """One recorded call for the model: what following its evidence allows (``on_resume``,
+    the rule a receipt's recovery line is derived from, R14)."""
+    said = f"- {op.tool} ({key}): {op.status.value}: "
+    follows = on_resume(op.status)
+    if follows is OnResume.SENT:
+        return said + "did not happen; it may be called again"
+    if follows is OnResume.BLOCKS:
+        return said + "in doubt; do not repeat it, it is under review"
+    why = op.result_not_kept
+    result = json.dumps(op.result, default=str) if why is None else unkept_note(op.tool, why)
+    return said + f"done, do not repeat it; result {result}"
 
 
 @contextlib.asynccontextmanager

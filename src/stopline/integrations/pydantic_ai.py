@@ -55,8 +55,8 @@ from typing import Any
 
 from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
-from pydantic_ai.mcp import CallToolFunc
 from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.messages import (
     ModelMessage,
@@ -69,7 +69,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
-from stopline.domain.vocab import OpStatus, Policy
+from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.vocab import Policy
 from stopline.errors import NotFound, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
@@ -81,13 +82,20 @@ from stopline.integrations._frameworks import (
     detached_tool,
     gated_call,
     open_run,
-    verify_answer,
+    unkept_note,
 )
-from stopline.integrations._pydantic_ai_mcp import MCPToolset, history_key, mcp_toolset
-from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
+from stopline.integrations._pydantic_ai_mcp import (
+    OP_ID,
+    MCPToolset,
+    history_key,
+    key_in_meta,
+    mcp_toolset,
+    mcp_verify,
+)
+from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import CancelFn, ReadBack, Tool, Verdict, Verifier
+from stopline.runtime.tool import CancelFn, Rejected, Tool, Verifier
 
 __all__ = [
     "AgentSession",
@@ -106,10 +114,6 @@ __all__ = [
 _CALL: contextvars.ContextVar[tuple[RunContext[Any], ToolsetTool[Any]] | None] = (
     contextvars.ContextVar("stopline_pydantic_ai_call", default=None)
 )
-# the operation id of the MCP call in progress, for its ``_meta`` (``_with_key``)
-_OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "stopline_pydantic_ai_op_id", default=None
-)
 
 
 @dataclasses.dataclass
@@ -122,16 +126,28 @@ class StoplineToolset(WrapperToolset[Any]):
     settles_within: Mapping[str, float] = dataclasses.field(default_factory=dict)
     _tools: dict[tuple[str, bool, int], Tool[Any]] = dataclasses.field(default_factory=dict)
 
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The tools offered to the model: an MCP server's ``stopline_verify`` is
+        stopline's read-back, not the model's (as ``mcp_toolset`` leaves it out)."""
+        tools = await self.wrapped.get_tools(ctx)
+        return {
+            name: tool
+            for name, tool in tools.items()
+            if not (name == VERIFY_TOOL and _leaf(tool)[1] is not None)
+        }
+
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        if name in self.reads or _gated_within(tool):  # a read, or gated by an inner wrapper
+        if name in self.reads or _gated_within(tool) or _reads_only(tool):  # no gate record
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
         gated_tool = self._tool_for(name, tool)
         key = history_key(ctx.tool_call_id) if ctx.tool_call_id else None
         token = _CALL.set((ctx, tool))
         try:
             return await gated_call(gated_tool, tool_args, key=key)
+        except _RetryRejected as refused:  # recorded not committed; the model asked again
+            raise refused.retry from refused.retry.__cause__
         finally:
             _CALL.reset(token)
 
@@ -149,7 +165,7 @@ class StoplineToolset(WrapperToolset[Any]):
             made.wants_context = True
             spec.declare(made)
             if spec.verify is None and mcp is not None:
-                made.verify_fn = functools.partial(_mcp_verify, mcp)
+                made.verify_fn = functools.partial(mcp_verify, mcp)
         else:  # a def tool: its executor thread finishes whoever waits (R4)
             made = detached_tool(name, spec, self._framework_call(name))
         self._tools[(name, is_async, id(mcp))] = made
@@ -157,11 +173,11 @@ class StoplineToolset(WrapperToolset[Any]):
 
     def _direct(self, name: str) -> Any:
         async def call(ctx: CallContext, tool_args: dict[str, Any]) -> Any:
-            token = _OP_ID.set(ctx.key)
+            token = OP_ID.set(ctx.key)
             try:
                 return await self._framework_call(name)(ctx, (tool_args,), {})()
             finally:
-                _OP_ID.reset(token)
+                OP_ID.reset(token)
 
         return call
 
@@ -171,9 +187,41 @@ class StoplineToolset(WrapperToolset[Any]):
             assert call is not None, "called outside StoplineToolset.call_tool"
             run_ctx, tool = call
             (tool_args,) = args
-            return lambda: self.wrapped.call_tool(name, tool_args, run_ctx, tool)
+
+            async def work() -> Any:
+                try:
+                    return await self.wrapped.call_tool(name, tool_args, run_ctx, tool)
+                except ModelRetry as retry:
+                    if isinstance(retry.__cause__, Rejected):  # the tool says: nothing done
+                        raise _RetryRejected(retry, retry.__cause__) from retry
+                    raise  # a retry alone proves nothing: unknown, then verified
+
+            return work
 
         return start
+
+
+class _RetryRejected(Rejected):
+    """``raise ModelRetry(...) from stopline.Rejected(...)`` in a tool: the tool refused
+    before doing anything (recorded ``not_committed``), and the model is asked again."""
+
+    def __init__(self, retry: ModelRetry, rejected: Rejected) -> None:
+        super().__init__(rejected.reason, ref=rejected.ref)
+        self.retry = retry
+
+
+def _reads_only(tool: ToolsetTool[Any]) -> bool:
+    """An MCP server's tool that declares no effects (its ``readOnlyHint``, or stopline's
+    ``_meta``), read as ``StoplineMCP`` reads a listing (``policy_from_listing``);
+    ``stopline_verify`` is a read too."""
+    leaf, mcp = _leaf(tool)
+    if mcp is None:
+        return False
+    if leaf.tool_def.name == VERIFY_TOOL:
+        return True
+    listed = leaf.tool_def.metadata or {}
+    hints = listed.get("annotations") or {}
+    return policy_from_listing(listed.get("meta"), hints.get("readOnlyHint")).effects is False
 
 
 def _gated_within(tool: ToolsetTool[Any]) -> bool:
@@ -200,43 +248,6 @@ def _leaf(tool: ToolsetTool[Any]) -> tuple[ToolsetTool[Any], Any]:
     return leaf, owner if isinstance(owner, NativeMCPToolset) else None
 
 
-async def _with_key(
-    user_hook: Any, ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
-) -> Any:
-    """``process_tool_call``: the operation id in the request's ``_meta`` (the server's key)."""
-    op_id = _OP_ID.get()
-
-    async def keyed(
-        name: str, args: dict[str, Any], *, metadata: dict[str, Any] | None = None
-    ) -> Any:
-        meta = {**(metadata or {}), **({KEY_META: op_id} if op_id else {})}
-        return await call_tool(name, args, metadata=meta or None)
-
-    if user_hook is not None:
-        return await user_hook(ctx, keyed, name, args)
-    return await keyed(name, args)
-
-
-def _key_in_meta(toolset: AbstractToolset[Any]) -> None:
-    """Install ``_with_key`` on an MCP toolset, around the hook it has (once)."""
-    if isinstance(toolset, NativeMCPToolset):
-        hook = toolset.process_tool_call
-        if not isinstance(hook, functools.partial) or hook.func is not _with_key:
-            toolset.process_tool_call = functools.partial(_with_key, hook)
-
-
-async def _mcp_verify(server: NativeMCPToolset[Any], ctx: CallContext) -> ReadBack:
-    """The server's own record of the key (``stopline_verify``), when it offers one."""
-    tools = await server.list_tools()
-    if not any(t.name == VERIFY_TOOL for t in tools):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{server.label} offers no {VERIFY_TOOL}")
-    try:
-        status = await server.direct_call_tool(VERIFY_TOOL, {"key": ctx.key})
-    except Exception as exc:  # a read that failed proves nothing
-        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
-    return verify_answer(status, server.label, ctx.key)
-
-
 def gated(
     toolset: AbstractToolset[Any],
     *,
@@ -250,7 +261,7 @@ def gated(
     call with that key (an async tool's canceller: a cancel of the run asks it);
     ``settles_within`` bounds, in seconds after dispatch, when its effect may still land
     (R13: a read-back's "not found" proves nothing before)."""
-    toolset.apply(_key_in_meta)
+    toolset.apply(key_in_meta)
     return StoplineToolset(
         toolset,
         reads=frozenset(reads),
@@ -378,15 +389,19 @@ def _unanswered(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
 async def repair_history(
     ledger: Ledger, run_id: str, messages: Sequence[ModelMessage]
 ) -> list[ModelMessage]:
-    """Add a return for every tool call that committed (per the ledger) but has none."""
+    """Add a return for every tool call that committed (per the ledger) but has none:
+    its recorded result, or, when the result was not kept (``result_not_kept``), a note
+    saying so, never ``None``."""
     returns: list[ToolReturnPart] = []
     for part in _unanswered(messages):
         try:
             op = await ledger.backend.get_operation(f"{run_id}/{history_key(part.tool_call_id)}")
         except NotFound:
             continue
-        if op.status in (OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED):
-            returns.append(ToolReturnPart(part.tool_name, op.result, part.tool_call_id))
+        if on_resume(op.status) is OnResume.REPLAYED:
+            why = op.result_not_kept
+            content = op.result if why is None else unkept_note(op.tool, why)
+            returns.append(ToolReturnPart(part.tool_name, content, part.tool_call_id))
     out = list(messages)
     if not returns:
         return out

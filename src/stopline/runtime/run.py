@@ -26,7 +26,6 @@ import anyio.lowlevel
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.model import (
-    NOT_REPLAYABLE,
     Evidence,
     OperationRecord,
     OperationSpec,
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger
     from stopline.runtime.scope import RunScope
 
-__all__ = ["INTERRUPTED", "NOT_REPLAYABLE", "Run"]  # NOT_REPLAYABLE: the domain's
+__all__ = ["INTERRUPTED", "Run"]
 
 R = TypeVar("R")
 

@@ -20,6 +20,7 @@ from stopline.integrations.mcp._vocab import (
     TASKS_EXTENSION,
     VERIFY_TOOL,
     ToolPolicy,
+    policy_from_listing,
 )
 from stopline.integrations.mcp.client import StoplineMCP, UnknownTool
 from stopline.integrations.mcp.server import Effects, Operation, effect_meta, key_of
@@ -48,4 +49,5 @@ __all__ = [
     "default_principal",
     "effect_meta",
     "key_of",
+    "policy_from_listing",
 ]

@@ -1,0 +1,147 @@
+"""MCP servers attached the frameworks' own way: a read-only tool (``readOnlyHint``)
+passes no gate, ``stopline_verify`` is not offered to the model, and the read-back's
+evidence names the server the same way in every process.
+
+The server is stopline's testing server over real stdio (its ``lookup`` is
+read-only); the models are the frameworks' own offline ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from agents import Agent as OaAgent
+from agents import RunContextWrapper, set_tracing_disabled
+from agents.mcp import MCPServerStdio, MCPServerStdioParams
+from agents.testing import ScriptedModel, assistant_message, function_call
+from fastmcp.client.transports import StdioTransport
+from pydantic_ai import Agent
+from pydantic_ai.mcp import MCPToolset
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import stopline
+from stopline import OpStatus, Policy
+from stopline.integrations import openai_agents as oa
+from stopline.integrations import pydantic_ai as pai
+from tests.mcp.conftest import ROOT
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def server_args(db: str) -> list[str]:
+    return ["-m", "stopline.integrations.mcp.testing", "--db", db]
+
+
+@pytest.fixture(scope="module")
+async def pai_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPToolset[Any]]:
+    db = str(tmp_path_factory.mktemp("pai-reads") / "effects.db")
+    transport = StdioTransport(sys.executable, server_args(db), env=dict(os.environ), cwd=str(ROOT))
+    toolset: MCPToolset[Any] = MCPToolset(transport, tool_error_behavior="error", init_timeout=30)
+    async with toolset:
+        yield toolset
+
+
+class Lookup:
+    """Asks for ``tool`` once, then answers; records the tools it was offered."""
+
+    def __init__(self, tool: str, args: dict[str, Any]) -> None:
+        self.tool, self.args = tool, args
+        self.offered: list[str] = []
+
+    async def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.offered = [t.name for t in info.function_tools]
+        for message in messages:
+            for part in message.parts if isinstance(message, ModelRequest) else ():
+                if isinstance(part, ToolReturnPart):
+                    return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart(self.tool, self.args, tool_call_id="m1")])
+
+
+async def test_pydantic_ai_read_only_mcp_tool_passes_no_gate_and_verify_is_not_offered(
+    ledger: stopline.Ledger, pai_server: MCPToolset[Any]
+) -> None:
+    script = Lookup("lookup", {"key": "k"})
+    agent = Agent(FunctionModel(script), toolsets=[pai_server])
+    async with pai.run(ledger, owner="user:1", run_id="pai-r-lookup") as s:
+        assert (await s.run(agent, "look")).output == "done"
+    assert "lookup" in script.offered and "stopline_verify" not in script.offered
+    assert await ledger.backend.operations("pai-r-lookup") == []
+    receipt = await ledger.receipt("pai-r-lookup")
+    assert receipt.message == "Completed." and not receipt.lines
+
+
+async def test_pydantic_ai_mcp_read_back_names_the_server_stably(
+    ledger: stopline.Ledger, pai_server: MCPToolset[Any]
+) -> None:
+    """Cut after the server committed: verified through ``stopline_verify``; the
+    evidence names the server by the name it gave, not by an object's address."""
+    await pai_server.direct_call_tool("ctl_hold", {"point": "committed:notify"})
+    agent = Agent(FunctionModel(Lookup("notify", {"payload": "#x"})), toolsets=[pai_server])
+    sessions: list[pai.AgentSession] = []
+
+    async def go() -> None:
+        async with pai.run(
+            ledger, owner="user:1", run_id="pai-r-verify", policy=Policy.IMMEDIATE
+        ) as s:
+            sessions.append(s)
+            await s.run(agent, "notify")
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(go)
+            await pai_server.direct_call_tool("ctl_reached", {"point": "committed:notify"})
+            await sessions[0].cancel(by="user:1")
+        await ledger.wait_settled("pai-r-verify", timeout=20)
+    finally:
+        await pai_server.direct_call_tool("ctl_release", {"point": "committed:notify"})
+    op = await ledger.backend.get_operation("pai-r-verify/tool:m1")
+    assert op.status is OpStatus.COMMITTED
+    (read_back,) = [e.ref for e in op.evidence if e.ref.startswith("stopline_verify:")]
+    assert read_back == f"stopline_verify:{pai_server.server_info.name}:{op.id}"
+
+
+@pytest.fixture(scope="module")
+async def oa_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPServerStdio]:
+    set_tracing_disabled(True)
+    db = str(tmp_path_factory.mktemp("oa-reads") / "effects.db")
+    params: MCPServerStdioParams = {
+        "command": sys.executable,
+        "args": server_args(db),
+        "env": dict(os.environ),
+        "cwd": str(ROOT),
+    }
+    async with MCPServerStdio(params, name="testing", client_session_timeout_seconds=30) as server:
+        yield server
+
+
+async def test_openai_read_only_mcp_tool_passes_no_gate_and_verify_is_not_offered(
+    ledger: stopline.Ledger, oa_server: MCPServerStdio
+) -> None:
+    model = ScriptedModel(
+        [[function_call("lookup", {"key": "k"}, call_id="m1")], [assistant_message("done")]]
+    )
+    agent = OaAgent(name="reader", model=model, mcp_servers=[oa_server])
+    offered = await oa.gate_agent(agent).get_mcp_tools(RunContextWrapper(None))
+    names = [t.name for t in offered]
+    assert "lookup" in names and "stopline_verify" not in names
+    async with oa.run(ledger, owner="user:1", run_id="oa-r-lookup") as s:
+        await s.stream(agent, "look")
+    assert await ledger.backend.operations("oa-r-lookup") == []
