@@ -2,6 +2,7 @@
 
     StoplineError                      root of every error stopline raises
     ├── IllegalTransition              (state, event) not in the table
+    │   └── NotCorrectable             compensate of an operation not committed: why, what to do
     ├── NotFound
     │   ├── UnknownRun
     │   ├── UnknownOperation
@@ -74,6 +75,7 @@ __all__ = [
     "LedgerUnavailable",
     "NoAnswer",
     "NoRun",
+    "NotCorrectable",
     "NotFound",
     "NotPermitted",
     "NotReplayable",
@@ -143,6 +145,19 @@ class IllegalTransition(StoplineError):
         self.state = state
         self.event = event
         super().__init__(f"illegal transition: event {event.value!r} in state {state.value!r}")
+
+
+class NotCorrectable(IllegalTransition):
+    """A correction asked of an operation that is not committed (``ledger.compensate``,
+    two at once, a review's ``compensate``): refused, nothing written. ``why`` says why
+    and what to do instead; ``state`` and ``event`` are the move that was refused."""
+
+    def __init__(self, op_id: str, state: enum.Enum, event: enum.Enum, why: str) -> None:
+        self.op_id = op_id
+        self.why = why
+        StoplineError.__init__(self, f"operation {op_id!r} is not corrected: {why}")
+        self.state = state
+        self.event = event
 
 
 class NotFound(StoplineError):

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.timeout(60)
 SAMPLES: dict[str, BaseException] = {
     "StoplineError": errors.StoplineError("plain"),
     "IllegalTransition": errors.IllegalTransition(OpStatus.UNKNOWN, OpEvent.GATE_PASSED),
+    "NotCorrectable": errors.NotCorrectable(
+        "run-1/k", OpStatus.COMPENSATED, OpEvent.COMPENSATION_STARTED, "it was corrected already"
+    ),
     "NotFound": errors.NotFound("nothing"),
     "UnknownRun": errors.UnknownRun("run-1"),
     "UnknownOperation": errors.UnknownOperation("run-1/k"),

@@ -15,12 +15,17 @@ from typing import Any
 
 import pytest
 
+from stopline.domain.model import EventRecord
 from stopline.domain.transitions import (
+    AGREES,
+    CONTRADICTS,
     OPERATION_TABLE,
     RUN_TABLE,
     apply,
     diagram,
     events_from,
+    later_evidence_settles,
+    review_entry,
     settle_move,
 )
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
@@ -75,6 +80,13 @@ BEYOND: Mapping[tuple[Any, Any], tuple[Any, str]] = {
     (S.UNKNOWN, E.CANCEL_CONFIRMED): (S.NOT_COMMITTED, "test_r4_a_late_answer_settles_an_unknown"),
     (S.COMMITTED, E.CONFLICT): (S.NEEDS_REVIEW, "test_contradicting_evidence_goes_to_a_human"),
     (S.NOT_COMMITTED, E.CONFLICT): (S.NEEDS_REVIEW, "test_contradicting_evidence_goes_to_a_human"),
+    (S.COMPENSATING, E.CONFLICT): (S.NEEDS_REVIEW, "test_never_happened_contradicts_a_correction"),
+    (S.COMPENSATED, E.CONFLICT): (S.NEEDS_REVIEW, "test_never_happened_contradicts_a_correction"),
+    (S.COMPENSATION_FAILED, E.CONFLICT): (
+        S.NEEDS_REVIEW,
+        "test_never_happened_contradicts_a_correction",
+    ),
+    (S.NEEDS_REVIEW, E.COMPENSATED): (S.COMPENSATED, "test_a_corrected_action_found_to_happen"),
     (S.NEEDS_REVIEW, E.COMMITTED): (S.COMMITTED, "test_evidence_after_escalation_settles_it"),
     (S.NEEDS_REVIEW, E.REJECTED): (S.NOT_COMMITTED, "test_evidence_after_escalation_settles_it"),
     (S.NEEDS_REVIEW, E.VERIFIED_COMMITTED): (
@@ -190,6 +202,44 @@ def test_contradicting_evidence_goes_to_a_human() -> None:
     """Evidence against a recorded outcome is never dropped and never overwrites it."""
     assert apply(OPERATION_TABLE, S.COMMITTED, E.CONFLICT) is S.NEEDS_REVIEW
     assert apply(OPERATION_TABLE, S.NOT_COMMITTED, E.CONFLICT) is S.NEEDS_REVIEW
+
+
+def test_never_happened_contradicts_a_correction() -> None:
+    """A corrected (or being corrected) operation rests on proof that it happened: proof
+    that it did not goes to a human too, and the correction's own record stays."""
+    for source in (S.COMPENSATING, S.COMPENSATED, S.COMPENSATION_FAILED):
+        assert apply(OPERATION_TABLE, source, E.CONFLICT) is S.NEEDS_REVIEW
+        for event in (E.REJECTED, E.CANCEL_CONFIRMED, E.VERIFIED_NOT_COMMITTED):
+            assert source in CONTRADICTS[event]
+    assert {S.COMPENSATING, S.COMPENSATED} <= AGREES[E.COMMITTED]  # proof it happened agrees
+
+
+def test_a_corrected_action_found_to_happen() -> None:
+    """A reviewer who finds that a corrected action happened leaves it corrected: its
+    correction stands (``review.resolve`` records this move, not ``reviewed_committed``)."""
+    assert apply(OPERATION_TABLE, S.NEEDS_REVIEW, E.COMPENSATED) is S.COMPENSATED
+
+
+def test_only_an_item_in_review_for_want_of_an_answer_is_settled_by_evidence() -> None:
+    """ADR 0052: what put an operation in review is the status it entered it from."""
+
+    def entered(*moves: tuple[OpStatus, OpStatus]) -> list[EventRecord]:
+        return [
+            EventRecord(n, 0.0, "run", "run/op", "x", a.value, b.value, {})
+            for n, (a, b) in enumerate(moves)
+        ]
+
+    lost = entered((S.REQUESTED, S.UNKNOWN), (S.UNKNOWN, S.NEEDS_REVIEW))
+    assert review_entry(lost) is S.UNKNOWN and later_evidence_settles(lost)
+    note = [*lost, EventRecord(9, 0.0, "run", "run/op", "note", "needs_review", "needs_review", {})]
+    assert review_entry(note) is S.UNKNOWN  # a note moves nothing
+    disputed = entered(
+        (S.UNKNOWN, S.NEEDS_REVIEW), (S.NEEDS_REVIEW, S.COMMITTED), (S.COMMITTED, S.NEEDS_REVIEW)
+    )
+    assert review_entry(disputed) is S.COMMITTED and not later_evidence_settles(disputed)
+    failed = entered((S.COMPENSATION_FAILED, S.NEEDS_REVIEW))
+    assert not later_evidence_settles(failed)
+    assert not later_evidence_settles([])
 
 
 def test_evidence_after_escalation_settles_it() -> None:

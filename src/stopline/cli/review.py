@@ -12,6 +12,7 @@ from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_
 from stopline.cli.views import timeline as build_timeline
 from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
+from stopline.errors import NotPermitted
 from stopline.runtime.review import ReviewVerdict
 
 __all__ = ["app"]
@@ -123,10 +124,17 @@ def resolve(
     """Record a reviewer's decision on an operation in needs_review; prints the run's receipt.
 
     Exit code as for cancel: 0 settled, 3 still settling (a correction), 4 still in review.
+    `compensate` runs the tool's compensator, which is the application's code: from a
+    shell it is refused, nothing recorded, with what to do instead.
     """
     url = c.options(ctx).url
 
     async def go() -> Receipt:
+        if decision is ReviewVerdict.COMPENSATE:
+            async with c.reading(url) as reader:  # refused before anything is written
+                op = await reader.backend.get_operation(op_id)
+            if op.can_compensate and op.compensates is None:  # else the ledger says why not
+                raise NotPermitted(_compensate_elsewhere(op_id, op.tool))
         async with c.opened(url) as ledger:
             return await ledger.resolve_review(op_id, decision, by=operator(by), note=note)
 
@@ -136,3 +144,17 @@ def resolve(
     else:
         c.print_receipt(receipt)
     raise typer.Exit(c.exit_code_for(receipt))
+
+
+def _compensate_elsewhere(op_id: str, tool: str) -> str:
+    """What to do instead of ``--as compensate`` from a shell: the correction is the
+    compensator of tool ``tool``, code that only the application's process has."""
+    return (
+        f"operation {op_id!r}: a correction runs the compensator of tool {tool!r}, which "
+        "is code in your application and is not loaded in this shell; nothing was recorded. "
+        f"Either run `stopline review resolve {op_id} --as committed` here (it happened), "
+        f"then correct it from your application with `await ledger.compensate({op_id!r}, "
+        "by=...)`, or decide it there in one step with `await ledger.resolve_review("
+        f"{op_id!r}, 'compensate', by=...)`, in a process opened with the tool "
+        "(stopline.open(url, tools=[...]))"
+    )

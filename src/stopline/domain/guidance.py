@@ -5,7 +5,11 @@ table: a status from which ``gate_passed`` is allowed is sent (again) when
 the resumed workflow reaches it; a committed (or corrected) operation is
 replayed from the ledger; anything else blocks the resume until it is
 resolved. ``Run`` dispatches by the same function, so a receipt's recovery
-line and what a resume does cannot drift apart.
+line and what a resume does cannot drift apart. Whether the resume itself is
+allowed is the ledger's rule (R10): every operation of the run settled
+(``OpStatus.settled``, the storage guard ``SETTLED``), corrections included;
+``waits_for`` reads the same property, so the recovery line never offers a
+resume the ledger refuses.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE
 from stopline.domain.vocab import OpEvent, OpStatus, RunState
 
-__all__ = ["OnResume", "on_resume", "resume_rule", "what_to_do"]
+__all__ = ["OnResume", "correcting", "on_resume", "resume_rule", "waits_for", "what_to_do"]
 
 
 class OnResume(enum.StrEnum):
@@ -26,7 +30,10 @@ class OnResume(enum.StrEnum):
     BLOCKS = "blocks"  # in flight, unknown or in review: the run cannot resume before it settles
 
 
+# (``compensating`` is replayed when a running workflow calls it again: it happened. A
+# resume is refused while one is, as ``waits_for`` says.)
 _REPLAYED = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
+_IN_REVIEW = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
 
 
 def on_resume(status: OpStatus) -> OnResume:
@@ -36,6 +43,13 @@ def on_resume(status: OpStatus) -> OnResume:
     if (status, OpEvent.GATE_PASSED) in OPERATION_TABLE:
         return OnResume.SENT
     return OnResume.BLOCKS
+
+
+def waits_for(ops: Sequence[OperationRecord]) -> list[OperationRecord]:
+    """The operations a resume of a cancelled run waits for (R10): every one not settled,
+    a correction as much as the action it corrects. The ledger's resume applies the same
+    property (``OpStatus.settled``; storage's ``SETTLED``)."""
+    return [op for op in ops if not op.status.settled]
 
 
 def _n(count: int, one: str, many: str) -> str:
@@ -54,11 +68,12 @@ def resume_rule(run: RunRecord, ops: Sequence[OperationRecord]) -> str:
     ):
         return ""
     primary = [op for op in ops if op.compensates is None]
-    blocks = [op for op in primary if on_resume(op.status) is OnResume.BLOCKS]
+    blocks = waits_for(ops)
     replayed = sum(on_resume(op.status) is OnResume.REPLAYED for op in primary)
     sent = sum(on_resume(op.status) is OnResume.SENT for op in primary)
     if blocks or run.state in (RunState.CANCELLING, RunState.SETTLING):
-        review = sum(op.status is OpStatus.NEEDS_REVIEW for op in blocks)
+        # a person is what it waits for when any operation, a correction too, is in review
+        review = sum(op.status in _IN_REVIEW for op in blocks)
         first = (
             f"a reviewer decides {_n(review, 'operation', 'operations')} in review"
             if review
@@ -88,8 +103,41 @@ def what_to_do(run: RunRecord) -> str:
             "ledger.resume(run_id, by=...) and re-enter it"
         )
     if run.state in (RunState.CANCELLING, RunState.SETTLING):
-        return "wait until it settles (ledger.wait_settled), then ledger.resume and re-enter it"
+        return (
+            "wait until it settles (ledger.wait_settled; its receipt's recovery line says "
+            "whether a reviewer must decide an operation first), then ledger.resume and "
+            "re-enter it"
+        )
     return (
         "ledger.resume(run_id, by=...) first, then re-enter it: completed actions are "
         "replayed, not repeated"
+    )
+
+
+def correcting(op_id: str, status: OpStatus, by: str = "") -> str:
+    """Why ``ledger.compensate`` refuses an operation in ``status`` (only a committed one
+    is corrected), and what to do instead; ``by`` names a correction already made."""
+    if status in (OpStatus.REQUESTED, OpStatus.ACCEPTED, OpStatus.UNKNOWN):
+        return (
+            f"its outcome is not known yet ({status.value}): wait until it is verified "
+            f"(ledger.verify({op_id!r}) reads it back), then correct it if it committed"
+        )
+    if status is OpStatus.NEEDS_REVIEW:
+        return (
+            "it waits for human review: a reviewer who finds it happened corrects it with "
+            f"ledger.resolve_review({op_id!r}, 'compensate', by=...)"
+        )
+    if status in (OpStatus.NOT_COMMITTED, OpStatus.PREVENTED, OpStatus.NOT_STARTED):
+        return f"it did not happen ({status.value}): there is nothing to correct"
+    made = f" ({by})" if by else ""
+    if status is OpStatus.COMPENSATING:
+        return (
+            f"a correction of it is already under way{made}: wait for its outcome "
+            "(ledger.wait_settled); nothing is corrected twice"
+        )
+    if status is OpStatus.COMPENSATED:
+        return f"it was corrected already{made}; nothing is corrected twice"
+    return (  # compensation_failed: its escalation to review is on its way
+        "its correction failed and it goes to human review: a reviewer decides, "
+        f"ledger.resolve_review({op_id!r}, 'compensate', by=...) to correct it again"
     )

@@ -66,7 +66,10 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
     """
     statuses = {op.status for op in ops}
     # a correction's own progress is the correction of another line, not a new action
+    # (unless what it corrected proved never to have happened: ``_standalone``)
     primary = {op.status for op in ops if op.compensates is None}
+    if _standalone(ops):
+        primary.add(OpStatus.COMMITTED)
     if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
         return Headline.NEEDS_REVIEW
     if run.state is RunState.NEEDS_REVIEW:
@@ -94,6 +97,22 @@ _STATE_HEADLINES = {
 }
 
 
+def _standalone(ops: Sequence[OperationRecord]) -> list[OperationRecord]:
+    """Committed corrections of operations that proved not to have happened (a reviewer
+    decided so after the correction ran): an effect of their own, a completed action
+    the run keeps (R8: the receipt never says nothing was done)."""
+    corrections = [op for op in ops if op.compensates is not None]
+    if not corrections:
+        return []
+    status = {op.id: op.status for op in ops}
+    return [
+        op
+        for op in corrections
+        if op.status is OpStatus.COMMITTED
+        and status.get(op.compensates or "") is OpStatus.NOT_COMMITTED
+    ]
+
+
 _ANSWER_WORDS: dict[CancelState, str] = {
     CancelState.CONFIRMED: "the provider confirmed the cancel",
     CancelState.REFUSED: "the provider refused to cancel it",
@@ -118,10 +137,13 @@ def _cancel_words(op: OperationRecord) -> str:
     if op.status.in_flight or op.status is OpStatus.UNKNOWN:
         if op.provider_can_cancel:
             return "the provider can still cancel it"
-        # R12: said exactly when it matters, while it is in flight
-        if op.status is OpStatus.REQUESTED and op.cancellable is Cancellable.NEVER:
+        # R12: said exactly when it matters, while it is in flight; R14: "once accepted"
+        # only of an operation the provider was seen to accept
+        if op.status is OpStatus.ACCEPTED:
+            return "the provider cannot cancel it once accepted"
+        if op.cancellable is Cancellable.NEVER:
             return "the provider cannot cancel it"
-        return "the provider cannot cancel it once accepted"
+        return "the provider cannot cancel it once accepted; whether it accepted is not known"
     return ""
 
 
@@ -133,7 +155,9 @@ def _status_words(op: OperationRecord) -> str:
     return words
 
 
-def _recovery(op: OperationRecord) -> str:
+def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
+    """What follows for ``op``; ``related`` is its latest correction (for an operation
+    being corrected), or the operation it corrected (for a correction)."""
     if op.status is OpStatus.UNKNOWN:
         return "verify by reading the destination" if op.can_verify else "human review"
     if op.status.in_flight:
@@ -151,10 +175,27 @@ def _recovery(op: OperationRecord) -> str:
     if op.status is OpStatus.COMMITTED and op.can_compensate and op.compensates is None:
         return "can be corrected by its compensation"
     if op.status is OpStatus.COMPENSATING:
-        return "correction queued; its outcome is verified before this run closes"
+        return _correcting(related)
     if op.status is OpStatus.COMPENSATION_FAILED:
         return "a reviewer decides: committed, not committed, or correct it again"
+    if (
+        op.compensates is not None
+        and op.status is OpStatus.COMMITTED
+        and related is not None
+        and related.status is OpStatus.NOT_COMMITTED
+    ):
+        return "it corrected an action that did not happen; a person decides whether to undo it"
     return ""
+
+
+def _correcting(correction: OperationRecord | None) -> str:
+    """The recovery of an operation being corrected: what its correction waits for."""
+    status = None if correction is None else correction.status
+    if status is OpStatus.NEEDS_REVIEW:  # a person, not time, settles it (R14)
+        return "its correction waits for human review: a reviewer decides whether it happened"
+    if status is OpStatus.UNKNOWN and correction is not None and not correction.can_verify:
+        return "its correction's answer was lost and it has no read-back: it goes to human review"
+    return "correction queued; its outcome is verified before this run closes"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -245,20 +286,36 @@ class Receipt:
         return self.text()
 
 
-def _line(op: OperationRecord, recording: bool) -> OperationLine:
+def _line(op: OperationRecord, recording: bool, related: OperationRecord | None) -> OperationLine:
     return OperationLine(
         op_id=op.id,
         what=op.description or op.tool,
         status=op.status,
         status_words=_RECORDING_WORDS if recording else _status_words(op),
         provider_cancel=_cancel_words(op),
-        recovery=_recovery(op),
+        recovery=_recovery(op, related),
         evidence=op.evidence if isinstance(op.evidence, LazyEvidence) else tuple(op.evidence),
         recording=recording,
     )
 
 
 _RECORDING_WORDS = "answered; recording the outcome (not yet durable)"
+
+
+def _related(ops: Sequence[OperationRecord]) -> dict[str, OperationRecord]:
+    """By id: a corrected operation's latest correction, and a correction's original."""
+    related: dict[str, OperationRecord] = {}
+    by_id: dict[str, OperationRecord] | None = None
+    for op in ops:
+        if op.compensates is None:
+            continue
+        if by_id is None:
+            by_id = {o.id: o for o in ops}
+        related[op.compensates] = op  # in ledger order: the latest correction wins
+        original = by_id.get(op.compensates)
+        if original is not None:
+            related[op.id] = original
+    return related
 
 
 def build_receipt(
@@ -268,10 +325,14 @@ def build_receipt(
     a line still in flight in the records says so instead of "no answer yet"."""
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
+    committed += len(_standalone(ops))
     message = HEADLINE_MESSAGES[headline].format(n=committed)
     if committed == 1:  # plural-correct (ADR 0007)
         message = message.replace("1 actions had", "1 action had").replace("were kept", "was kept")
-    lines = tuple(_line(op, op.status.in_flight and op.id in recording) for op in ops)
+    related = _related(ops)
+    lines = tuple(
+        _line(op, op.status.in_flight and op.id in recording, related.get(op.id)) for op in ops
+    )
     return Receipt(
         run_id=run.id,
         run_state=run.state,

@@ -8,9 +8,10 @@ tables below are the only place a legal move is defined; the docs diagram
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+from stopline.domain.model import EventRecord
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
 
@@ -20,9 +21,12 @@ __all__ = [
     "FINAL_RUN_STATES",
     "OPERATION_TABLE",
     "RUN_TABLE",
+    "SETTLED_BY_LATER_EVIDENCE",
     "apply",
     "diagram",
     "events_from",
+    "later_evidence_settles",
+    "review_entry",
     "settle_move",
 ]
 
@@ -53,16 +57,23 @@ OPERATION_TABLE: Mapping[tuple[OpStatus, OpEvent], OpStatus] = {
     (_S.UNKNOWN, _E.VERIFIED_COMMITTED): _S.COMMITTED,
     (_S.UNKNOWN, _E.VERIFIED_NOT_COMMITTED): _S.NOT_COMMITTED,
     (_S.UNKNOWN, _E.ESCALATED): _S.NEEDS_REVIEW,
-    # evidence that contradicts a recorded outcome goes to a human
+    # evidence that contradicts a recorded outcome goes to a human; a corrected one's
+    # too (its correction's own record stays: it happened, whatever the original did)
     (_S.COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
     (_S.NOT_COMMITTED, _E.CONFLICT): _S.NEEDS_REVIEW,
-    # evidence that arrives after escalation settles the review item too
+    (_S.COMPENSATING, _E.CONFLICT): _S.NEEDS_REVIEW,
+    (_S.COMPENSATED, _E.CONFLICT): _S.NEEDS_REVIEW,
+    (_S.COMPENSATION_FAILED, _E.CONFLICT): _S.NEEDS_REVIEW,
+    # evidence that arrives after escalation settles the review item too; a read-back
+    # only one in review for want of an answer (``later_evidence_settles``, ADR 0052)
     (_S.NEEDS_REVIEW, _E.COMMITTED): _S.COMMITTED,
     (_S.NEEDS_REVIEW, _E.REJECTED): _S.NOT_COMMITTED,
     (_S.NEEDS_REVIEW, _E.VERIFIED_COMMITTED): _S.COMMITTED,
     (_S.NEEDS_REVIEW, _E.VERIFIED_NOT_COMMITTED): _S.NOT_COMMITTED,
     (_S.NEEDS_REVIEW, _E.REVIEWED_COMMITTED): _S.COMMITTED,
     (_S.NEEDS_REVIEW, _E.REVIEWED_NOT_COMMITTED): _S.NOT_COMMITTED,
+    # a reviewer finds that a corrected action happened: it stays corrected (ADR 0052)
+    (_S.NEEDS_REVIEW, _E.COMPENSATED): _S.COMPENSATED,
     (_S.COMMITTED, _E.COMPENSATION_STARTED): _S.COMPENSATING,
     (_S.COMPENSATING, _E.COMPENSATED): _S.COMPENSATED,
     (_S.COMPENSATING, _E.COMPENSATION_FAILED): _S.COMPENSATION_FAILED,
@@ -112,14 +123,52 @@ AGREES: dict[OpEvent, frozenset[OpStatus]] = {
     OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.NOT_COMMITTED}),
     OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
 }
-# Events that contradict a recorded outcome: a human decides.
+# Events that contradict a recorded outcome: a human decides. "It never happened"
+# contradicts a corrected (or being corrected) operation as much as a committed one:
+# a correction of an action that never happened is an effect of its own.
+_HAPPENED = frozenset(
+    {
+        OpStatus.COMMITTED,
+        OpStatus.COMPENSATING,
+        OpStatus.COMPENSATED,
+        OpStatus.COMPENSATION_FAILED,
+    }
+)
 CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
     OpEvent.COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
     OpEvent.VERIFIED_COMMITTED: frozenset({OpStatus.NOT_COMMITTED}),
-    OpEvent.REJECTED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.CANCEL_CONFIRMED: frozenset({OpStatus.COMMITTED}),
-    OpEvent.VERIFIED_NOT_COMMITTED: frozenset({OpStatus.COMMITTED}),
+    OpEvent.REJECTED: _HAPPENED,
+    OpEvent.CANCEL_CONFIRMED: _HAPPENED,
+    OpEvent.VERIFIED_NOT_COMMITTED: _HAPPENED,
 }
+
+# What may settle an operation in review follows from what put it there: the status it
+# entered review from, which its log keeps (docs/decisions/0052). From ``unknown`` (its
+# answer lost, then the read-back budget spent or no verifier) the open question is
+# "did it happen?", and later evidence answers it as a reviewer would. From any other
+# status recorded evidence stands against it (a conflict), or the correction of a proven
+# commit failed: a later read-back is one more voice in that dispute, not its answer, and
+# a reviewer decides (``ledger.verify`` reads nothing for it). A provider's own late
+# answer is not held to this yet (ADR 0052, left for later: ``Outcomes.resolve``).
+SETTLED_BY_LATER_EVIDENCE = frozenset({OpStatus.UNKNOWN})
+
+
+def review_entry(events: Iterable[EventRecord]) -> OpStatus | None:
+    """The status an operation last entered review from, read from its own events in
+    ledger order (None: it never did)."""
+    entry = None
+    review = OpStatus.NEEDS_REVIEW.value
+    for event in events:
+        if event.to_state == review and event.from_state not in (None, review):
+            entry = OpStatus(event.from_state)
+    return entry
+
+
+def later_evidence_settles(events: Iterable[EventRecord]) -> bool:
+    """Whether later evidence (a read-back) may settle an operation in review, given its
+    events: only one in review for want of an answer (``SETTLED_BY_LATER_EVIDENCE``)."""
+    return review_entry(events) in SETTLED_BY_LATER_EVIDENCE
+
 
 _State = TypeVar("_State", OpStatus, RunState)
 _Event = TypeVar("_Event", OpEvent, RunEvent)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from stopline.domain.guidance import correcting
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import (
     Evidence,
@@ -31,7 +32,12 @@ from stopline.domain.model import (
     digest,
 )
 from stopline.domain.vocab import Cancellable, Cause, EvidenceKind, NoteKind, OpEvent, OpStatus
-from stopline.errors import IllegalTransition, NotPermitted, describe
+from stopline.errors import (
+    IllegalTransition,
+    NotCorrectable,
+    NotPermitted,
+    describe,
+)
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.outcomes import lost_update
@@ -103,7 +109,7 @@ class Compensator:
         op = await core.backend.get_operation(op_id)
         tool = self.tool_for(op)
         if op.status is not OpStatus.COMMITTED:
-            raise IllegalTransition(op.status, OpEvent.COMPENSATION_STARTED)
+            raise await self.refusal(op_id, op.status)
         attempt = len(await core.backend.compensations(op_id)) + 1
         comp_id = compensation_id(op_id, attempt)
         spec = OperationSpec(
@@ -120,7 +126,11 @@ class Compensator:
         )
         why = f"correction asked by {by}" + (f": {reason}" if reason else "")
         asked = Evidence.local(comp_id, why)
-        gate = await core.backend.begin_compensation(spec, [asked])
+        try:
+            gate = await core.backend.begin_compensation(spec, [asked])
+        except IllegalTransition as exc:  # another correction started first: nothing written
+            now = exc.state if isinstance(exc.state, OpStatus) else op.status
+            raise await self.refusal(op_id, now) from exc
         if gate.verdict is GateVerdict.PAUSED:
             raise NotPermitted(f"run {op.run_id!r} is paused; resume it to correct {op_id!r}")
         if gate.verdict is not GateVerdict.PASSED:
@@ -134,6 +144,14 @@ class Compensator:
         comp = await core.backend.get_operation(comp_id)
         core.spawn(self._run, op, comp, tool)
         return comp
+
+    async def refusal(self, op_id: str, status: OpStatus) -> NotCorrectable:
+        """Why ``op_id``, in ``status``, is not corrected (only a committed operation is),
+        naming the correction made or under way, and what to do instead."""
+        made = await self._core.backend.compensations(op_id)
+        by = made[-1].id if made and status is not OpStatus.NEEDS_REVIEW else ""
+        why = correcting(op_id, status, by)
+        return NotCorrectable(op_id, status, OpEvent.COMPENSATION_STARTED, why)
 
     async def wait(self, op_id: str) -> None:
         """Until the correction of ``op_id`` running in this process has an outcome."""

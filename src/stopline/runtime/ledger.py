@@ -45,7 +45,7 @@ from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.reads import Reads
 from stopline.runtime.reconcile import ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport
-from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
+from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict, evidence_settles
 from stopline.runtime.run import Run
 from stopline.runtime.scope import RunScope
 from stopline.runtime.settle import Settler, VerifyBudget
@@ -361,11 +361,15 @@ class Ledger:
         )
 
     async def verify(self, op_id: str) -> OperationRecord:
-        """Read the destination once for an operation in doubt; record what it proves."""
+        """Read the destination once for an operation in doubt; record what it proves.
+
+        One in review is read only if it went there for want of an answer; one in
+        review for a contradiction (or a failed correction) is returned as it is: a
+        read-back is part of that dispute, and a reviewer settles it (ADR 0052)."""
         op = await self.backend.get_operation(op_id)
-        if op.status not in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW):
-            return op
-        return await self._core.settler.read_back(op)
+        if op.status is OpStatus.UNKNOWN or await evidence_settles(self._core, op):
+            return await self._core.settler.read_back(op)
+        return op
 
     # -- lifecycle: authority, pause and resume, owners, approvals ---------------------
     async def authorize(

@@ -7,6 +7,12 @@ item (its run, all its evidence, every event, its corrections), and resolves
 it as ``committed``, ``not_committed`` or ``compensate`` (it happened;
 correct it). The reviewer's identity and reason are recorded as ``review``
 evidence; the run's receipt and state follow.
+
+What a read-back may do to an item follows from what put it in review (ADR
+0052, ``transitions.later_evidence_settles``): it settles one that went there
+for want of an answer; a contradiction, or a failed correction of a proven
+commit, waits for a reviewer. An item that was corrected before its
+contradiction stays corrected when the reviewer finds it happened.
 """
 
 from __future__ import annotations
@@ -17,13 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.transitions import later_evidence_settles
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
+from stopline.errors import NotCorrectable, NotPermitted
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
-__all__ = ["REVIEW_STATUSES", "ReviewCase", "ReviewItem", "ReviewVerdict", "inspect", "items"]
+__all__ = [
+    "REVIEW_STATUSES",
+    "ReviewCase",
+    "ReviewItem",
+    "ReviewVerdict",
+    "evidence_settles",
+    "inspect",
+    "items",
+]
 
 REVIEW_STATUSES = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
 
@@ -97,12 +113,23 @@ async def items(core: Core, *, limit: int = 1000) -> list[ReviewItem]:
     return out
 
 
+async def _events(core: Core, op: OperationRecord) -> tuple[EventRecord, ...]:
+    return tuple(e for e in await core.backend.events(op.run_id) if e.op_id == op.id)
+
+
 async def inspect(core: Core, op_id: str) -> ReviewCase:
     op = await core.backend.get_operation(op_id)
     run = await core.backend.get_run(op.run_id)
-    events = tuple(e for e in await core.backend.events(op.run_id) if e.op_id == op_id)
     corrections = tuple(await core.backend.compensations(op_id))
-    return ReviewCase(run, op, events, corrections)
+    return ReviewCase(run, op, await _events(core, op), corrections)
+
+
+async def evidence_settles(core: Core, op: OperationRecord) -> bool:
+    """Whether a read-back may settle ``op``, in review: only if it went there for want
+    of an answer (its log says what it entered review from; ADR 0052)."""
+    if op.status is not OpStatus.NEEDS_REVIEW:
+        return False
+    return later_evidence_settles(await _events(core, op))
 
 
 async def resolve(
@@ -112,19 +139,51 @@ async def resolve(
     op = await core.backend.get_operation(op_id)
     if verdict is ReviewVerdict.COMPENSATE:
         core.compensator.tool_for(op)  # refuse before writing anything
+    corrected = False
+    if op.status in REVIEW_STATUSES:
+        corrected = await _corrected(core, op_id, verdict)
     if op.status is OpStatus.COMPENSATION_FAILED:  # escalation interrupted: finish it first
         escalated = Evidence.local("compensation_failed", "a reviewer decides what now")
         op = await core.backend.record(op_id, OutcomeUpdate(OpEvent.ESCALATED, [escalated]))
-    event = (
-        OpEvent.REVIEWED_NOT_COMMITTED
-        if verdict is ReviewVerdict.NOT_COMMITTED
-        else OpEvent.REVIEWED_COMMITTED
-    )
+    if verdict is ReviewVerdict.NOT_COMMITTED:
+        event = OpEvent.REVIEWED_NOT_COMMITTED
+    elif corrected:  # it happened, and its correction stands: corrected, as before
+        event = OpEvent.COMPENSATED
+    else:
+        event = OpEvent.REVIEWED_COMMITTED
     decision = Evidence(EvidenceKind.REVIEW, by, f"{verdict.value}: {note}" if note else verdict)
     # IllegalTransition (nothing written) unless the item is still in review
     op = await core.backend.record(op_id, OutcomeUpdate(event, [decision]))
+    if verdict is ReviewVerdict.COMPENSATE:  # started before a settling step can see it
+        try:
+            await core.compensator.start(op_id, by=by, reason=f"review: {note}".rstrip(": "))
+        except NotCorrectable as exc:
+            if exc.state is not OpStatus.COMPENSATING:
+                raise
+            # the tool's compensation=always started the same correction first (a cancelled
+            # run's step, in another task or process): what the reviewer asked is under way
+        op = await core.backend.get_operation(op_id)
     core.outcomes.after_change(op)
-    if verdict is ReviewVerdict.COMPENSATE:
-        await core.compensator.start(op_id, by=by, reason=f"review: {note}".rstrip(": "))
     await core.settler.advance(op.run_id)
     return op
+
+
+async def _corrected(core: Core, op_id: str, verdict: ReviewVerdict) -> bool:
+    """Whether the item in review was corrected before (its latest correction committed);
+    refused, nothing written, while a correction of it has no outcome, and for a second
+    correction of a corrected one."""
+    corrections = await core.backend.compensations(op_id)
+    latest = corrections[-1] if corrections else None
+    if latest is None:
+        return False
+    if not latest.status.settled:
+        first = " (it is in review: decide it first)" if latest.status in REVIEW_STATUSES else ""
+        raise NotPermitted(
+            f"operation {op_id!r} is decided once its correction {latest.id!r} has an outcome; "
+            f"that correction is {latest.status.value}{first}"
+        )
+    if latest.status is not OpStatus.COMMITTED:
+        return False
+    if verdict is ReviewVerdict.COMPENSATE:
+        raise await core.compensator.refusal(op_id, OpStatus.COMPENSATED)
+    return True

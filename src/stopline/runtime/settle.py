@@ -464,7 +464,9 @@ class Settler:
             run, ops = got
             if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
                 continue
-            if run.state is not RunState.NEEDS_REVIEW and await core.compensator.on_cancel(ops):
+            # the cancel's compensation policy, in review too: an outcome a reviewer or
+            # later evidence settles as committed is corrected like one a read-back proved
+            if await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run_id)
             move, verify = settle_move(run.state, {op.status for op in ops})
