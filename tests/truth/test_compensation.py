@@ -159,3 +159,33 @@ async def test_compensate_refuses_what_cannot_be_corrected(ledger: stopline.Ledg
         await ledger.compensate(f"{run2.id}/one", by="user:1")
     with pytest.raises(stopline.NotPermitted, match="itself a correction"):
         await ledger.compensate(f"{run2.id}/one~compensate", by="user:1")
+
+
+async def test_closing_the_ledger_under_a_correction_records_why_its_answer_is_lost(
+    ledger_url: str,
+) -> None:
+    """A service shuts down while a refund runs: the correction was left ``requested``
+    and the next open called it a crash. Its answer is lost because the ledger closed:
+    recorded so, ``unknown``, and read back at the next open (R3, R5)."""
+    started = anyio.Event()
+
+    async def book(ctx: stopline.CallContext) -> str:
+        return "booked"
+
+    tool = stopline.Tool(book, compensation=Compensation.ASK)
+
+    @tool.compensator
+    async def _(ctx: stopline.CallContext) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with stopline.open(ledger_url, tools=[tool]) as ledger:
+        async with ledger.run("trip", owner="user:1", run_id="r") as run:
+            await run.call(tool, key="room")
+        await ledger.compensate("r/room", by="user:1", wait=False)
+        await started.wait()
+    async with stopline.open(ledger_url, verify=stopline.VerifyBudget(first_delay=1e6)) as ledger:
+        comp = await ledger.backend.get_operation("r/room~compensate")
+        assert comp.status is OpStatus.UNKNOWN and comp.cause is stopline.Cause.LOCAL_ERROR
+        assert "the ledger closed while the correction ran" in comp.evidence[-1].detail

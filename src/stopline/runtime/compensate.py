@@ -18,6 +18,7 @@ principal with that right does, and only in the process running it.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -36,6 +37,7 @@ from stopline.errors import (
     IllegalTransition,
     NotCorrectable,
     NotPermitted,
+    StoplineError,
     describe,
 )
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
@@ -175,7 +177,12 @@ class Compensator:
         try:
             async with settler.working():
                 with scope:
-                    await self._dispatch(ctx, tool)
+                    try:
+                        await self._dispatch(ctx, tool)
+                    except anyio.get_cancelled_exc_class():
+                        if not scope.cancel_called:  # not a stop (below): the ledger closes
+                            await self._closed(ctx)
+                        raise
                 if scope.cancelled_caught:  # its effect may still land: with its horizon
                     stopped = lost_update(ctx, Cause.USER_CANCEL, "stopped on request")
                     await core.outcomes.resolve(comp.id, stopped)
@@ -185,6 +192,13 @@ class Compensator:
             done = self._done.pop(original.id, None)
             if done is not None:
                 done.set()
+
+    async def _closed(self, ctx: CompensationContext) -> None:
+        """The ledger closes under a running correction: its answer is lost, not a crash's
+        (recorded if the ledger still takes it; else recovery marks it)."""
+        why = "the ledger closed while the correction ran"
+        with anyio.CancelScope(shield=True), contextlib.suppress(StoplineError, OSError):
+            await self._core.outcomes.resolve(ctx.op_id, lost_update(ctx, Cause.LOCAL_ERROR, why))
 
     async def _dispatch(self, ctx: CompensationContext, tool: Tool[Any]) -> None:
         core = self._core
