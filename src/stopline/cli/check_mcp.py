@@ -3,6 +3,10 @@
     stopline check-mcp [--json] [--plan FILE] [--era ERA] -- COMMAND [ARGS...]   # stdio
     stopline check-mcp [--json] [--plan FILE] [--era ERA] URL                    # Streamable HTTP
 
+``--era auto`` (the default) negotiates: 2026-07-28 when the server offers it, else the
+2025 handshake; an explicit ``2026-07-28`` against a server that answers only the old
+way fails with a usage error that names ``--era legacy``.
+
 Exit codes: 0 no findings, 1 findings, 2 a bad plan or no connection.
 """
 
@@ -22,7 +26,7 @@ from stopline.errors import InvalidInput
 
 __all__ = ["register"]
 
-ERAS = ("2026-07-28", "legacy")
+ERAS = ("auto", "2026-07-28", "legacy")
 
 
 def check_mcp(
@@ -34,12 +38,17 @@ def check_mcp(
         Path | None,
         typer.Option(help="Tools it may call, their arguments and read tools (JSON or TOML)."),
     ] = None,
-    era: Annotated[str, typer.Option(help="Protocol era: 2026-07-28 or legacy.")] = "2026-07-28",
+    era: Annotated[
+        str,
+        typer.Option(help="Protocol era: auto (negotiate, the default), 2026-07-28 or legacy."),
+    ] = "auto",
     settle_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for each cell to settle.")
     ] = 15.0,
 ) -> None:
     """Profile an MCP server's cancellation: discovery only, or the barrier matrix with --plan."""
+    from pydantic import ValidationError
+
     from mcp import StdioServerParameters
     from stopline.integrations.mcp.check import PlanError, check, load_plan
     from stopline.integrations.mcp.check_report import Exit, render_text
@@ -84,6 +93,12 @@ def check_mcp(
             c.fail(str(exc), Exit.ERROR)
         except Exception as exc:
             leaf = _leaf(exc)
+            if isinstance(leaf, ValidationError) and era == "2026-07-28":
+                c.fail(
+                    f"cannot check {' '.join(target)}: its answers do not fit the 2026-07-28 "
+                    "protocol: pass --era legacy (or --era auto to negotiate)",
+                    Exit.ERROR,
+                )
             c.fail(f"cannot check {' '.join(target)}: {type(leaf).__name__}: {leaf}", Exit.ERROR)
     from stopline.integrations.mcp.check_report import Profile
 

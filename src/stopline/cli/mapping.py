@@ -90,6 +90,7 @@ class ModuleMap:
     module: str
     phases: list[tuple[PhaseKind, Policy]]
     tools: list[ToolInfo]
+    runtime: list[str] = dataclasses.field(default_factory=list)  # MCP connections: not mapped
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +101,9 @@ class ModuleMap:
             ],
             "tools": [t.to_json() for t in self.tools],
             "gaps": [{"tool": t.name, "gap": g} for t in self.tools for g in t.gaps],
+            "not_mapped": [
+                {"name": n, "why": "MCP connection: tools known at run time"} for n in self.runtime
+            ],
         }
 
 
@@ -182,7 +186,16 @@ def map_module(module: ModuleType) -> ModuleMap:
         for t in tools.values()
     ]
     infos.sort(key=lambda t: t.name)
-    return ModuleMap(module.__name__, _phases(module), infos)
+    runtime = sorted(name for name, value in vars(module).items() if _runtime_tools(value))
+    return ModuleMap(module.__name__, _phases(module), infos, runtime)
+
+
+def _runtime_tools(value: object) -> bool:
+    """An object whose tools exist only at run time (an MCP connection lists them when
+    it connects): a map of the module cannot show them. Named by its class, so the map
+    imports no integration."""
+    kind = type(value)
+    return kind.__name__ == "StoplineMCP" and kind.__module__.startswith("stopline.")
 
 
 def map_command(
@@ -230,6 +243,11 @@ def _print(result: ModuleMap) -> None:
         c.out.print(tools)
     else:
         c.out.print("no stopline.Tool objects at module level")
+    for name in result.runtime:
+        c.out.print(
+            f"{name}: an MCP connection: its tools exist only at run time and are not "
+            "mapped here (stopline check-mcp profiles the server)"
+        )
     gaps = [(t.name, g) for t in result.tools for g in t.gaps]
     if gaps:
         c.out.print("gaps", style="bold yellow")

@@ -34,9 +34,8 @@ as the request was written".
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
-import tomllib
+import copy
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -49,7 +48,16 @@ from mcp_types import RequestParamsMeta
 import stopline
 from mcp import MCPError, StdioServerParameters
 from stopline.domain.limits import check_wait
-from stopline.domain.vocab import Cancellable, NoteKind, OpStatus, PhaseKind, Policy
+from stopline.domain.model import CancelState
+from stopline.domain.vocab import (
+    Cancellable,
+    NoteKind,
+    OpEvent,
+    OpStatus,
+    PhaseKind,
+    Policy,
+    RunEvent,
+)
 from stopline.errors import PlanError, RunFenced
 from stopline.integrations.mcp._task_state import TaskIdParams
 from stopline.integrations.mcp._vocab import (
@@ -59,106 +67,58 @@ from stopline.integrations.mcp._vocab import (
     VERIFY_TOOL,
     ToolPolicy,
 )
-from stopline.integrations.mcp.check_report import CELLS, Cell, Profile, ToolProfile
+from stopline.integrations.mcp.check_plan import Call, Plan, ToolPlan, load_plan, with_key
+from stopline.integrations.mcp.check_report import (
+    CELLS,
+    CancelStops,
+    Cell,
+    Profile,
+    ToolProfile,
+)
 from stopline.integrations.mcp.client import StoplineMCP
 from stopline.integrations.mcp.tasks_client import Raw, TaskRequest
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import VerifyBudget
-from stopline.runtime.tool import ReadBack, Verdict
+from stopline.runtime.tool import NoAnswer, ReadBack, Verdict
 
 __all__ = ["Plan", "PlanError", "ToolPlan", "check", "load_plan"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    tool: str
-    arguments: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolPlan:
-    name: str
-    arguments: Mapping[str, Any]
-    key_argument: str | None = None
-    read: Call | None = None
-    read_path: tuple[str, bool] | None = None  # (dotted path, is a count)
-    hold: Mapping[str, Call] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    tools: Mapping[str, ToolPlan]
-
-
-def _call(raw: Any, where: str) -> Call:
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("tool"), str):
-        raise PlanError(f"{where}: expected {{'tool': NAME, 'arguments': {{...}}}}")
-    args = raw.get("arguments", {})
-    if not isinstance(args, Mapping):
-        raise PlanError(f"{where}.arguments: expected a table of arguments")
-    return Call(raw["tool"], dict(args))
-
-
-def load_plan(path: Path) -> Plan:
-    """Read a plan (``.toml`` or JSON); ``PlanError`` names the first problem."""
-    try:
-        text = path.read_text()
-        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"cannot read the plan {path}: {exc}") from exc
-    tools = raw.get("tools") if isinstance(raw, Mapping) else None
-    if not isinstance(tools, Mapping) or not tools:
-        raise PlanError(f"{path}: expected a 'tools' table naming at least one tool")
-    out: dict[str, ToolPlan] = {}
-    for name, spec in tools.items():
-        where = f"tools.{name}"
-        if not isinstance(spec, Mapping):
-            raise PlanError(f"{where}: expected a table")
-        args = spec.get("arguments", {})
-        key_argument = spec.get("key_argument")
-        if not isinstance(args, Mapping) or not isinstance(key_argument, str | None):
-            raise PlanError(f"{where}: 'arguments' must be a table, 'key_argument' a string")
-        read, read_path = None, None
-        if "read" in spec:
-            read = _call(spec["read"], f"{where}.read")
-            count, found = spec["read"].get("count"), spec["read"].get("found")
-            if not isinstance(count or found, str):
-                raise PlanError(f"{where}.read: name the result's 'count' or 'found' field")
-            read_path = (str(count or found), count is not None)
-        hold = {k: _call(v, f"{where}.hold.{k}") for k, v in (spec.get("hold") or {}).items()}
-        if hold and not {"before", "release"} <= set(hold):
-            raise PlanError(f"{where}.hold: needs at least 'before' and 'release'")
-        out[name] = ToolPlan(name, dict(args), key_argument, read, read_path, hold)
-    return Plan(out)
-
-
-def _with_key(value: Any, key: str) -> Any:
-    if isinstance(value, str):
-        return value.replace("{key}", key)
-    if isinstance(value, Mapping):
-        return {k: _with_key(v, key) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_with_key(v, key) for v in value]
-    return value
+_ANSWERS = (OpEvent.COMMITTED, OpEvent.REJECTED)  # the call's own answer
+_READ_SETTLED = (OpEvent.VERIFIED_COMMITTED, OpEvent.VERIFIED_NOT_COMMITTED)
 
 
 def declared(tool: types.Tool) -> dict[str, Any]:
-    """What a tool listing says about the tool (hints are untrusted: reported, not relied on)."""
+    """What a tool listing says about the tool (hints are untrusted: reported, not relied on).
+
+    A stopline ``_meta`` value outside the vocabulary is ignored by the client (the safe
+    default applies), so it is not shown as declared: it is listed under ``ignored``.
+    """
     notes = tool.annotations
     meta = tool.meta or {}
+    effects, cancellable = meta.get(EFFECTS_META), meta.get(CANCELLABLE_META)
+    ignored: dict[str, Any] = {}
+    if effects is not None and not isinstance(effects, bool):
+        ignored[EFFECTS_META], effects = effects, None
+    if cancellable is not None and cancellable not in Cancellable.__members__.values():
+        ignored[CANCELLABLE_META], cancellable = cancellable, None
     return {
         "name": tool.name,
         "readOnlyHint": notes.read_only_hint if notes else None,
         "idempotentHint": notes.idempotent_hint if notes else None,
         "destructiveHint": notes.destructive_hint if notes else None,
-        "effects": meta.get(EFFECTS_META),
-        "cancellable": meta.get(CANCELLABLE_META),
+        "effects": effects,
+        "cancellable": cancellable,
         "taskSupport": tool.execution.task_support if tool.execution else None,
+        "ignored": ignored,
     }
 
 
 class Checker:
-    """One connection, one scratch ledger, the plan's tools through the matrix."""
+    """One connection, one scratch ledger, the plan's tools through the matrix.
+
+    Every wait is bounded by ``settle_timeout``: a control call, a read, an answer, the
+    end of a run; a wait that runs out is reported on its cell, never waited out.
+    """
 
     def __init__(
         self,
@@ -179,13 +139,22 @@ class Checker:
         self.written.setdefault(key, anyio.Event()).set()
 
     async def ctl(self, call: Call | None, key: str) -> Any:
+        """A sandbox call (control or read); ``TimeoutError`` past the settle timeout."""
         if call is None:
             return None
-        result = await self.conn.client.call_tool(call.tool, _with_key(call.arguments, key))
+        with anyio.fail_after(self.settle_timeout):
+            result = await self.conn.client.call_tool(call.tool, with_key(call.arguments, key))
         return result.structured_content
 
     async def effects(self, tool: ToolPlan, key: str) -> int | None:
-        """How many effects the server's read tool shows for ``key`` (None: no way to tell)."""
+        """How many effects the server shows for ``key``; None: it could not tell (no read
+        tool, a read that failed or did not answer in time, a verdict ``unknown``)."""
+        try:
+            return await self._effects(tool, key)
+        except (TimeoutError, MCPError, NoAnswer):
+            return None
+
+    async def _effects(self, tool: ToolPlan, key: str) -> int | None:
         if tool.read is not None and tool.read_path is not None:
             out = await self.ctl(tool.read, key)
             path, is_count = tool.read_path
@@ -195,8 +164,10 @@ class Checker:
                 return int(out) if isinstance(out, int | float) else None
             return 1 if out is True else 0 if out is False else None
         if self.conn.offers_verify:
-            status = await self.conn.status(key)
-            return 1 if status.get("verdict") == "committed" else 0
+            with anyio.fail_after(self.settle_timeout):
+                verdict = (await self.conn.status(key)).get("verdict")
+            # the server's record: one key is one effect or none; "unknown" is unknown
+            return {"committed": 1, "not_committed": 0}.get(str(verdict))
         return None
 
     def verifier(self, tool: ToolPlan) -> Callable[[CallContext], Any]:
@@ -209,6 +180,17 @@ class Checker:
 
         return read_back
 
+    def keyed(self, tool: ToolPlan) -> stopline.Tool[Any]:
+        """The MCP tool, each call's ``"{key}"`` in its arguments replaced by its own key."""
+        base = self.conn.tool(tool.name)
+        keyed = copy.copy(base)
+
+        async def invoke(ctx: CallContext, arguments: dict[str, Any] | None = None) -> Any:
+            return await base.fn(ctx, with_key(arguments or {}, ctx.key))
+
+        keyed.fn = invoke
+        return keyed
+
     async def profile_tool(self, tool: ToolPlan) -> ToolProfile:
         listed = self.conn.listing[tool.name]
         profile = ToolProfile(tool.name, declared(listed))
@@ -216,27 +198,39 @@ class Checker:
             tool.read.tool if tool.read else (VERIFY_TOOL if self.conn.offers_verify else "")
         )
         cells: dict[str, Cell] = {}
-        for name in ("before_dispatch", "during", "after_acceptance", "after_result"):
+        # after_result before after_acceptance: a whole call shows whether the server
+        # gives any sign of acceptance (a cancelled "during" call may end before its first)
+        for name in ("before_dispatch", "during", "after_result", "after_acceptance"):
             self.on_step(f"{tool.name}: {name.replace('_', ' ')}")
-            if name == "after_acceptance" and not cells["during"].signals:
-                cells[name] = Cell(name, note="no sign of acceptance (no progress, no task)")
+            if name == "after_acceptance" and not any(c.signals for c in cells.values()):
+                cells[name] = Cell(
+                    name, note="no sign of acceptance in a whole call (no progress, no task)"
+                )
                 continue
             cells[name] = await self.cell(tool, name, profile)
         profile.cells = [cells[name] for name in CELLS]
         self.on_step(f"{tool.name}: same key twice")
-        profile.repeat_effects = await self.repeat(tool)
+        profile.repeat_effects = await self.repeat(tool, profile)
+        for cell in profile.cells:  # R13: a late commit shows later; read once more
+            if cell.in_flight and cell.effects == 0 and not cell.proof:
+                await anyio.sleep(max(0.0, cell.cancelled_at + self.settle_timeout - time.time()))
+                await self._read(tool, cell)
         profile.findings = judge(profile)
         return profile
 
-    async def repeat(self, tool: ToolPlan) -> int | None:
+    async def repeat(self, tool: ToolPlan, profile: ToolProfile) -> int | None:
         key = f"check-repeat-{uuid.uuid4().hex[:12]}"
-        args = dict(_with_key(tool.arguments, key))
+        args = dict(with_key(tool.arguments, key))
         if tool.key_argument:
             args[tool.key_argument] = key
-        for _ in range(2):
-            with contextlib.suppress(MCPError):
+        for attempt in (1, 2):
+            with contextlib.suppress(MCPError), anyio.move_on_after(self.settle_timeout) as wait:
                 await self.conn.client.call_tool(
                     tool.name, args, meta=cast(RequestParamsMeta, {KEY_META: key})
+                )
+            if wait.cancelled_caught:
+                profile.timeouts.append(
+                    f"same key twice: call {attempt} got no answer within {self.settle_timeout:g} s"
                 )
         return await self.effects(tool, key)
 
@@ -247,6 +241,7 @@ class Checker:
         ledger = self.ledger
         ready, go, done = anyio.Event(), anyio.Event(), anyio.Event()
         ids: list[str] = []
+        keyed = self.keyed(tool)
 
         async def workflow() -> None:
             try:
@@ -256,7 +251,7 @@ class Checker:
                     await go.wait()
                     with contextlib.suppress(RunFenced, Exception):
                         async with run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE):
-                            await self.conn.call(run, tool.name, dict(tool.arguments))
+                            await run.call(keyed, dict(tool.arguments))
             finally:
                 ready.set()
                 done.set()
@@ -265,45 +260,106 @@ class Checker:
             tg.start_soon(workflow)
             await ready.wait()
             run_id = ids[0]
-            if name == "before_dispatch":
-                await ledger.cancel(run_id, by="check-mcp", reason="cancel before dispatch")
-                go.set()
-            elif name == "after_result":
-                go.set()
+            try:
+                await self._moment(tool, cell, run_id, go, done)
+            except (TimeoutError, MCPError) as exc:
+                cell.timeout = f"a sandbox control call failed or did not answer: {exc!r}"
+            finally:
+                if not go.is_set():  # the gate refuses it: nothing is sent
+                    await self._cancel(cell, run_id, "the cell could not reach its moment")
+                    go.set()
+                with anyio.move_on_after(self.settle_timeout):
+                    await done.wait()
+                if not done.is_set():
+                    cell.timeout = f"the run did not end within {self.settle_timeout:g} s"
+                    tg.cancel_scope.cancel()
+        await self._record(tool, cell, run_id, profile)
+        return cell
+
+    async def _cancel(self, cell: Cell, run_id: str, reason: str) -> None:
+        cell.cancelled_at = time.time()
+        await self.ledger.cancel(run_id, by="check-mcp", reason=reason)
+
+    async def _moment(
+        self, tool: ToolPlan, cell: Cell, run_id: str, go: anyio.Event, done: anyio.Event
+    ) -> None:
+        """Bring the call to the cell's moment and cancel it there."""
+        wait = self.settle_timeout
+        if cell.name == "before_dispatch":
+            await self._cancel(cell, run_id, "cancel before dispatch")
+            go.set()
+            return
+        if cell.name == "after_result":
+            go.set()
+            with anyio.move_on_after(wait):
                 await done.wait()
-                await ledger.cancel(run_id, by="check-mcp", reason="cancel after the result")
-            else:
-                await self.ctl(tool.hold.get("before"), "")
-                go.set()
-                op_id = await self._reached(tool, name, run_id, done)
-                if op_id:
-                    await ledger.cancel(run_id, by="check-mcp", reason=f"cancel {name}")
-                else:
-                    cell.note = "no sign the server had the request (no progress, no task)"
-                await self.ctl(tool.hold.get("release"), "")
-                with anyio.move_on_after(self.settle_timeout) as waited:
-                    if op_id:
-                        with contextlib.suppress(MCPError):
-                            await self.ctl(tool.hold.get("ended"), op_id)
-                if waited.cancelled_caught:
-                    cell.note = "the sandbox never reported that the request ended"
+            if not done.is_set():
+                cell.timeout = f"no answer within {wait:g} s: cancelled then, in flight"
+            await self._cancel(cell, run_id, "cancel after the result")
+            return
+        await self.ctl(tool.hold.get("before"), "")
+        go.set()
+        op_id = await self._reached(tool, cell.name, run_id, done)
+        if op_id or not done.is_set():
+            if not op_id:
+                cell.note = f"no sign the server had the request within {wait:g} s: cancelled then"
+            await self._cancel(cell, run_id, f"cancel {cell.name}")
+        else:
+            cell.note = "no sign the server had the request before its answer"
+        await self.ctl(tool.hold.get("release"), "")
+        if op_id and "ended" in tool.hold:
+            try:
+                await self.ctl(tool.hold["ended"], op_id)
+                cell.ended = True
+            except (TimeoutError, MCPError):
+                cell.note = "the sandbox never reported that the request ended"
+
+    async def _record(self, tool: ToolPlan, cell: Cell, run_id: str, profile: ToolProfile) -> None:
+        """What the run shows: the receipt, what the call did, the server's effects."""
         receipt = await self._settled(run_id)
         cell.headline, cell.message = receipt.headline.value, receipt.message
-        ops = await ledger.backend.operations(run_id)
+        ops = await self.ledger.backend.operations(run_id)
         if not ops:
             cell.effects, cell.note = 0, "refused at the gate: nothing was sent"
-            return cell
+            return
         op = ops[0]
-        cell.status = op.status.value
-        cell.late_answer = any(late.key == op.id for late in self.conn.late)
-        cell.effects = await self.effects(tool, op.id)
-        events = await ledger.backend.events(run_id)
+        cell.key, cell.status = op.id, op.status.value
+        events = await self.ledger.backend.events(run_id)
+        cancel = next(
+            (e.seq for e in events if e.op_id is None and e.kind == RunEvent.CANCEL), None
+        )
         mine = [e for e in events if e.op_id == op.id]
+        answer = next((e.seq for e in mine if e.kind in _ANSWERS), None)
+        cell.answered_first = answer is not None and (cancel is None or answer < cancel)
+        cell.not_sent = any(e.kind == OpEvent.NOT_SENT for e in mine)
+        if cell.answered_first and cell.name != "after_result":
+            cell.note = "the call answered before the cancel: no cancel verdict"
+        elif cell.not_sent:
+            cell.note = "the cancel came before the request was written: nothing was sent"
+        cell.lost = any(e.kind == OpEvent.LOST for e in mine)
+        cell.settled_by_read = any(e.kind in _READ_SETTLED for e in mine)
         profile.progress += sum(1 for e in mine if e.kind == NoteKind.PROGRESS)
         cell.signals = sum(
             1 for e in mine if e.kind == NoteKind.PROGRESS or e.to_state == OpStatus.ACCEPTED
         )
-        return cell
+        if op.status is OpStatus.NOT_COMMITTED and not cell.not_sent:
+            cell.proof = "stopline's ledger: not_committed"
+        elif op.cancel_state is CancelState.CONFIRMED:
+            cell.proof = "the server confirmed the cancel"
+        cell.horizon = op.horizon
+        await self._read(tool, cell)
+
+    async def _read(self, tool: ToolPlan, cell: Cell) -> None:
+        """Read the cell's effects (again), and what a "none" then proves (R13)."""
+        cell.effects = await self.effects(tool, cell.key)
+        cell.late_answer = any(late.key == cell.key for late in self.conn.late)
+        if cell.cancelled_at:
+            cell.seen_after = max(0.0, time.time() - cell.cancelled_at)
+        if cell.effects == 0 and not cell.proof:
+            if cell.ended:
+                cell.proof = "the sandbox reported the request ended; its read found no effect"
+            elif cell.horizon is not None and time.time() >= cell.horizon:
+                cell.proof = "a read after the operation's horizon found no effect"
 
     async def _reached(self, tool: ToolPlan, name: str, run_id: str, done: anyio.Event) -> str:
         """Wait for the cell's moment: the operation id, or "" if it never came."""
@@ -340,21 +396,28 @@ def judge(profile: ToolProfile) -> list[str]:
     for cell in profile.cells:
         if cell.status in ("unknown", "needs_review"):
             out.append(f"{cell.name}: stopline cannot prove the outcome ({cell.message})")
+        if cell.timeout:
+            out.append(f"{cell.name}: {cell.timeout}")
+    out += profile.timeouts
     if profile.repeat_effects is not None and profile.repeat_effects > 1:
         out.append("one idempotency key twice made two effects: a re-issued request doubles")
-    if profile.repeat_effects is None:
+    if not profile.read:
         out.append(
             "no read tool: effects cannot be counted (add one to the plan, or stopline_verify)"
         )
+    elif profile.repeat_effects is None:
+        out.append(f"same key twice: {profile.read} could not tell how many effects")
     if profile.declared.get("cancellable") == Cancellable.AFTER_ACCEPTED and (
-        profile.cancel_stops == "no"
+        profile.cancel_stops is CancelStops.NO
     ):
         out.append("declares it can cancel after acceptance, but a cancel did not stop it")
     return out
 
 
-async def tasks_support(conn: StoplineMCP) -> str:
-    """Probe the tasks methods with an id nobody holds: -32602 means they exist."""
+async def tasks_support(conn: StoplineMCP, wait: float) -> str:
+    """Probe the tasks methods with an id nobody holds. Only an answer proves them: a
+    result, or -32602 (the method exists and refused the id); -32601 means no; any other
+    error, or none within ``wait``, proves neither."""
     client = conn.client
     legacy = client.server_capabilities.tasks
     if legacy is not None:
@@ -362,11 +425,15 @@ async def tasks_support(conn: StoplineMCP) -> str:
 
     probe = TaskRequest(method="tasks/get", params=TaskIdParams(task_id=f"probe-{uuid.uuid4()}"))
     try:
-        await client.session.send_request(probe, Raw)
+        with anyio.fail_after(wait):
+            await client.session.send_request(probe, Raw)
+    except TimeoutError:
+        return f"unknown (tasks/get got no answer within {wait:g} s)"
     except MCPError as exc:
         if exc.error.code == types.METHOD_NOT_FOUND:
             return "no"
-        return "2026-07-28 (io.modelcontextprotocol/tasks)"
+        if exc.error.code != types.INVALID_PARAMS:
+            return f"unknown (tasks/get answered error {exc.error.code})"
     return "2026-07-28 (io.modelcontextprotocol/tasks)"
 
 
@@ -380,7 +447,7 @@ async def _scratch(workdir: Path) -> AsyncIterator[stopline.Ledger]:
 async def check(
     target: StdioServerParameters | str,
     *,
-    mode: str = "2026-07-28",
+    mode: str = "auto",
     plan: Plan | None = None,
     workdir: Path,
     settle_timeout: float = 15.0,
@@ -403,7 +470,7 @@ async def check(
         profile.server = f"{info.name} {info.version}".strip() if info else ""
         profile.tools = [declared(t) for t in conn.listing.values()]
         profile.verify_tool = conn.offers_verify
-        profile.tasks = await tasks_support(conn)
+        profile.tasks = await tasks_support(conn, settle_timeout)
         missing = sorted(set(plan.tools) - set(conn.listing))
         if missing:
             raise PlanError(f"the plan names tools the server does not list: {', '.join(missing)}")
