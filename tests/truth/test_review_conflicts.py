@@ -258,3 +258,22 @@ async def test_compensation_always_applies_when_late_evidence_settles_a_review(
 
     assert receipt.headline is Headline.CORRECTED
     assert book.compensated == [op_id]
+
+
+@pytest.mark.parametrize("verdict", [Verdict.COMMITTED, Verdict.NOT_COMMITTED])
+async def test_a_late_answer_does_not_settle_a_dispute_a_reviewer_holds(
+    ledger: stopline.Ledger, verdict: Verdict
+) -> None:
+    """A provider's late answer settled any item in review, a contradicted one too: a
+    redelivered webhook repeating one side of the dispute decided it. It is kept as
+    evidence for the reviewer, and the item stays in review."""
+    psp = Psp()
+    op_id = await _lost(ledger, psp, "r-dispute", "pay")
+    late = await ledger.late_response(op_id, Verdict.COMMITTED, ref="psp-991", result="paid")
+    assert late.status is OpStatus.NEEDS_REVIEW  # the dispute: read-back vs the provider
+
+    again = await ledger.late_response(op_id, verdict, ref="psp-991", detail="redelivered")
+
+    assert again.status is OpStatus.NEEDS_REVIEW
+    kept = [e for e in await ledger.backend.events("r-dispute") if e.kind == "late_response"]
+    assert kept and "redelivered" in str(kept[-1].data)

@@ -148,8 +148,8 @@ CONTRADICTS: dict[OpEvent, frozenset[OpStatus]] = {
 # "did it happen?", and later evidence answers it as a reviewer would. From any other
 # status recorded evidence stands against it (a conflict), or the correction of a proven
 # commit failed: a later read-back is one more voice in that dispute, not its answer, and
-# a reviewer decides (``ledger.verify`` reads nothing for it). A provider's own late
-# answer is not held to this yet (ADR 0052, left for later: ``Outcomes.resolve``).
+# a reviewer decides (``ledger.verify`` reads nothing for it; a provider's late answer
+# is kept as a note, ``Outcomes.late_response``).
 SETTLED_BY_LATER_EVIDENCE = frozenset({OpStatus.UNKNOWN})
 
 

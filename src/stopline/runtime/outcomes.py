@@ -34,6 +34,7 @@ from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, 
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
+from stopline.runtime.review import evidence_settles
 from stopline.runtime.tool import Verdict, as_verdict
 
 if TYPE_CHECKING:
@@ -220,6 +221,8 @@ class Outcomes:
             evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
         if ref:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
+        if verdict is not Verdict.UNKNOWN and await self._disputed(op_id):
+            verdict = Verdict.UNKNOWN  # one more voice in a dispute: kept for the reviewer
         if verdict is Verdict.UNKNOWN:
             op = await self._core.backend.note(
                 op_id, NoteKind.LATE_RESPONSE, {"evidence": [e.to_json() for e in evidence]}
@@ -233,6 +236,12 @@ class Outcomes:
                 event, evidence, result=result if kept else None, has_result=kept, late=True
             ),
         )
+
+    async def _disputed(self, op_id: str) -> bool:
+        """In review for contradicting evidence (or a failed correction of a commit): a
+        late answer does not settle it, a reviewer does (ADR 0052)."""
+        op = await self._core.backend.get_operation(op_id)
+        return op.status is OpStatus.NEEDS_REVIEW and not await evidence_settles(self._core, op)
 
     # -- runs ------------------------------------------------------------------------
     async def end(self, run_id: str, by: str, error: BaseException | None = None) -> None:
