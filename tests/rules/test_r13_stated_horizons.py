@@ -216,3 +216,32 @@ async def test_a_read_back_that_never_answers_is_one_that_found_no_answer(
 def test_a_read_timeout_must_be_a_positive_number_of_seconds(bad: float) -> None:
     with pytest.raises(InvalidInput, match="read_timeout"):
         VerifyBudget(read_timeout=bad)
+
+
+async def test_r13_a_reviewer_cannot_call_it_not_done_while_it_can_still_land(
+    ledger: stopline.Ledger,
+) -> None:
+    """A call with no verifier goes to review at once; its effect could land for a minute
+    more. The reviewer's "not committed" was accepted at once, the receipt then said it
+    never happened, and the resume it offered sent it again while the first landed. The
+    review line says until when, and that verdict waits for the horizon."""
+    sent: list[str] = []
+
+    async def deploy(ctx: stopline.CallContext) -> str:
+        sent.append(ctx.key)
+        raise ConnectionResetError("the answer was lost")  # the provider goes on
+
+    tool = stopline.Tool(deploy, settles_within=60.0)  # no verifier: review
+    with pytest.raises(ConnectionResetError):
+        async with ledger.run("ship", owner="user:1", run_id="r") as run:
+            await run.call(tool, key="deploy")
+    receipt = await ledger.wait_settled("r", timeout=10)
+    assert receipt.lines[0].status is OpStatus.NEEDS_REVIEW
+    assert "its effect could land until" in receipt.lines[0].status_words
+    with pytest.raises(stopline.NotPermitted, match="may still land until"):
+        await ledger.resolve_review("r/deploy", "not_committed", by="user:1")
+    op = await ledger.backend.get_operation("r/deploy")
+    assert op.status is OpStatus.NEEDS_REVIEW  # nothing written
+    await ledger.resolve_review("r/deploy", "committed", by="user:1")
+    op = await ledger.backend.get_operation("r/deploy")
+    assert op.status is OpStatus.COMMITTED and sent == ["r/deploy"]

@@ -149,9 +149,13 @@ def _cancel_words(op: OperationRecord) -> str:
 
 def _status_words(op: OperationRecord) -> str:
     words = _PLAIN_STATUS[op.status]
-    if op.status is OpStatus.UNKNOWN and op.horizon is not None:
-        # R13: until then "not found" is "not yet"
-        words += " until " + time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
+    if op.horizon is None:
+        return words
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
+    if op.status is OpStatus.UNKNOWN:  # R13: until then "not found" is "not yet"
+        words += " until " + until
+    elif op.status is OpStatus.NEEDS_REVIEW:  # what a reviewer must weigh (R13)
+        words += f" (its effect could land until {until})"
     return words
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from typing import TYPE_CHECKING, Any
 
 from stopline.domain.limits import check_limit
@@ -139,6 +140,8 @@ async def resolve(
     op = await core.backend.get_operation(op_id)
     if verdict is ReviewVerdict.COMPENSATE:
         core.compensator.tool_for(op)  # refuse before writing anything
+    if verdict is ReviewVerdict.NOT_COMMITTED:
+        _may_not_have_happened(core, op)
     corrected = False
     if op.status in REVIEW_STATUSES:
         corrected = await _corrected(core, op_id, verdict)
@@ -166,6 +169,20 @@ async def resolve(
     core.outcomes.after_change(op)
     await core.settler.advance(op.run_id)
     return op
+
+
+def _may_not_have_happened(core: Core, op: OperationRecord) -> None:
+    """R13 for a reviewer: "it did not happen" is refused while its effect can still
+    land (before its horizon; the provider said nothing of the request ending), as a
+    read-back's "not found" proves nothing then: its guidance would send it again."""
+    horizon = core.settler.horizon_of(op)
+    if horizon is None or horizon <= time.time():
+        return
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(horizon))
+    raise NotPermitted(
+        f"{op.id!r} may still land until {until} (R13): decide 'not_committed' after "
+        "that, or 'committed' now if it happened"
+    )
 
 
 async def _corrected(core: Core, op_id: str, verdict: ReviewVerdict) -> bool:
