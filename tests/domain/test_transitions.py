@@ -86,7 +86,10 @@ BEYOND: Mapping[tuple[Any, Any], tuple[Any, str]] = {
         S.NEEDS_REVIEW,
         "test_never_happened_contradicts_a_correction",
     ),
-    (S.NEEDS_REVIEW, E.COMPENSATED): (S.COMPENSATED, "test_a_corrected_action_found_to_happen"),
+    (S.NEEDS_REVIEW, E.REVIEWED_CORRECTED): (
+        S.COMPENSATED,
+        "test_a_corrected_action_found_to_happen",
+    ),
     (S.NEEDS_REVIEW, E.COMMITTED): (S.COMMITTED, "test_evidence_after_escalation_settles_it"),
     (S.NEEDS_REVIEW, E.REJECTED): (S.NOT_COMMITTED, "test_evidence_after_escalation_settles_it"),
     (S.NEEDS_REVIEW, E.VERIFIED_COMMITTED): (
@@ -216,8 +219,12 @@ def test_never_happened_contradicts_a_correction() -> None:
 
 def test_a_corrected_action_found_to_happen() -> None:
     """A reviewer who finds that a corrected action happened leaves it corrected: its
-    correction stands (``review.resolve`` records this move, not ``reviewed_committed``)."""
-    assert apply(OPERATION_TABLE, S.NEEDS_REVIEW, E.COMPENSATED) is S.COMPENSATED
+    correction stands (``review.resolve`` records this move, not ``reviewed_committed``).
+    Its own event: a correction's link (``compensated``) moves only what is being
+    corrected, never an item a contradiction put in review meanwhile."""
+    assert apply(OPERATION_TABLE, S.NEEDS_REVIEW, E.REVIEWED_CORRECTED) is S.COMPENSATED
+    with pytest.raises(IllegalTransition):
+        apply(OPERATION_TABLE, S.NEEDS_REVIEW, E.COMPENSATED)
 
 
 def test_only_an_item_in_review_for_want_of_an_answer_is_settled_by_evidence() -> None:

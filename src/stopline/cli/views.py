@@ -135,6 +135,7 @@ _WORDS: dict[str, str] = {
     OpEvent.CONFLICT: "evidence contradicts the recorded outcome",
     OpEvent.REVIEWED_COMMITTED: "reviewer decided: committed",
     OpEvent.REVIEWED_NOT_COMMITTED: "reviewer decided: not committed",
+    OpEvent.REVIEWED_CORRECTED: "reviewer decided: committed; it stays corrected",
     OpEvent.COMPENSATION_STARTED: "correction started",
     OpEvent.COMPENSATED: "corrected",
     OpEvent.COMPENSATION_FAILED: "correction failed",

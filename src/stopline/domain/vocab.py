@@ -143,6 +143,9 @@ class OpEvent(enum.StrEnum):
     CONFLICT = "conflict"  # later evidence contradicts a recorded outcome
     REVIEWED_COMMITTED = "reviewed_committed"
     REVIEWED_NOT_COMMITTED = "reviewed_not_committed"
+    # a reviewer finds a corrected action happened: it stays corrected (apart from
+    # ``compensated``, so that a correction's link cannot take an item out of review)
+    REVIEWED_CORRECTED = "reviewed_corrected"
     COMPENSATION_STARTED = "compensation_started"
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"

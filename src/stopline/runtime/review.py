@@ -151,7 +151,7 @@ async def resolve(
     if verdict is ReviewVerdict.NOT_COMMITTED:
         event = OpEvent.REVIEWED_NOT_COMMITTED
     elif corrected:  # it happened, and its correction stands: corrected, as before
-        event = OpEvent.COMPENSATED
+        event = OpEvent.REVIEWED_CORRECTED
     else:
         event = OpEvent.REVIEWED_COMMITTED
     decision = Evidence(EvidenceKind.REVIEW, by, f"{verdict.value}: {note}" if note else verdict)
