@@ -149,8 +149,8 @@ def _cancel_words(op: OperationRecord) -> str:
 
 def _status_words(op: OperationRecord) -> str:
     words = _PLAIN_STATUS[op.status]
-    if op.horizon is None:
-        return words
+    if op.status not in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW) or op.horizon is None:
+        return words  # (the evidence of a settled operation is not decoded for this)
     until = time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
     if op.status is OpStatus.UNKNOWN:  # R13: until then "not found" is "not yet"
         words += " until " + until
