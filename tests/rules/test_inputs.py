@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import anyio
@@ -455,3 +456,23 @@ async def test_r14_resuming_a_run_in_review_says_what_to_do(ledger: stopline.Led
     await ledger.wait_settled("run-review", timeout=10)
     with pytest.raises(RunEnded, match="resolve its review items"):
         await ledger.resume("run-review", by="user:1")
+
+
+def test_a_tool_is_an_async_function_refused_otherwise_when_it_is_made() -> None:
+    """A plain ``def`` (or an async generator) was accepted as a tool: called after the
+    gate, its effect ran, then awaiting its answer raised a bare ``TypeError`` and the
+    operation stayed in doubt. It is refused when the tool is made, nothing recorded."""
+    ran: list[str] = []
+
+    def send(text: str) -> str:
+        ran.append(text)
+        return "sent"
+
+    async def stream(text: str) -> AsyncIterator[str]:
+        yield text
+
+    with pytest.raises(InvalidInput, match="'send' is a plain function"):
+        stopline.tool(send)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="'stream' is an async generator"):
+        stopline.Tool(stream)  # type: ignore[arg-type]
+    assert not ran

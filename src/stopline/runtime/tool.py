@@ -119,7 +119,7 @@ class Tool(Generic[R]):
         compensation: Compensation = Compensation.NEVER,
         settles_within: float | None = None,
     ) -> None:
-        self.fn = fn
+        self.fn = _awaitable(fn, name)
         self.name: str = name or str(getattr(fn, "__name__", "tool"))
         self.description = description or self.name.replace("_", " ")
         self.effects = effects
@@ -180,6 +180,24 @@ def _first_param_is_context(fn: Callable[..., Any]) -> bool:
     annotation = first.annotation
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     return first.name == "ctx" or text.endswith("CallContext")
+
+
+def _awaitable(fn: Callable[..., Awaitable[R]], name: str | None) -> Callable[..., Awaitable[R]]:
+    """``fn`` if calling it gives something to await; a plain ``def`` or an async
+    generator is refused when the tool is made (``InvalidInput``): called after the gate,
+    its effect ran and then awaiting its answer failed, an untyped error and an
+    operation in doubt."""
+    what = name or getattr(fn, "__name__", repr(fn))
+    if inspect.isasyncgenfunction(fn):
+        why = "is an async generator: a tool is an async function that returns its answer"
+    elif inspect.isroutine(fn) and not inspect.iscoroutinefunction(fn):
+        why = (
+            "is a plain function (def): a tool is an async function; run blocking work "
+            "with `await anyio.to_thread.run_sync(...)` inside one"
+        )
+    else:
+        return fn
+    raise InvalidInput("tool", f"{what!r} {why}")
 
 
 @overload
