@@ -56,7 +56,10 @@ class Flaky:
 async def flaky(tmp_path: Path) -> AsyncIterator[tuple[Flaky, StoplineMCP]]:
     server = Flaky(tmp_path)
     # a server process takes a while to start on a loaded machine: connecting may take long
-    async with StoplineMCP(server.params, name="flaky", connect_timeout=30.0) as mcp:
+    # its lookup is a read by its readOnlyHint: this server is ours, its hints trusted
+    async with StoplineMCP(
+        server.params, name="flaky", connect_timeout=30.0, trust_read_hints=True
+    ) as mcp:
         yield server, mcp
 
 

@@ -1,6 +1,7 @@
-"""MCP servers attached the frameworks' own way: a read-only tool (``readOnlyHint``)
-passes no gate, ``stopline_verify`` is not offered to the model, and the read-back's
-evidence names the server the same way in every process.
+"""MCP servers attached the frameworks' own way: a tool the server declares a read
+(stopline's ``_meta``; a ``readOnlyHint`` alone is untrusted, ADR 0055) or the app
+declares one passes no gate, ``stopline_verify`` is not offered to the model, and
+the read-back's evidence names the server the same way in every process.
 
 The server is stopline's testing server over real stdio (its ``lookup`` is
 read-only); the models are the frameworks' own offline ones.
@@ -132,7 +133,7 @@ async def oa_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[M
         yield server
 
 
-async def test_openai_read_only_mcp_tool_passes_no_gate_and_verify_is_not_offered(
+async def test_openai_a_read_hint_alone_is_gated_a_declared_read_is_not(
     ledger: stopline.Ledger, oa_server: MCPServerStdio
 ) -> None:
     model = ScriptedModel(
@@ -142,6 +143,16 @@ async def test_openai_read_only_mcp_tool_passes_no_gate_and_verify_is_not_offere
     offered = await oa.gate_agent(agent).get_mcp_tools(RunContextWrapper(None))
     names = [t.name for t in offered]
     assert "lookup" in names and "stopline_verify" not in names
+    # the SDK keeps a tool's annotations, not its ``_meta``: a readOnlyHint alone is
+    # untrusted (ADR 0055), so the read passes the gate unless declared a read here
     async with oa.run(ledger, owner="user:1", run_id="oa-r-lookup") as s:
         await s.stream(agent, "look")
-    assert await ledger.backend.operations("oa-r-lookup") == []
+    (gated,) = await ledger.backend.operations("oa-r-lookup")
+    assert gated.tool == "lookup" and gated.status is OpStatus.COMMITTED
+    again = ScriptedModel(
+        [[function_call("lookup", {"key": "k"}, call_id="m2")], [assistant_message("done")]]
+    )
+    reader = OaAgent(name="reader", model=again, mcp_servers=[oa_server])
+    async with oa.run(ledger, owner="user:1", run_id="oa-r-read", reads=("lookup",)) as s:
+        await s.stream(reader, "look")
+    assert await ledger.backend.operations("oa-r-read") == []

@@ -32,7 +32,8 @@ async def connect(mode: str) -> AsyncIterator[StoplineMCP]:
     args = ["tests/support/odd_tasks_server.py", mode]
     params = StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
     params.env = server_env()
-    policies = {"upload": ToolPolicy(task=True)}
+    # its reads say readOnlyHint, which the client does not trust (ADR 0055): declared here
+    policies = {"upload": ToolPolicy(task=True), "lookup": ToolPolicy(effects=False)}
     async with StoplineMCP(params, name="odd", tasks=True, policies=policies) as conn:
         yield conn
 

@@ -174,5 +174,5 @@ async def test_mcp_tool_metadata_sets_policy(server: Server, tmp_path: Path) -> 
     assert conn.tool("notify").cancellable is stopline.Cancellable.NEVER
     assert conn.tool("notify").cancel_fn is None  # nothing to ask
     assert conn.tool("deploy").cancellable is stopline.Cancellable.AFTER_ACCEPTED
-    assert conn.tool("lookup").effects is False  # readOnlyHint
+    assert conn.tool("lookup").effects is False  # declared a read in stopline's _meta
     assert conn.tool("upload").verify_fn is not None  # the server offers stopline_verify

@@ -4,9 +4,9 @@ tools (``mcp_tools``), and what the gate adds to the SDK's own MCP servers.
 Split from ``openai_agents`` (which re-exports ``mcp_tools``). A call of an MCP
 server's tool carries its operation id in ``_meta["io.stopline/key"]``
 (``_with_key``, the server's ``tool_meta_resolver``) and is read back through
-the server's ``stopline_verify`` (``_mcp_verify``). The server's read-only tools
-(``readOnlyHint``, stopline's ``_meta``: ``policy_from_listing``, as
-``StoplineMCP`` reads a listing) and its ``stopline_verify`` pass no gate, and
+the server's ``stopline_verify`` (``_mcp_verify``). Its ``stopline_verify`` passes
+no gate (nor do the tools the app names in ``reads``; a ``readOnlyHint`` alone is
+untrusted, ADR 0055), and
 ``stopline_verify`` is not offered to the model (``offered``).
 """
 
@@ -28,7 +28,7 @@ from agents.tool_context import ToolContext
 from stopline.integrations._frameworks import mcp_call, verify_answer
 from stopline.integrations._openai_arguments import json_object
 from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.integrations.mcp import KEY_META, VERIFY_TOOL, policy_from_listing
+from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict
 
@@ -59,12 +59,10 @@ def offered(tools: list[AgentsTool]) -> list[AgentsTool]:
 
 
 def reads_only(tool: FunctionTool) -> bool:
-    """An MCP server's tool that declares no effects, or its ``stopline_verify``."""
-    if tool.name == VERIFY_TOOL:
-        return True
-    hints = getattr(tool, "_mcp_annotations", None)  # the SDK's copy of the listing's
-    hint = getattr(hints, "read_only_hint", None) if hints is not None else None
-    return policy_from_listing(None, hint).effects is False
+    """An MCP server's tool that passes no gate by what the server lists: its
+    ``stopline_verify`` only. The SDK keeps a tool's annotations, not its ``_meta``,
+    and a ``readOnlyHint`` alone is untrusted (ADR 0055): the app names its reads."""
+    return tool.name == VERIFY_TOOL
 
 
 def mcp_server_of(body: Any) -> MCPServer | None:

@@ -189,7 +189,8 @@ def gate_agent(
     _seen: dict[int, Agent[Any]] | None = None,
 ) -> Agent[Any]:
     """A copy of ``agent`` whose tools pass the gate: its function tools and the tools
-    of its ``mcp_servers``, except ``reads`` (and an MCP server's read-only tools);
+    of its ``mcp_servers``, except ``reads`` (a server's ``readOnlyHint`` alone is
+    untrusted, ADR 0055);
     and so of every agent it leads to: its handoffs (``Agent`` or ``Handoff``) and the
     agents it uses as tools (``_openai_nested``)."""
     seen = {} if _seen is None else _seen

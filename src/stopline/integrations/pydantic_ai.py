@@ -211,8 +211,9 @@ class _RetryRejected(Rejected):
 
 
 def _reads_only(tool: ToolsetTool[Any]) -> bool:
-    """An MCP server's tool that declares no effects (its ``readOnlyHint``, or stopline's
-    ``_meta``), read as ``StoplineMCP`` reads a listing (``policy_from_listing``);
+    """An MCP server's tool that declares no effects in stopline's ``_meta`` (a
+    ``readOnlyHint`` alone is untrusted, ADR 0055), read as ``StoplineMCP`` reads a
+    listing (``policy_from_listing``);
     ``stopline_verify`` is a read too."""
     leaf, mcp = _leaf(tool)
     if mcp is None:

@@ -40,18 +40,23 @@ from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from mcp import Client, MCPError
+from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.errors import InvalidInput, describe
-from stopline.integrations.mcp._vocab import ACCEPTED_MESSAGE, EFFECTS_META, OUTCOME_DATA
+from stopline.integrations.mcp._vocab import (
+    ACCEPTED_MESSAGE,
+    EFFECTS_META,
+    OUTCOME_DATA,
+    VERIFY_TOOL,
+)
 from stopline.runtime.context import CallContext
-from stopline.runtime.tool import NoAnswer, Rejected
+from stopline.runtime.tool import NoAnswer, ReadBack, Rejected, Verdict
 from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
 
-__all__ = ["Deadline", "McpCall", "plain_result", "sendable"]
+__all__ = ["Deadline", "McpCall", "cancel_channel", "plain_result", "read_back", "sendable"]
 
 
 class Deadline:
@@ -111,17 +116,42 @@ def payload_of(raw: Mapping[str, Any] | None) -> Any:
 
 def may_reissue(conn: StoplineMCP, name: str, client: Client, attempt: int) -> bool:
     """Re-send a ``tools/call`` whose stream broke? Once, on 2026-07-28, and only when the
-    idempotency key survives the re-issue: in the arguments (``key_argument``), in
-    ``_meta`` for a server that reads it (it declares ``io.stopline/effects``), or a tool
-    that says a repeat has no further effect (``idempotentHint``)."""
+    idempotency key provably survives the re-issue: in the arguments (the client's own
+    ``key_argument``), or in ``_meta`` for a server that reads it (it declares
+    ``io.stopline/effects``). A tool's ``idempotentHint`` is a hint from the server, which
+    the client cannot check: reported, not relied on (ADR 0055), so it re-issues nothing."""
     if attempt >= 2 or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
     listed = conn.listing.get(name)
     if listed is None:
         return False
     reads_key = EFFECTS_META in (listed.meta or {})
-    hinted = bool(listed.annotations and listed.annotations.idempotent_hint)
-    return bool(conn.policy(name).key_argument) or reads_key or hinted
+    return bool(conn.policy(name).key_argument) or reads_key
+
+
+def cancel_channel(client: Client | None, mode: str, target: object) -> str:
+    """How the SDK delivers a cancel on a connection (``client``, else as ``mode`` asks)."""
+    modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS if client else mode != "legacy"
+    if modern and not isinstance(target, StdioServerParameters):
+        return "stream_close"  # 2026-07-28 Streamable HTTP: closing the stream is the cancel
+    return "notifications/cancelled"
+
+
+async def read_back(conn: StoplineMCP, ctx: CallContext) -> ReadBack:
+    """The server's ``stopline_verify`` as an operation's read-back."""
+    try:
+        # an attempt still running at the server is waited for (a long poll): its
+        # "in progress" proves nothing, and the budget may end before it does (R13)
+        status = await conn.status(ctx.key, wait_seconds=conn.poll_wait)
+    except NoAnswer as exc:
+        if exc.cause is Cause.TRANSPORT:
+            conn.mark_broken()
+        return ReadBack(Verdict.UNKNOWN, detail=exc.detail)
+    verdict = Verdict(status.get("verdict", "unknown"))
+    ref = f"{VERIFY_TOOL}:{conn.name}:{ctx.key}"
+    detail = str(status.get("detail") or status.get("state") or "")
+    # the server's own record of the request: its "not committed" means it ended
+    return ReadBack(verdict, ref, detail, status.get("result"), ended=True)
 
 
 class McpCall:
@@ -136,6 +166,10 @@ class McpCall:
         self.decided = anyio.Event()  # the server's answer to our cancel is known
         self.confirmed = False
         self.refused = False
+        self.client: Client | None = None  # the connection the current attempt was sent on
+        self.lost = ""  # why that connection ended under the attempt, when it did
+        self._attempt_scope: anyio.CancelScope | None = None
+        self.request_ids: list[Any] = []  # each attempt's JSON-RPC id, as the tap saw it
 
     @property
     def attributes(self) -> dict[str, Any]:
@@ -204,6 +238,8 @@ class McpCall:
                     continue
                 if result.is_error:
                     raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
+                if attempt > 1:  # R8/R14: the receipt's evidence says it was sent twice
+                    self.ctx.provider_ref = f"{self.ref}:sent_twice:{self._ids()}"
                 return plain_result(result)
         if not self.cancel_asked:
             why = f"no answer within the deadline (idle_timeout {idle_timeout}s, cap {cap}s)"
@@ -217,9 +253,14 @@ class McpCall:
         meta: dict[str, Any],
         on_progress: ProgressFnT,
     ) -> CallToolResult:
-        """One ``tools/call`` (a new JSON-RPC id each time), its failure said as NoAnswer."""
+        """One ``tools/call`` (a new JSON-RPC id each time), its failure said as NoAnswer.
+        A connection that ends under it ends it at once (``connection_lost``)."""
+        self.client, self.lost = client, ""
         try:
-            return await self.conn.call_tool(client, self.mcp_name, arguments, meta, on_progress)
+            with anyio.CancelScope() as self._attempt_scope:
+                return await self.conn.call_tool(
+                    client, self.mcp_name, arguments, meta, on_progress
+                )
         except MCPError as exc:
             raise self._no_answer(exc) from exc
         except NoAnswer:
@@ -229,6 +270,21 @@ class McpCall:
         except Exception as exc:
             self.conn.mark_broken()
             raise NoAnswer(Cause.TRANSPORT, describe(exc)) from exc
+        finally:
+            self._attempt_scope = None
+        # only ``connection_lost`` cancels this scope: the request may have been read
+        raise NoAnswer(Cause.TRANSPORT, f"MCP connection ended: {self.lost}")
+
+    def connection_lost(self, client: Client, why: str) -> None:
+        """``client``'s connection ended (the transport failed: bytes it could not read, a
+        closed pipe): an attempt sent on it can get no answer, so it ends now, ``unknown``
+        with cause transport (R3), instead of waiting out its deadline."""
+        if self.client is client and self._attempt_scope is not None:
+            self.lost = why or "the transport failed"
+            self._attempt_scope.cancel()
+
+    def _ids(self) -> str:
+        return "+".join(str(i) for i in self.request_ids) or "?"
 
     def _no_answer(self, exc: MCPError) -> Exception:
         data = exc.data if isinstance(exc.data, dict) else {}

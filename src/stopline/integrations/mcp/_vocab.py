@@ -81,18 +81,25 @@ class ToolPolicy:
         )
 
 
-def policy_from_listing(meta: Mapping[str, Any] | None, read_only_hint: bool | None) -> ToolPolicy:
+def policy_from_listing(
+    meta: Mapping[str, Any] | None,
+    read_only_hint: bool | None,
+    *,
+    trust_read_hints: bool = False,
+) -> ToolPolicy:
     """What a tool listing declares: ``_meta`` first, then the standard annotations.
 
-    ``readOnlyHint: true`` means no effects. A ``_meta`` value that is not part of
-    the vocabulary is ignored (the safe default applies), never guessed at.
+    ``readOnlyHint: true`` means no effects only with ``trust_read_hints`` (a foreign
+    server's hint is untrusted: alone it never takes a call past the gate, ADR 0055). A
+    ``_meta`` value that is not part of the vocabulary is ignored (the safe default
+    applies), never guessed at.
     """
     meta = meta or {}
     effects: bool | None = None
     raw = meta.get(EFFECTS_META)
     if isinstance(raw, bool):
         effects = raw
-    elif read_only_hint is True:
+    elif read_only_hint is True and trust_read_hints:
         effects = False
     cancellable: Cancellable | None = None
     raw_cancel = meta.get(CANCELLABLE_META)

@@ -15,8 +15,9 @@ proves (see ``_call``). Around it:
 - progress notifications become progress events; the server's acceptance
   notification records ``accepted``;
 - the server's tool listing says which tools have effects and how they
-  cancel (``_meta["io.stopline/effects"]``, ``["io.stopline/cancellable"]``,
-  ``readOnlyHint``), and ``policies={name: ToolPolicy(...)}`` overrides it;
+  cancel (``_meta["io.stopline/effects"]``, ``["io.stopline/cancellable"]``;
+  ``readOnlyHint`` only with ``trust_read_hints=True``, ADR 0055), and
+  ``policies={name: ToolPolicy(...)}`` overrides it;
 - a cancel of the run reaches every call in flight (issue 20): the SDK sends
   ``notifications/cancelled`` (stdio, 2025-era HTTP) or closes the request's
   stream (2026 HTTP); the call stays tracked (late answers are kept, R4) and
@@ -24,18 +25,17 @@ proves (see ``_call``). Around it:
   ``settles_within``, else the call's progress cap), unless its policy says
   the server cannot cancel (``cancellable=never``: never asked);
 - ``stopline_verify``, when offered, is every tool's read-back (else ``verifiers=``);
-- a connection that broke is re-opened on next use (a stdio server is
-  started again), so verification and reads go on after a crash. The
-  supervisor (``_keep``) re-opens with capped exponential backoff and
-  jitter (no hot relaunch loop); waiting for a connection is bounded by the
-  call's deadline (at most ``connect_timeout``): an effectful call that
-  never got one was not sent (``not_committed``), a read raises ``NoAnswer``.
+- a connection that ends ends its calls in flight at once (``unknown``,
+  transport) and is re-opened on next use by ``_keep``, with capped backoff
+  and jitter; a wait for it is bounded by the call's deadline (at most
+  ``connect_timeout``): an effectful call that never got one was not sent.
 """
 
 from __future__ import annotations
 
 import collections
 import contextvars
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
@@ -59,13 +59,16 @@ from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
 from stopline.errors import UnknownTool, describe
 from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.integrations.mcp._call import McpCall, payload_of, plain_result, sendable
-from stopline.integrations.mcp._vocab import (
-    KEY_META,
-    VERIFY_TOOL,
-    ToolPolicy,
-    policy_from_listing,
+from stopline.integrations.mcp._call import (
+    McpCall,
+    cancel_channel,
+    payload_of,
+    plain_result,
+    read_back,
+    sendable,
 )
+from stopline.integrations.mcp._stdio import on_bad_bytes, watched
+from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
 from stopline.integrations.mcp.tasks_client import (
     CURRENT_CALL,
@@ -78,7 +81,7 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import Retry
 from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import NoAnswer, ReadBack, Tool, Verdict, Verifier
+from stopline.runtime.tool import NoAnswer, Tool, Verdict, Verifier
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -109,6 +112,7 @@ class StoplineMCP:
         tracer_provider: trace.TracerProvider | None = None,
         connect_timeout: float = 30.0,
         backoff: Backoff | None = None,
+        trust_read_hints: bool = False,
     ) -> None:
         waits = [progress_cap, settle_timeout, poll_wait, connect_timeout]
         names = ["progress_cap", "settle_timeout", "poll_wait", "connect_timeout"]
@@ -127,10 +131,14 @@ class StoplineMCP:
         if tasks:  # MCP tasks: 2026 when the server decides, 2025 for policy.task tools
             self.tasks = TasksClient(spawn=self._spawn, on_final=self._task_final)
             self.extensions.append(self.tasks)
+        # a server's readOnlyHint makes a tool an ungated read only when trusted (ADR 0055)
+        self.trust_read_hints = trust_read_hints
         self.listing: dict[str, McpTool] = {}
         self.late: list[LateAnswer] = []  # every late answer seen, for inspection
         self._tools: dict[str, Tool[Any]] = {}
         self._calls: dict[str, McpCall] = {}
+        # op ids whose request a cut told to stop after the call left ``_calls`` (R14)
+        self._told: collections.OrderedDict[str, None] = collections.OrderedDict()
         # where each call's late answer is recorded (R4), by operation id
         self._outcomes: collections.OrderedDict[str, Outcomes] = collections.OrderedDict()
         self._client: Client | None = None
@@ -181,10 +189,13 @@ class StoplineMCP:
         first = True
         delays = self.backoff.delays()
         while not self._closing:
-            tap = LateResponseTap(self._transport(), self._on_late, on_request=self._sent)
+            tap = LateResponseTap(
+                self._transport(), self._on_late, on_request=self._sent, on_cancel=self._told_stop
+            )
             client = Client(tap, mode=self.mode, extensions=self.extensions)
+            on_bad_bytes(functools.partial(self._lost, client))  # the stdio reader tells
             self.attempts += 1
-            opened_at = anyio.current_time()
+            opened_at, ended = anyio.current_time(), "the connection was closed"
             try:
                 async with client:
                     self.connections += 1
@@ -202,10 +213,9 @@ class StoplineMCP:
                 cause: BaseException = exc
                 while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
                     cause = cause.exceptions[0]  # the transport's own error, not the group
-                self.last_error = f"{type(cause).__name__}: {cause}"
+                ended = f"{type(cause).__name__}: {cause}"
                 logger.warning("stopline: MCP connection %s ended: %r", self.name, exc)
-            if self._client is client:
-                self._client, self._ready = None, anyio.Event()
+            self._lost(client, ended)  # and no longer the client to use
             if self._closing:
                 return
             if anyio.current_time() - opened_at > self.backoff.cap:
@@ -215,8 +225,16 @@ class StoplineMCP:
 
     def _transport(self) -> Any:
         if isinstance(self.target, StdioServerParameters):
-            return stdio_client(self.target)
+            return stdio_client(watched(self.target))
         return streamable_http_client(self.target)
+
+    def _lost(self, client: Client, why: str) -> None:
+        """``client``'s connection ended: its calls in flight can get no answer (R3)."""
+        self.last_error = why
+        for call in list(self._calls.values()):
+            call.connection_lost(client, why)
+        if self._client is client:
+            self.mark_broken()
 
     def mark_broken(self) -> None:
         """The transport failed: drop this client; the next use opens a new one."""
@@ -260,7 +278,7 @@ class StoplineMCP:
         if listed is None:
             raise UnknownTool(name, self.name)
         hint = listed.annotations.read_only_hint if listed.annotations else None
-        base = policy_from_listing(listed.meta, hint)
+        base = policy_from_listing(listed.meta, hint, trust_read_hints=self.trust_read_hints)
         return self.policies.get(name, ToolPolicy()).merged(base)
 
     def tool(self, name: str) -> Tool[Any]:
@@ -295,12 +313,10 @@ class StoplineMCP:
         tool.wants_context, tool.check_arguments = effects, sendable
         user_verify = self.verifiers.get(name)
         use_server = policy.verify if policy.verify is not None else self.offers_verify
-        if not effects:
-            pass  # a read: nothing to verify or cancel
-        elif user_verify is not None:
+        if effects and user_verify is not None:  # a read: nothing to verify or cancel
             tool.verify_fn = user_verify
-        elif use_server and self.offers_verify:
-            tool.verify_fn = self._read_back
+        elif effects and use_server and self.offers_verify:
+            tool.verify_fn = functools.partial(read_back, self)
         self._tools[name] = tool
         return tool
 
@@ -362,11 +378,13 @@ class StoplineMCP:
             args[policy.key_argument] = ctx.key
         meta: dict[str, Any] = {KEY_META: ctx.key}
         self._outcomes[ctx.op_id] = ctx.core.outcomes
+        self._told.pop(ctx.op_id, None)  # a cancel an earlier attempt's end sent is not ours
         while len(self._outcomes) > 4096:
             self._outcomes.popitem(last=False)
         call = self._calls[ctx.op_id] = McpCall(self, ctx, name)
         # a cut of the awaiting scope makes the SDK send the cancel by itself
-        ctx.cancel_via(self._cancel_channel(), lambda: self._cancel(ctx), on_cut=True)
+        channel = cancel_channel(self._client, self.mode, self.target)
+        ctx.cancel_via(channel, lambda: self._cancel(ctx), on_cut=True)
         token = CURRENT_CALL.set(ctx)
         # The span is current while the SDK sends: its own "MCP send" span nests under it
         # and every request of this call (tools/call, tasks/*) carries its traceparent.
@@ -378,30 +396,19 @@ class StoplineMCP:
                 return await call.run(args, meta, idle_timeout, self.progress_cap)
             finally:
                 CURRENT_CALL.reset(token)
+                call.decided.set()  # ended: whatever the server said of a cancel is in
                 del self._calls[ctx.op_id]
                 del self._spans[ctx.op_id]
 
     # -- the provider's cancel and read-back ---------------------------------------------
-    def _cancel_channel(self) -> str:
-        """How the SDK delivers a cancel on this connection."""
-        client = self._client
-        if client is not None:
-            modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        else:
-            modern = self.mode != "legacy"
-        if modern and not isinstance(self.target, StdioServerParameters):
-            return "stream_close"  # 2026-07-28 Streamable HTTP: closing the stream is the cancel
-        return "notifications/cancelled"
-
     async def _cancel(self, ctx: CallContext) -> CancelState | None:
         """Ask the server to cancel the call: what it answered, as far as it can tell us.
-
         A server with stopline's helpers reports what it did (confirmed, refused); any
-        other server gives no answer to a cancel (the protocol has none): ``None``.
-        """
+        other server gives no answer to a cancel (the protocol has none): ``None``."""
+        told = self._told.pop(ctx.op_id, False) is None  # a cut already told it to stop
         call = self._calls.get(ctx.op_id)
-        if call is None:
-            return CancelState.NOT_ASKED  # it finished already; its outcome is recorded
+        if call is None:  # it ended: asked if a cut sent the cancel, else it finished first
+            return None if told else CancelState.NOT_ASKED
         call.ask_cancel()
         if not self.offers_verify:
             return None
@@ -419,21 +426,6 @@ class StoplineMCP:
         if result.is_error or not isinstance(result.structured_content, dict):
             raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
         return result.structured_content
-
-    async def _read_back(self, ctx: CallContext) -> ReadBack:
-        try:
-            # an attempt still running at the server is waited for (a long poll): its
-            # "in progress" proves nothing, and the budget may end before it does (R13)
-            status = await self.status(ctx.key, wait_seconds=self.poll_wait)
-        except NoAnswer as exc:
-            if exc.cause is Cause.TRANSPORT:
-                self.mark_broken()
-            return ReadBack(Verdict.UNKNOWN, detail=exc.detail)
-        verdict = Verdict(status.get("verdict", "unknown"))
-        ref = f"{VERIFY_TOOL}:{self.name}:{ctx.key}"
-        detail = str(status.get("detail") or status.get("state") or "")
-        # the server's own record of the request: its "not committed" means it ended
-        return ReadBack(verdict, ref, detail, status.get("result"), ended=True)
 
     async def call_tool(
         self,
@@ -477,7 +469,14 @@ class StoplineMCP:
             call.op_id, verdict, result=result, ref=outcome.ref, detail=outcome.detail
         )
 
+    def _told_stop(self, key: str, request_id: Any) -> None:
+        self._told[key] = None
+        while len(self._told) > 4096:
+            self._told.popitem(last=False)
+
     def _sent(self, key: str, request_id: Any) -> None:
+        if (call := self._calls.get(key)) is not None:
+            call.request_ids.append(request_id)
         span = self._spans.get(key)
         if span is not None:  # a re-issued request is a second id on the same operation
             span.set_attribute("jsonrpc.request.id", str(request_id))

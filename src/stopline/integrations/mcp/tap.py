@@ -8,7 +8,8 @@ any client ``Transport`` and sits between it and the SDK's dispatcher:
   ``_meta["io.stopline/key"]`` (request id -> operation id);
 - an outbound ``notifications/cancelled`` marks that id abandoned (on 2026
   Streamable HTTP the transport turns it into a stream close; the tap still
-  sees it first);
+  sees it first), and ``on_cancel(key, request id)`` says a keyed request was
+  told to stop: what a cut of its caller sent, as the wire saw it (R14);
 - the next inbound response or error for an abandoned id is handed to
   ``on_late(LateAnswer)`` instead of vanishing. An answer that reached the
   dispatcher just before the cancel (the caller was cancelled before it
@@ -71,10 +72,12 @@ class LateResponseTap:
         *,
         remember: int = 1024,
         on_request: Callable[[str, Any], None] | None = None,
+        on_cancel: Callable[[str, Any], None] | None = None,
     ) -> None:
         self._inner = inner
         self._on_late = on_late
         self._on_request = on_request  # (key, request id) as a keyed tools/call is written
+        self._on_cancel = on_cancel  # (key, request id) as its cancel is written
         self._remember = remember
         self.in_flight: dict[Any, _Sent] = {}
         self.abandoned: dict[Any, _Sent] = {}  # cancelled by us, no answer seen (yet)
@@ -113,6 +116,10 @@ class LateResponseTap:
                 info, outcome = seen
                 info.reason = reason
                 self._fire(rid, info, outcome, raced=True)
+            else:
+                return  # no request of ours in flight: nothing was told to stop
+            if info.key is not None and self._on_cancel is not None:
+                self._on_cancel(info.key, rid)
 
     def _inbound(self, item: SessionMessage | Exception) -> None:
         if not isinstance(item, SessionMessage):

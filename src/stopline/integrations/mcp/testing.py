@@ -214,7 +214,7 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
         """An effect with no server-side bookkeeping (the benchmark's tool)."""
         return {"value": payload}
 
-    @server.tool(annotations=_READ)
+    @server.tool(annotations=_READ, meta=_CONTROL)  # a read, declared in stopline's words
     async def lookup(key: str) -> dict[str, Any]:
         """A read: what the providers hold for ``key``."""
         return {"effects": [e for e in truth.effects() if e["key"] == key]}
