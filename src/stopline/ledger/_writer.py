@@ -37,6 +37,7 @@ import anyio
 import sniffio
 
 from stopline.errors import LedgerIOError
+from stopline.ledger._redeliver import REARMED, redelivery, surface_rearmed
 
 __all__ = ["Writer"]
 
@@ -215,17 +216,21 @@ class Writer:
         ``first(result)``: called on the caller's loop once it has committed, before
         the caller is woken (its errors are logged; the caller is woken all the same).
         """
+        if REARMED and not must_run:
+            await surface_rearmed()
         job = self.enqueue(fn, prompt=prompt, first=first)
         if must_run:
             return await job.result_when_done()
         try:
             await job.done()
-        except anyio.get_cancelled_exc_class():
+        except anyio.get_cancelled_exc_class() as cancel:
+            again = redelivery(cancel)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.grace):
                 await job.done()
             if not job.finished:
                 job.withdraw()  # never runs if the thread has not taken it yet
                 raise
+            again()  # the caller learns the outcome; its cancel still reaches it
         return job.outcome()
 
     def enqueue(
