@@ -103,6 +103,7 @@ __all__ = [
     "detached_tool",
     "gated_call",
     "mcp_call",
+    "mcp_offered",
     "open_run",
     "stopline_tool",
     "unkept_note",
@@ -334,6 +335,22 @@ async def open_run(
         session = bound.session = make(bound)
         with bind(bound):
             yield session
+
+
+def mcp_offered(
+    conn: StoplineMCP, include: Collection[str] | None, exclude: Collection[str]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """The tools of ``conn`` a model is offered, as ``(name, description, input schema)``:
+    those of ``include`` (all when None) but ``exclude`` and ``stopline_verify`` (the
+    read-back is stopline's, not the model's)."""
+    from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
+
+    skip = {VERIFY_TOOL, *exclude}
+    return [
+        (name, listed.description or listed.title or name, listed.input_schema)
+        for name, listed in conn.listing.items()
+        if name not in skip and (include is None or name in include)
+    ]
 
 
 async def mcp_call(

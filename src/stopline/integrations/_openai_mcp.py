@@ -25,7 +25,7 @@ from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPUtil
 from agents.tool_context import ToolContext
 
-from stopline.integrations._frameworks import mcp_call, verify_answer
+from stopline.integrations._frameworks import mcp_call, mcp_offered, verify_answer
 from stopline.integrations._openai_arguments import json_object
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
@@ -123,11 +123,9 @@ def mcp_tools(
     result is handed to the model as JSON.
     """
     idle = renamed_idle_timeout("mcp_tools", idle_timeout, timeout)
-    skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
     return [
-        _mcp_tool(conn, name, listed.description or listed.title or name, listed.input_schema, idle)
-        for name, listed in conn.listing.items()
-        if name not in skip and (include is None or name in include)
+        _mcp_tool(conn, name, description, schema, idle)
+        for name, description, schema in mcp_offered(conn, include, exclude)
     ]
 
 

@@ -79,6 +79,7 @@ from stopline.integrations._frameworks import (
     detached_tool,
     gated_call,
     mcp_call,
+    mcp_offered,
     open_run,
     stopline_tool,
 )
@@ -471,14 +472,10 @@ def mcp_tools(
     ``tool:<tool_call_id>``, beside the graph's task: a cancel of the graph stops
     the waiting, and the run's policy decides what happens to the call.
     """
-    from stopline.integrations.mcp import VERIFY_TOOL  # the extra is needed only here
-
     idle = renamed_idle_timeout("mcp_tools", idle_timeout, timeout)
-    skip = {VERIFY_TOOL, *exclude}  # stopline's read-back, not the model's
     return [
-        _mcp_tool(conn, name, listed.description or listed.title or name, listed.input_schema, idle)
-        for name, listed in conn.listing.items()
-        if name not in skip and (include is None or name in include)
+        _mcp_tool(conn, name, description, schema, idle)
+        for name, description, schema in mcp_offered(conn, include, exclude)
     ]
 
 
