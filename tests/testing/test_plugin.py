@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from stopline.testing.explorer import Matrix
@@ -36,3 +38,20 @@ async def test_the_fixture_fails_with_the_report(stopline_explore: Explore) -> N
 
 def test_the_plugin_is_registered(pytestconfig: Any) -> None:
     assert pytestconfig.pluginmanager.has_plugin("stopline")
+
+
+async def test_two_explorations_at_once_in_one_test_keep_files_apart(
+    stopline_explore: Explore, tmp_path: Path
+) -> None:
+    matrices: list[Matrix] = []
+
+    async def one() -> None:
+        matrices.append(await stopline_explore(report_upload_notify, Demo, only=CELL))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(one)
+    assert all(m.ok for m in matrices)
+    names = {p.name async for p in anyio.Path(tmp_path).glob("*.db")}
+    assert any(n.startswith("explore-1-") for n in names)
+    assert any(n.startswith("explore-2-") for n in names)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import inspect
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 
 from stopline.domain.receipt import Receipt
-from stopline.errors import StoplineError
+from stopline.errors import StoplineError, describe
 from stopline.runtime.ledger import Ledger, VerifyBudget
 from stopline.runtime.opening import open as open_ledger
 from stopline.runtime.run import Run
+from stopline.testing._errors import ExplorerError
 from stopline.testing._hooks import Hooks, WorkerCrashed
 from stopline.testing._sources import Sources
 from stopline.testing.actions import Action, ActionContext, Point
@@ -22,10 +23,13 @@ from stopline.testing.barriers import Barrier
 from stopline.testing.checks import Observed, check
 from stopline.testing.matrix import Cell, CellStatus
 
-__all__ = ["CellRunner"]
+__all__ = ["CellRunner", "GroundTruth"]
 
 P = TypeVar("P")
 OWNER = "explorer:user"
+# the cell's providers -> for each of the user's own tools, the keys of every effect
+# its destination holds (``explore(..., ground_truth=...)``)
+GroundTruth = Callable[[P], Mapping[str, Iterable[str]]]
 
 
 class _CellError(StoplineError):
@@ -37,6 +41,45 @@ class _Driven:
         self.done = anyio.Event()
         self.entries = 0
         self.error: BaseException | None = None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _not_ours(exc: BaseException) -> bool:
+    """An interrupt, an exit, or a cancellation from outside: it ends the exploration."""
+    leaves = _leaves(exc)
+    if any(isinstance(e, KeyboardInterrupt | SystemExit | GeneratorExit) for e in leaves):
+        return True
+    return all(isinstance(e, anyio.get_cancelled_exc_class()) for e in leaves)
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, as a cell's note: each failure the group held, once."""
+    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())]
+    return "; ".join(dict.fromkeys(_tell(e) for e in leaves)) or describe(exc)
+
+
+def _tell(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, _CellError) else describe(exc)
+
+
+class _Holding:
+    """The barriers a cell holds the workflow at; once closed, nothing more is held."""
+
+    def __init__(self) -> None:
+        self.held: list[Barrier] = []
+        self.closed = False
+
+    def close(self) -> None:
+        """Let every held call go (an action that failed or an outer cancel included:
+        a hold is shielded, so a call left held would keep the exploration for ever)."""
+        self.closed = True
+        for barrier in self.held:
+            barrier.release()
 
 
 def _only_crash(exc: BaseException) -> bool:
@@ -67,9 +110,13 @@ class CellRunner(Generic[P]):
         *,
         verify: VerifyBudget,
         cell_timeout: float,
+        ground_truth: GroundTruth[P] | None = None,
+        require_ground_truth: bool = False,
     ) -> None:
         self.workflow = workflow
         self.factory = factory
+        self.ground_truth = ground_truth
+        self.require_ground_truth = require_ground_truth
         self.verify = verify
         self.cell_timeout = cell_timeout
         self.settle_timeout = min(3.0, cell_timeout / 2)
@@ -78,12 +125,14 @@ class CellRunner(Generic[P]):
 
     async def run_plain(
         self,
+        seed: int,
+        run_id: str,
         url: str,
         observe: Callable[[Sources], None],
         probe: Callable[[Ledger], None],
     ) -> Cell:
         """The workflow on its own: no hold, no action (the discovery run)."""
-        return await self._cell(None, None, 0, "x-discover", url, observe, probe)
+        return await self._cell(None, None, seed, run_id, url, observe, probe)
 
     async def run_cell(
         self, point: Point, action: Action, seed: int, run_id: str, url: str
@@ -108,9 +157,14 @@ class CellRunner(Generic[P]):
         except TimeoutError:
             note = f"no end within {self.cell_timeout}s (a barrier never released?)"
             return Cell(where, what, seed, CellStatus.ERROR, run_id, note=note)
-        except _CellError as exc:
-            return Cell(where, what, seed, CellStatus.ERROR, run_id, note=str(exc))
-        violations, needs_recovery = check(seen)
+        except BaseException as exc:  # the cell could not be played: its result says why
+            if _not_ours(exc) or isinstance(exc, ExplorerError):
+                raise
+            return Cell(where, what, seed, CellStatus.ERROR, run_id, note=_why(exc))
+        violations, needs_recovery = check(seen, require_ground_truth=self.require_ground_truth)
+        if point is None and seen.error is not None:
+            # the discovery run: a workflow that fails on its own cannot be explored
+            return Cell(where, what, seed, CellStatus.ERROR, run_id, note=f"it raised {seen.error}")
         if violations:
             status = CellStatus.FAIL
         elif needs_recovery:
@@ -118,6 +172,8 @@ class CellRunner(Generic[P]):
         else:
             status = CellStatus.PASS
         notes = []
+        if seen.error is not None:
+            notes.append(f"the workflow raised {seen.error}")
         if needs_recovery:
             unresolved = [op.id for op in seen.ops if not op.status.resolved]
             notes.append(f"needs recovery (no ledger.recover): {unresolved} unresolved")
@@ -130,6 +186,7 @@ class CellRunner(Generic[P]):
             tuple(violations),
             seen.receipt.headline,
             "; ".join(notes),
+            seen.unverified(),
         )
 
     async def _play(
@@ -141,15 +198,25 @@ class CellRunner(Generic[P]):
         observe: Callable[[Sources], None] | None,
         probe: Callable[[Ledger], None] | None,
     ) -> Observed:
-        providers = self.factory()
+        try:
+            providers = self.factory()
+        except Exception as exc:
+            raise _CellError(f"the providers factory raised {describe(exc)}") from exc
         hooks = Hooks()
-        sources = self.last_sources = Sources(providers, hooks)
+        sources = Sources(providers, hooks)
+        last = self.last_sources.providers.values() if self.last_sources is not None else ()
+        if any(p is q for p in sources.providers.values() for q in last):
+            raise ExplorerError(
+                "the providers factory returned a provider of the last run again: it must "
+                "make fresh ones for each run (providers=lambda: FakeProvider(...))"
+            )
+        self.last_sources = sources
         arrived = anyio.Event()
         if observe is not None:
             observe(sources)
-        held: list[Barrier] = []
+        holding = _Holding()
         if point is not None:
-            self._hold_at(point, sources, arrived, held)
+            self._hold_at(point, sources, arrived, holding)
         driven = _Driven()
         scope = anyio.CancelScope()
         ledger = open_ledger(url, verify=self.verify, observers=[hooks.wrap])
@@ -160,34 +227,40 @@ class CellRunner(Generic[P]):
                     probe(ledger)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._drive, ledger, run_id, providers, driven, scope)
-                    if point is not None and action is not None:
-                        await _first(arrived, driven.done)
-                        if not arrived.is_set():
-                            raise _CellError(f"the workflow ended without reaching {point.id}")
-                        ctx = ActionContext(
-                            ledger,
-                            run_id,
-                            point,
-                            sources.providers,
-                            hooks,
-                            scope,
-                            held,
-                            driven.done,
-                        )
-                        try:
-                            await action.at_point(ctx)
-                        finally:
-                            ctx.release()
-                    await driven.done.wait()
+                    try:
+                        if point is not None and action is not None:
+                            await _first(arrived, driven.done)
+                            if not arrived.is_set():
+                                raise _CellError(f"the workflow ended without reaching {point.id}")
+                            ctx = ActionContext(
+                                ledger,
+                                run_id,
+                                point,
+                                sources.providers,
+                                hooks,
+                                scope,
+                                holding.held,
+                                driven.done,
+                            )
+                            try:
+                                await action.at_point(ctx)
+                            finally:
+                                ctx.release()
+                        await driven.done.wait()
+                    finally:
+                        holding.close()
                 if ctx is None or not ctx.crashed:
                     return await self._observe(ledger, run_id, sources, driven, action, ctx)
         except BaseException as exc:
             if ctx is None or not ctx.crashed or not _only_crash(exc):
+                if ctx is not None and ctx.crashed:
+                    await hooks.bury()
                 raise
+        await hooks.bury()  # the dead worker's ledger closed no further than its first write
         return await self._after_crash(url, run_id, sources, driven, ctx)
 
     def _hold_at(
-        self, point: Point, sources: Sources, arrived: anyio.Event, held: list[Barrier]
+        self, point: Point, sources: Sources, arrived: anyio.Event, holding: _Holding
     ) -> None:
         barriers = sources.barriers_for(point)
         if barriers is None:
@@ -196,10 +269,10 @@ class CellRunner(Generic[P]):
 
         def on_reach(name: str, key: str) -> None:
             nonlocal count
-            if name == target:
+            if name == target and not holding.closed:
                 count += 1
                 if count == point.occurrence:
-                    held.append(barriers.hold(name))
+                    holding.held.append(barriers.hold(name))
                     arrived.set()
 
         barriers.on_reach = on_reach
@@ -214,7 +287,7 @@ class CellRunner(Generic[P]):
                     await self.workflow(run, providers)
         except WorkerCrashed:
             pass
-        except Exception as exc:  # the workflow's own failure is data: the rules judge it
+        except Exception as exc:  # the workflow's own failure is data: the cell notes it
             driven.error = exc
         except BaseExceptionGroup as group:
             if not _only_crash(group):
@@ -240,7 +313,7 @@ class CellRunner(Generic[P]):
             settled, receipt = False, await ledger.receipt(run_id)
         # R7: a cancel once everything is over returns the current receipt, changes nothing
         again = await ledger.cancel(run_id, by=OWNER, reason="again") if settled else None
-        return await _gather(
+        return await self._gather(
             ledger,
             run_id,
             sources,
@@ -261,8 +334,9 @@ class CellRunner(Generic[P]):
     ) -> Observed:
         """A new worker opens the same ledger file; recovers if this runtime can."""
         async with open_ledger(url, verify=self.verify) as fresh:
-            for provider in sources.providers.values():
-                fresh.register_tool(provider.tool)
+            used = ctx.ledger.core.tools.values() if ctx is not None else ()
+            for tool in [*(p.tool for p in sources.providers.values()), *used]:
+                fresh.register_tool(tool)  # every tool the workflow used: its own too
             recover: Any = getattr(fresh, "recover", None)
             if recover is not None:
                 await _expire_lease(fresh, ctx)
@@ -271,7 +345,7 @@ class CellRunner(Generic[P]):
                     await (recover(run_id) if takes_run else recover())
                     while not await _ops_resolved(fresh, run_id):
                         await fresh.wait_for_change(run_id)
-            return await _gather(
+            return await self._gather(
                 fresh,
                 run_id,
                 sources,
@@ -282,6 +356,46 @@ class CellRunner(Generic[P]):
                 crashed=True,
                 recovered=recover is not None,
             )
+
+    async def _gather(
+        self,
+        ledger: Ledger,
+        run_id: str,
+        sources: Sources,
+        settled_receipt: Receipt | None,
+        *,
+        settled: bool,
+        driven: _Driven,
+        ctx: ActionContext | None,
+        again: Receipt | None = None,
+        crashed: bool = False,
+        recovered: bool = False,
+    ) -> Observed:
+        backend = ledger.backend
+        truth: dict[str, tuple[str, ...]] = {}
+        if self.ground_truth is not None:
+            prefix = run_id + "/"
+            given = self.ground_truth(cast(P, sources.root))
+            truth = {
+                str(t): tuple(k for k in keys if k.startswith(prefix)) for t, keys in given.items()
+            }
+        return Observed(
+            run=await backend.get_run(run_id),
+            ops=await backend.operations(run_id),
+            events=await backend.events(run_id),
+            receipt=await ledger.receipt(run_id),
+            settled_receipt=settled_receipt,
+            settled=settled,
+            providers=sources.providers,
+            cancels=tuple(ctx.cancels) if ctx is not None else (),
+            cancel_after_settled=again,
+            late=tuple(ctx.late) if ctx is not None else (),
+            entries=driven.entries,
+            crashed=crashed,
+            recovered=recovered,
+            truth=truth,
+            error=describe(driven.error) if driven.error is not None else None,
+        )
 
 
 async def _ops_resolved(ledger: Ledger, run_id: str) -> bool:
@@ -298,34 +412,3 @@ async def _expire_lease(fresh: Ledger, ctx: ActionContext | None) -> None:
     if worker is None or not hasattr(backend, "heartbeat"):
         return
     await backend.heartbeat(worker, host=socket.gethostname(), pid=os.getpid(), lease_until=0.0)
-
-
-async def _gather(
-    ledger: Ledger,
-    run_id: str,
-    sources: Sources,
-    settled_receipt: Receipt | None,
-    *,
-    settled: bool,
-    driven: _Driven,
-    ctx: ActionContext | None,
-    again: Receipt | None = None,
-    crashed: bool = False,
-    recovered: bool = False,
-) -> Observed:
-    backend = ledger.backend
-    return Observed(
-        run=await backend.get_run(run_id),
-        ops=await backend.operations(run_id),
-        events=await backend.events(run_id),
-        receipt=await ledger.receipt(run_id),
-        settled_receipt=settled_receipt,
-        settled=settled,
-        providers=sources.providers,
-        cancels=tuple(ctx.cancels) if ctx is not None else (),
-        cancel_after_settled=again,
-        late=tuple(ctx.late) if ctx is not None else (),
-        entries=driven.entries,
-        crashed=crashed,
-        recovered=recovered,
-    )

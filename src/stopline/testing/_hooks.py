@@ -12,7 +12,9 @@ shielded too), so a cancel delivered meanwhile lands at the runtime's next
 checkpoint, exactly as it would if it had arrived at that instant.
 
 ``crash()`` makes the backend behave as a killed process: every later call
-raises ``WorkerCrashed`` and writes nothing; only ``close`` still works.
+raises ``WorkerCrashed`` and writes nothing. The ledger's own close then fails
+at its first write, as a dead process's would; ``bury()`` closes the real
+backend underneath (its connections and thread), writing nothing more.
 """
 
 from __future__ import annotations
@@ -44,9 +46,19 @@ class Hooks:
         self.barriers = Barriers()
         self.crashed = False
         self.tools: dict[str, str] = {}  # op id -> tool name, as seen at the gate
+        self._inner: Backend | None = None  # the real backend under the hooks
 
     def wrap(self, backend: Backend) -> Backend:
+        self._inner = backend
         return HookedBackend(backend, self)
+
+    async def bury(self) -> None:
+        """Close the crashed worker's real backend: a killed process's files and
+        threads are gone with it; nothing is written (only ``close``)."""
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            with anyio.CancelScope(shield=True):
+                await inner.close()
 
     def crash(self) -> None:
         self.crashed = True

@@ -13,6 +13,8 @@ time, so lifecycle actions light up as soon as the ledger grows
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
@@ -46,6 +48,20 @@ __all__ = [
 ]
 
 BY = "explorer:user"
+# a provider's answer to a cancel request, in the ledger (None leaves it ASKED)
+_ANSWERED = frozenset({CancelState.CONFIRMED, CancelState.REFUSED, CancelState.UNANSWERED})
+
+
+async def _either(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Until the first of ``waits`` returns."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(fn: Callable[[], Awaitable[object]]) -> None:
+            await fn()
+            tg.cancel_scope.cancel()
+
+        for fn in waits:
+            tg.start_soon(wait, fn)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,10 +139,16 @@ class ActionContext:
                 continue
             while True:
                 op = await ledger.backend.get_operation(ctx.op_id)
-                answered = op.cancel_state in (CancelState.CONFIRMED, CancelState.REFUSED)
-                if answered or not op.status.in_flight:
+                if op.cancel_state in _ANSWERED or not op.status.in_flight:
                     break
-                await ledger.wait_for_change(self.run_id)
+                if op.cancel_state is CancelState.ASKED:
+                    # asked: the answer may be None ("asked; no answer to tell"), which
+                    # changes nothing in the ledger; the ask is over once the runtime idles
+                    if ledger.idle:
+                        break
+                    await _either(partial(ledger.wait_for_change, self.run_id), ledger.wait_idle)
+                else:
+                    await ledger.wait_for_change(self.run_id)
         return receipt
 
     def crash(self) -> None:

@@ -6,6 +6,12 @@ hold = barriers.hold("accepted")      # the next call to reach "accepted" stops 
 await hold.reached.wait()             # it is there, deterministically
 await ledger.cancel(run_id, by="t")   # act
 hold.release()                        # let it go on
+
+A point has at most one hold waiting: a second ``hold(point)`` before the first
+was reached raises ``BarrierInUse`` (it would otherwise replace the first, and
+the test wait on a barrier nobody reaches). Once reached, the point may be held
+again for a later call. ``release_all()`` lets go every hold: those waiting and
+the calls already stopped at one.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ from collections.abc import Callable
 
 import anyio
 
-__all__ = ["Barrier", "Barriers"]
+from stopline.errors import StoplineError
+
+__all__ = ["Barrier", "BarrierInUse", "Barriers"]
+
+
+class BarrierInUse(StoplineError):
+    """A point already has a hold waiting for its next call."""
 
 
 class Barrier:
@@ -39,19 +51,29 @@ class Barriers:
     """One-shot holds by point name; a point with no hold passes straight through."""
 
     def __init__(self) -> None:
-        self._holds: dict[str, Barrier] = {}
+        self._holds: dict[str, Barrier] = {}  # holds waiting for a call
+        self._reached: list[Barrier] = []  # holds a call stopped at, not yet released
         self.passed: list[tuple[str, str]] = []  # (point, key), in order
         # called as each point is reached, before its hold is looked up: an observer
         # (the explorer) may install a hold for this very call from here
         self.on_reach: Callable[[str, str], None] | None = None
 
     def hold(self, point: str) -> Barrier:
+        """Stop the next call to reach ``point`` there, until released."""
+        if point in self._holds:
+            raise BarrierInUse(
+                f"{point!r} already has a hold waiting for its next call: wait for it "
+                "to be reached (or release it) before holding the point again"
+            )
         barrier = self._holds[point] = Barrier(point)
         return barrier
 
     def release_all(self) -> None:
-        for barrier in self._holds.values():
+        """Release every hold: those waiting (their call passes straight through) and
+        those a call is stopped at."""
+        for barrier in [*self._holds.values(), *self._reached]:
             barrier.release()
+        self._reached.clear()
 
     async def reach(self, point: str, key: str, *, unless: anyio.Event | None = None) -> None:
         """Stop here if a test holds ``point``, until released (or ``unless`` is set)."""
@@ -63,15 +85,20 @@ class Barriers:
             return
         barrier.key = key
         barrier.reached.set()
-        if unless is None:
-            await barrier.wait_released()
-            return
-        async with anyio.create_task_group() as tg:
+        self._reached.append(barrier)
+        try:
+            if unless is None:
+                await barrier.wait_released()
+                return
+            async with anyio.create_task_group() as tg:
 
-            async def stop_on(event: anyio.Event) -> None:
-                await event.wait()
+                async def stop_on(event: anyio.Event) -> None:
+                    await event.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stop_on, unless)
+                await barrier.wait_released()
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(stop_on, unless)
-            await barrier.wait_released()
-            tg.cancel_scope.cancel()
+        finally:
+            if barrier in self._reached:
+                self._reached.remove(barrier)

@@ -19,10 +19,22 @@ from stopline.domain.vocab import Headline, OpEvent, OpStatus, RunEvent
 from stopline.testing.matrix import Violation
 from stopline.testing.providers import FakeProvider
 
-__all__ = ["Observed", "check"]
+__all__ = ["Observed", "Truth", "check"]
 
 _SAYS_COMMITTED = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
 _SAYS_NOT = frozenset({OpStatus.NOT_COMMITTED, OpStatus.PREVENTED})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Truth:
+    """What one tool's destination really holds for the run: its ground truth."""
+
+    who: str  # how a violation names it: "provider 'mail'", "tool 'send_mail'"
+    effects: Sequence[str]  # the keys of every effect committed, in order, repeats kept
+    # what only a ``FakeProvider`` tells (None: not known, not checked)
+    requests: Sequence[str] | None = None
+    cancel_requests: Sequence[str] | None = None
+    compensated: frozenset[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,18 +55,41 @@ class Observed:
     entries: int = 1
     crashed: bool = False
     recovered: bool = False
+    # the user's own tools' ground truth (``explore(ground_truth=...)``): tool name ->
+    # the keys of this run's effects its destination holds
+    truth: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
+    error: str | None = None  # what the workflow raised, if it did
+
+    def truths(self) -> dict[str, Truth]:
+        """Every ground truth known for this run, by tool name."""
+        out = {name: Truth(f"tool {name!r}", tuple(keys)) for name, keys in self.truth.items()}
+        run = self.run.id
+        for name, p in self.providers.items():
+            out[p.tool.name] = Truth(
+                f"provider {name!r}",
+                p.of_run("effects", run),
+                p.of_run("requests", run),
+                p.of_run("cancel_requests", run),
+                frozenset(p.compensated),
+            )
+        return out
 
     def effects(self) -> list[tuple[str, str]]:
-        """(provider, key) of every effect a provider committed for this run, in order."""
-        return [
-            (name, key)
-            for name, provider in self.providers.items()
-            for key in provider.of_run("effects", self.run.id)
-        ]
+        """(who, key) of every effect a destination committed for this run, in order."""
+        return [(t.who, key) for t in self.truths().values() for key in t.effects]
+
+    def unverified(self) -> tuple[str, ...]:
+        """The tools this run called whose effects no ground truth tells: R3 and R8
+        could not be checked against them."""
+        known, corrections = self.truths(), _corrections(self)
+        return tuple(sorted({op.tool for op in self.ops if op.id not in corrections} - set(known)))
 
 
-def check(seen: Observed) -> tuple[list[Violation], bool]:
-    """The violations, and whether the run waits on a recovery this runtime lacks."""
+def check(seen: Observed, *, require_ground_truth: bool = False) -> tuple[list[Violation], bool]:
+    """The violations, and whether the run waits on a recovery this runtime lacks.
+
+    ``require_ground_truth``: a tool with no ground truth is a violation ("truth"),
+    not a silence."""
     violations = [
         *_r1(seen),
         *_r2(seen),
@@ -62,6 +97,15 @@ def check(seen: Observed) -> tuple[list[Violation], bool]:
         *_r7(seen),
         *_r8(seen),
     ]
+    if require_ground_truth:
+        violations.extend(
+            Violation(
+                "truth",
+                f"tool {tool!r} has no ground truth: R3/R8 were not checked against its "
+                "effects (a FakeProvider, or explore(..., ground_truth=...))",
+            )
+            for tool in seen.unverified()
+        )
     needs_recovery = seen.crashed and not seen.recovered and bool(_unresolved(seen))
     return violations, needs_recovery
 
@@ -91,14 +135,12 @@ def _r1(seen: Observed) -> Iterator[Violation]:
                     "R1", f"{e.op_id} passed the gate (seq {e.seq}) after the cancel (seq {fence})"
                 )
     passed = _passed(seen)
-    for name, provider in seen.providers.items():
-        received = Counter(provider.of_run("requests", seen.run.id))
-        for key, n in received.items():
+    for truth in seen.truths().values():
+        for key, n in Counter(truth.requests or ()).items():
             if n > passed[key]:
                 yield Violation(
                     "R1",
-                    f"provider {name!r} received {key} {n} time(s); "
-                    f"the gate recorded {passed[key]}",
+                    f"{truth.who} received {key} {n} time(s); the gate recorded {passed[key]}",
                 )
 
 
@@ -124,30 +166,31 @@ def _r2(seen: Observed) -> Iterator[Violation]:
 def _r3_r4(seen: Observed) -> Iterator[Violation]:
     """The ledger agrees with the providers' ground truth; late answers are kept."""
     ops = {op.id: op for op in seen.ops}
-    for (name, key), n in Counter(seen.effects()).items():
+    for (who, key), n in Counter(seen.effects()).items():
         if n > 1:
-            yield Violation("R3", f"provider {name!r} committed {key} {n} times")
-    for name, key in dict.fromkeys(seen.effects()):
+            yield Violation("R3", f"{who} committed {key} {n} times")
+    for who, key in dict.fromkeys(seen.effects()):
         op = ops.get(key)
         if op is None:
-            yield Violation("R3", f"provider {name!r} committed {key}; the ledger has no record")
+            yield Violation("R3", f"{who} committed {key}; the ledger has no record")
         elif op.status in _SAYS_NOT:
-            yield Violation(
-                "R3", f"{key} is {op.status.value} in the ledger; provider {name!r} committed it"
-            )
-    by_tool = {p.tool.name: p for p in seen.providers.values()}
-    corrections = _corrections(seen)
+            yield Violation("R3", f"{key} is {op.status.value} in the ledger; {who} committed it")
+    truths, corrections = seen.truths(), _corrections(seen)
     for op in seen.ops:
-        provider = by_tool.get(op.tool) if op.id not in corrections else None
+        truth = truths.get(op.tool) if op.id not in corrections else None
+        if truth is None:
+            continue
+        if op.status in _SAYS_COMMITTED and op.id not in truth.effects:
+            yield Violation(
+                "R3", f"{op.id} is {op.status.value} in the ledger; {truth.who} has no such effect"
+            )
         if (
-            provider is not None
-            and op.status in _SAYS_COMMITTED
-            and op.id not in provider.committed
+            op.status is OpStatus.COMPENSATED
+            and truth.compensated is not None
+            and op.id not in truth.compensated
         ):
             yield Violation(
-                "R3",
-                f"{op.id} is {op.status.value} in the ledger; "
-                f"provider {provider.name!r} has no such effect",
+                "R3", f"{op.id} is compensated in the ledger; {truth.who} corrected nothing"
             )
     if seen.entries > 1:
         yield Violation("R4", f"the workflow was started {seen.entries} times")
@@ -165,10 +208,10 @@ def _r7(seen: Observed) -> Iterator[Violation]:
     by = {r.cancelled_by for r, _ in seen.cancels}
     if len(by) > 1:
         yield Violation("R7", f"cancels name different principals: {sorted(map(str, by))}")
-    for name, provider in seen.providers.items():
-        for key, n in Counter(provider.of_run("cancel_requests", seen.run.id)).items():
+    for truth in seen.truths().values():
+        for key, n in Counter(truth.cancel_requests or ()).items():
             if n > 1:
-                yield Violation("R7", f"provider {name!r} was asked {n} times to cancel {key}")
+                yield Violation("R7", f"{truth.who} was asked {n} times to cancel {key}")
     again, before = seen.cancel_after_settled, seen.settled_receipt
     if again is not None and before is not None and again != before:
         yield Violation(

@@ -18,12 +18,20 @@ ledger change; a cell that hangs fails on its timeout.
 
 Each cell prints as ``point=accepted/upload action=cancel seed=0`` and runs
 alone with ``explore(..., only="point=accepted/upload action=cancel seed=0")``:
-its run id (``x0-007``) is the same either way.
+its run id (``x0-3f2a9c1e``) is the same either way. Run ids and the order
+cells run in derive from the seed and the cell id only (never from the order
+tasks happened to be scheduled in). Points are listed call by call, in the
+order a call passes them; calls that ran at once, by tool name.
+
+The checks know what a ``FakeProvider`` really did. A tool of your own has
+no such ground truth unless ``ground_truth=`` tells it: the report names
+every tool R3/R8 could not be checked against, and ``require_ground_truth=True``
+fails the cells that called one.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
 import re
 import sys
 import tempfile
@@ -32,10 +40,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stopline.domain.limits import check_wait
-from stopline.errors import StoplineError
 from stopline.runtime.ledger import Ledger, VerifyBudget
 from stopline.runtime.run import Run
-from stopline.testing._cell import CellRunner
+from stopline.testing._cell import CellRunner, GroundTruth
+from stopline.testing._errors import ExplorerError
 from stopline.testing._sources import Sources, find_barriers, find_providers
 from stopline.testing.actions import CORE_ACTIONS, DEFAULT_ACTIONS, Action, Point
 from stopline.testing.matrix import (
@@ -55,6 +63,7 @@ __all__ = [
     "CellStatus",
     "ExplorationFailed",
     "ExplorerError",
+    "GroundTruth",
     "Matrix",
     "Violation",
     "explore",
@@ -66,11 +75,18 @@ P = TypeVar("P")
 Workflow = Callable[[Run, P], Awaitable[None]]
 
 FAST_VERIFY = VerifyBudget(attempts=4, first_delay=0.01, factor=2.0, max_delay=0.05)
-_CELL_ID = re.compile(r"^point=(?P<point>\S+) action=(?P<action>\S+) seed=(?P<seed>-?\d+)$")
-
-
-class ExplorerError(StoplineError):
-    """The exploration could not start: the workflow fails on its own, a bad ``only``."""
+_CELL_ID = re.compile(r"^point=.+ action=.+ seed=(?P<seed>-?\d+)$")
+BASELINE_POINT, BASELINE_ACTION = "(start)", "none"  # the discovery run's cell
+# the order a call passes the points of its tool (a workflow's own points after)
+_STAGES = (
+    "before_dispatch",
+    "after_gate",
+    "received",
+    "accepted",
+    "committed",
+    "responding",
+    "response_delivered",
+)
 
 
 def _stdout(text: str) -> None:
@@ -88,52 +104,64 @@ async def explore(
     out: Callable[[str], None] | None = _stdout,
     cell_timeout: float = 20.0,
     verify: VerifyBudget = FAST_VERIFY,
+    ground_truth: GroundTruth[P] | None = None,
+    require_ground_truth: bool = False,
 ) -> Matrix:
     """Run ``workflow`` once per (point x action) and return (and print) the matrix.
 
     ``ledger_url`` (``sqlite:///DIR/NAME.db``) keeps each cell's ledger as
     ``DIR/NAME-<run id>.db`` for inspection; by default they live in a
     temporary directory. ``out`` receives the report (``None``: silent).
+    ``ground_truth(providers)`` returns, for each tool of your own, the keys
+    (``ctx.key``) of every effect its destination holds; ``require_ground_truth``
+    fails every cell that called an effectful tool with none.
+
+    Raises ``ExplorerError`` when the exploration cannot go on: the workflow or
+    the providers factory fails on its own, two providers share a name, an
+    action has no name, an ``only`` names no cell.
     """
     check_wait("cell_timeout", cell_timeout)  # a NaN was anyio's bare ValueError, mid-matrix
-    wanted = _parse_only(only)
-    if wanted:
-        seeds = {s for _, _, s in wanted}
-        if len(seeds) > 1:
-            raise ExplorerError(f"cells of different seeds in one run: {sorted(seeds)}")
-        seed = seeds.pop()
+    names = _check_actions(actions)
+    wanted, seed = _parse_only(only, seed)
     with tempfile.TemporaryDirectory(prefix="stopline-explore-") as tmp:
         files = _Files(ledger_url, Path(tmp))
-        runner = CellRunner(workflow, providers, verify=verify, cell_timeout=cell_timeout)
-        points, unsupported, baseline = await _discover(
-            runner, files.url(f"x{seed}-discover"), actions
+        runner = CellRunner(
+            workflow,
+            providers,
+            verify=verify,
+            cell_timeout=cell_timeout,
+            ground_truth=ground_truth,
+            require_ground_truth=require_ground_truth,
         )
-        names = [a.name for a in actions]
-        if len(set(names)) != len(names):
-            raise ExplorerError(f"two actions share a name: {names}")
-        grid = [(p, a) for p in points for a in actions]
-        if wanted:
-            known = {(p.id, a.name) for p, a in grid}
-            missing = [(p, a) for p, a, _ in wanted if (p, a) not in known]
-            if missing:
-                raise ExplorerError(
-                    f"no such cell(s) {missing}; points: {[p.id for p in points]}, actions: {names}"
-                )
-        todo = [
-            (n, p, a)
-            for n, (p, a) in enumerate(grid)
-            if not wanted or (p.id, a.name, seed) in wanted
-        ]
-        random.Random(seed).shuffle(todo)  # cells are independent; the order is reproducible
-        cells: dict[int, Cell] = {}
-        for n, point, action in todo:
-            run_id = f"x{seed}-{n:03d}"
+        discovery = f"x{seed}-discover"
+        points, unsupported, baseline = await _discover(
+            runner, seed, discovery, files.url(discovery), actions
+        )
+        grid = {cell_id(p.id, a.name, seed): (p, a) for p in points for a in actions}
+        selective = bool(wanted)
+        wanted.discard(cell_id(BASELINE_POINT, BASELINE_ACTION, seed))  # it always runs
+        missing = sorted(wanted - set(grid))
+        if missing:
+            raise ExplorerError(
+                f"no such cell(s) {missing}; points: {[p.id for p in points]}, actions: {names}"
+            )
+        todo = [c for c in grid if not selective or c in wanted]
+        run_ids = {c: _run_id(seed, c) for c in grid}
+        if len(set(run_ids.values())) != len(run_ids):  # 32 bits: never seen, but say so
+            raise ExplorerError("two cells drew the same run id: pick another seed")
+        cells: dict[str, Cell] = {}
+        # cells are independent; the order is the seed's, whichever cells are asked for
+        for cid in sorted(todo, key=lambda c: _digest(f"order {seed} {c}")):
+            point, action = grid[cid]
             reason = unsupported.get(action.name) or action.applies(point)
             if reason is not None:
-                cells[n] = Cell(point.id, action.name, seed, CellStatus.NOT_APPLICABLE, note=reason)
+                cells[cid] = Cell(
+                    point.id, action.name, seed, CellStatus.NOT_APPLICABLE, note=reason
+                )
                 continue
-            cells[n] = await runner.run_cell(point, action, seed, run_id, files.url(run_id))
-    ordered = tuple(cells[n] for n in sorted(cells))
+            run_id = run_ids[cid]
+            cells[cid] = await runner.run_cell(point, action, seed, run_id, files.url(run_id))
+    ordered = tuple(cells[c] for c in grid if c in cells)
     matrix = Matrix(
         points=tuple(dict.fromkeys(c.point for c in ordered)),
         actions=tuple(dict.fromkeys(c.action for c in ordered)),
@@ -146,8 +174,30 @@ async def explore(
     return matrix
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _run_id(seed: int, cell: str) -> str:
+    """A cell's run id: from the seed and the cell id only."""
+    return f"x{seed}-{_digest(f'run {seed} {cell}')[:8]}"
+
+
+def _check_actions(actions: Sequence[Action]) -> list[str]:
+    names = [getattr(a, "name", "") for a in actions]
+    for action, name in zip(actions, names, strict=True):
+        if not isinstance(name, str) or not name.strip():
+            raise ExplorerError(
+                f"the action {type(action).__name__} has no name: give its class a "
+                "`name = ...` (each cell prints and re-runs by it)"
+            )
+    if len(set(names)) != len(names):
+        raise ExplorerError(f"two actions share a name: {names}")
+    return names
+
+
 async def _discover(
-    runner: CellRunner[Any], url: str, actions: Sequence[Action]
+    runner: CellRunner[Any], seed: int, run_id: str, url: str, actions: Sequence[Action]
 ) -> tuple[list[Point], dict[str, str], Cell]:
     """Run once, unheld: the points passed in order, and the actions this runtime lacks."""
     passed: list[tuple[str, str, str]] = []  # (kind, source, barrier point)
@@ -167,10 +217,40 @@ async def _discover(
             if reason is not None:
                 unsupported[action.name] = reason
 
-    baseline = await runner.run_plain(url, observe, probe)
+    baseline = await runner.run_plain(seed, run_id, url, observe, probe)
     if baseline.status is CellStatus.ERROR:
         raise ExplorerError("the workflow does not run on its own:\n" + baseline.text())
-    return _points(passed, runner.last_sources), unsupported, baseline
+    return _ordered(_points(passed, runner.last_sources)), unsupported, baseline
+
+
+def _ordered(points: list[Point]) -> list[Point]:
+    """The points as listed, whatever order this run's scheduling passed them in.
+
+    Each call (tool and occurrence; a workflow's own point by name) is a lane, its
+    points in the order a call passes them. Lanes that overlapped in the discovery
+    run ran at once, and the scheduler chose their order: they are listed by name.
+    Lanes one after another keep the order the workflow ran them in."""
+    span: dict[tuple[str, ...], list[int]] = {}
+    for at, point in enumerate(points):
+        span.setdefault(_lane(point), [at, at])[1] = at
+    rank: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
+    start, end = -1, -1
+    for lane, (first, last) in sorted(span.items(), key=lambda item: item[1][0]):
+        if first > end:  # no overlap with the lanes before: a new group
+            start = first
+        end = max(end, last)
+        rank[lane] = (start, lane)
+    return sorted(points, key=lambda p: (rank[_lane(p)], _stage(p), p.occurrence))
+
+
+def _lane(point: Point) -> tuple[str, ...]:
+    if point.kind == "workflow":
+        return ("workflow", point.source, point.name)
+    return ("call", point.source, f"{point.occurrence:09d}")
+
+
+def _stage(point: Point) -> int:
+    return _STAGES.index(point.name) if point.kind != "workflow" else 0
 
 
 def _points(passed: Iterable[tuple[str, str, str]], sources: Sources | None) -> list[Point]:
@@ -198,19 +278,24 @@ def _points(passed: Iterable[tuple[str, str, str]], sources: Sources | None) -> 
     return points
 
 
-def _parse_only(only: str | Collection[str] | None) -> set[tuple[str, str, int]]:
+def _parse_only(only: str | Collection[str] | None, seed: int) -> tuple[set[str], int]:
+    """The cell ids asked for, exactly as printed, and the seed they name."""
     if only is None:
-        return set()
+        return set(), seed
     ids = [only] if isinstance(only, str) else list(only)
-    out = set()
+    wanted: set[str] = set()
+    seeds: set[int] = set()
     for text in ids:
         m = _CELL_ID.match(text.strip())
         if m is None:
             raise ExplorerError(
                 f"not a cell id: {text!r} (expected {cell_id('POINT', 'ACTION', 0)!r})"
             )
-        out.add((m["point"], m["action"], int(m["seed"])))
-    return out
+        wanted.add(text.strip())
+        seeds.add(int(m["seed"]))
+    if len(seeds) > 1:
+        raise ExplorerError(f"cells of different seeds in one run: {sorted(seeds)}")
+    return wanted, seeds.pop() if seeds else seed
 
 
 class _Files:

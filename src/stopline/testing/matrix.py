@@ -52,6 +52,8 @@ class Cell:
     violations: tuple[Violation, ...] = ()
     headline: Headline | None = None
     note: str = ""  # why n/a, what went wrong, what the workflow raised
+    # the tools the run called that no ground truth tells: R3/R8 not checked against them
+    unverified: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -131,6 +133,13 @@ class Matrix:
         """The cells that broke ``rule`` ("R1" ...)."""
         return tuple(c for c in self.cells if rule in c.rules_broken)
 
+    @property
+    def unverified(self) -> tuple[str, ...]:
+        """Tools some cell called with no ground truth to check R3/R8 against: their
+        effects were taken on the ledger's word (``explore(..., ground_truth=...)``)."""
+        every = (self.baseline, *self.cells) if self.baseline is not None else self.cells
+        return tuple(sorted({t for c in every for t in c.unverified}))
+
     def with_status(self, status: CellStatus) -> tuple[Cell, ...]:
         return tuple(c for c in self.cells if c.status is status)
 
@@ -144,6 +153,12 @@ class Matrix:
         summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
         out = [f"stopline explorer (seed={self.seed}): {len(self.cells)} cells: {summary}"]
         out.append(self.table())
+        if self.unverified:
+            out.append(
+                f"NO GROUND TRUTH for {', '.join(map(repr, self.unverified))}: R3 and R8 were "
+                "not checked against their effects (give explore(..., ground_truth=...); "
+                "require_ground_truth=True fails such cells)"
+            )
         for c in self.failures:
             out.append(c.text())
             out.append(f'    re-run alone: explore(..., only="{c.id}")')

@@ -5,11 +5,14 @@ Installed with stopline (entry point ``pytest11``)::
     async def test_cancellation(stopline_explore):
         await stopline_explore(my_workflow, make_providers)
 
-Each cell's ledger is kept under the test's ``tmp_path`` for inspection.
+Each cell's ledger is kept under the test's ``tmp_path`` for inspection: the
+first call's as ``explore-1-<run id>.db``, the next call's ``explore-2-...``
+(calls at once in one test never share a file).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,10 @@ def stopline_explore(tmp_path: Path) -> Explore:
     """``await stopline_explore(workflow, providers, **explore_options)``: the matrix,
     or a test failure whose message is its report (with each failing cell's id)."""
 
+    calls = itertools.count(1)
+
     async def run(workflow: Any, providers: Any, **options: Any) -> Matrix:
-        options.setdefault("ledger_url", f"sqlite:///{tmp_path / 'explore.db'}")
+        options.setdefault("ledger_url", f"sqlite:///{tmp_path / f'explore-{next(calls)}.db'}")
         options.setdefault("out", None)
         matrix = await explore(workflow, providers, **options)
         if not matrix.ok:
