@@ -147,3 +147,58 @@ async def test_a_tree_resumes_only_when_its_childrens_operations_are_resolved(
     with pytest.raises(NotPermitted, match="r:sub"):
         await ledger.resume("r", by="user:1")
     assert (await ledger.backend.get_run("r")).state is not RunState.RUNNING
+
+
+async def test_no_name_reads_as_another_childs_number_or_a_grandchild(
+    ledger: stopline.Ledger,
+) -> None:
+    """A child named ``a.2`` took the id of the second child named ``a`` and replayed
+    its record (a message reported sent was never sent); a child named ``a:b`` met the
+    grandchild ``b`` of ``a``. Names are written so that no two children meet."""
+    provider = Provider()
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        for name in ("a", "a"):
+            async with run.child(name) as child, child.child("b") as grandchild:
+                await grandchild.call(provider.tool, "to b", key="send")
+        async with run.child("a.2") as dotted, run.child("a:b") as coloned:
+            assert not dotted.replaying and not coloned.replaying
+            await dotted.call(provider.tool, "hello", key="send")
+            await coloned.call(provider.tool, "hello", key="send")
+        long = "n" * 1020
+        async with run.child(long) as named:  # its calls' keys still fit
+            await named.call(provider.tool, "long", key="send")
+    assert len(provider.sent) == 5 == len(set(provider.sent))
+    assert provider.sent[:4] == ["r:a:b/send", "r:a.2:b/send", "r:a%2E2/send", "r:a%3Ab/send"]
+
+
+async def test_a_paused_parents_resume_leaves_a_child_cancelled_on_its_own(
+    ledger: stopline.Ledger,
+) -> None:
+    """The pause stopped only what was running: a child cancelled before it came back
+    to ``running`` with the resume, and a queued redelivery of its refused call went
+    through (R1)."""
+    provider = Provider()
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        async with run.child("worker") as worker:
+            await worker.call(provider.tool, "one", key="one")
+            await ledger.cancel(worker.id, by="user:1")
+        await ledger.wait_settled("r:worker", timeout=10)
+        await ledger.pause("r", by="user:1")
+        await ledger.resume("r", by="user:1")
+        assert (await ledger.backend.get_run("r:worker")).state is RunState.CANCELLED
+        with pytest.raises(stopline.RunFenced):  # a queue's redelivery, after the resume
+            await ledger.dispatch("r:worker", provider.tool, "two", key="two")
+    assert provider.sent == ["r:worker/one"]
+
+
+async def test_a_replayed_child_opens_no_new_child(ledger: stopline.Ledger) -> None:
+    provider = Provider()
+    await workflow(ledger, provider, cancel=True)
+    await ledger.wait_settled("r", timeout=10)
+    await ledger.resume("r", by="user:1")
+    async with ledger.run("parent", owner="user:1", run_id="r") as run, run.child("sub") as sub:
+        assert sub.replaying
+        with pytest.raises(RunEnded, match="another child"):
+            async with sub.child("extra"):
+                pass
+    assert provider.sent == ["r:sub/send"]

@@ -1,11 +1,12 @@
 """Re-entering a child run that has ended, from its parent's re-entry (ADR 0053).
 
 A resumed parent runs its workflow again from the start; a child it had opened
-and that completed (or failed) is reached again by its id (``Run.child`` numbers
-a parent's children by name). Such a block only replays: a call the child made
-and that happened returns its recorded result, as any replay does (R10); a call
-it did not make, or that did not happen, is refused with ``RunEnded``: an ended
-run sends nothing. Nothing is written: the gate is not asked.
+and that completed is reached again by its id (``Run.child`` numbers a parent's
+children by name). Such a block only replays: a call the child made and that
+happened returns its recorded result, as any replay does (R10); a call it did
+not make, or that did not happen, is refused with ``RunEnded``, and so is a new
+child of it: an ended run sends nothing. Nothing is written: the gate is not
+asked.
 """
 
 from __future__ import annotations
@@ -25,20 +26,30 @@ if TYPE_CHECKING:
 
 __all__ = ["replay_gate", "replays"]
 
-_REPLAYS = frozenset({RunState.COMPLETED, RunState.FAILED})
+# a completed child replays; a failed one raises ``RunEnded`` as before (what a call
+# that failed there would do now is not on record)
+_REPLAYS = frozenset({RunState.COMPLETED})
+
+
+# a derived child id leaves this much of the ledger's id length for an operation's key
+_KEY_ROOM = 256
 
 
 def child_id(parent_id: str, name: str, opened: dict[str, int]) -> str:
     """The id of the next child named ``name`` of a parent's block, counted in
-    ``opened``: ``PARENT:NAME``, then ``PARENT:NAME.2`` ... (too long, or unusable: its
-    printable start and a digest, ``fitted``). The same workflow opening its children in
-    the same order reaches the same runs."""
+    ``opened``: ``PARENT:NAME``, then ``PARENT:NAME.2`` ... The name's ``%``, ``:`` and
+    ``.`` are written ``%25``, ``%3A``, ``%2E``, so no name reads as another child's
+    number or as a grandchild (``a.2``, ``a:b``). Too long (room is kept for its
+    operations' keys), or unusable: its printable start and a digest (``fitted``). The
+    same workflow opening its children in the same order reaches the same runs."""
     n = opened[name] = opened.get(name, 0) + 1
-    return fitted(f"{parent_id}:{name}" + ("" if n == 1 else f".{n}"), MAX_ID_CHARS)
+    plain = name.replace("%", "%25").replace(":", "%3A").replace(".", "%2E")
+    derived = f"{parent_id}:{plain}" + ("" if n == 1 else f".{n}")
+    return fitted(derived, MAX_ID_CHARS - _KEY_ROOM)
 
 
 def replays(spec: RunSpec, record: RunRecord) -> bool:
-    """Whether entering ``spec`` finds a child of the same parent that ended by itself."""
+    """Whether entering ``spec`` finds a child of the same parent that completed."""
     return (
         spec.parent_id is not None
         and record.parent_id == spec.parent_id

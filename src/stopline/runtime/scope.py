@@ -73,6 +73,9 @@ class RunScope:
                 record = None
         replaying = record is not None and replays(self._spec, record)
         if record is None:
+            parent = self._core.runs.get(self._spec.parent_id or "")
+            if parent is not None and parent.replaying:  # new work under an ended child
+                raise RunEnded(parent.id, parent.record.state, "new work goes in another child")
             record = await backend.create_run(self._spec)
         elif (record.state.ended or record.state in _SETTLING) and not replaying:
             raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)

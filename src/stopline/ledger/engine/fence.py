@@ -331,7 +331,10 @@ async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
         while frontier:
             frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
             subtree += [await load_run(db, rid, lock=db.dialect.for_update) for rid in frontier]
-        stopped = [r for r in subtree if r.state not in NOTHING_TO_RESUME]
+        if run.state in PAUSE_STATES:  # its pause stopped only runs that were running
+            stopped = [run, *(r for r in subtree[1:] if r.state in PAUSE_STATES)]
+        else:  # its cancel: the tree (a child cancelled before it too, ADR 0053)
+            stopped = [r for r in subtree if r.state not in NOTHING_TO_RESUME]
         for r in stopped:
             if r.state not in RESUMABLE:  # a run of it still settling, or in review
                 raise NotPermitted(
