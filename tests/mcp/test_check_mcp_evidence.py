@@ -117,6 +117,8 @@ async def test_a_call_never_answered_is_bounded_and_reported(tmp_path: Path) -> 
     spec = {"arguments": {}, "key_argument": "key", "read": READ}
     tool = await profile_of(tmp_path, "hang_on_repeat", spec)
     assert any(f.startswith("same key twice: call 1 got no answer") for f in tool.findings)
+    # and proves nothing: it said "yes (one effect)" with no effect seen at all
+    assert tool.idempotent_by_key.startswith("not proven (a call got no answer")
 
 
 def test_report_shows_server_text_on_one_line() -> None:

@@ -229,6 +229,7 @@ class Checker:
                     tool.name, args, meta=cast(RequestParamsMeta, {KEY_META: key})
                 )
             if wait.cancelled_caught:
+                profile.repeat_answered = False
                 profile.timeouts.append(
                     f"same key twice: call {attempt} got no answer within {self.settle_timeout:g} s"
                 )

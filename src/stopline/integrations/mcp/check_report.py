@@ -84,6 +84,7 @@ class ToolProfile:
     declared: dict[str, Any]
     cells: list[Cell] = dataclasses.field(default_factory=list)
     repeat_effects: int | None = None  # effects after two calls with one key
+    repeat_answered: bool = True  # both of those calls answered (else nothing is proven)
     read: str = ""  # how outcomes are read back: "stopline_verify", the plan's tool, or ""
     progress: int = 0  # progress notifications seen during the calls
     timeouts: list[str] = dataclasses.field(default_factory=list)  # waits that ran out
@@ -128,7 +129,13 @@ class ToolProfile:
     def idempotent_by_key(self) -> str:
         if self.repeat_effects is None:
             return "unknown"
-        return "yes (one effect)" if self.repeat_effects <= 1 else "no (two effects)"
+        if self.repeat_effects > 1:
+            return "no (two effects)"
+        if not self.repeat_answered:  # one may still land: seen so far proves nothing
+            return f"not proven (a call got no answer; {self.repeat_effects} effect(s) seen)"
+        if self.repeat_effects == 0:
+            return "not proven (no effect seen: the calls did nothing to compare)"
+        return "yes (one effect)"
 
     @property
     def read_settles(self) -> str:
@@ -156,6 +163,7 @@ class ToolProfile:
             "idempotent_by_key": self.idempotent_by_key,
             "read_settles_unknown": self.read_settles,
             "repeat_effects": self.repeat_effects,
+            "repeat_answered": self.repeat_answered,
             "cells": [c.to_json() for c in self.cells],
             "findings": self.findings,
         }
