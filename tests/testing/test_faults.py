@@ -227,3 +227,25 @@ async def test_a_crash_cell_closes_the_dead_workers_ledger() -> None:
     assert matrix.ok, matrix.report()
     assert [t for t in threading.enumerate() if t.name == "stopline-ledger"] == []
     assert _ledger_files() == []
+
+
+class TimedOut(Action):
+    """What pytest-timeout does: its ``Failed`` raised wherever the test is, here in a
+    cell's action."""
+
+    name = "timed_out"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        pytest.fail("Timeout (>1.0s) from pytest-timeout.")
+
+
+async def test_a_test_runners_outcome_in_a_cell_ends_the_exploration() -> None:
+    """pytest-timeout's ``Failed`` in a cell became that cell's error, and the
+    exploration ran its other cells for half a minute past the test's timeout."""
+    failed = pytest.fail.Exception
+    with pytest.raises((failed, BaseExceptionGroup)) as raised:
+        await explore(send_invoice, lambda: FakeProvider("mail"), actions=[TimedOut()], out=None)
+    leaves = [raised.value]
+    while isinstance(leaves[0], BaseExceptionGroup):
+        leaves = list(leaves[0].exceptions)
+    assert isinstance(leaves[0], failed) and "pytest-timeout" in str(leaves[0])

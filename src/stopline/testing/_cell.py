@@ -50,9 +50,13 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _not_ours(exc: BaseException) -> bool:
-    """An interrupt, an exit, or a cancellation from outside: it ends the exploration."""
+    """An interrupt, an exit, a test runner's outcome (pytest-timeout's ``Failed``, a
+    ``pytest.fail``, raised wherever the test is) or a cancellation from outside: it ends
+    the exploration."""
     leaves = _leaves(exc)
     if any(isinstance(e, KeyboardInterrupt | SystemExit | GeneratorExit) for e in leaves):
+        return True
+    if any(c.__module__ == "_pytest.outcomes" for e in leaves for c in type(e).__mro__):
         return True
     return all(isinstance(e, anyio.get_cancelled_exc_class()) for e in leaves)
 
