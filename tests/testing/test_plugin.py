@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -55,3 +57,20 @@ async def test_two_explorations_at_once_in_one_test_keep_files_apart(
     names = {p.name async for p in anyio.Path(tmp_path).glob("*.db")}
     assert any(n.startswith("explore-1-") for n in names)
     assert any(n.startswith("explore-2-") for n in names)
+
+
+def test_a_sync_test_asking_for_the_fixture_fails_at_once(tmp_path: Path) -> None:
+    """A test that is not async calls the fixture and awaits nothing: nothing was
+    explored and the test passed (a RuntimeWarning aside). It fails at once, saying why."""
+    (tmp_path / "test_forgot.py").write_text(
+        "def test_forgot(stopline_explore):\n    stopline_explore(None, None)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_forgot.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.returncode != 0, ran.stdout
+    assert "stopline_explore is awaited, so the test must be async" in ran.stdout

@@ -12,6 +12,7 @@ first call's as ``explore-1-<run id>.db``, the next call's ``explore-2-...``
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,10 +29,18 @@ Explore = Callable[..., Awaitable[Matrix]]
 
 
 @pytest.fixture
-def stopline_explore(tmp_path: Path) -> Explore:
+def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
     """``await stopline_explore(workflow, providers, **explore_options)``: the matrix,
-    or a test failure whose message is its report (with each failing cell's id)."""
+    or a test failure whose message is its report (with each failing cell's id).
 
+    Asked for by a test that is not async, it fails the test at once: called there,
+    nothing awaits it, nothing is explored, and the test passed."""
+    if not inspect.iscoroutinefunction(getattr(request, "function", None)):
+        pytest.fail(
+            f"{request.node.name}: stopline_explore is awaited, so the test must be async "
+            "(`async def`, run by anyio's pytest plugin: @pytest.mark.anyio)",
+            pytrace=False,
+        )
     calls = itertools.count(1)
 
     async def run(workflow: Any, providers: Any, **options: Any) -> Matrix:
