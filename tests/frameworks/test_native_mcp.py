@@ -9,18 +9,13 @@ an idempotency key in ``_meta``, so a call that reaches it ungated fails.
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 from agents import Agent as OaAgent
-from agents import set_tracing_disabled
-from agents.mcp import MCPServerStdio, MCPServerStdioParams
+from agents.mcp import MCPServerStdio
 from agents.testing import ScriptedModel, assistant_message, function_call
-from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import (
@@ -37,7 +32,6 @@ import stopline
 from stopline import Cause, Headline, OpStatus, Policy
 from stopline.integrations import openai_agents as oa
 from stopline.integrations import pydantic_ai as pai
-from tests.mcp.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,10 +39,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def server_args(db: str) -> list[str]:
-    return ["-m", "stopline.integrations.mcp.testing", "--db", db]
 
 
 class Control:
@@ -72,15 +62,6 @@ class Control:
 
 
 # -- Pydantic AI: MCPToolset ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-async def pai_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPToolset[Any]]:
-    db = str(tmp_path_factory.mktemp("pai-native") / "effects.db")
-    transport = StdioTransport(sys.executable, server_args(db), env=dict(os.environ), cwd=str(ROOT))
-    toolset: MCPToolset[Any] = MCPToolset(transport, tool_error_behavior="error", init_timeout=30)
-    async with toolset:  # one connection (one server process) for the module
-        yield toolset
 
 
 class PaiScript:
@@ -156,20 +137,6 @@ async def test_pydantic_ai_native_mcp_cancel_after_commit_then_resume(
 
 
 # -- OpenAI Agents SDK: mcp_servers= ----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-async def oa_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPServerStdio]:
-    set_tracing_disabled(True)
-    db = str(tmp_path_factory.mktemp("oa-native") / "effects.db")
-    params: MCPServerStdioParams = {
-        "command": sys.executable,
-        "args": server_args(db),
-        "env": dict(os.environ),
-        "cwd": str(ROOT),
-    }
-    async with MCPServerStdio(params, name="testing", client_session_timeout_seconds=30) as server:
-        yield server
 
 
 def oa_control(server: MCPServerStdio) -> Control:

@@ -9,18 +9,14 @@ read-only); the models are the frameworks' own offline ones.
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 from agents import Agent as OaAgent
-from agents import RunContextWrapper, set_tracing_disabled
-from agents.mcp import MCPServerStdio, MCPServerStdioParams
+from agents import RunContextWrapper
+from agents.mcp import MCPServerStdio
 from agents.testing import ScriptedModel, assistant_message, function_call
-from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import (
@@ -37,7 +33,6 @@ import stopline
 from stopline import OpStatus, Policy
 from stopline.integrations import openai_agents as oa
 from stopline.integrations import pydantic_ai as pai
-from tests.mcp.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,19 +40,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def server_args(db: str) -> list[str]:
-    return ["-m", "stopline.integrations.mcp.testing", "--db", db]
-
-
-@pytest.fixture(scope="module")
-async def pai_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPToolset[Any]]:
-    db = str(tmp_path_factory.mktemp("pai-reads") / "effects.db")
-    transport = StdioTransport(sys.executable, server_args(db), env=dict(os.environ), cwd=str(ROOT))
-    toolset: MCPToolset[Any] = MCPToolset(transport, tool_error_behavior="error", init_timeout=30)
-    async with toolset:
-        yield toolset
 
 
 class Lookup:
@@ -117,20 +99,6 @@ async def test_pydantic_ai_mcp_read_back_names_the_server_stably(
     assert op.status is OpStatus.COMMITTED
     (read_back,) = [e.ref for e in op.evidence if e.ref.startswith("stopline_verify:")]
     assert read_back == f"stopline_verify:{pai_server.server_info.name}:{op.id}"
-
-
-@pytest.fixture(scope="module")
-async def oa_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPServerStdio]:
-    set_tracing_disabled(True)
-    db = str(tmp_path_factory.mktemp("oa-reads") / "effects.db")
-    params: MCPServerStdioParams = {
-        "command": sys.executable,
-        "args": server_args(db),
-        "env": dict(os.environ),
-        "cwd": str(ROOT),
-    }
-    async with MCPServerStdio(params, name="testing", client_session_timeout_seconds=30) as server:
-        yield server
 
 
 async def test_openai_a_read_hint_alone_is_gated_a_declared_read_is_not(
