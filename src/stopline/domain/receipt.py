@@ -16,7 +16,14 @@ from stopline.domain.guidance import resume_rule
 from stopline.domain.model import CancelState, Evidence, LazyEvidence, OperationRecord, RunRecord
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
 
-__all__ = ["HEADLINE_MESSAGES", "OperationLine", "Receipt", "build_receipt", "headline_for"]
+__all__ = [
+    "HEADLINE_MESSAGES",
+    "OperationLine",
+    "Receipt",
+    "build_receipt",
+    "headline_for",
+    "horizon_words",
+]
 
 HEADLINE_MESSAGES: dict[Headline, str] = {
     Headline.CANCELED_BEFORE_EXTERNAL_ACTION: "Canceled before external action.",
@@ -147,11 +154,16 @@ def _cancel_words(op: OperationRecord) -> str:
     return ""
 
 
+def horizon_words(at: float) -> str:
+    """A horizon as a receipt says it (R13: "until 12:03:05 UTC")."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+
+
 def _status_words(op: OperationRecord) -> str:
     words = _PLAIN_STATUS[op.status]
     if op.status not in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW) or op.horizon is None:
         return words  # (the evidence of a settled operation is not decoded for this)
-    until = time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
+    until = horizon_words(op.horizon)
     if op.status is OpStatus.UNKNOWN:  # R13: until then "not found" is "not yet"
         words += " until " + until
     elif op.status is OpStatus.NEEDS_REVIEW:  # what a reviewer must weigh (R13)

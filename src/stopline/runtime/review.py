@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.receipt import horizon_words
 from stopline.domain.transitions import later_evidence_settles
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.errors import NotCorrectable, NotPermitted
@@ -178,7 +179,7 @@ def _may_not_have_happened(core: Core, op: OperationRecord) -> None:
     horizon = core.settler.horizon_of(op)
     if horizon is None or horizon <= time.time():
         return
-    until = time.strftime("%H:%M:%S UTC", time.gmtime(horizon))
+    until = horizon_words(horizon)
     raise NotPermitted(
         f"{op.id!r} may still land until {until} (R13): decide 'not_committed' after "
         "that, or 'committed' now if it happened"
