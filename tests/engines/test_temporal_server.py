@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import anyio
 import pytest
@@ -55,3 +56,25 @@ def test_the_session_starts_another_server_when_its_server_has_died() -> None:
             portal.call(Client.connect, second.address)  # the new one serves
         finally:
             session.close()
+
+
+async def test_a_port_taken_between_its_pick_and_the_servers_bind_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ports are picked free, then bound by the server a moment later; another process
+    on the host took one in between, and the start failed ("address already in use").
+    The start is tried again on new ports."""
+    from stopline.integrations import temporal_server
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    real = temporal_server.free_port
+    monkeypatch.setattr(temporal_server, "free_port", lambda host: next(picks, None) or real(host))
+    try:
+        async with temporal_dev_server() as server:
+            assert server.port != taken.getsockname()[1]
+            await Client.connect(server.address)
+    finally:
+        taken.close()

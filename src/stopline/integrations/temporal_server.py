@@ -119,6 +119,12 @@ async def _serves(address: str) -> bool:
     return True
 
 
+# free ports are picked, then bound by the server a moment later: another process may
+# take one between the two ("address already in use"); the start is tried again on new
+# ports this many times in all
+_PORT_TRIES = 3
+
+
 @contextlib.asynccontextmanager
 async def temporal_dev_server(
     *, host: str = "127.0.0.1", start_timeout: float = 30.0
@@ -128,8 +134,25 @@ async def temporal_dev_server(
     Ready means a client can connect: the frontend accepts connections and says
     it is healthy (with ``temporalio`` installed). Raises ``TimeoutError`` if it
     is not within ``start_timeout`` seconds, and ``RuntimeError`` (with the
-    server's own words) if it exits first.
+    server's own words) if it exits first; a port taken by another process
+    meanwhile is tried again on new ports.
     """
+    for attempt in range(1, _PORT_TRIES + 1):
+        try:
+            async with _dev_server(host, start_timeout) as server:
+                yield server
+                return
+        except _PortTaken:
+            if attempt == _PORT_TRIES:
+                raise
+
+
+class _PortTaken(RuntimeError):
+    """The dev server exited at start: one of its ports was taken meanwhile."""
+
+
+@contextlib.asynccontextmanager
+async def _dev_server(host: str, start_timeout: float) -> AsyncIterator[TemporalDevServer]:
     port, http_port = free_port(host), free_port(host)
     cmd = [
         str(temporal_binary()),
@@ -160,7 +183,10 @@ async def temporal_dev_server(
                 while not (await _accepts(host, server.port) and await _serves(server.address)):
                     said = server.exited()
                     if said is not None:
-                        raise RuntimeError(f"temporal dev server exited: {said}")
+                        taken = "address already in use" in said
+                        raise (_PortTaken if taken else RuntimeError)(
+                            f"temporal dev server exited: {said}"
+                        )
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 0.5)
             yield server
