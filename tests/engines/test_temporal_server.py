@@ -63,7 +63,10 @@ async def test_a_port_taken_between_its_pick_and_the_servers_bind_is_tried_again
 ) -> None:
     """Ports are picked free, then bound by the server a moment later; another process
     on the host took one in between, and the start failed ("address already in use").
-    The start is tried again on new ports."""
+    The start is tried again on new ports. The port's holder accepts and never answers:
+    the readiness probe that reached it must not hold the start (it did, until the start
+    timeout, ~30 s, and CI failed): a start timeout of 20 s is far above a bounded probe
+    (5 s) and below the client's own connect timeout (~30 s)."""
     from stopline.integrations import temporal_server
 
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -73,7 +76,7 @@ async def test_a_port_taken_between_its_pick_and_the_servers_bind_is_tried_again
     real = temporal_server.free_port
     monkeypatch.setattr(temporal_server, "free_port", lambda host: next(picks, None) or real(host))
     try:
-        async with temporal_dev_server() as server:
+        async with temporal_dev_server(start_timeout=20) as server:
             assert server.port != taken.getsockname()[1]
             await Client.connect(server.address)
     finally:

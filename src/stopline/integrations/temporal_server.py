@@ -123,6 +123,9 @@ async def _serves(address: str) -> bool:
 # take one between the two ("address already in use"); the start is tried again on new
 # ports this many times in all
 _PORT_TRIES = 3
+# one readiness probe (connect, then a client's health check) waits at most this long:
+# a port held by a process that accepts and never answers must not hold the start
+_PROBE_TIMEOUT = 5.0
 
 
 @contextlib.asynccontextmanager
@@ -178,15 +181,20 @@ async def _dev_server(host: str, start_timeout: float) -> AsyncIterator[Temporal
         server = TemporalDevServer(host, port, http_port, _process=proc, _stderr=errors)
         try:
             with anyio.fail_after(start_timeout):
-                # no event tells us the server is up: probe its port, backing off a little
+                # no event tells us the server is up: probe its port, backing off a little;
+                # whoever answers there may not be our server (another process holds the
+                # port and ours exited): each probe is bounded, and an exit is read first
                 delay = 0.05
-                while not (await _accepts(host, server.port) and await _serves(server.address)):
+                while True:
                     said = server.exited()
                     if said is not None:
                         taken = "address already in use" in said
                         raise (_PortTaken if taken else RuntimeError)(
                             f"temporal dev server exited: {said}"
                         )
+                    with anyio.move_on_after(_PROBE_TIMEOUT):
+                        if await _accepts(host, server.port) and await _serves(server.address):
+                            break
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 0.5)
             yield server
