@@ -202,3 +202,107 @@ async def test_a_replayed_child_opens_no_new_child(ledger: stopline.Ledger) -> N
             async with sub.child("extra"):
                 pass
     assert provider.sent == ["r:sub/send"]
+
+
+async def tree_with_an_ended_child(
+    ledger: stopline.Ledger, provider: Provider, *, cancel: bool, fails: bool
+) -> None:
+    """A parent whose child ends on its own (``fails``: the child's block raises after
+    its provider refused a call; else the child catches the refusal and completes),
+    then goes on and is cancelled."""
+
+    async def refuse(ctx: stopline.CallContext, text: str) -> str:
+        raise stopline.Rejected("not now")  # nothing was done
+
+    refusing = stopline.Tool(refuse, name="refuse")
+    async with ledger.run("parent", owner="user:1", run_id="r") as run:
+        try:
+            async with run.child("sub") as sub:
+                await sub.call(provider.tool, "hello", key="send")
+                try:
+                    await sub.call(refusing, "x", key="refused")
+                except stopline.Rejected:
+                    if fails:
+                        raise
+        except stopline.Rejected:
+            pass
+        if cancel:
+            await ledger.cancel(run.id, by="user:1")
+        await run.call(provider.tool, "summary", key="summary")
+
+
+async def test_a_failed_childs_actions_are_not_counted_as_sent_or_returned_on_resume(
+    ledger: stopline.Ledger,
+) -> None:
+    """A resumed parent's re-entry of a child that failed raises ``RunEnded``: the
+    recovery line counted the child's refused call as "sent when the workflow reaches
+    it" and its send as "returned from the ledger", and neither happens."""
+    provider = Provider()
+    await tree_with_an_ended_child(ledger, provider, cancel=True, fails=True)
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.FAILED
+    receipt = await ledger.wait_settled("r", timeout=10)
+    rule = receipt.resume_rule
+    assert "0 completed actions are returned" in rule
+    assert "1 action that never happened is sent" in rule  # the summary, fenced
+    assert "2 actions of child runs that ended on their own are not sent again" in rule
+    assert "entering a child run that failed ('r:sub') raises RunEnded" in rule
+    # the same line on every receipt path
+    assert (await ledger.receipts(["r"]))["r"].resume_rule == rule
+    listed = {run.id: r for run, r in await ledger.runs_with_receipts()}
+    assert listed["r"].resume_rule == rule
+    # followed: the re-entry meets RunEnded at the child, whose message sends nothing again
+    await ledger.resume("r", by="user:1")
+    with pytest.raises(RunEnded, match="none of its actions is sent again") as ended:
+        await tree_with_an_ended_child(ledger, provider, cancel=False, fails=True)
+    assert "start a new run" not in str(ended.value)
+    assert provider.sent == ["r:sub/send"]
+
+
+async def test_a_completed_childs_call_that_never_happened_is_not_counted_as_sent(
+    ledger: stopline.Ledger,
+) -> None:
+    """A completed child replays: its send is returned from the ledger, and its refused
+    call, reached again, raises ``RunEnded`` (the line said it would be sent)."""
+    provider = Provider()
+    await tree_with_an_ended_child(ledger, provider, cancel=True, fails=False)
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.COMPLETED
+    rule = (await ledger.wait_settled("r", timeout=10)).resume_rule
+    assert "1 completed action is returned" in rule
+    assert "1 action that never happened is sent" in rule  # the summary, fenced
+    assert "1 action of child runs that ended on their own is not sent again" in rule
+    assert "a call that never happened in a child run that completed ('r:sub')" in rule
+    await ledger.resume("r", by="user:1")
+    with pytest.raises(RunEnded, match="'r:sub/refused'"):
+        await tree_with_an_ended_child(ledger, provider, cancel=False, fails=False)
+    assert provider.sent == ["r:sub/send"]
+
+
+async def test_a_grandchilds_actions_under_a_failed_child_are_not_counted_as_returned(
+    ledger: stopline.Ledger,
+) -> None:
+    """Entering a failed child raises ``RunEnded``: nothing under it is reached, its
+    completed grandchild's send included (read through the chain of runs)."""
+    provider = Provider()
+
+    async def tree(cancel: bool) -> None:
+        async with ledger.run("parent", owner="user:1", run_id="r") as run:
+            try:
+                async with run.child("sub") as sub:
+                    async with sub.child("deep") as deep:
+                        await deep.call(provider.tool, "hello", key="send")
+                    raise LookupError("the child fails after its grandchild completed")
+            except LookupError:
+                pass
+            if cancel:
+                await ledger.cancel(run.id, by="user:1")
+
+    await tree(cancel=True)
+    assert (await ledger.backend.get_run("r:sub:deep")).state is RunState.COMPLETED
+    rule = (await ledger.wait_settled("r", timeout=10)).resume_rule
+    assert "0 completed actions are returned" in rule
+    assert "1 action of child runs that ended on their own is not sent again" in rule
+    assert "entering a child run that failed ('r:sub')" in rule
+    await ledger.resume("r", by="user:1")
+    with pytest.raises(RunEnded, match="'r:sub'"):
+        await tree(cancel=False)
+    assert provider.sent == ["r:sub:deep/send"]

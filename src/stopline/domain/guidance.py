@@ -15,13 +15,21 @@ resume the ledger refuses.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE
 from stopline.domain.vocab import OpEvent, OpStatus, RunState
 
-__all__ = ["OnResume", "correcting", "on_resume", "resume_rule", "waits_for", "what_to_do"]
+__all__ = [
+    "OnResume",
+    "correcting",
+    "on_resume",
+    "resume_rule",
+    "tree_runs_read",
+    "waits_for",
+    "what_to_do",
+]
 
 
 class OnResume(enum.StrEnum):
@@ -56,8 +64,53 @@ def _n(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def resume_rule(run: RunRecord, ops: Sequence[OperationRecord]) -> str:
-    """The receipt's recovery line for the run, derived from ``on_resume``."""
+# a root in these states gets a recovery line that counts what a resume repeats, and
+# reads the states of the runs of its tree that hold operations (``tree_runs_read``)
+_COUNTED = frozenset({RunState.CANCELLED, RunState.NEEDS_REVIEW})
+
+
+def tree_runs_read(run: RunRecord, ops: Sequence[OperationRecord]) -> set[str]:
+    """The runs, other than the root, whose records ``resume_rule`` reads: those of the
+    tree's operations (a child that ended on its own is not run again, ADR 0053). The
+    runs between them and the root are read too (``resume_rule`` is given the chain)."""
+    if run.state not in _COUNTED:
+        return set()
+    return {op.run_id for op in ops if op.run_id != run.id}
+
+
+def _ended_above(run_id: str, root: str, runs: Mapping[str, RunRecord]) -> RunRecord | None:
+    """The child run, ``run_id`` or one of its ancestors below ``root``, through which a
+    resumed root's re-entry does not reach ``run_id``'s calls: the one nearest the root
+    that failed (entering it raises ``RunEnded``, so nothing under it is reached), else
+    ``run_id`` itself if it completed (it replays: a call of it that did not happen
+    raises ``RunEnded``). ``None``: its calls are reached as any."""
+    chain: list[RunRecord] = []
+    at = runs.get(run_id)
+    while at is not None and at.id != root and len(chain) < len(runs):
+        chain.append(at)
+        at = runs.get(at.parent_id or "")
+    failed = [r for r in chain if r.state is RunState.FAILED]
+    if failed:
+        return failed[-1]
+    if chain and chain[0].state is RunState.COMPLETED:
+        return chain[0]
+    return None
+
+
+def _names(runs: Sequence[RunRecord]) -> str:
+    ids = sorted({r.id for r in runs})
+    shown = ", ".join(repr(i) for i in ids[:3])
+    return shown if len(ids) <= 3 else f"{shown} and {len(ids) - 3} more"
+
+
+def resume_rule(
+    run: RunRecord,
+    ops: Sequence[OperationRecord],
+    runs: Mapping[str, RunRecord] | None = None,
+) -> str:
+    """The receipt's recovery line for the run, derived from ``on_resume``. ``runs``: the
+    runs of its tree by id, those ``tree_runs_read`` names and their ancestors (a child
+    that ended on its own is not run again: its calls are neither replayed nor sent)."""
     if run.state in (RunState.PAUSED, RunState.PAUSING):
         return "can be resumed by a principal allowed to resume"
     if run.state not in (
@@ -69,8 +122,18 @@ def resume_rule(run: RunRecord, ops: Sequence[OperationRecord]) -> str:
         return ""
     primary = [op for op in ops if op.compensates is None]
     blocks = waits_for(ops)
-    replayed = sum(on_resume(op.status) is OnResume.REPLAYED for op in primary)
-    sent = sum(on_resume(op.status) is OnResume.SENT for op in primary)
+    tree = runs or {}
+    replayed = sent = 0
+    ended: list[RunRecord] = []  # per operation not reached: the child run that ended
+    for op in primary:
+        follows = on_resume(op.status)
+        end = _ended_above(op.run_id, run.id, tree) if op.run_id != run.id else None
+        if end is not None and (end.state is RunState.FAILED or follows is OnResume.SENT):
+            ended.append(end)
+        elif follows is OnResume.REPLAYED:
+            replayed += 1
+        elif follows is OnResume.SENT:
+            sent += 1
     if blocks or run.state in (RunState.CANCELLING, RunState.SETTLING):
         # a person is what it waits for when any operation, a correction too, is in review
         review = sum(op.status in _IN_REVIEW for op in blocks)
@@ -89,12 +152,42 @@ def resume_rule(run: RunRecord, ops: Sequence[OperationRecord]) -> str:
         f"ledger, not repeated; {_n(sent, 'action', 'actions')} that never happened "
         f"{'is' if sent == 1 else 'are'} sent when the workflow reaches "
         f"{'it' if sent == 1 else 'them'}; calls it had not reached yet are made as usual. "
-        "A new run would send every action again."
+        f"{_not_run_again(ended)}A new run would send every action again."
     )
 
 
-def what_to_do(run: RunRecord) -> str:
-    """For a run that has ended: how to go on (the ``RunEnded`` message)."""
+def _not_run_again(ended: Sequence[RunRecord]) -> str:
+    """What the recovery line says of the operations of child runs that ended on their
+    own: the resume does not run them again, and the re-entry meets ``RunEnded``."""
+    if not ended:
+        return ""
+    failed = [r for r in ended if r.state is RunState.FAILED]
+    completed = [r for r in ended if r.state is not RunState.FAILED]
+    where = []
+    if failed:
+        where.append(f"entering a child run that failed ({_names(failed)})")
+        where[-1] += " raises RunEnded"
+    if completed:
+        where.append(
+            f"a call that never happened in a child run that completed ({_names(completed)})"
+            " raises RunEnded when reached"
+        )
+    return (
+        f"{_n(len(ended), 'action', 'actions')} of child runs that ended on their own "
+        f"{'is' if len(ended) == 1 else 'are'} not sent again: {'; '.join(where)}. "
+    )
+
+
+def what_to_do(run: RunRecord, *, by_parent: bool = False) -> str:
+    """For a run that has ended: how to go on (the ``RunEnded`` message). ``by_parent``:
+    the run is a child its parent's re-entry reached (ADR 0053)."""
+    if by_parent and run.state is RunState.FAILED:
+        # a new run of it would send again what it completed
+        return (
+            "a child run that failed is not run again when its parent re-enters it (what "
+            "its failed call would do now is not on record): none of its actions is sent "
+            "again; the parent's new work goes in a child of another name"
+        )
     if run.state in (RunState.COMPLETED, RunState.FAILED):
         return "it has ended and cannot be resumed; start a new run (its actions get new keys)"
     if run.state is RunState.NEEDS_REVIEW:

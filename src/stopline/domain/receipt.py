@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from stopline.domain.guidance import resume_rule
@@ -335,10 +335,15 @@ def _related(ops: Sequence[OperationRecord]) -> dict[str, OperationRecord]:
 
 
 def build_receipt(
-    run: RunRecord, ops: Sequence[OperationRecord], *, recording: Collection[str] = ()
+    run: RunRecord,
+    ops: Sequence[OperationRecord],
+    *,
+    recording: Collection[str] = (),
+    runs: Mapping[str, RunRecord] | None = None,
 ) -> Receipt:
     """``recording``: operations whose outcome the caller holds but has not committed yet;
-    a line still in flight in the records says so instead of "no answer yet"."""
+    a line still in flight in the records says so instead of "no answer yet". ``runs``:
+    the runs of its tree the recovery line reads (``guidance.tree_runs_read``)."""
     headline = headline_for(run, ops)
     committed = sum(1 for op in ops if op.status is OpStatus.COMMITTED and op.compensates is None)
     committed += len(_standalone(ops))
@@ -357,5 +362,5 @@ def build_receipt(
         lines=lines,
         cancelled_by=run.cancelled_by,
         cancel_reason=run.cancel_reason,
-        resume_rule=resume_rule(run, ops),
+        resume_rule=resume_rule(run, ops, runs),
     )

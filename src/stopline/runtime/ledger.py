@@ -288,7 +288,8 @@ class Ledger:
         """
         # the backend's read checks the id (one rule, both engines)
         run, ops = await self.reads.run_and_operations(run_id, by=by, descendants=True)
-        return build_receipt(run, ops, recording=self._core.outcomes.in_hand())
+        runs = await self.reads.tree_runs([(run, ops)])
+        return build_receipt(run, ops, recording=self._core.outcomes.in_hand(), runs=runs)
 
     async def receipts(
         self, run_ids: Sequence[str], *, by: str | Principal | None = None
@@ -296,7 +297,11 @@ class Ledger:
         """``receipt`` of many runs (a page of them), read from one snapshot in one round
         trip: those that exist (and ``by`` may see), by id; the others are left out."""
         found, recording = await self.reads.trees(run_ids, by=by), self._core.outcomes.in_hand()
-        return {r: build_receipt(run, ops, recording=recording) for r, (run, ops) in found.items()}
+        runs = await self.reads.tree_runs(found.values())
+        return {
+            r: build_receipt(run, ops, recording=recording, runs=runs)
+            for r, (run, ops) in found.items()
+        }
 
     async def runs_with_receipts(
         self,
@@ -309,8 +314,10 @@ class Ledger:
         """``reads.runs`` (newest first), each with its ``receipt``: the listing, each
         run's row and its receipt read from one snapshot, so no row mixes moments."""
         found = await self.reads.runs_with_trees(by=by, state=state, owner=owner, limit=limit)
-        recording = self._core.outcomes.in_hand()
-        return [(run, build_receipt(run, ops, recording=recording)) for run, ops in found]
+        recording, runs = self._core.outcomes.in_hand(), await self.reads.tree_runs(found)
+        return [
+            (run, build_receipt(run, ops, recording=recording, runs=runs)) for run, ops in found
+        ]
 
     async def wait_settled(self, run_id: str, *, timeout: float | None = None) -> Receipt:
         """Wait until the receipt can no longer change by itself, and return it.

@@ -9,8 +9,9 @@ as for ``Ledger.receipt``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from stopline.domain.guidance import tree_runs_read
 from stopline.domain.lifecycle import AccessPolicy, Principal
 from stopline.domain.limits import check_id, check_limit
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
@@ -97,6 +98,26 @@ class Reads:
         ids, sees = [check_id("run_id", run_id) for run_id in run_ids], self._sees(by)
         found = await self._queries().trees_and_operations(ids)
         return {f[0].id: f for f in found if not isinstance(f, UnknownRun) and sees(f[0])}
+
+    async def tree_runs(
+        self, trees: Iterable[tuple[RunRecord, Sequence[OperationRecord]]]
+    ) -> dict[str, RunRecord]:
+        """The runs of these trees that their receipts' recovery lines read
+        (``guidance.tree_runs_read``) and those between them and their roots, by id:
+        none for most receipts, else a read per level of the trees (a child that ended
+        has ended for good: a read after the trees' snapshot tells the same)."""
+        roots: set[str] = set()
+        found: dict[str, RunRecord] = {}
+        wanted: set[str] = set()
+        for run, ops in trees:
+            roots.add(run.id)
+            wanted |= tree_runs_read(run, ops)
+        while wanted:
+            read = await self._queries().get_runs(sorted(wanted))
+            found.update(read)
+            above = {r.parent_id for r in read.values() if r.parent_id is not None}
+            wanted = above - roots - found.keys()
+        return found
 
     async def operation(self, op_id: str, *, by: str | Principal | None = None) -> OperationRecord:
         op = await self._queries().get_operation(op_id)

@@ -78,7 +78,11 @@ class RunScope:
                 raise RunEnded(parent.id, parent.record.state, "new work goes in another child")
             record = await backend.create_run(self._spec)
         elif (record.state.ended or record.state in _SETTLING) and not replaying:
-            raise RunEnded(record.id, record.state, what_to_do(record))  # and what to do (R14)
+            by_parent = self._spec.parent_id is not None and (
+                record.parent_id == self._spec.parent_id
+            )
+            # and what to do (R14)
+            raise RunEnded(record.id, record.state, what_to_do(record, by_parent=by_parent))
         run = self._run = Run(self._ledger, self._core, record, self._scope)
         run.replaying = replaying
         run.block_task_cancels = _task_cancels()
