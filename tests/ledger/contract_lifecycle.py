@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 import pytest
 
 from stopline.domain.lifecycle import ApprovalStatus
+from stopline.domain.model import EventRecord
 from stopline.domain.vocab import Grant, OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition, NotFound, NotPermitted
 from stopline.ledger.backend import Backend, GateVerdict, OutcomeUpdate
-from tests.ledger.contract import COMMIT, op_spec, run_spec
+from tests.ledger.contract import COMMIT, op_spec, run_spec, unmarked
 
 
 class LifecycleContract:
@@ -54,19 +57,7 @@ class LifecycleContract:
 
     async def test_children_race_the_subtree_fence(self, backend: Backend) -> None:
         """R1 across a tree: no child dispatch lands after its root's cancel."""
-        await backend.create_run(run_spec("root"))
-        for n in range(5):
-            await backend.create_run(run_spec(f"c{n}", parent_id="root"))
-
-        async def dispatch(n: int, i: int) -> None:
-            await backend.gate(op_spec(f"c{n}/{i}", f"c{n}"))
-
-        async with anyio.create_task_group() as tg:
-            for i in range(20):
-                for n in range(5):
-                    tg.start_soon(dispatch, n, i)
-                if i == 10:
-                    tg.start_soon(functools.partial(backend.cancel, "root", by="u"))
+        await _gates_racing(backend, functools.partial(backend.cancel, "root", by="u"))
         for n in range(5):
             events = await backend.events(f"c{n}")
             cancel = next(e.seq for e in events if e.kind == "cancel")
@@ -260,3 +251,88 @@ class LifecycleContract:
         run, _ = await backend.resume("run_a", by="u")
         assert run.state is RunState.COMPLETED
         assert await backend.events("run_a") == before
+
+    async def test_a_tree_pause_and_resume_move_each_run_with_its_own_events(
+        self, backend: Backend
+    ) -> None:
+        """A pause and a resume of a tree are set-based (one statement per step, whatever
+        its size): each run still gets its own events in order and its own state, an idle
+        run paused at once and a busy one left pausing; a run that ended, and a shared
+        child, are not moved; each run's resume names its own expired approvals."""
+        await backend.create_run(run_spec("root"))
+        for child in ("busy", "idle", "done"):
+            await backend.create_run(run_spec(child, parent_id="root"))
+        await backend.create_run(run_spec("grand", parent_id="idle"))
+        await backend.create_run(run_spec("other"))
+        await backend.create_run(run_spec("shared", parent_id="other"))
+        await backend.add_owner("shared", "root", exclusive=False)
+        await backend.gate(op_spec("busy/1:send", "busy"))  # in flight
+        await backend.run_event("done", RunEvent.COMPLETE, by="stopline")
+        await backend.request_approval("ap1", "grand", "grand/pay", approver="b", requested_by="u")
+        await backend.decide_approval("ap1", granted=True, by="b", expires_at=time.time() - 1)
+
+        paused = await backend.pause("root", by="u", reason="lunch")
+        assert paused == ["root", "busy", "idle", "grand"]  # the closure's order
+        states = {r: (await backend.get_run(r)).state for r in (*paused, "done", "shared")}
+        assert states == {
+            "root": RunState.PAUSED,
+            "busy": RunState.PAUSING,  # its call is in flight
+            "idle": RunState.PAUSED,
+            "grand": RunState.PAUSED,
+            "done": RunState.COMPLETED,
+            "shared": RunState.RUNNING,  # another owner holds it
+        }
+
+        def moves(events: list[EventRecord]) -> list[tuple[str, str | None, str | None]]:
+            return [(e.kind, e.from_state, e.to_state) for e in events if e.op_id is None]
+
+        assert moves(await backend.events("idle"))[-2:] == [
+            ("pause", "running", "pausing"),
+            ("paused", "pausing", "paused"),
+        ]
+        assert moves(await backend.events("busy"))[-1] == ("pause", "running", "pausing")
+        pause = [e for e in await backend.events("grand") if e.kind == "pause"]
+        assert unmarked(pause[0].data) == {"by": "u", "reason": "lunch"}
+
+        root, expired = await backend.resume("root", by="u2")
+        assert root.state is RunState.RUNNING and expired == ["ap1"]
+        for rid, was in (("root", "paused"), ("busy", "pausing"), ("grand", "paused")):
+            run = await backend.get_run(rid)
+            assert run.state is RunState.RUNNING and run.grants & Grant.INITIATE
+            (resume,) = [e for e in await backend.events(rid) if e.kind == "resume"]
+            assert (resume.from_state, resume.to_state) == (was, "running")
+            named = ["ap1"] if rid == "grand" else []
+            assert unmarked(resume.data) == {"by": "u2", "expired_approvals": named}
+        assert (await backend.get_run("done")).state is RunState.COMPLETED
+        assert (await backend.approvals("grand"))[0].status is ApprovalStatus.EXPIRED
+
+    async def test_children_race_the_tree_pause(self, backend: Backend) -> None:
+        """Gates of a tree's runs racing its pause: each lands before the pause (and its
+        run is left pausing while the call is in flight) or after it (refused, nothing
+        recorded); a run paused at once has nothing in flight."""
+        await _gates_racing(backend, functools.partial(backend.pause, "root", by="u"))
+        for n in range(5):
+            events = await backend.events(f"c{n}")
+            pause = next(e.seq for e in events if e.kind == "pause")
+            passed = [e.seq for e in events if e.kind == "gate_passed"]
+            assert all(seq < pause for seq in passed)
+            state = (await backend.get_run(f"c{n}")).state
+            assert state is (RunState.PAUSING if passed else RunState.PAUSED)
+
+
+async def _gates_racing(backend: Backend, stop: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    """A root with five children, each dispatching 20 calls, and ``stop`` of the root
+    started among them (after the eleventh round)."""
+    await backend.create_run(run_spec("root"))
+    for n in range(5):
+        await backend.create_run(run_spec(f"c{n}", parent_id="root"))
+
+    async def dispatch(n: int, i: int) -> None:
+        await backend.gate(op_spec(f"c{n}/{i}", f"c{n}"))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            for n in range(5):
+                tg.start_soon(dispatch, n, i)
+            if i == 10:
+                tg.start_soon(stop)

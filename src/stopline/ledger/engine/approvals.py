@@ -74,7 +74,7 @@ async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
     """R10: a checkpoint is evidenced only when every operation before it is settled."""
     async with db.transaction():
         await load_run(db, run_id, lock=db.dialect.for_update)  # one checkpoint sequence per run
-        unsettled = await first_unsettled(db, run_id)
+        unsettled = await first_unsettled(db, [run_id])
         if unsettled is not None:
             raise NotPermitted(
                 f"checkpoint {name!r}: operation {unsettled[0]!r} is {unsettled[1]}, not resolved"

@@ -264,32 +264,61 @@ async def _tree(db: Db, run_id: str, by: str, reason: str) -> CancelResult:
 
 
 async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
-    """running -> pausing for the run and what it owns exclusively; paused at once if idle."""
+    """running -> pausing for the run and what it owns exclusively; paused at once if idle.
+
+    Set-based, as a cancel's fence: the closure read level by level (each level locked
+    before its children are read), then the tree's rows locked, its events and its
+    state change in one batch, whatever its size (per run, a 10,000-run tree took
+    0.6 s on SQLite, and on PostgreSQL a round trip per statement: 1.3 s at 1,000)."""
     reason = sanitise(reason)
     async with db.transaction():
         root = await load_run(db, run_id, lock=db.dialect.for_update)
         if root.state in PAUSE_STATES:  # idempotent, as a cancel is: a retry finds it done
             return []
         apply(RUN_TABLE, root.state, RunEvent.PAUSE)
-        now = time.time()
         subtree, frontier = [run_id], [run_id]
         while frontier:
             frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
             subtree.extend(frontier)
-        paused = []
-        for rid in subtree:
-            run = await load_run(db, rid)
-            if run.state is not RunState.RUNNING:
-                continue
-            target = apply(RUN_TABLE, run.state, RunEvent.PAUSE)
-            await db.run(
-                "UPDATE runs SET state = ?, updated_at = ? WHERE id = ?", (target, now, rid)
-            )
-            data = {"by": by, "reason": reason}
-            await db.run(*event_statement(now, rid, None, RunEvent.PAUSE, run.state, target, data))
-            await settle_pause(db, rid)
-            paused.append(rid)
-        return paused
+        changed = {r for (r,) in (await db.batch(_pause(db.dialect, subtree, by, reason)))[-1]}
+        return [rid for rid in subtree if rid in changed]  # in the closure's order
+
+
+_PAUSING = apply(RUN_TABLE, RunState.RUNNING, RunEvent.PAUSE)
+_PAUSED = apply(RUN_TABLE, _PAUSING, RunEvent.PAUSED)
+
+
+def _pause(dialect: Dialect, runs: list[str], by: str, reason: str) -> list[tuple[str, Params]]:
+    """The statements pausing those of ``runs`` running: their rows locked (a gate of
+    theirs takes its run's row: it lands before, or waits and sees the pause), each
+    one's ``pause`` event, then ``paused`` for each with nothing in flight, and the
+    runs moved (pausing, or paused if idle), returning their ids. Events first, each
+    statement of its own: a run's two events keep their order."""
+    ids, params = dialect.in_list("id", runs)
+    running = f"{ids} AND {dialect.unindexed('state')} = ?"
+    idle = (
+        "NOT EXISTS (SELECT 1 FROM operations AS o WHERE o.run_id = runs.id"
+        f" AND o.status IN ({sql_values(IN_FLIGHT)}))"
+    )
+    now, text, data = time.time(), dialect.text, rows.dump_data({"by": by, "reason": reason})
+    texts = ", ".join([text("?")] * 4)  # the kind, the states from and to, the data
+    log = f"{rows.EVENT_INTO} SELECT ?, id, NULL, {texts}"
+    return [
+        (f"SELECT id FROM runs WHERE {ids} ORDER BY id{dialect.for_update}", params),
+        (
+            f"{log} FROM runs WHERE {running}",
+            (now, RunEvent.PAUSE, RunState.RUNNING, _PAUSING, data, *params, RunState.RUNNING),
+        ),
+        (
+            f"{log} FROM runs WHERE {running} AND {idle}",
+            (now, RunEvent.PAUSED, _PAUSING, _PAUSED, "{}", *params, RunState.RUNNING),
+        ),
+        (
+            f"UPDATE runs SET state = CASE WHEN {idle} THEN ? ELSE ? END, updated_at = ?"
+            f" WHERE {running} RETURNING id",
+            (_PAUSED, _PAUSING, now, *params, RunState.RUNNING),
+        ),
+    ]
 
 
 async def settle_pause(db: Db, run_id: str) -> RunRecord:
@@ -316,60 +345,94 @@ async def settle_pause(db: Db, run_id: str) -> RunRecord:
 
 # the states a resume moves (the run table's): the rest of a tree must be there or done
 RESUMABLE = frozenset(state for state, event in RUN_TABLE if event is RunEvent.RESUME)
+# where each goes (one state: the runs of a tree move in one statement)
+(_RESUMED,) = {apply(RUN_TABLE, state, RunEvent.RESUME) for state in RESUMABLE}
 
 
 async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
     """paused/pausing/cancelled -> running, for the run and what it owns exclusively (the
     tree its pause or cancel stopped: a child left paused waited for ever); R10: a
-    cancelled run of it only when every one of its operations is settled."""
+    cancelled run of it only when every one of its operations is settled.
+
+    Set-based past the closure (read level by level, as a pause's): the tree's rows
+    read and locked in one statement, R10's check in one, the moves in one batch."""
     async with db.transaction():
         run = await load_run(db, run_id, lock=db.dialect.for_update)
         if run.state in NOTHING_TO_RESUME:
             return run, []  # running already, or ended on its own: like a second cancel, a no-op
         apply(RUN_TABLE, run.state, RunEvent.RESUME)
-        subtree, frontier = [run], [run_id]
+        ids, frontier = [run_id], [run_id]
         while frontier:
             frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
-            subtree += [await load_run(db, rid, lock=db.dialect.for_update) for rid in frontier]
+            ids.extend(frontier)
+        subtree = [(run_id, run.state), *await _locked(db, ids[1:])]
         if run.state in PAUSE_STATES:  # its pause stopped only runs that were running
-            stopped = [run, *(r for r in subtree[1:] if r.state in PAUSE_STATES)]
+            stopped = [subtree[0], *(r for r in subtree[1:] if r[1] in PAUSE_STATES)]
         else:  # its cancel: the tree (a child cancelled before it too, ADR 0053)
-            stopped = [r for r in subtree if r.state not in NOTHING_TO_RESUME]
-        for r in stopped:
-            if r.state not in RESUMABLE:  # a run of it still settling, or in review
+            stopped = [r for r in subtree if r[1] not in NOTHING_TO_RESUME]
+        for rid, state in stopped:
+            if state not in RESUMABLE:  # a run of it still settling, or in review
                 raise NotPermitted(
-                    f"run {run_id!r} cannot resume: the run {r.id!r} it owns is "
-                    f"{r.state.value} (let it settle, or resolve its review, first)"
+                    f"run {run_id!r} cannot resume: the run {rid!r} it owns is "
+                    f"{state.value} (let it settle, or resolve its review, first)"
                 )
-        for r in subtree if run.state is RunState.CANCELLED else []:  # R10, over the tree
-            open_op = await first_unsettled(db, r.id)
-            if open_op is not None:
-                raise NotPermitted(
-                    f"run {run_id!r} cannot resume: operation {open_op[0]!r} is not resolved "
-                    "(verify or review it first)"
-                )
-        now = time.time()
-        expired: list[str] = []
-        for r in stopped:
-            expired += await _resume_one(db, r, by, now)
+        open_op = await first_unsettled(db, ids) if run.state is RunState.CANCELLED else None
+        if open_op is not None:  # R10, over the tree
+            raise NotPermitted(
+                f"run {run_id!r} cannot resume: operation {open_op[0]!r} is not resolved "
+                "(verify or review it first)"
+            )
+        expired = await _resume(db, stopped, by)
         return await load_run(db, run_id), expired
 
 
-async def _resume_one(db: Db, run: RunRecord, by: str, now: float) -> list[str]:
-    """One run of a resumed tree back to running; the approvals that expired meanwhile."""
-    target = apply(RUN_TABLE, run.state, RunEvent.RESUME)
-    expired = [
-        r[0]
-        for r in await db.all(
-            "UPDATE approvals SET status = ? WHERE run_id = ? AND status = ?"
-            " AND expires_at IS NOT NULL AND expires_at <= ? RETURNING id",
-            (ApprovalStatus.EXPIRED, run.id, ApprovalStatus.GRANTED, now),
-        )
-    ]
-    await db.run(
-        "UPDATE runs SET state = ?, grants = grants | ?, updated_at = ? WHERE id = ?",
-        (target, int(Grant.INITIATE), now, run.id),
+async def _locked(db: Db, run_ids: list[str]) -> list[tuple[str, RunState]]:
+    """The states of the runs of ``run_ids``, locked, in that order, in one statement."""
+    if not run_ids:
+        return []
+    which, params = db.dialect.in_list("id", run_ids)
+    sql = f"SELECT id, state FROM runs WHERE {which} ORDER BY id{db.dialect.for_update}"
+    found = {rid: RunState(state) for rid, state in await db.all(sql, params)}
+    return [(r, found[r]) for r in run_ids if r in found]
+
+
+async def _resume(db: Db, runs: list[tuple[str, RunState]], by: str) -> list[str]:
+    """The runs of a resumed tree back to running, their granted approvals that expired
+    meanwhile expired (returned): the approvals first, then each run's event (naming
+    them: one statement for the runs with none) and the runs moved, in one batch."""
+    now, dialect = time.time(), db.dialect
+    which, params = dialect.in_list("run_id", [rid for rid, _ in runs])
+    found = await db.all(
+        "UPDATE approvals SET status = ? WHERE "
+        f"{which} AND status = ? AND expires_at IS NOT NULL AND expires_at <= ?"
+        " RETURNING run_id, id",
+        (ApprovalStatus.EXPIRED, *params, ApprovalStatus.GRANTED, now),
     )
-    data = {"by": by, "expired_approvals": expired}
-    await db.run(*event_statement(now, run.id, None, RunEvent.RESUME, run.state, target, data))
-    return expired
+    expired: dict[str, list[str]] = {}
+    for rid, approval in sorted(found):
+        expired.setdefault(rid, []).append(approval)
+    events = [
+        event_statement(
+            now, rid, None, RunEvent.RESUME, state, _RESUMED, {"by": by, "expired_approvals": ex}
+        )
+        for rid, state in runs
+        if (ex := expired.get(rid))
+    ]
+    plain = [rid for rid, _ in runs if rid not in expired]
+    if plain:
+        ids, params = dialect.in_list("id", plain)
+        t = dialect.text("?")  # the kind, the state to, the data; the state from is read
+        data = rows.dump_data({"by": by, "expired_approvals": []})
+        events.append(
+            (
+                f"{rows.EVENT_INTO} SELECT ?, id, NULL, {t}, state, {t}, {t} FROM runs WHERE {ids}",
+                (now, RunEvent.RESUME, _RESUMED, data, *params),
+            )
+        )
+    ids, params = dialect.in_list("id", [rid for rid, _ in runs])
+    move = (
+        f"UPDATE runs SET state = ?, grants = grants | ?, updated_at = ? WHERE {ids}",
+        (_RESUMED, int(Grant.INITIATE), now, *params),
+    )
+    await db.batch([*events, move])
+    return [a for rid, _ in runs for a in expired.get(rid, [])]

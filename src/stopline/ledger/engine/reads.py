@@ -390,12 +390,14 @@ async def unresolved(
     return [rows.op_from_row(r) for r in await db.all(sql, (*params, limit))]
 
 
-async def first_unsettled(db: Db, run_id: str) -> tuple[str, str] | None:
-    """The run's oldest operation not yet settled, as ``(id, status)``: R10 needs none."""
+async def first_unsettled(db: Db, run_ids: Sequence[str]) -> tuple[str, str] | None:
+    """The oldest operation of the runs not yet settled, as ``(id, status)``: R10 needs
+    none (a checkpoint of a run, a resume of a tree)."""
+    which, params = db.dialect.in_list("run_id", run_ids)
     row = await db.one(
-        "SELECT id, status FROM operations WHERE run_id = ?"
+        f"SELECT id, status FROM operations WHERE {which}"
         f" AND status NOT IN ({sql_values(SETTLED)}) ORDER BY created_at, id LIMIT 1",
-        (run_id,),
+        params,
     )
     return None if row is None else (row[0], row[1])
 
