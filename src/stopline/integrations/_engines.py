@@ -50,6 +50,7 @@ __all__ = [
     "call_context",
     "cancel_collecting",
     "find_run",
+    "resumed_after_cancel",
 ]
 
 R = TypeVar("R")
@@ -72,6 +73,11 @@ _LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
 _CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "stopline_engine_call", default=None
 )
+
+
+def resumed_after_cancel(run: RunRecord) -> bool:
+    """Whether the run was cancelled and resumed since: it holds ``initiate`` again."""
+    return run.cancelled_at is not None and run.state in _LIVE
 
 
 async def find_run(ledger: Ledger, run_id: str) -> RunRecord | None:
@@ -142,8 +148,9 @@ class EngineGate:
         for t in tools:
             ledger.register_tool(t)
         self._records: dict[str, RunRecord] = {}  # the runs of workflows still going
-        # runs this process has seen fenced (the latest ones): a completion after that is
-        # late evidence; ``is_fenced`` falls back to the ledger for the others
+        # runs this process has seen fenced (the latest ones): a hint only, which
+        # ``is_fenced`` confirms in the ledger, since a resume (in any process) lifts
+        # the fence without telling this one; a resumed run leaves it there
         self.fenced: dict[str, None] = {}
         # the engine's id of each run whose id is not it (derived: ``fitted``, ADR 0050)
         self.engine_ids: dict[str, str] = {}
@@ -250,12 +257,13 @@ class EngineGate:
         return await self.ledger.cancel(run_id, by=self.principal, reason=reason)
 
     async def is_fenced(self, run_id: str) -> bool:
-        """Whether the run was cancelled (not merely ended: a workflow may complete
-        while the engine's cancel of one of its calls is on its way)."""
-        if run_id in self.fenced:
-            return True
+        """Whether the run is cancelled now (not merely ended: a workflow may complete
+        while the engine's cancel of one of its calls is on its way; not resumed since:
+        a resumed run holds ``initiate`` again). Read from the ledger every time: a
+        fence this process saw may have been lifted by a resume in another."""
         run = await self.ledger.backend.get_run(run_id)
-        if run.cancelled_at is None or run.state in _LIVE:  # never cancelled, or resumed
+        if run.cancelled_at is None or resumed_after_cancel(run):
+            self.fenced.pop(run_id, None)
             return False
         self._saw_fence([run_id])
         return True
@@ -293,7 +301,9 @@ class EngineGate:
             if task.done():
                 raise
             result = await self._cancelled(run, task, policy, cut, why)
-        if sent and run_id in self.fenced:  # R4: kept, attached to its operation, nothing restarted
+        # R4: kept, attached to its operation, nothing restarted (a run resumed since
+        # it was fenced is live again: its calls are no late answers)
+        if sent and run_id in self.fenced and await self.is_fenced(run_id):
             await self.ledger.late_response(
                 f"{run_id}/{key}", Verdict.COMMITTED, result=result, detail="after the cancel"
             )

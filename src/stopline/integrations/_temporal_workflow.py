@@ -25,6 +25,7 @@ continue-as-new the run it goes on with.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -44,6 +45,7 @@ from temporalio.worker import (
 __all__ = [
     "CANCELLATION_HEADER",
     "END_RUN",
+    "EXECUTION_HEADER",
     "FENCE_RUN",
     "OPEN_RUN",
     "RUN_HEADER",
@@ -57,6 +59,9 @@ END_RUN = "stopline.end_run"
 CANCELLATION_HEADER = "stopline-cancellation-type"
 SHARED_HEADER = "stopline-shared"
 RUN_HEADER = "stopline-run"  # the stopline run an activity, child or continuation belongs to
+# the execution an activity's key names: its workflow's own, or the cancelled one a re-entry
+# after a resume goes on with (ADR 0056)
+EXECUTION_HEADER = "stopline-execution"
 # a ledger write that cannot succeed fails at once (the worker side makes it non-retryable)
 _LEDGER_TIMEOUT = timedelta(seconds=30)
 
@@ -96,9 +101,14 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
         outbound = self._outbound
 
         async def opened_then_run() -> Any:
-            run_id = await _ledger(OPEN_RUN, *execution)
-            # a history recorded before open_run answered: the run was the workflow id's
-            outbound.run_id = run_id if isinstance(run_id, str) else info.workflow_id
+            opened = await _ledger(OPEN_RUN, *execution)
+            # a history recorded before open_run answered: the run was the workflow id's;
+            # before it answered with the execution the keys name: this one
+            if isinstance(opened, list) and len(opened) == 2:
+                outbound.run_id, outbound.keyed_by = (str(part) for part in opened)
+            else:
+                outbound.run_id = opened if isinstance(opened, str) else info.workflow_id
+                outbound.keyed_by = info.run_id
             return await self.next.execute_workflow(input)
 
         main = asyncio.ensure_future(opened_then_run())
@@ -128,20 +138,28 @@ class _Outbound(WorkflowOutboundInterceptor):
     ownership and parent run, and a continuation's run."""
 
     run_id = ""  # the workflow's stopline run, once open_run has answered
+    keyed_by = ""  # the execution its activities' keys name, from the same answer
 
     def _with_run(self, headers: dict[str, Payload]) -> dict[str, Payload]:
         if self.run_id:
             headers[RUN_HEADER] = workflow.payload_converter().to_payload(self.run_id)
         return headers
 
+    def _activity_headers(
+        self, headers: Mapping[str, Payload], cancellation: str
+    ) -> dict[str, Payload]:
+        convert = workflow.payload_converter().to_payload
+        headers = self._with_run({**headers, CANCELLATION_HEADER: convert(cancellation)})
+        if self.keyed_by:
+            headers[EXECUTION_HEADER] = convert(self.keyed_by)
+        return headers
+
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
-        payload = workflow.payload_converter().to_payload(input.cancellation_type.name)
-        input.headers = self._with_run({**input.headers, CANCELLATION_HEADER: payload})
+        input.headers = self._activity_headers(input.headers, input.cancellation_type.name)
         return self.next.start_activity(input)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
-        payload = workflow.payload_converter().to_payload(input.cancellation_type.name)
-        input.headers = self._with_run({**input.headers, CANCELLATION_HEADER: payload})
+        input.headers = self._activity_headers(input.headers, input.cancellation_type.name)
         return self.next.start_local_activity(input)
 
     async def start_child_workflow(

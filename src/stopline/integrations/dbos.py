@@ -26,9 +26,10 @@ What it promises:
   none is re-sent blind. DBOS retries (``retries_allowed``) pass the gate
   again, and are refused after the fence.
 - **Both cancels.** ``DBOS.cancel_workflow`` fences the run when the workflow
-  next reaches DBOS's own check (before a step, or through a preemptible
-  step's watcher); a stopline cancel (API, CLI, console) cancels the DBOS
-  workflow and the child workflows the run owns exclusively, never a shared one.
+  next reaches DBOS's own check (before a step, through a preemptible
+  step's watcher, or as a step DBOS does not preempt ends); a stopline
+  cancel (API, CLI, console) cancels the DBOS workflow and the child
+  workflows the run owns exclusively, never a shared one.
 - **Policies.** DBOS never interrupts a running step unless it is declared
   ``preemptible``; then the step's ``policy`` decides: ``immediate`` (the
   default) cuts the call and records it ``unknown`` until evidence (R3);
@@ -52,7 +53,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from dbos import DBOS
 from dbos._context import get_local_dbos_context
-from dbos._error import DBOSWorkflowCancelledError
+from dbos._error import DBOSWorkflowCancelledError, DBOSWorkflowConflictIDError
 from dbos._sys_db import WorkflowStatusString
 
 from stopline.domain.receipt import Receipt
@@ -210,6 +211,13 @@ class StoplineDBOS:
                 except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
                     await gate.fence(run_id, "DBOS.cancel_workflow")
                     raise
+                except DBOSWorkflowConflictIDError:
+                    # this execution lost the workflow: DBOS.cancel_workflow during a step
+                    # it does not preempt (seen when the step's result is written), or a
+                    # hand-off (resume, recovery) whose new owner goes on with the run
+                    if await _cancelled_in_dbos(run_id):
+                        await gate.fence(run_id, "DBOS.cancel_workflow")
+                    raise
                 except Exception as exc:
                     await gate.end_run(run_id, exc)
                     raise
@@ -224,6 +232,11 @@ class StoplineDBOS:
 async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
     """DBOS cancels only the workflow named: its children go by stopline's ownership."""
     await _outside_workflow(DBOS.cancel_workflow_async(workflow_id))
+
+
+async def _cancelled_in_dbos(workflow_id: str) -> bool:
+    status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
+    return status is not None and str(status.status) == WorkflowStatusString.CANCELLED.value
 
 
 async def _outside_workflow(call: Coroutine[Any, Any, R]) -> R:

@@ -11,8 +11,9 @@ The plugin adds an interceptor and three local activities (see
   retries (at-least-once) reach the same operation. A committed one returns
   its recorded result; one in doubt (``unknown``) is read back through the
   tool's verifier first and re-sent only if that proves it never happened
-  (R5); one whose outcome nobody can prove fails the activity without a retry
-  (``OperationInDoubt``) and waits in review. A retry after the fence is
+  (R5); a re-entry after a resume reaches the cancelled execution's operations
+  (ADR 0056); one whose outcome nobody can prove fails the activity without a
+  retry (``OperationInDoubt``) and waits in review. A retry after the fence is
   refused at the gate (``RunFenced``, not retryable).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
   run before the workflow's code hears of it; a stopline cancel (API, CLI,
@@ -55,6 +56,7 @@ from temporalio.worker import (
 from temporalio.workflow import ActivityCancellationType
 
 from stopline.domain.limits import check_wait, fitted
+from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cause, OpStatus, Policy
 from stopline.errors import (
@@ -74,10 +76,12 @@ from stopline.integrations._engines import (
     call_context,
     cancel_collecting,
     find_run,
+    resumed_after_cancel,
 )
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
+    EXECUTION_HEADER,
     FENCE_RUN,
     OPEN_RUN,
     RUN_HEADER,
@@ -142,22 +146,44 @@ async def _execution_run(
     parent_id: str | None = None,
     shared: bool = False,
     carried: str = "",
-) -> str:
-    """The run a workflow execution opens (ADR 0050): the run a continue-as-new goes on
-    with; else the workflow id's run unless it ended on its own (completed, failed),
-    which nothing reopens: then a run of this execution's own. A cancelled one is
-    kept: its fence refuses every later execution of the id (ADR 0024)."""
+) -> tuple[str, str]:
+    """The run a workflow execution opens (ADR 0050), and the execution its activities'
+    keys name (ADR 0056). The run: the run a continue-as-new goes on with; else the
+    workflow id's run unless it ended on its own (completed, failed), which nothing
+    reopens: then a run of this execution's own. A cancelled one is kept: its fence
+    refuses every later execution of the id (ADR 0024) until it is resumed."""
     if carried:
         record = await find_run(gate.ledger, carried)
         if record is not None and record.state not in ENDED_ON_ITS_OWN:
-            return carried
+            return carried, execution
     run_id = run_id_of(workflow_id)
     record = await find_run(gate.ledger, run_id)
     if record is not None and record.state in ENDED_ON_ITS_OWN:
         run_id = run_id_of(workflow_id, execution)
-    await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
+    opened = await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
     gate.remember_engine_id(run_id, workflow_id)
-    return run_id
+    return run_id, await _keyed_by(gate, opened, execution)
+
+
+async def _keyed_by(gate: EngineGate, run: RunRecord, execution: str) -> str:
+    """The execution an execution's activity keys name (ADR 0056): its own, except
+    when it re-enters a run resumed after a cancel: then that of the run's latest
+    operation, so that the re-entry reaches the operations of the execution that was
+    cancelled (a completed one returned from the ledger, one that never happened
+    sent), as the receipt's recovery line says."""
+    run = await gate.ledger.backend.get_run(run.id)  # a process's copy may predate the resume
+    if not resumed_after_cancel(run):
+        return execution
+    prefix = f"{run.id}/"
+    ops = [
+        op
+        for op in await gate.ledger.backend.operations(run.id)
+        if op.compensates is None and op.id.startswith(prefix) and ":" in op.id[len(prefix) :]
+    ]
+    if not ops:
+        return execution
+    latest = max(ops, key=lambda op: op.created_at)
+    return latest.id[len(prefix) :].split(":", 1)[0]
 
 
 @contextlib.contextmanager
@@ -272,12 +298,13 @@ class StoplinePlugin(SimplePlugin):
             parent_workflow: str,
             shared: bool,
             carried: str,
-        ) -> str:
-            """The execution's run (``_execution_run``); its parent's run is the header's,
-            else (a parent started before the header) its workflow id's."""
+        ) -> list[str]:
+            """The execution's run and the execution its keys name (``_execution_run``);
+            its parent's run is the header's, else (a parent started before the
+            header) its workflow id's."""
             with _failing_for_good():
                 parent_id = parent_run or (run_id_of(parent_workflow) if parent_workflow else None)
-                return await _execution_run(
+                run_id, keyed_by = await _execution_run(
                     gate,
                     workflow_id,
                     execution,
@@ -286,6 +313,7 @@ class StoplinePlugin(SimplePlugin):
                     shared=shared,
                     carried=carried,
                 )
+                return [run_id, keyed_by]
 
         @activity.defn(name=FENCE_RUN)
         async def fence_run(
@@ -298,7 +326,7 @@ class StoplinePlugin(SimplePlugin):
             carried: str,
             reason: str,
         ) -> None:
-            run_id = await open_run(
+            run_id, _ = await open_run(
                 workflow_id, execution, workflow, parent_run, parent_workflow, shared, carried
             )
             with _failing_for_good():
@@ -353,7 +381,7 @@ class _GatedActivity(ActivityInboundInterceptor):
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
-        key = f"{info.workflow_run_id or ''}:{fitted(info.activity_id, _ACTIVITY_ROOM)}"
+        key = f"{_keyed_by_header(input, info)}:{fitted(info.activity_id, _ACTIVITY_ROOM)}"
         try:
             async with self._heartbeats(run_id, info):
                 with _failing_for_good():
@@ -424,6 +452,15 @@ def _run_of(input: ExecuteActivityInput, info: activity.Info) -> str:
     if info.workflow_id:
         return run_id_of(info.workflow_id)
     return run_id_of(f"activity:{info.activity_id}")
+
+
+def _keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """The execution the activity's key names: its workflow's answer from ``open_run``
+    (the header), else (a workflow started before the header) its own."""
+    payload = input.headers.get(EXECUTION_HEADER)
+    if payload is not None:
+        return str(activity.payload_converter().from_payload(payload, str))
+    return info.workflow_run_id or ""
 
 
 def _why_cut() -> NoAnswer:
