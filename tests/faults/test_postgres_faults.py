@@ -19,7 +19,7 @@ from stopline.ledger.postgres import PostgresBackend
 from stopline.ledger.postgres_txn import Tx
 from stopline.testing import FakeProvider
 from tests.ledger.contract import COMMIT, op_spec, run_spec
-from tests.postgres.server import Outage, terminate
+from tests.postgres.server import Outage, server_url, terminate
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -444,3 +444,38 @@ async def test_a_page_of_receipts_is_read_again_after_its_connection_dies_and_ty
             outage.end()
         assert await ledger.receipts(["run_page"]) == expected
         assert await ledger.runs_with_receipts() == listed
+
+
+async def test_a_row_another_session_holds_fails_its_call_typed_and_other_runs_carry_on(
+    pg_url: str,
+) -> None:
+    """Another session holds a run's row (a stuck transaction, an operator's ``SELECT
+    ... FOR UPDATE``): the run's call waited for ever at the gate, and every run of the
+    process with it (their gates share the group commit). Now the call gets
+    ``LedgerLocked`` and sends nothing, and another run's call goes through while the
+    row is still held."""
+    from stopline.errors import LedgerLocked
+
+    sent: list[str] = []
+
+    @stopline.tool
+    async def send(ctx: stopline.CallContext, text: str) -> str:
+        sent.append(ctx.key)
+        return text
+
+    schema = pg_url.split("schema=")[1].split("&")[0]
+    async with (
+        stopline.open(pg_url + "&retry_for=1") as ledger,
+        ledger.run("a", owner="u", run_id="held") as held,
+        ledger.run("b", owner="u", run_id="free") as free,
+        await psycopg.AsyncConnection.connect(server_url()) as other,
+    ):
+        await other.execute(f'SET search_path = "{schema}"')
+        await other.execute("BEGIN")
+        await other.execute("SELECT id FROM runs WHERE id = 'held' FOR UPDATE")
+        with anyio.fail_after(25):  # a guard against the hang, not a timing
+            with pytest.raises(LedgerLocked):
+                await held.call(send, "one", key="one")
+            assert await free.call(send, "two", key="two") == "two"
+        await other.execute("ROLLBACK")
+    assert sent == ["free/two"]

@@ -124,7 +124,11 @@ class PostgresBackend(SqlBackend):
         self.dialect = PostgresDialect(None)  # its channel: the ledger's own, read at open
         self.conninfo = conninfo
         self.connect_kwargs: dict[str, Any] = {"autocommit": True}
-        options = [SESSION]
+        # a row another session holds (a stuck transaction, an operator's SELECT ... FOR
+        # UPDATE) fails the statement waiting for it, as ``LedgerLocked``, after
+        # ``retry_for`` (at least 1 s; 0 would be PostgreSQL's "for ever"): it waited for
+        # ever, and every run of the process behind it (one group commit)
+        options = [SESSION, f"-c lock_timeout={max(1000, round(retry_for * 1000))}"]
         if schema:
             options.append(f"-c search_path={schema}")
         if read_only:
