@@ -197,9 +197,12 @@ async def test_r5_a_verdict_given_as_its_string_is_that_verdict(ledger: stopline
         raise stopline.NoAnswer(stopline.Cause.TRANSPORT, "connection reset")
 
     tool = stopline.Tool(charge)
+    answered = anyio.Event()  # the late answer is recorded before any read-back of it
 
     @tool.verifier
     async def read(ctx: stopline.CallContext) -> Any:
+        if ctx.op_id.endswith("/late"):
+            await answered.wait()  # a background read-back raced it and won (no result)
         return "committed"
 
     async with ledger.run("job", owner="user:1", run_id="run-w") as run:
@@ -208,6 +211,7 @@ async def test_r5_a_verdict_given_as_its_string_is_that_verdict(ledger: stopline
                 await run.call(tool, key=key)
     assert (await ledger.verify("run-w/read")).status is OpStatus.COMMITTED
     late = await ledger.late_response("run-w/late", cast(Any, "committed"), result="ok")
+    answered.set()
     assert late.status is OpStatus.COMMITTED and late.result == "ok"
     with pytest.raises(InvalidInput, match="verdict"):
         await ledger.late_response("run-w/late", cast(Any, "yes"))

@@ -111,7 +111,12 @@ async def test_the_docs_reports_are_what_the_explorer_prints(anyio_backend: str)
         matrix = await explore(
             send_invoice, lambda: FakeProvider("mail"), actions=CORE_ACTIONS, out=None
         )
-    assert block.strip() in matrix.report()
+    # a log's numbers are the order things landed in: the broken gate's call races the
+    # cancelled run's own settle step, landing before it or after
+    def unnumbered(text: str) -> str:
+        return re.sub(r"\(seq \d+\)", "(seq N)", text)
+
+    assert unnumbered(block.strip()) in unnumbered(matrix.report())
     (table,) = re.findall(r"```\n(stopline explorer \(seed=0\).*?)```", text, flags=re.S)
     plain = await explore(
         send_invoice, lambda: FakeProvider("mail"), actions=CORE_ACTIONS, out=None
