@@ -166,15 +166,38 @@ async def test_s12_another_users_task_on_the_same_connector(ledger: stopline.Led
 
 
 async def test_s13_shared_background_work_goes_on(ledger: stopline.Ledger) -> None:
-    """A shared refresh serving two runs survives one owner's cancel; its ownership drops it."""
+    """A shared refresh serving two runs survives one owner's cancel; its ownership drops it.
+
+    The refresh runs in a task of its own, as background work does: a block inside the
+    cancelled owner's block is interrupted with it (its task is being cancelled), and
+    its next call is not sent."""
     refresh = FakeProvider("refresh", cancellable=Cancellable.NEVER)
+    opened, cancelled = anyio.Event(), anyio.Event()
+    owners: list[str] = []
+
+    async def owner_a() -> None:
+        async with ledger.run("a", owner="user:1") as a:
+            owners.append(a.id)
+            opened.set()
+            await anyio.sleep_forever()  # until its cancel interrupts it
+        cancelled.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(owner_a)
+        await opened.wait()
+        await shared_refresh(ledger, refresh, owners[0], cancelled)
+
+
+async def shared_refresh(
+    ledger: stopline.Ledger, refresh: FakeProvider, a_id: str, cancelled: anyio.Event
+) -> None:
     async with (
-        ledger.run("a", owner="user:1") as a,
         ledger.run("b", owner="user:1") as b,
-        a.child("refresh", shared=True) as shared,
+        ledger.run("refresh", owner="user:1", parent_id=a_id, shared=True) as shared,
     ):
         await ledger.share(shared.id, with_owner=b.id)
-        await ledger.cancel(a.id, by="user:1")
+        await ledger.cancel(a_id, by="user:1")
+        await cancelled.wait()  # a's block was interrupted
         assert (await ledger.backend.get_run(shared.id)).state is RunState.RUNNING
         await shared.call(refresh.tool, "cache")  # still dispatches for b
         events = await ledger.backend.events(shared.id)

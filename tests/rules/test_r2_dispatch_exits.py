@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, cast
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import stopline
@@ -226,3 +227,33 @@ async def test_r4_a_late_result_that_is_not_json_is_committed_without_it(
     assert op.result_not_kept is not None and "set is not JSON" in op.result_not_kept
     with pytest.raises(NotReplayable, match="set is not JSON"):
         await ledger.dispatch("run-late", tool, key="k")
+
+
+async def test_r2_a_callers_cancel_due_at_the_gate_sends_nothing_and_says_so(
+    ledger: stopline.Ledger,
+) -> None:
+    """The caller's own cancel (a deadline, a cancelled scope) came due while the gate
+    recorded the intent (a wait the gate shields): the tool was started anyway, and its
+    first await took the cancel, so a call that had been sent was "unknown" and went to
+    human review (a tool that never awaits ran to its end and the caller never heard of
+    its cancel). Now nothing is sent, and the call is recorded as not happened."""
+    sent: list[str] = []
+
+    @stopline.tool
+    async def send(ctx: stopline.CallContext, text: str) -> str:
+        sent.append(text)
+        await anyio.lowlevel.checkpoint()
+        return text
+
+    async with ledger.run("job", owner="user:1", run_id="run-caller") as run:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await run.call(send, "x", key="cut")
+        assert scope.cancelled_caught
+        assert await run.call(send, "y", key="after") == "y"  # the run goes on
+    receipt = await ledger.wait_settled("run-caller", timeout=10)
+    assert sent == ["y"]
+    (cut,) = [line for line in receipt.lines if line.op_id == "run-caller/cut"]
+    assert cut.status is OpStatus.NOT_COMMITTED
+    assert "not_dispatched" in [e.ref for e in cut.evidence]
+    assert receipt.headline is stopline.Headline.COMPLETED

@@ -8,6 +8,7 @@ import urllib.parse
 from pathlib import Path
 
 from stopline.errors import LedgerCorrupt, LedgerUnavailable
+from stopline.ledger._redeliver import surface_rearmed
 from stopline.ledger.backend import Backend
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "redact",
     "resolve_url",
     "seconds_option",
+    "surface_rearmed",
     "tables_gone",
     "url_options",
     "whole_option",

@@ -51,6 +51,8 @@ REARMED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 async def surface_rearmed() -> None:
+    if not REARMED:  # none asked for again (always so off asyncio: no loop to ask)
+        return
     task = asyncio.current_task()
     if task is not None and task in REARMED:
         REARMED.discard(task)

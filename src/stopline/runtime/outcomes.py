@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from stopline.domain.model import (
@@ -31,6 +32,7 @@ from stopline.domain.model import (
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
+from stopline.ledger import surface_rearmed
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
@@ -85,6 +87,29 @@ class Outcomes:
             op = await self._repeated(op_id, update)
         self.after_change(op)
         return op
+
+    async def not_sent(self, op_id: str, *, by_run: bool) -> None:
+        """A call whose intent is recorded and that was never sent: its run's cancel
+        (``by_run``) or its caller's own landed between the gate and the first byte. It
+        did not happen: recorded so, shielded (a cancelled caller records it too)."""
+        why = "cancelled before sending" if by_run else "its caller cancelled it before sending"
+        evidence = [Evidence.local("not_dispatched", why)]
+        cause = Cause.USER_CANCEL if by_run else Cause.LOCAL_ERROR
+        with anyio.CancelScope(shield=True):
+            await self.resolve(op_id, OutcomeUpdate(OpEvent.NOT_SENT, evidence, cause=cause))
+
+    async def unless_cancelled(self, op_id: str) -> None:
+        """Before a call's first byte: its caller's cancel (a deadline, a task cancel) that
+        came due while the gate recorded the intent (a wait the gate shields) is raised
+        here, the call recorded as not sent; it was raised at the tool's first await, the
+        call recorded as interrupted (``unknown``), or not at all in a tool that never
+        awaits, which then ran to its end."""
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            await surface_rearmed()  # asyncio's own, held back by the writer, asked again
+        except anyio.get_cancelled_exc_class():
+            await self.not_sent(op_id, by_run=False)
+            raise
 
     async def verdict(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """``resolve`` for what a read-back proved: the verdicts found at one moment (a

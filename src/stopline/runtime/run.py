@@ -303,12 +303,10 @@ class Run:
                 raise await self._fence(op.id)
             return self._replay(op)  # type: ignore[no-any-return]
         ctx = CallContext(self._core, self.id, spec.id, t)  # type: ignore[arg-type]
-        if self.cancel_requested:
-            # the cancel landed between our gate and our first byte: nothing left
-            not_sent = Evidence.local("not_dispatched", "cancelled before sending")
-            update = OutcomeUpdate(OpEvent.NOT_SENT, [not_sent], cause=Cause.USER_CANCEL)
-            await self._core.outcomes.resolve(spec.id, update)
+        if self.cancel_requested:  # the cancel landed between our gate and our first byte
+            await self._core.outcomes.not_sent(spec.id, by_run=True)
             raise await self._fence(spec.id)
+        await self._core.outcomes.unless_cancelled(spec.id)  # its caller's, likewise
         self._inflight[spec.id] = ctx
         inside = _CALLING.set(_CALLING.get() | {spec.id})
         try:
