@@ -308,6 +308,13 @@ class RunControl(abc.ABC):
         """
         task_status.started()
 
+    async def cancel_watch_ended(self) -> None:
+        """Until ``watch_cancels`` stops for good, then raise why: an error no wait can
+        clear (the ledger corrupt, its file deleted). The runtime awaits it behind its
+        error boundary, so the worker shows degraded at once (``health.broken``), not
+        when another step next meets the error. The default: the watch never stops."""
+        await anyio.sleep_forever()
+
 
 class Queries(abc.ABC):
     """Reads: one transaction each, never a write."""

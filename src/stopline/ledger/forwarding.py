@@ -176,6 +176,9 @@ class ForwardingBackend(Backend):
     ) -> None:
         await self.inner.watch_cancels(on_cancel, holding=holding, task_status=task_status)
 
+    async def cancel_watch_ended(self) -> None:
+        await self.inner.cancel_watch_ended()
+
     # -- Queries ---------------------------------------------------------------------
     async def get_run(self, run_id: str) -> RunRecord:
         return await self.inner.get_run(run_id)

@@ -26,6 +26,7 @@ import anyio.abc
 from stopline.domain.model import OperationRecord
 from stopline.errors import (
     LedgerError,
+    LedgerIOError,
     LedgerReadOnly,
     LedgerUnavailable,
     SchemaTooNew,
@@ -44,8 +45,8 @@ from stopline.ledger.schema import (
     check_readable,
     refuse_foreign,
 )
-from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error
-from stopline.ledger.sqlite_watch import POLL_INTERVAL, CancelWatch
+from stopline.ledger.sqlite_errors import OS_ERRORS, sqlite_error, unwritable
+from stopline.ledger.sqlite_watch import POLL_INTERVAL, CancelWatch, LedgerFiles
 
 __all__ = ["SQLiteBackend", "SQLiteDb"]
 
@@ -107,9 +108,16 @@ class SQLiteBackend(SqlBackend):
             begin=begin,
             linger=group_commit,
         )
+        # the files this process writes to: one deleted or replaced under it fails every
+        # later transaction closed (ADR 0057); a reader writes nothing and checks nothing
+        self.files = None if read_only else LedgerFiles(self.path, self.location)
         # cancels committed by other processes on this file, noticed by polling every
         # ``cancel_poll`` s; 0: not watched, they reach this process at its next gate
-        self.watch = CancelWatch(self.path, busy_timeout, cancel_poll) if cancel_poll else None
+        self.watch = (
+            CancelWatch(self.path, busy_timeout, cancel_poll, files=self.files)
+            if cancel_poll
+            else None
+        )
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **options: Any) -> SQLiteBackend:
@@ -123,6 +131,8 @@ class SQLiteBackend(SqlBackend):
             raise LedgerUnavailable(self.location, f"directory {self.path.parent} does not exist")
         if self.read_only and not self.path.is_file():
             raise LedgerUnavailable(self.location, "no ledger file there")
+        if self.files is not None:  # a new connection (a failed rollback's): never a new file
+            self.files.confirm()
         target = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode=ro"
         try:
             conn = sqlite3.connect(
@@ -146,6 +156,8 @@ class SQLiteBackend(SqlBackend):
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             self._when_unlocked(lambda: self._migrate(conn))
+            if self.files is not None:  # the files this connection opened, -wal and -shm too
+                self.files.remember()
         except BaseException as exc:
             conn.close()
             raise self._map_error(exc) from exc
@@ -208,6 +220,12 @@ class SQLiteBackend(SqlBackend):
                 err = LedgerReadOnly(
                     self.location, f"{exc}: directory {self.path.parent} is read-only"
                 )
+            elif type(err) is LedgerIOError and (name := unwritable(str(self.path))):
+                # a write refused to a file SQLite has open: not the disk failing
+                err = LedgerReadOnly(
+                    self.location,
+                    f"{exc}: {name} cannot be written (read-only, or immutable: lsattr)",
+                )
         err.__cause__ = exc
         return err
 
@@ -227,6 +245,21 @@ class SQLiteBackend(SqlBackend):
             return
         await self.watch.run(on_cancel, task_status=task_status)
 
+    async def cancel_watch_ended(self) -> None:
+        if self.read_only or self.watch is None:
+            await anyio.sleep_forever()
+        else:
+            await self.watch.ended()
+
+    def _checked(self, conn: sqlite3.Connection) -> SQLiteDb:
+        """The body's view of the connection, once the files are still the ones opened."""
+        self._check_files()
+        return SQLiteDb(conn, self.location)
+
+    def _check_files(self) -> None:
+        if self.files is not None:
+            self.files.confirm()  # three stats, ~5 us: before every transaction (ADR 0057)
+
     async def _execute(
         self,
         body: Callable[[Db], Coroutine[Any, Any, T]],
@@ -238,7 +271,7 @@ class SQLiteBackend(SqlBackend):
     ) -> T:
         # an outcome, once asked for, is written even if its caller is cancelled meanwhile
         return await self._writer.submit(
-            lambda conn: run_sync(body(SQLiteDb(conn, self.location))),
+            lambda conn: run_sync(body(self._checked(conn))),
             must_run=bool(outcome),
             prompt=prompt,
             first=committed,  # in the writer's wake of the loop, before the caller
@@ -247,7 +280,12 @@ class SQLiteBackend(SqlBackend):
     async def transact(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` as one transaction on the writer thread, as the engine's are
         (for tools and the benchmarks' baselines; the contract's writes go through the engine)."""
-        return await self._writer.submit(fn)
+
+        def checked(conn: sqlite3.Connection) -> T:
+            self._check_files()
+            return fn(conn)
+
+        return await self._writer.submit(checked)
 
     defers_outcomes = True  # one writer thread, first in first out
 
@@ -258,7 +296,7 @@ class SQLiteBackend(SqlBackend):
         then: Callable[[Callable[[], OperationRecord]], None],
     ) -> None:
         self._writer.enqueue(
-            lambda conn: run_sync(record(SQLiteDb(conn, self.location), op_id, update)), then
+            lambda conn: run_sync(record(self._checked(conn), op_id, update)), then
         )
 
 

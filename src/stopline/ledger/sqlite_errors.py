@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 
 from stopline.errors import (
@@ -16,7 +17,7 @@ from stopline.errors import (
 )
 from stopline.ledger import tables_gone
 
-__all__ = ["OS_ERRORS", "sqlite_error"]
+__all__ = ["OS_ERRORS", "file_gone", "sqlite_error", "unwritable"]
 
 # SQLite's primary result codes (the low byte of an extended one) and what they mean here
 _BY_CODE: dict[int, type[LedgerError]] = {
@@ -64,3 +65,39 @@ def sqlite_error(location: str, exc: sqlite3.Error) -> LedgerError:
     if kind is LedgerLocked:
         message = f"{message} (another process holds it)"
     return kind(location, message)
+
+
+def file_gone(location: str, path: str, what: str) -> LedgerCorrupt:
+    """A file of an open ledger was deleted or replaced under this process (ADR 0057).
+
+    SQLite goes on with the file it opened, which no other process can open any more:
+    what this process would write from then on is lost when it exits, and a cancel
+    from another process never reaches it. Waiting brings nothing back, so it is
+    ``LedgerCorrupt``, as a table gone is: the call that meets it gets this, and a
+    background step stops at it (``health.broken``)."""
+    if path.endswith(("-wal", "-shm")):
+        return LedgerCorrupt(
+            location,
+            f"{path} was {what} under this process: its writes no longer reach the other"
+            " processes on this ledger, nor theirs this one; nothing more is written."
+            " Stop this worker before any other process opens the ledger (closing it"
+            " writes its log into the file), then run PRAGMA integrity_check",
+        )
+    return LedgerCorrupt(
+        location,
+        f"the ledger file {path} was {what} under this process, whose writes would go to"
+        " a file no other process can open: nothing more is written, and what that file"
+        " holds is lost when this process exits. Stop this worker and restore the ledger"
+        " from backup",
+    )
+
+
+def unwritable(path: str) -> str | None:
+    """The first of the ledger's files (the database, its ``-wal``, its ``-shm``) that is
+    there and cannot be written, else None. SQLite reports a write refused to a file it
+    has open (``chattr +i``: EPERM) as a disk I/O error; this tells it from a failing
+    disk, whose advice (check the disk, restore from backup) would mislead."""
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name) and not os.access(name, os.W_OK):
+            return name
+    return None

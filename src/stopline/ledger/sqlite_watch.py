@@ -19,12 +19,19 @@ knows are cancelled.
 
 A look reads the cancel events through an index of their own (schema V4), so it
 costs what was cancelled since the last look, not what was logged.
+
+Each look also checks that the ledger's files at their paths are still the ones this
+process opened (``LedgerFiles``, ADR 0057), and the watch stops at an error no wait
+can clear (the files deleted or replaced, the ledger corrupt): logged once, and
+``ended`` raises it for the runtime's error boundary (``health.broken``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,11 +39,13 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from stopline.errors import LedgerCorrupt
 from stopline.ledger.engine.dialect import Dialect
 from stopline.ledger.engine.guards import FENCED
 from stopline.ledger.schema import CANCEL_EVENT
+from stopline.ledger.sqlite_errors import file_gone, sqlite_error
 
-__all__ = ["POLL_INTERVAL", "CancelWatch"]
+__all__ = ["POLL_INTERVAL", "CancelWatch", "LedgerFiles"]
 
 POLL_INTERVAL = 0.05  # seconds between two looks at data_version: the cross-process delay
 log = logging.getLogger("stopline.ledger.sqlite")
@@ -53,15 +62,27 @@ _CANCELS_SINCE = (
 class CancelWatch:
     """The polling read connection of one SQLite backend."""
 
-    def __init__(self, path: Path, busy_timeout: float, interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        path: Path,
+        busy_timeout: float,
+        interval: float = POLL_INTERVAL,
+        *,
+        files: LedgerFiles | None = None,
+    ) -> None:
         self._path = path
         self._busy_timeout = busy_timeout
         self.interval = interval
+        # the files this process opened, checked at each look (None: not checked)
+        self._files = files
         self._conn: sqlite3.Connection | None = None
         self._version = -1
         self._seq = 0
         self._limiter = anyio.CapacityLimiter(1)  # one thread at a time owns the connection
         self.polls = 0  # looks at data_version, for tests and stats
+        # why it stopped for good (the files gone, the ledger corrupt), else None
+        self.stopped: LedgerCorrupt | None = None
+        self._ended = anyio.Event()
 
     async def run(
         self,
@@ -77,7 +98,16 @@ class CancelWatch:
                 await anyio.sleep(delay)
                 try:
                     run_ids = await self.on_thread(self.poll)
+                except LedgerCorrupt as exc:  # the files gone: nothing to watch any more
+                    self._stop(exc)
+                    return
                 except (sqlite3.Error, OSError) as exc:
+                    if isinstance(exc, sqlite3.Error):
+                        mapped = sqlite_error(f"sqlite:///{self._path}", exc)
+                        if isinstance(mapped, LedgerCorrupt):  # no wait clears it
+                            mapped.__cause__ = exc
+                            self._stop(mapped)
+                            return
                     log.warning("cancel watch on %s: %s; retrying", self._path, exc)
                     delay = min(delay * 2, 1.0)
                     await self.on_thread(self.drop)
@@ -88,6 +118,18 @@ class CancelWatch:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.on_thread(self.drop)
+
+    def _stop(self, why: LedgerCorrupt) -> None:
+        """Stop for good at an error no wait can clear: logged once, not retried."""
+        self.stopped = why
+        log.error("cancel watch on %s: stopped (%s)", self._path, why)
+        self._ended.set()
+
+    async def ended(self) -> None:
+        """Until the watch stops for good, then raise why (``Backend.cancel_watch_ended``)."""
+        await self._ended.wait()
+        assert self.stopped is not None
+        raise LedgerCorrupt(self.stopped.location, self.stopped.cause) from self.stopped
 
     @property
     def connection(self) -> sqlite3.Connection | None:
@@ -102,11 +144,13 @@ class CancelWatch:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
+            # mode=rw: a ledger file gone is an error here, never a new empty file
             self._conn = sqlite3.connect(
-                self._path,
+                f"file:{urllib.parse.quote(str(self._path.absolute()))}?mode=rw",
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=self._busy_timeout,
+                uri=True,
             )
             self._version = -1  # data_version is per connection: a new one starts afresh
         return self._conn
@@ -120,6 +164,8 @@ class CancelWatch:
     def poll(self) -> list[str]:
         """One look: the runs cancelled by commits since the last look, still fenced."""
         conn = self._connection()
+        if self._files is not None:  # with a connection open: none of them goes by itself
+            self._files.confirm()
         self.polls += 1
         version = conn.execute("PRAGMA data_version").fetchone()[0]
         if version == self._version:
@@ -136,3 +182,52 @@ class CancelWatch:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
+
+
+_Identity = tuple[int, int] | None  # (device, inode); None: no file at the path
+
+
+class LedgerFiles:
+    """The ledger's files as this process opened them: the database, its ``-wal`` and
+    its ``-shm``, by (device, inode), taken once the writer's connection has them open.
+
+    SQLite does not notice a file deleted or replaced at its path (``rm``, a backup
+    moved over it): it goes on with the file it opened, which no other process can
+    open, so everything written from then on is lost when the process exits, and a
+    cancel from another process cannot reach it (a new ``-wal`` or ``-shm`` there splits
+    this process's view of the ledger from every other's). While a connection of this
+    process is open SQLite removes none of them by itself, so ``confirm``, made with one
+    open, takes any difference as that fault and, from then on, refuses every
+    transaction with ``LedgerCorrupt`` naming it (ADR 0057)."""
+
+    def __init__(self, path: Path, location: str) -> None:
+        self._path = path
+        self._location = location
+        self._opened: dict[str, _Identity] = {}
+        self._gone: tuple[str, str] | None = None  # the first (path, "deleted"...) found
+
+    def remember(self) -> None:
+        """Take the identities of the files (the writer's connection has them open)."""
+        names = [f"{self._path}{end}" for end in ("", "-wal", "-shm")]
+        self._opened = {name: _identity(name) for name in names}
+
+    def confirm(self) -> None:
+        """Raise ``LedgerCorrupt`` if a file differs from the one opened (or did once)."""
+        if self._gone is None and self._opened:
+            for path, opened in self._opened.items():
+                try:
+                    found = _identity(path)
+                except OSError:  # cannot tell (a directory not searchable): its own error
+                    continue
+                if opened is not None and found != opened and self._gone is None:
+                    self._gone = (path, "deleted" if found is None else "replaced")
+        if self._gone is not None:
+            raise file_gone(self._location, *self._gone)
+
+
+def _identity(path: str) -> _Identity:
+    try:
+        found = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return found.st_dev, found.st_ino

@@ -168,6 +168,7 @@ class Ledger:
             lifecycle = self._lifecycle
             watch = functools.partial(raw.watch_cancels, holding=lifecycle.holds_call)
             await tg.start(watch, lifecycle.on_remote_cancel)
+            core.spawn(raw.cancel_watch_ended)  # a watch stopped for good: health.broken
             await tg.start(core.outcomes.finish)
             await self.recover()  # register this worker; reconcile what dead ones left (R2)
         except BaseException:

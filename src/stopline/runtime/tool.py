@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
+from stopline.domain.limits import check_id
 from stopline.domain.vocab import Cancellable
 from stopline.errors import InvalidInput, NoAnswer, Rejected
 
@@ -119,8 +120,10 @@ class Tool(Generic[R]):
         compensation: Compensation = Compensation.NEVER,
         settles_within: float | None = None,
     ) -> None:
+        # the name is part of each call's key: a name no key may hold is refused here,
+        # by its own name, not at the first call as the key derived from it
+        self.name: str = check_id("tool name", name or str(getattr(fn, "__name__", "tool")))
         self.fn = _awaitable(fn, name)
-        self.name: str = name or str(getattr(fn, "__name__", "tool"))
         self.description = description or self.name.replace("_", " ")
         self.effects = effects
         self.cancellable = cancellable
