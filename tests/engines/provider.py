@@ -57,6 +57,10 @@ class FileProvider:
 
     def tool(self, name: str, fn: Callable[..., Any], description: str = "") -> Tool[Any]:
         """What the activity or step ``name`` declares: verifiable by key."""
-        declared: Tool[Any] = Tool(fn, name=name, description=description or name)
+        # in-process: nothing of it lands after its code stopped (a Temporal activity's
+        # horizon is otherwise its own timeout, R13)
+        declared: Tool[Any] = Tool(
+            fn, name=name, description=description or name, settles_within=0.0
+        )
         declared.verify_fn = self.verify
         return declared

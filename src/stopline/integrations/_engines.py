@@ -280,6 +280,7 @@ class EngineGate:
         *,
         policy: Policy,
         cut: EngineCut | None = None,
+        settles_within: float | None = None,
     ) -> R:
         """Run ``body`` as the operation ``run_id/key`` through the gate.
 
@@ -287,14 +288,18 @@ class EngineGate:
         ``OperationInDoubt``, ``Rejected``, ...), and ``asyncio.CancelledError``
         when the engine's cancel ended the call. ``cut`` says why the engine cut
         an ``immediate`` call of a run that is not fenced; without it the cut is
-        taken for a cancel of the run.
+        taken for a cancel of the run. ``settles_within``: the engine's bound, in seconds
+        after dispatch, on when the call's effect lands or never will (its timeout),
+        stated as the call's horizon (R13, ``CallContext.settles_by``); a provider may
+        state an earlier one.
         """
         record = await self.open_run(run_id, workflow)
         run = Run(self.ledger, self.ledger.core, record)
         run.policy = policy
         sent: list[bool] = []  # set when this call dispatched the body (not a replay)
         why: list[NoAnswer] = []  # set when the engine cut the body for a reason of its own
-        task = asyncio.create_task(run.call(_bound(tool, body, sent, why), *args, key=key))
+        bound = _bound(tool, body, sent, why, settles_within)
+        task = asyncio.create_task(run.call(bound, *args, key=key))
         try:
             result = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -349,13 +354,20 @@ async def _never_called() -> None:  # pragma: no cover - the body is always boun
 
 
 def _bound(
-    tool: Tool[Any], body: Callable[[], Awaitable[R]], sent: list[bool], why: list[NoAnswer]
+    tool: Tool[Any],
+    body: Callable[[], Awaitable[R]],
+    sent: list[bool],
+    why: list[NoAnswer],
+    settles_within: float | None = None,
 ) -> Tool[R]:
     """``tool``'s capabilities around this one call's body; the body sees its context,
-    and leaves with ``why`` when the engine cut it for a reason of its own."""
+    and leaves with ``why`` when the engine cut it for a reason of its own. The engine's
+    bound is the call's stated horizon (written in the background: it outlives a crash)."""
 
     async def run_body(ctx: CallContext, *_args: Any) -> R:
         sent.append(True)
+        if settles_within is not None:
+            ctx.settles_by(ctx.started_at + settles_within)
         token = _CALL.set(ctx)
         try:
             return await body()

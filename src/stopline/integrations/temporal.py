@@ -23,7 +23,9 @@ The plugin adds an interceptor and three local activities (see
   heartbeat of a running activity or the next gate.
 - **Cancellation types as policies.** ``TRY_CANCEL`` -> ``immediate``: the
   activity is interrupted when the cancel reaches it and its operation is
-  ``unknown`` until evidence (never "not sent"); ``WAIT_CANCELLATION_COMPLETED``
+  ``unknown`` until evidence (never "not sent"; "not found" decides only after
+  the activity's timeout, its horizon unless its tool declares one: R13);
+  ``WAIT_CANCELLATION_COMPLETED``
   -> ``verify``: the provider is asked to cancel and the activity finishes,
   its real outcome recorded; ``ABANDON`` -> ``at_boundary``: Temporal never
   tells the activity, which runs on; its outcome, whenever it lands, is kept.
@@ -31,6 +33,8 @@ The plugin adds an interceptor and three local activities (see
   third of its ``heartbeat_timeout``, else ``heartbeat_every``), which is how
   a Temporal cancel reaches it, and checks the run's fence as it does.
 - **Late completions** after the fence are attached as evidence (R4).
+- **Terminate.** A workflow closed under a running activity (terminated, timed
+  out) has its run fenced by the worker that heard it, by ``temporal``.
 """
 
 from __future__ import annotations
@@ -58,12 +62,11 @@ from temporalio.workflow import ActivityCancellationType
 from stopline.domain.limits import check_wait, fitted
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import Cause, OpStatus, Policy
+from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
-    NoAnswer,
     NotPermitted,
     NotReplayable,
     OperationInDoubt,
@@ -78,6 +81,7 @@ from stopline.integrations._engines import (
     find_run,
     resumed_after_cancel,
 )
+from stopline.integrations._temporal_horizon import attempt_bound, closed_under, why_cut
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -382,6 +386,8 @@ class _GatedActivity(ActivityInboundInterceptor):
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
         key = f"{_keyed_by_header(input, info)}:{fitted(info.activity_id, _ACTIVITY_ROOM)}"
+        # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
+        within = attempt_bound(info) if tool.settles_within is None else None
         try:
             async with self._heartbeats(run_id, info):
                 with _failing_for_good():
@@ -393,7 +399,8 @@ class _GatedActivity(ActivityInboundInterceptor):
                         lambda: self.next.execute_activity(input),
                         input.args,
                         policy=policy,
-                        cut=_why_cut,
+                        cut=why_cut,
+                        settles_within=within,
                     )
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
             self._plugin.gate.cancel_in_engine([run_id])
@@ -407,6 +414,12 @@ class _GatedActivity(ActivityInboundInterceptor):
             ) from exc
         except Rejected as exc:  # not committed: a retry passes the gate again
             raise ApplicationError(exc.reason, type="Rejected") from exc
+        finally:
+            # a workflow closed under the activity (terminated, timed out) runs no code
+            # of its own again: its run is fenced here, or it would be "running" for ever
+            reason = await closed_under(self._plugin.client, info)
+            if reason:
+                await gate.fence(run_id, reason)
 
     @contextlib.asynccontextmanager
     async def _heartbeats(self, run_id: str, info: activity.Info) -> AsyncIterator[None]:
@@ -461,18 +474,6 @@ def _keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
     if payload is not None:
         return str(activity.payload_converter().from_payload(payload, str))
     return info.workflow_run_id or ""
-
-
-def _why_cut() -> NoAnswer:
-    """Why Temporal cut an activity whose run is not fenced: never a user's cancel."""
-    details = activity.cancellation_details()
-    if details is not None and details.timed_out:
-        return NoAnswer(Cause.TIMEOUT, "Temporal timed the activity out")
-    if details is not None and details.worker_shutdown:
-        return NoAnswer(Cause.LOCAL_ERROR, "the worker shut down")
-    return NoAnswer(
-        Cause.LOCAL_ERROR, "Temporal cancelled the activity (the workflow's code, not the run)"
-    )
 
 
 def _policy(input: ExecuteActivityInput) -> Policy:
