@@ -115,6 +115,6 @@ def test_a_tool_name_no_key_may_hold_is_refused_when_the_tool_is_made(
     async def send(x: str) -> str:
         return x
 
-    with pytest.raises(InvalidInput, match=f"invalid tool name: {problem}") as info:
+    with pytest.raises(InvalidInput, match=f"invalid tool: {problem}") as info:
         stopline.tool(name=name)(send)
-    assert info.value.what == "tool name"
+    assert info.value.what == "tool"  # as the gate named it

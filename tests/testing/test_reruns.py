@@ -111,6 +111,7 @@ async def test_the_docs_reports_are_what_the_explorer_prints(anyio_backend: str)
         matrix = await explore(
             send_invoice, lambda: FakeProvider("mail"), actions=CORE_ACTIONS, out=None
         )
+
     # a log's numbers are the order things landed in: the broken gate's call races the
     # cancelled run's own settle step, landing before it or after
     def unnumbered(text: str) -> str:

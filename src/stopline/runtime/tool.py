@@ -122,7 +122,7 @@ class Tool(Generic[R]):
     ) -> None:
         # the name is part of each call's key: a name no key may hold is refused here,
         # by its own name, not at the first call as the key derived from it
-        self.name: str = check_id("tool name", name or str(getattr(fn, "__name__", "tool")))
+        self.name: str = check_id("tool", name or str(getattr(fn, "__name__", "tool")))
         self.fn = _awaitable(fn, name)
         self.description = description or self.name.replace("_", " ")
         self.effects = effects
