@@ -8,7 +8,7 @@ tables below are the only place a legal move is defined; the docs diagram
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TypeVar
 
 from stopline.domain.model import EventRecord
@@ -192,10 +192,24 @@ def diagram(table: Mapping[tuple[_State, _Event], _State]) -> str:
     return "\n".join(f"{s} --{e}--> {t}" for (s, e), t in table.items())
 
 
-def settle_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
+def settle_move(
+    state: RunState, statuses: set[OpStatus], below: Collection[RunState] = ()
+) -> tuple[RunEvent | None, bool]:
     """A cancelled run's next move (``None``: it stays), from the statuses of its
-    operations, and whether its ``unknown`` operations are to be verified: the
-    settler's one rule, read by every step of every backend."""
+    operations and the states of the runs it owns exclusively not settled yet
+    (``below``), and whether its ``unknown`` operations are to be verified: the
+    settler's one rule, read by every step of every backend. A run is not settled
+    before its tree: its receipt counts the tree's operations (a parent showed
+    ``cancelled`` beside "verifying" while a child's call was in doubt)."""
+    move, verify = _own_move(state, statuses)
+    if move not in (RunEvent.SETTLED, RunEvent.REVIEWED) or not below:
+        return move, verify
+    if RunState.CANCELLING in below or RunState.SETTLING in below:
+        return (RunEvent.SETTLE if state is RunState.CANCELLING else None), verify
+    return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), verify
+
+
+def _own_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
     if any(status.in_flight for status in statuses):  # a correction is on its way
         return (RunEvent.SETTLE if state is RunState.CANCELLING else None), False
     if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:

@@ -372,6 +372,12 @@ class Queries(abc.ABC):
             lambda run_id: self.run_and_operations(run_id, descendants=True), run_ids, UnknownRun
         )
 
+    @abc.abstractmethod
+    async def unsettled_below(self, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
+        """For each of ``run_ids`` with any, the states of the runs it owns exclusively
+        (transitively) not settled yet: cancelling, settling or in review. A cancelled
+        run settles after its tree (``transitions.settle_move``)."""
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:

@@ -212,6 +212,9 @@ class ForwardingBackend(Backend):
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         return await self.inner.trees_and_operations(run_ids)
 
+    async def unsettled_below(self, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
+        return await self.inner.unsettled_below(run_ids)
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:

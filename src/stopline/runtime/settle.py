@@ -70,6 +70,10 @@ def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str
 
 _FINAL_KEPT = 4096
 _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
+# the moves that end a cancelled run's settling, if its tree has settled
+_ENDS = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED})
+# the moves its owner waits for (its tree settled, or gone to review)
+_OWNER_WAKES = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED, RunEvent.ESCALATE})
 
 
 class Settler:
@@ -454,9 +458,10 @@ class Settler:
                 ready.append(run_id)
         moves: list[tuple[str, RunEvent]] = []
         unknown: list[OperationRecord] = []
-        stepped: list[str] = []
+        stepped: list[RunRecord] = []
         # what the step decides from: a run's open operations and those it may compensate
         found = await core.backend.runs_and_operations(ready, settling=True) if ready else []
+        decided: list[tuple[RunRecord, set[OpStatus]]] = []
         for run_id, got in zip(ready, found, strict=True):
             if isinstance(got, UnknownRun):
                 errors[run_id] = got
@@ -468,17 +473,27 @@ class Settler:
             # later evidence settles as committed is corrected like one a read-back proved
             if await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
-            stepped.append(run_id)
-            move, verify = settle_move(run.state, {op.status for op in ops})
-            if move is not None:
-                moves.append((run_id, move))
-            if verify:
+            stepped.append(run)
+            decided.append((run, {op.status for op in ops}))
+            if settle_move(run.state, decided[-1][1])[1]:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
+        # a run settles after its tree: those that would, read for what they own unsettled
+        final = [r.id for r, statuses in decided if settle_move(r.state, statuses)[0] in _ENDS]
+        below = await core.backend.unsettled_below(final) if final else {}
+        for run, statuses in decided:
+            move, _ = settle_move(run.state, statuses, below.get(run.id, ()))
+            if move is not None:
+                moves.append((run.id, move))
         if moves:
             # an illegal move: another process moved the run first
             await core.backend.run_events(moves, by=SYSTEM.id)
+            # a run's owner waits for it (``unsettled_below``): it is stepped again
+            moved = {run_id for run_id, move in moves if move in _OWNER_WAKES}
+            owners = {r.parent_id for r in stepped if r.id in moved and r.parent_id}
+            if owners:
+                core.spawn(self.advance_many, sorted(owners))
         for op in unknown:
             self.verify_soon(op)
-        for run_id in stepped:
-            core.changed(run_id)
+        for run in stepped:
+            core.changed(run.id)
         return [errors.get(run_id) for run_id in run_ids]

@@ -155,6 +155,11 @@ class SqlBackend(Backend):
     ) -> list[tuple[RunRecord, list[OperationRecord]] | UnknownRun]:
         return await self._execute(lambda db: reads.trees_and_operations(db, run_ids), safe=True)
 
+    async def unsettled_below(self, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
+        if not run_ids:
+            return {}
+        return await self._execute(lambda db: reads.unsettled_below(db, run_ids), safe=True)
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:
