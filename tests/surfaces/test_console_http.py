@@ -271,3 +271,23 @@ def test_a_busy_ledger_is_503_with_retry_after_and_a_conflict_stays_409(tmp_path
         again = client.post(action[1], data=decided)  # no longer in review: a conflict
         assert again.status_code == 409 and "retry-after" not in again.headers
         assert "illegal transition" in again.text
+
+
+def test_a_ledger_that_cannot_serve_is_500_not_a_conflict(tmp_path: Path) -> None:
+    """The ledger's file deleted under the console: its pages and its cancel were a
+    409, as if the contract had refused the cancel; it is a ledger that cannot serve,
+    named, and no receipt is shown."""
+    path = tmp_path / "ledger.db"
+    ids = anyio.run(seed, f"sqlite:///{path}")
+    app = create_app(ConsoleConfig(url=f"sqlite:///{path}", token=TOKEN))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        client.get(f"/?token={TOKEN}")
+        page = client.get(f"/runs/{ids.running}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"ledger.db{suffix}").unlink(missing_ok=True)
+        gone = client.post(f"/runs/{ids.running}/cancel", data={"csrf": csrf[1]})
+        assert gone.status_code == 500, gone.text
+        assert "deleted" in gone.text and "Canceled" not in gone.text
+        assert client.get("/").status_code == 500

@@ -43,6 +43,7 @@ from stopline.domain.vocab import RunState
 from stopline.errors import (
     CommitInDoubt,
     InvalidInput,
+    LedgerError,
     LedgerLocked,
     LedgerUnavailable,
     NotFound,
@@ -206,6 +207,8 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 busy = render(request, "error.html", 503, message=str(exc))
                 busy.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
                 return busy
+            except LedgerError as exc:  # it cannot serve at all (corrupt, gone, too new)
+                return render(request, "error.html", 500, message=str(exc))
             except StoplineError as exc:  # what the contract refuses (an illegal transition)
                 return render(request, "error.html", 409, message=str(exc))
 
