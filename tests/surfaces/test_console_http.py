@@ -291,3 +291,32 @@ def test_a_ledger_that_cannot_serve_is_500_not_a_conflict(tmp_path: Path) -> Non
         assert gone.status_code == 500, gone.text
         assert "deleted" in gone.text and "Canceled" not in gone.text
         assert client.get("/").status_code == 500
+
+
+def test_a_cancel_reason_is_kept_whole_and_a_long_note_is_refused(tmp_path: Path) -> None:
+    """The console cut a cancel's reason at 500 characters and a review note at 1,000,
+    saying nothing: the audit record was not what the operator wrote. A reason is kept
+    as the ledger keeps it (whole up to its limit); a note too long is refused, named,
+    and the review is left open."""
+    client, url, run_id = client_for(tmp_path)
+    reason = "why " * 400  # 1,600 characters
+    with client:
+        client.get(f"/?token={TOKEN}")
+        page = client.get(f"/runs/{run_id}")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        done = client.post(f"/runs/{run_id}/cancel", data={"csrf": csrf[1], "reason": reason})
+        assert done.status_code == 200
+        review = client.get("/review").text
+        action = re.search(r'action="(/review/[^"]+/resolve)"', review)
+        assert action is not None
+        long = {"csrf": csrf[1], "decision": "committed", "note": "n" * 1001}
+        refused = client.post(action[1], data=long)
+        assert refused.status_code == 400 and "1,001 characters; at most 1,000" in refused.text
+        assert action[1] in client.get("/review").text  # still in review
+
+    async def recorded() -> stopline.RunRecord:
+        async with stopline.open(url) as ledger:
+            return await ledger.backend.get_run(run_id)
+
+    assert anyio.run(recorded).cancel_reason == reason.strip()

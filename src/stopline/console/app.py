@@ -67,6 +67,8 @@ _FINAL = frozenset({RunState.CANCELLED, RunState.COMPLETED, RunState.FAILED})
 # the ledger is busy (another process holds its lock) or out of reach: not the request's
 # fault and not a conflict; asking again later may work (503, Retry-After)
 _UNAVAILABLE = (LedgerLocked, LedgerUnavailable, CommitInDoubt)
+# a reviewer's note, kept whole as the review's evidence
+_NOTE_CHARS = 1000
 RETRY_AFTER_SECONDS = 1
 
 
@@ -259,7 +261,9 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         ledger = the_ledger(request)
         session: Session = request.scope["stopline_session"]
         form = await request.form()
-        reason = str(form.get("reason", "")).strip()[:500]
+        # the ledger's rule for a reason applies (stored whole up to its limit, a longer
+        # one ending in "…": never a reason to refuse a cancel); it was cut at 500 here
+        reason = str(form.get("reason", "")).strip()
         run_id = request.path_params["run_id"]
         receipt = await ledger.cancel(run_id, by=operator(session.principal), reason=reason)
         return render(request, "receipt.html", receipt=receipt, by=session.principal)
@@ -277,7 +281,10 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             verdict = ReviewVerdict.parse(str(form.get("decision", "")))
         except ValueError as exc:
             return render(request, "error.html", 400, message=str(exc))
-        note = str(form.get("note", "")).strip()[:1000]
+        note = str(form.get("note", "")).strip()
+        if len(note) > _NOTE_CHARS:  # it was cut here, silently: the audit record altered
+            message = f"note: {len(note):,} characters; at most {_NOTE_CHARS:,}"
+            return render(request, "error.html", 400, message=message)
         receipt = await ledger.resolve_review(
             request.path_params["op_id"], verdict, by=operator(session.principal), note=note
         )
