@@ -350,8 +350,11 @@ async def unsettled_below(db: Db, run_ids: Sequence[str]) -> dict[str, set[RunSt
         reads.append(
             (
                 f"WITH RECURSIVE tree(root, id) AS (SELECT value, value FROM {roots}{step})"
-                " SELECT tree.root, runs.state FROM tree JOIN runs ON runs.id = tree.id"
-                f" WHERE tree.id <> tree.root AND runs.state IN ({sql_values(_UNSETTLED)})",
+                # each member's state by its id (a join had PostgreSQL scan every run)
+                " SELECT root, state FROM (SELECT tree.root AS root,"
+                " (SELECT r.state FROM runs AS r WHERE r.id = tree.id) AS state"
+                " FROM tree WHERE tree.id <> tree.root) AS member"
+                f" WHERE state IN ({sql_values(_UNSETTLED)})",
                 params,
             )
         )
