@@ -4,6 +4,7 @@ refused once), the operation gets an outcome and the run settles."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any, cast
 
@@ -14,7 +15,9 @@ import pytest
 import stopline
 from stopline import Cause, LedgerFull, NotReplayable, OpStatus
 from stopline.domain.limits import MAX_RESULT_CHARS
-from stopline.ledger.backend import Backend, OutcomeUpdate
+from stopline.domain.model import OperationSpec
+from stopline.ledger.backend import Backend, GateResult, OutcomeUpdate
+from stopline.ledger.forwarding import ForwardingBackend
 from tests.conftest import FAST_VERIFY
 
 pytestmark = pytest.mark.timeout(30)
@@ -256,4 +259,45 @@ async def test_r2_a_callers_cancel_due_at_the_gate_sends_nothing_and_says_so(
     (cut,) = [line for line in receipt.lines if line.op_id == "run-caller/cut"]
     assert cut.status is OpStatus.NOT_COMMITTED
     assert "not_dispatched" in [e.ref for e in cut.evidence]
+    assert receipt.headline is stopline.Headline.COMPLETED
+
+
+async def test_r2_an_asyncio_cancel_cutting_the_gates_wait_leaves_no_intent_behind(
+    ledger_url: str,
+) -> None:
+    """asyncio's own ``Task.cancel`` (a framework stopping its tool's task) cut the
+    caller's wait on the gate once the intent was durable (PostgreSQL's gate holds
+    nothing back): the call stayed ``requested`` for good, in a live worker, and a
+    reopened ledger sent it to human review as a crash. Now it is recorded as not sent,
+    and the cancel goes on up. (The intent is made durable, then the gate's answer is
+    held until the task is cancelled: the moment the race hit.)"""
+    durable, cut = asyncio.Event(), asyncio.Event()
+    sent: list[str] = []
+
+    class Holding(ForwardingBackend):
+        async def gate(self, spec: OperationSpec) -> GateResult:
+            result = await self.inner.gate(spec)
+            if spec.id.endswith("/held"):
+                durable.set()
+                await cut.wait()
+            return result
+
+    @stopline.tool
+    async def send(ctx: stopline.CallContext, text: str) -> str:
+        sent.append(text)
+        return text
+
+    async with stopline.open(ledger_url, observers=[Holding]) as ledger:
+        async with ledger.run("job", owner="user:1", run_id="run-native") as run:
+            task = asyncio.ensure_future(run.call(send, "x", key="held"))
+            await durable.wait()
+            task.cancel()
+            cut.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await run.call(send, "y", key="after") == "y"  # the run goes on
+        receipt = await ledger.wait_settled("run-native", timeout=10)
+    assert sent == ["y"]
+    (held,) = [line for line in receipt.lines if line.op_id == "run-native/held"]
+    assert held.status is OpStatus.NOT_COMMITTED
     assert receipt.headline is stopline.Headline.COMPLETED

@@ -25,6 +25,7 @@ from anyio.abc import TaskStatus
 from stopline.domain.model import (
     Evidence,
     OperationRecord,
+    OperationSpec,
     committed_evidence,
     digest,
     horizon_evidence,
@@ -33,7 +34,7 @@ from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
 from stopline.ledger import surface_rearmed
-from stopline.ledger.backend import OutcomeUpdate
+from stopline.ledger.backend import GateResult, OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
 from stopline.runtime.review import evidence_settles
@@ -87,6 +88,30 @@ class Outcomes:
             op = await self._repeated(op_id, update)
         self.after_change(op)
         return op
+
+    async def gate(self, spec: OperationSpec) -> GateResult:
+        """The gate, for a call of this process. A cancel that cuts the caller's wait
+        (asyncio's own ``Task.cancel``: a shield holds a scope's) may leave the intent
+        durable with no one to send it (``requested`` for good, R2): such an intent is
+        recorded as not sent, then the cancel goes on up."""
+        try:
+            return await self._core.backend.gate(spec)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._orphaned(spec)
+            raise
+
+    async def _orphaned(self, spec: OperationSpec) -> None:
+        """``spec``'s intent, if it landed for this worker and no call of this process
+        sends it: not sent. Not landed (or in doubt): nothing to record."""
+        try:
+            op = await self._core.backend.get_operation(spec.id)
+        except (UnknownOperation, StoplineError):
+            return
+        run = self._core.runs.get(spec.run_id)
+        sending = run is not None and any(c.op_id == spec.id for c in run.in_flight)
+        if op.status is OpStatus.REQUESTED and op.worker == spec.worker and not sending:
+            await self.not_sent(spec.id, by_run=False)
 
     async def not_sent(self, op_id: str, *, by_run: bool) -> None:
         """A call whose intent is recorded and that was never sent: its run's cancel

@@ -283,10 +283,11 @@ class Run:
         replayed: bool,
     ) -> R:
         backend = self._core.backend  # a replaying block reads what happened, never writes
-        gate = await (replay_gate(backend, self, spec) if self.replaying else backend.gate(spec))
+        outcomes = self._core.outcomes
+        gate = await (replay_gate(backend, self, spec) if self.replaying else outcomes.gate(spec))
         while gate.verdict is GateVerdict.PAUSED:
             await self._core.wait_while_paused(self.id)
-            gate = await self._core.backend.gate(spec)
+            gate = await outcomes.gate(spec)
         if gate.verdict is GateVerdict.PREVENTED:
             raise await self._fence(spec.id)
         if gate.verdict is GateVerdict.NEEDS_APPROVAL:
