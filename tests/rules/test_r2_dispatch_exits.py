@@ -301,3 +301,39 @@ async def test_r2_an_asyncio_cancel_cutting_the_gates_wait_leaves_no_intent_behi
     (held,) = [line for line in receipt.lines if line.op_id == "run-native/held"]
     assert held.status is OpStatus.NOT_COMMITTED
     assert receipt.headline is stopline.Headline.COMPLETED
+
+
+async def test_r2_an_asyncio_cancel_pending_as_the_gate_answers_sends_nothing(
+    ledger_url: str,
+) -> None:
+    """asyncio's own ``Task.cancel`` asked of the caller just as the gate answered (not
+    delivered yet: a scope knows nothing of it) started the tool, whose first await
+    took it: the call was "unknown" though nothing need have left. Now not sent."""
+    sent: list[str] = []
+
+    class CancelledAsItAnswers(ForwardingBackend):
+        async def gate(self, spec: OperationSpec) -> GateResult:
+            result = await self.inner.gate(spec)
+            if spec.id.endswith("/pending"):
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()  # asked now, delivered at the caller's next await
+            return result
+
+    @stopline.tool
+    async def send(ctx: stopline.CallContext, text: str) -> str:
+        sent.append(text)
+        await anyio.lowlevel.checkpoint()
+        return text
+
+    async with stopline.open(ledger_url, observers=[CancelledAsItAnswers]) as ledger:
+        async with ledger.run("job", owner="user:1", run_id="run-pending") as run:
+            task = asyncio.ensure_future(run.call(send, "x", key="pending"))
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await run.call(send, "y", key="after") == "y"
+        receipt = await ledger.wait_settled("run-pending", timeout=10)
+    assert sent == ["y"]
+    (pending,) = [line for line in receipt.lines if line.op_id == "run-pending/pending"]
+    assert pending.status is OpStatus.NOT_COMMITTED
+    assert receipt.headline is stopline.Headline.COMPLETED

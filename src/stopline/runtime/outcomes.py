@@ -11,6 +11,7 @@ settles its link, and a cancelled or pausing run moves on.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import functools
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
+import sniffio
 from anyio.abc import TaskStatus
 
 from stopline.domain.model import (
@@ -132,6 +134,8 @@ class Outcomes:
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
             await surface_rearmed()  # asyncio's own, held back by the writer, asked again
+            if _asked_to_cancel():  # asyncio's own, pending when the gate answered
+                await anyio.lowlevel.checkpoint()
         except anyio.get_cancelled_exc_class():
             await self.not_sent(op_id, by_run=False)
             raise
@@ -338,3 +342,12 @@ class Outcomes:
                 core.spawn(self.settle_pause, run_id)
         if moving:
             core.spawn(core.settler.advance_many, moving)
+
+
+def _asked_to_cancel() -> bool:
+    """asyncio's own ``Task.cancel`` asked of this task and not yet delivered (nor
+    withdrawn): a scope knows nothing of it, and the next await raises it."""
+    if sniffio.current_async_library() != "asyncio":
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
