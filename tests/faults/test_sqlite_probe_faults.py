@@ -16,7 +16,7 @@ import logging
 import os
 import sqlite3
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -26,6 +26,7 @@ import stopline
 from stopline.errors import InvalidInput, LedgerCorrupt, LedgerIOError, LedgerReadOnly
 from stopline.ledger.sqlite import SQLiteBackend
 from stopline.testing import FakeProvider
+from tests.faults.test_sqlite_file_gone import calls_across
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,16 +39,6 @@ def overwrite_after_page_one(path: Path) -> None:
     with path.open("r+b") as f:
         f.seek(4096)
         f.write(b"\xa5" * (size - 4096))
-
-
-async def calls_across(
-    ledger: stopline.Ledger, provider: FakeProvider, fault: Callable[[], None]
-) -> None:
-    """Run ``run_a``: one call, then ``fault()``, then a second call."""
-    async with ledger.run("job", owner="u", run_id="run_a") as run:
-        await run.call(provider.tool, "1", key="1")
-        fault()
-        await run.call(provider.tool, "2", key="2")
 
 
 async def test_the_cancel_watch_stops_at_a_corrupt_ledger_and_the_worker_shows_it(
