@@ -320,3 +320,22 @@ def test_a_cancel_reason_is_kept_whole_and_a_long_note_is_refused(tmp_path: Path
             return await ledger.backend.get_run(run_id)
 
     assert anyio.run(recorded).cancel_reason == reason.strip()
+
+
+def test_every_response_carries_the_security_headers(tmp_path: Path) -> None:
+    """The token's redirect, the host guard's 403 and an unknown path's 404 carried
+    none of the documented headers but the redirect's referrer policy (a page's own are
+    kept: its CSP holds its nonce)."""
+    client, _, run_id = client_for(tmp_path)
+    with client:
+        redirect = client.get(f"/?token={TOKEN}", follow_redirects=False)
+        foreign = client.get("/", headers={"host": "evil.example"})
+        unknown = client.get("/no/such/page")
+        page = client.get(f"/runs/{run_id}")
+    assert redirect.status_code == 303 and redirect.headers["referrer-policy"] == "no-referrer"
+    assert foreign.status_code == 403 and unknown.status_code == 404
+    for response in (redirect, foreign, unknown, page):
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["cache-control"] == "no-store"
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    assert "nonce-" in page.headers["content-security-policy"]

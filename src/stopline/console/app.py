@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import stopline
 from stopline.cli.stats import compute_stats, percentile
@@ -129,6 +129,34 @@ class HostGuard:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# every response's, unless it set its own (a page's CSP carries its nonce; the token
+# redirect's referrer policy is stricter): a redirect, the host guard's 403 and the
+# router's 404 carried none
+_SECURE = {
+    b"content-security-policy": b"default-src 'none'; frame-ancestors 'none'",
+    b"referrer-policy": b"same-origin",
+    b"x-frame-options": b"DENY",
+    b"cache-control": b"no-store",
+}
+
+
+class SecureHeaders:
+    """The console's security headers on every response, whoever made it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                given = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in _SECURE.items() if k not in given]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, sending if scope["type"] == "http" else send)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -314,4 +342,5 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(HostGuard, allowed=LOCAL_HOSTS | frozenset(config.allowed_hosts))
+    app.add_middleware(SecureHeaders)  # outermost: the guard's refusals too
     return app
