@@ -108,7 +108,7 @@ class Outcomes:
         sends it: not sent. Not landed (or in doubt): nothing to record."""
         try:
             op = await self._core.backend.get_operation(spec.id)
-        except (UnknownOperation, StoplineError):
+        except StoplineError:  # not landed, or the ledger cannot tell now
             return
         run = self._core.runs.get(spec.run_id)
         sending = run is not None and any(c.op_id == spec.id for c in run.in_flight)

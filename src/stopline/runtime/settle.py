@@ -461,7 +461,7 @@ class Settler:
         stepped: list[RunRecord] = []
         # what the step decides from: a run's open operations and those it may compensate
         found = await core.backend.runs_and_operations(ready, settling=True) if ready else []
-        decided: list[tuple[RunRecord, set[OpStatus]]] = []
+        decided: list[tuple[RunRecord, set[OpStatus], RunEvent | None]] = []
         for run_id, got in zip(ready, found, strict=True):
             if isinstance(got, UnknownRun):
                 errors[run_id] = got
@@ -474,14 +474,17 @@ class Settler:
             if await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run)
-            decided.append((run, {op.status for op in ops}))
-            if settle_move(run.state, decided[-1][1])[1]:
+            statuses = {op.status for op in ops}
+            move, verify = settle_move(run.state, statuses)
+            decided.append((run, statuses, move))
+            if verify:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
         # a run settles after its tree: those that would, read for what they own unsettled
-        final = [r.id for r, statuses in decided if settle_move(r.state, statuses)[0] in _ENDS]
+        final = [run.id for run, _, move in decided if move in _ENDS]
         below = await core.backend.unsettled_below(final) if final else {}
-        for run, statuses in decided:
-            move, _ = settle_move(run.state, statuses, below.get(run.id, ()))
+        for run, statuses, move in decided:
+            if run.id in below:
+                move, _ = settle_move(run.state, statuses, below[run.id])
             if move is not None:
                 moves.append((run.id, move))
         if moves:
