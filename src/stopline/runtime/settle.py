@@ -474,8 +474,7 @@ class Settler:
             if await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run)
-            statuses = {op.status for op in ops}
-            move, verify = settle_move(run.state, statuses)
+            move, verify = settle_move(run.state, statuses := {op.status for op in ops})
             decided.append((run, statuses, move))
             if verify:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
