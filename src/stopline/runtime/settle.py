@@ -478,8 +478,7 @@ class Settler:
             decided.append((run, statuses, move))
             if verify:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
-        # a run settles after its tree: those that would, read for what they own unsettled
-        final = [run.id for run, _, move in decided if move in _ENDS]
+        final = [run.id for run, _, move in decided if move in _ENDS]  # after its tree
         below = await core.backend.unsettled_below(final) if final else {}
         for run, statuses, move in decided:
             if run.id in below:
