@@ -47,7 +47,6 @@ import anyio.abc
 import psycopg
 import psycopg.errors
 import sniffio
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
@@ -69,6 +68,7 @@ from stopline.ledger.engine.gate import gate, gate_committed, gate_params, inten
 from stopline.ledger.engine.reads import load_op, load_run
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
+from stopline.ledger.postgres_aside import GROUP_LOCK_WAIT, RowHeld
 from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
@@ -86,19 +86,12 @@ from stopline.ledger.postgres_settle import (
     run_moved,
 )
 from stopline.ledger.postgres_txn import Tx
-from stopline.ledger.postgres_url import parse
+from stopline.ledger.postgres_url import parse, session_options
 
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
-
-
-# Every session of a ledger: no JIT, no parallel workers. Each statement reaches a few
-# rows through an index (tests/postgres/test_workload_plans.py), so either comes only
-# of a misestimate on tables not analyzed, and costs more than the statement: a
-# receipt's read of a small tree went parallel, 7 ms instead of 0.3 (ADR 0046)
-SESSION = "-c jit=off -c max_parallel_workers_per_gather=0"
 
 
 class PostgresBackend(SqlBackend):
@@ -123,21 +116,17 @@ class PostgresBackend(SqlBackend):
         self.connect_timeout = max(2, math.ceil(retry_for))
         self.dialect = PostgresDialect(None)  # its channel: the ledger's own, read at open
         self.conninfo = conninfo
-        self.connect_kwargs: dict[str, Any] = {"autocommit": True}
         # a row another session holds (a stuck transaction, an operator's SELECT ... FOR
         # UPDATE) fails the statement waiting for it, as ``LedgerLocked``, after
         # ``retry_for`` (at least 1 s; 0 would be PostgreSQL's "for ever"): it waited for
         # ever, and every run of the process behind it (one group commit)
-        options = [SESSION, f"-c lock_timeout={max(1000, round(retry_for * 1000))}"]
-        if schema:
-            options.append(f"-c search_path={schema}")
-        if read_only:
-            options.append("-c default_transaction_read_only=on")
-        # the URL's own ``options`` after these: kept (they were replaced when these were
-        # given), and a setting it repeats is the URL's
-        if theirs := conninfo_to_dict(conninfo).get("options"):
-            options.append(str(theirs))
-        self.connect_kwargs["options"] = " ".join(options)
+        lock = max(1.0, retry_for)
+        options = functools.partial(session_options, conninfo, schema, read_only)
+        self.connect_kwargs: dict[str, Any] = {"autocommit": True, "options": options(lock)}
+        # the group commit's own connection waits for a held row briefly: a longer wait
+        # sets the job aside (``postgres_aside``), not every run of the process with it
+        group = {"autocommit": True, "options": options(min(lock, GROUP_LOCK_WAIT))}
+        self._group_kwargs: dict[str, Any] = group
         self._pool = AsyncConnectionPool(
             conninfo,
             min_size=pool_min,
@@ -200,9 +189,16 @@ class PostgresBackend(SqlBackend):
         return self._pool
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
-        """A new connection configured as the pool's (the group commit's own)."""
+        """A new connection configured as the pool's."""
         return await psycopg.AsyncConnection.connect(
             self.conninfo, connect_timeout=self.connect_timeout, **self.connect_kwargs
+        )
+
+    async def connect_group(self) -> psycopg.AsyncConnection[Any]:
+        """The group commit's own connection: the pool's, but a held row is waited for
+        ``GROUP_LOCK_WAIT`` at most."""
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, connect_timeout=self.connect_timeout, **self._group_kwargs
         )
 
     @property
@@ -255,8 +251,10 @@ class PostgresBackend(SqlBackend):
         doubt cannot be settled in time. ``doubt``: a commit is in doubt already
         (the group transaction it was part of lost its reply). ``connection``:
         where each attempt takes its connection (the pool's by default; the group
-        commit's own for its jobs). The wait is shielded, like SQLite's writer: a
-        started transaction always finishes and its caller learns how.
+        commit's own for its jobs, where a row another session holds is not waited
+        for again: ``RowHeld`` sets the job aside). The wait is shielded, like
+        SQLite's writer: a started transaction always finishes and its caller
+        learns how.
         """
         lease = self._pool.connection if connection is None else connection
         with anyio.CancelScope(shield=True):
@@ -281,6 +279,8 @@ class PostgresBackend(SqlBackend):
                     if now_in_doubt and not safe and settle is None:
                         raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
                     doubt = doubt or now_in_doubt
+                    if connection is not None and isinstance(exc, psycopg.errors.LockNotAvailable):
+                        raise RowHeld(doubt=doubt) from exc  # the group's: set aside
                     if not transient(exc) or time.monotonic() >= deadline:
                         if doubt and (not safe or in_doubt is not None):
                             raise (in_doubt() if in_doubt else CommitInDoubt(
@@ -344,7 +344,7 @@ class PostgresBackend(SqlBackend):
             self._doubts[spec.id] = token  # settled on the next transaction that connects
             return GateInDoubt(self.location, spec.id)
 
-        async def alone(doubt: bool, deadline: float, connection: Lease) -> GateResult:
+        async def alone(doubt: bool, deadline: float, connection: Lease | None) -> GateResult:
             return await self.attempts(
                 lambda tx: gate(tx, spec, token),
                 settle=gate_landed(spec, token),
@@ -382,7 +382,7 @@ class PostgresBackend(SqlBackend):
         update: OutcomeUpdate,
         then: Callable[[Callable[[], OperationRecord]], None] | None = None,
     ) -> Job:
-        async def alone(doubt: bool, deadline: float, connection: Lease) -> OperationRecord:
+        async def alone(doubt: bool, deadline: float, connection: Lease | None) -> OperationRecord:
             return await self.attempts(
                 lambda tx: record(tx, op_id, update),
                 settle=outcome_landed(op_id, update),
@@ -460,12 +460,16 @@ class PostgresBackend(SqlBackend):
 
         # outcomes deferred (a run's end after its last call): the move rides their
         # transaction, after them, instead of waiting for it and then committing alone
-        async def alone(doubt: bool, deadline: float, connection: Lease) -> tuple[RunRecord, bool]:
+        async def alone(
+            doubt: bool, deadline: float, connection: Lease | None
+        ) -> tuple[RunRecord, bool]:
             return await self.attempts(
                 body, settle=settle, doubt=doubt, deadline=deadline, connection=connection
             )
 
-        moved: tuple[RunRecord, bool] = await self.group.submit(Job(run_id, alone, batch=prepared))
+        moved: tuple[RunRecord, bool] = await self.group.submit(
+            Job(run_id, alone, batch=prepared, run=run_id)
+        )
         return moved
 
     async def begin_compensation(

@@ -31,7 +31,9 @@ fails, nothing of it landed unless its commit was in doubt: each job then
 runs alone, in order, through the backend's own retries (a gate settles its
 doubt by its attempt token, an outcome by reading its status back), so each
 caller gets its own answer or its own typed error, within one ``retry_for``
-for the whole batch.
+for the whole batch. A job that waits for a row another session holds is set
+aside (``postgres_aside``): its run's writes go on alone, in order, and the
+other runs' in the group.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ import psycopg
 
 from stopline.ledger.backend import GateResult, GateVerdict
 from stopline.ledger.engine.record import recorded
+from stopline.ledger.postgres_aside import Aside, Outcome, RowHeld
+from stopline.ledger.postgres_aside import error_of as _error
+from stopline.ledger.postgres_aside import value_of as _value
 from stopline.ledger.postgres_dialect import Forms, many_rows
 from stopline.ledger.postgres_errors import connection_lost
 from stopline.ledger.postgres_reserved import Lease, Reserved
@@ -60,9 +65,10 @@ __all__ = ["MAX_BATCH", "GroupCommit", "Job"]
 
 MAX_BATCH = 256  # jobs per transaction
 log = logging.getLogger("stopline.ledger.postgres")
-Outcome = Callable[[], Any]  # returns the job's result or raises its error
-# run the job by itself: (a commit in doubt already, deadline, the connection to run it on)
-Alone = Callable[[bool, float, Lease], Awaitable[Any]]
+# run the job by itself: (a commit in doubt already, deadline, the connection to run it
+# on: the group's, which waits for a held row briefly, or None: a pooled one, which waits
+# as long as any transaction)
+Alone = Callable[[bool, float, Lease | None], Awaitable[Any]]
 # a transaction that is one statement, in a batch: the statement (its commit the group's)
 # and its result made of its rows (raising the transaction's own error); one statement,
 # so it lands whole or not at all when a group's implicit transaction is cut short
@@ -122,17 +128,6 @@ class _Failed(Exception):
         self.in_doubt = in_doubt
 
 
-def _value(value: Any) -> Outcome:
-    return lambda: value
-
-
-def _error(exc: BaseException) -> Outcome:
-    def outcome() -> Any:
-        raise exc
-
-    return outcome
-
-
 class GroupCommit:
     def __init__(self, backend: PostgresBackend, delay: float) -> None:
         self._backend = backend
@@ -142,7 +137,8 @@ class GroupCommit:
         self._timer: asyncio.TimerHandle | None = None
         self._flushers: set[asyncio.Task[None]] = set()
         # the leader's connection: one transaction at a time, so no pool checkout
-        self.reserved = Reserved(backend.connect)
+        self.reserved = Reserved(backend.connect_group)
+        self.aside = Aside(self._deadline)  # jobs waiting for a row another session holds
         self.unsettled = 0  # deferred outcomes queued or being committed
         self.transactions = 0  # group transactions committed (the tests count them)
         # testing hook: awaited with the server pid of a group transaction's connection
@@ -153,19 +149,26 @@ class GroupCommit:
         """Queue ``job`` and wait for its transaction (shielded: a started write finishes;
         leading, the transaction shields itself: ``attempts`` alone, ``_together``)."""
         assert job.then is None, "a deferred job is queued by defer(), nobody waits on it"
-        if not self._leading and not self._queue:  # a lone caller: its job, alone, now
+        if self.aside.holds(job):  # behind its run's write that waits for a held row
+            job.wake = anyio.Event()
+            self.aside.put(job)
+        elif not self._leading and not self._queue:  # a lone caller: its job, alone, now
             if job.alone is None:
                 return None  # a barrier with nothing before it
             self._leading = True
             try:
                 return await job.alone(False, self._deadline(), self.reserved.lease)
+            except RowHeld as held:
+                job.wake = anyio.Event()
+                self._set_aside(job, held.doubt)
             finally:
                 self._hand_over()
-        job.wake = anyio.Event()
-        self._queue.append(job)
-        if not self._leading:
-            self._leading = True
-            await self._lead()
+        else:
+            job.wake = anyio.Event()
+            self._queue.append(job)
+            if not self._leading:
+                self._leading = True
+                await self._lead()
         if job.outcome is None:
             try:
                 await self._wait(job)
@@ -200,22 +203,27 @@ class GroupCommit:
             then(outcome)
 
         job.then = settled
+        if self.aside.holds(job):
+            self.aside.put(job)
+            return
         self._queue.append(job)
         if not self._leading:
             self._arm()
 
     async def barrier(self) -> None:
-        """Return once every outcome deferred so far has committed (or failed)."""
+        """Return once every outcome deferred so far has committed (or failed), but
+        those set aside for a row another session holds (``postgres_aside``)."""
         if self.unsettled:
             await self.submit(Job("", None))
 
     async def close(self) -> None:
         """Commit what is queued; stop the timer; let the reserved connection go."""
         try:
-            while self.unsettled or self._flushers:
+            while self.unsettled or self._flushers or self.aside.tasks:
                 await self.barrier()
                 if self._flushers:
                     await asyncio.gather(*self._flushers, return_exceptions=True)
+                await self.aside.close()
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
@@ -308,10 +316,21 @@ class GroupCommit:
 
     async def _alone(self, job: Job, *, doubt: bool, deadline: float) -> None:
         assert job.alone is not None
+        if self.aside.holds(job):  # an earlier job of its run was set aside
+            self.aside.put(job, doubt)
+            return
         try:
             job.finish(_value(await job.alone(doubt, deadline, self.reserved.lease)))
+        except RowHeld as held:
+            self._set_aside(job, held.doubt)
         except Exception as exc:
             job.finish(_error(exc))
+
+    def _set_aside(self, job: Job, doubt: bool) -> None:
+        """``job`` waits for a row another session holds: it, and every job of its run
+        queued, go to its run's line (``postgres_aside``); the group goes on."""
+        self.aside.put(job, doubt)
+        self.aside.take_from(self._queue)
 
     async def _together(self, work: list[Job]) -> None:
         deadline = self._deadline()

@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 from stopline.errors import LedgerUnavailable
 from stopline.ledger import milliseconds_option, seconds_option, url_options, whole_option
 
-__all__ = ["OWN_OPTIONS", "Options", "parse"]
+__all__ = ["OWN_OPTIONS", "SESSION", "Options", "parse", "session_options"]
 
 OWN_OPTIONS = frozenset({"schema", "pool_min", "pool_max", "retry_for", "group_commit_ms"})
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
@@ -71,3 +71,25 @@ def parse(url: str, where: str) -> tuple[str, Options]:
         group_commit_ms=1000 * group_ms,
     )
     return conninfo, options
+
+
+# Every session of a ledger: no JIT, no parallel workers. Each statement reaches a few
+# rows through an index (tests/postgres/test_workload_plans.py), so either comes only
+# of a misestimate on tables not analyzed, and costs more than the statement: a
+# receipt's read of a small tree went parallel, 7 ms instead of 0.3 (ADR 0046)
+SESSION = "-c jit=off -c max_parallel_workers_per_gather=0"
+
+
+def session_options(conninfo: str, schema: str | None, read_only: bool, lock_wait: float) -> str:
+    """libpq's ``options`` for a ledger's session: ours, a row waited for ``lock_wait``
+    seconds at most, then the URL's own (kept: they were replaced when these were
+    given; a setting it repeats is the URL's)."""
+    options = [SESSION]
+    if schema:
+        options.append(f"-c search_path={schema}")
+    if read_only:
+        options.append("-c default_transaction_read_only=on")
+    options.append(f"-c lock_timeout={round(lock_wait * 1000)}")
+    if theirs := conninfo_to_dict(conninfo).get("options"):
+        options.append(str(theirs))
+    return " ".join(options)
