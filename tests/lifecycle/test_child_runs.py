@@ -12,7 +12,7 @@ import pytest
 
 import stopline
 from stopline import OpStatus, RunState
-from stopline.errors import NotPermitted, RunEnded
+from stopline.errors import RunEnded
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -131,7 +131,8 @@ async def test_a_tree_resumes_only_when_its_childrens_operations_are_resolved(
     ledger: stopline.Ledger,
 ) -> None:
     """R10 over the tree: a child's operation in review blocks the parent's resume,
-    named, and nothing of the tree moves."""
+    and nothing of the tree moves. The child ended on its own before the cancel: its
+    parent goes to review with it (ADR 0058), and says what to do first."""
 
     async def lost(ctx: stopline.CallContext) -> str:
         raise ConnectionResetError("the answer was lost")  # no verifier: review
@@ -144,9 +145,11 @@ async def test_a_tree_resumes_only_when_its_childrens_operations_are_resolved(
     await ledger.wait_settled("r", timeout=10)
     op = await ledger.backend.get_operation("r:sub/pay")
     assert op.status is OpStatus.NEEDS_REVIEW
-    with pytest.raises(NotPermitted, match="r:sub"):
+    assert (await ledger.backend.get_run("r")).state is RunState.NEEDS_REVIEW
+    with pytest.raises(RunEnded, match="resolve its review items"):
         await ledger.resume("r", by="user:1")
-    assert (await ledger.backend.get_run("r")).state is not RunState.RUNNING
+    assert (await ledger.backend.get_run("r")).state is RunState.NEEDS_REVIEW
+    assert (await ledger.backend.get_run("r:sub")).state is RunState.COMPLETED
 
 
 async def test_no_name_reads_as_another_childs_number_or_a_grandchild(

@@ -91,3 +91,82 @@ async def test_a_cancelled_parent_goes_to_review_with_its_child(ledger: stopline
     settled = await ledger.wait_settled("p", timeout=20)
     assert settled.run_state is RunState.CANCELLED
     assert (await ledger.backend.get_run("p:deployer")).state is RunState.CANCELLED
+
+
+class LostThenRead:
+    """A call whose connection drops once sent (in doubt); its read-back answers when
+    told."""
+
+    def __init__(self, verdict: Verdict | None) -> None:
+        self.reading, self.answer = anyio.Event(), anyio.Event()
+
+        async def deploy(ctx: stopline.CallContext) -> None:
+            raise ConnectionResetError("the connection dropped after the request was sent")
+
+        self.tool = stopline.Tool(deploy, name="deploy")
+        if verdict is not None:
+
+            @self.tool.verifier
+            async def read(ctx: stopline.CallContext) -> ReadBack:
+                self.reading.set()
+                await self.answer.wait()
+                return ReadBack(verdict, "deploy:log", "read from its log", ended=True)
+
+
+async def ended_child_then_cancel(ledger: stopline.Ledger, provider: LostThenRead) -> None:
+    """A child that ended on its own (completed) with its call in doubt; then its parent
+    is cancelled."""
+    parent_ready = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def parent() -> None:
+            async with ledger.run("parent", owner="user:1", run_id="p") as run:
+                async with run.child("deployer") as sub:
+                    with pytest.raises(ConnectionResetError):
+                        await sub.call(provider.tool, key="deploy")
+                parent_ready.set()
+                await anyio.sleep_forever()
+
+        tg.start_soon(parent)
+        await parent_ready.wait()
+        assert (await ledger.backend.get_run("p:deployer")).state is RunState.COMPLETED
+        await ledger.cancel("p", by="user:1")
+
+
+async def test_a_cancelled_parent_settles_after_a_child_that_ended_with_a_call_in_doubt(
+    ledger: stopline.Ledger,
+) -> None:
+    """The child completed before the cancel, its call in doubt and being read back: the
+    parent stays settling (its receipt says "verifying") until the read-back answers."""
+    provider = LostThenRead(Verdict.COMMITTED)
+    await ended_child_then_cancel(ledger, provider)
+    await provider.reading.wait()
+    while (await ledger.backend.get_run("p")).state is RunState.CANCELLING:
+        await ledger.wait_for_change("p")  # the parent's first step after the cancel
+    parent = await ledger.receipt("p")
+    assert parent.headline is Headline.VERIFYING
+    assert parent.run_state is RunState.SETTLING  # not cancelled beside "verifying"
+    provider.answer.set()
+    settled = await ledger.wait_settled("p", timeout=20)
+    assert settled.run_state is RunState.CANCELLED
+    assert settled.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    verified = max(e.seq for e in await ledger.backend.events("p:deployer"))
+    (done,) = [e for e in await ledger.backend.events("p") if e.kind == "settled"]
+    assert done.seq > verified  # the parent settled after its child's call was read back
+
+
+async def test_a_cancelled_parent_goes_to_review_with_a_child_that_ended_in_doubt(
+    ledger: stopline.Ledger,
+) -> None:
+    """The ended child's call has no read-back: it goes to review, and so does the
+    parent, until the review is resolved."""
+    provider = LostThenRead(None)
+    await ended_child_then_cancel(ledger, provider)
+    receipt = await ledger.wait_settled("p", timeout=20)
+    assert receipt.run_state is RunState.NEEDS_REVIEW
+    assert receipt.headline is Headline.NEEDS_REVIEW
+    (item,) = await ledger.review_items()
+    await ledger.resolve_review(item.op.id, "not_committed", by="user:1")
+    settled = await ledger.wait_settled("p", timeout=20)
+    assert settled.run_state is RunState.CANCELLED
+    assert (await ledger.backend.get_run("p:deployer")).state is RunState.COMPLETED

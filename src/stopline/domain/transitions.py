@@ -209,12 +209,19 @@ def settle_move(
     return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), verify
 
 
+# a run's calls that keep it from settling (the run's, or, ended on its own, its
+# owner's: ``reads.unsettled_below``), and those that send it to review
+_OPEN = frozenset({OpStatus.UNKNOWN, OpStatus.COMPENSATING})
+HOLDING_OPS = frozenset(s for s in OpStatus if s.in_flight) | _OPEN
+REVIEW_OPS = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+
+
 def _own_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:
     if any(status.in_flight for status in statuses):  # a correction is on its way
         return (RunEvent.SETTLE if state is RunState.CANCELLING else None), False
-    if statuses & {OpStatus.UNKNOWN, OpStatus.COMPENSATING}:
+    if statuses & _OPEN:
         return (RunEvent.SETTLE if state is RunState.CANCELLING else None), True
-    if statuses & {OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED}:
+    if statuses & REVIEW_OPS:
         return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), False
     if state is RunState.NEEDS_REVIEW:  # every review item was settled by later evidence
         return RunEvent.REVIEWED, False

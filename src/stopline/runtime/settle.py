@@ -96,9 +96,9 @@ class Settler:
         # answers known without asking, to write (their notes built by the writing task,
         # after the cancel that found them has interrupted what it had to)
         self._answers: list[tuple[CallContext, CancelState, str, str]] = []
-        # runs this process ended (completed, failed; the latest _FINAL_KEPT): no step reads
-        # them again (an outcome committed with a run's end asks for one)
-        self._final: dict[str, None] = {}
+        # runs this process ended (completed, failed; the latest _FINAL_KEPT) -> owner: no
+        # step reads them again, but their owner's does (their calls are in its receipt)
+        self._final: dict[str, str | None] = {}
         self.busy = 0  # background steps running now
         self._idle = anyio.Event()  # set while ``busy`` is 0
         self._idle.set()
@@ -139,12 +139,10 @@ class Settler:
 
         def release() -> None:
             while held:
-                run_id = held.pop()
-                left = counts[run_id] - 1
-                if left:
-                    counts[run_id] = left
-                else:
+                if (left := counts[run_id := held.pop()] - 1) == 0:
                     del counts[run_id]
+                else:
+                    counts[run_id] = left
 
         return release
 
@@ -199,13 +197,6 @@ class Settler:
         await core.backend.note_many([_answer_note(*answer) for answer in answers])
         for run_id in dict.fromkeys(ctx.run_id for ctx, *_ in answers):
             core.changed(run_id)
-
-    async def _note_answer(
-        self, ctx: CallContext, state: CancelState, detail: str, channel: str
-    ) -> None:
-        note = _answer_note(ctx, state, detail, channel)
-        await self._core.backend.note(note.op_id, note.kind, note.data, note.cancel_state)
-        self._core.changed(ctx.run_id)
 
     async def _ask(self, ctx: CallContext, sent: anyio.Event) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer
@@ -264,7 +255,9 @@ class Settler:
             )
             core.changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
         elif state is not CancelState.ASKED:
-            await self._note_answer(ctx, state, detail, channel)
+            note = _answer_note(ctx, state, detail, channel)
+            await core.backend.note(note.op_id, note.kind, note.data, note.cancel_state)
+            core.changed(ctx.run_id)
 
     # -- verification (R5: reads only) -----------------------------------------------
     def can_verify_here(self, op: OperationRecord) -> bool:
@@ -435,7 +428,7 @@ class Settler:
         reads it again."""
         if run.state not in FINAL_RUN_STATES:
             return False
-        self._final[run.id] = None
+        self._final[run.id] = run.parent_id
         if len(self._final) > _FINAL_KEPT:
             del self._final[next(iter(self._final))]
         return True
@@ -447,10 +440,11 @@ class Settler:
         core = self._core
         self._wanted.difference_update(run_ids)  # from here on, what happens next is read
         errors: dict[str, Exception] = {}
-        ready = []
+        ready, owners = [], set()  # owners: of runs that ended by themselves, stepped again
         for run_id in run_ids:
-            if run_id in self._final:
-                continue  # it ended here, in a state nothing leaves: nothing to settle
+            if run_id in self._final:  # it ended here, in a state nothing leaves
+                owners.add(self._final[run_id])
+                continue
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
                 continue  # local calls still running; their outcomes call us again
@@ -467,6 +461,8 @@ class Settler:
                 errors[run_id] = got
                 continue
             run, ops = got
+            if run.state in FINAL_RUN_STATES:
+                owners.add(run.parent_id)
             if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
                 continue
             # the cancel's compensation policy, in review too: an outcome a reviewer or
@@ -490,9 +486,11 @@ class Settler:
             await core.backend.run_events(moves, by=SYSTEM.id)
             # a run's owner waits for it (``unsettled_below``): it is stepped again
             moved = {run_id for run_id, move in moves if move in _OWNER_WAKES}
-            owners = {r.parent_id for r in stepped if r.id in moved and r.parent_id}
-            if owners:
-                core.spawn(self.advance_many, sorted(owners))
+            owners.update(r.parent_id for r in stepped if r.id in moved)
+        # an owner here not asked to cancel is not stepped: its cancel will step it
+        woken = [o for o in owners if o and (o not in core.runs or core.runs[o].cancel_requested)]
+        if woken:
+            core.spawn(self.advance_many, sorted(woken))
         for op in unknown:
             self.verify_soon(op)
         for run in stepped:
