@@ -82,6 +82,7 @@ __all__ = [
     "OperationInDoubt",
     "PlanError",
     "Rejected",
+    "RowHeld",
     "RunCancelled",
     "RunEnded",
     "RunFenced",
@@ -327,6 +328,17 @@ class LedgerCorrupt(LedgerError):
 
 class LedgerLocked(LedgerError):
     pass
+
+
+class RowHeld(LedgerLocked):
+    """PostgreSQL: a write on the group commit's own connection waited for a row another
+    session holds; the group sets it aside, to run alone (``ledger.postgres_aside``).
+    Not raised to callers (were it, it is the ``LedgerLocked`` it is). ``doubt``: the
+    write's commit was in doubt already."""
+
+    def __init__(self, location: str, cause: str, *, doubt: bool) -> None:
+        super().__init__(location, cause)
+        self.doubt = doubt
 
 
 class LedgerUnavailable(LedgerError):

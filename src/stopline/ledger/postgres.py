@@ -59,6 +59,7 @@ from stopline.errors import (
     LeaseExpired,
     LedgerError,
     LedgerUnavailable,
+    RowHeld,
     StoplineError,
 )
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
@@ -68,7 +69,7 @@ from stopline.ledger.engine.gate import gate, gate_committed, gate_params, inten
 from stopline.ledger.engine.reads import load_op, load_run
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
-from stopline.ledger.postgres_aside import GROUP_LOCK_WAIT, RowHeld
+from stopline.ledger.postgres_aside import GROUP_LOCK_WAIT
 from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
@@ -280,7 +281,8 @@ class PostgresBackend(SqlBackend):
                         raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
                     doubt = doubt or now_in_doubt
                     if connection is not None and isinstance(exc, psycopg.errors.LockNotAvailable):
-                        raise RowHeld(doubt=doubt) from exc  # the group's: set aside
+                        # the group's connection: the job is set aside
+                        raise RowHeld(self.location, str(exc), doubt=doubt) from exc
                     if not transient(exc) or time.monotonic() >= deadline:
                         if doubt and (not safe or in_doubt is not None):
                             raise (in_doubt() if in_doubt else CommitInDoubt(

@@ -37,7 +37,7 @@ from stopline.errors import LedgerLocked
 if TYPE_CHECKING:
     from stopline.ledger.postgres_batch import Job
 
-__all__ = ["GROUP_LOCK_WAIT", "Aside", "Outcome", "RowHeld", "error_of", "value_of"]
+__all__ = ["GROUP_LOCK_WAIT", "Aside", "Outcome", "error_of", "value_of"]
 
 GROUP_LOCK_WAIT = 0.5  # seconds the group's connection waits for a row another session holds
 Outcome = Callable[[], Any]  # returns the job's result or raises its error
@@ -52,15 +52,6 @@ def error_of(exc: BaseException) -> Outcome:
         raise exc
 
     return outcome
-
-
-class RowHeld(Exception):
-    """A job waited on the group's connection for a row another session holds;
-    ``doubt``: its commit was in doubt already (the group it was part of lost its reply)."""
-
-    def __init__(self, *, doubt: bool) -> None:
-        super().__init__("a row another session holds")
-        self.doubt = doubt
 
 
 class _Line:

@@ -48,9 +48,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import psycopg
 
+from stopline.errors import RowHeld
 from stopline.ledger.backend import GateResult, GateVerdict
 from stopline.ledger.engine.record import recorded
-from stopline.ledger.postgres_aside import Aside, Outcome, RowHeld
+from stopline.ledger.postgres_aside import Aside, Outcome
 from stopline.ledger.postgres_aside import error_of as _error
 from stopline.ledger.postgres_aside import value_of as _value
 from stopline.ledger.postgres_dialect import Forms, many_rows
