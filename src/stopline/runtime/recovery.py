@@ -143,8 +143,8 @@ class Workers:
         queued = self.queue(unknown)
         for op in recovered:
             core.changed(op.run_id)
-        for run_id in {op.run_id for op in recovered}:
-            core.spawn(core.settler.advance, run_id)
+        if recovered:  # their runs together, in one step
+            core.spawn(core.settler.advance_many, sorted({op.run_id for op in recovered}))
         return RecoveryReport(core.worker_id, tuple(dead), tuple(op.id for op in recovered), queued)
 
     def queue(self, ops: Sequence[OperationRecord]) -> int:
@@ -167,5 +167,7 @@ class Workers:
             _, recovered = await self.sweep()
             # unknown operations whose tool was registered since, and the newly orphaned
             self.queue(await self._core.backend.unresolved(statuses={OpStatus.UNKNOWN}))
-            for run_id in {op.run_id for op in recovered}:
-                self._core.spawn(self._core.settler.advance, run_id)
+            if recovered:
+                self._core.spawn(
+                    self._core.settler.advance_many, sorted({op.run_id for op in recovered})
+                )

@@ -60,9 +60,10 @@ class Truth:
         (their operations are resolved or being reconciled; the settler decides)."""
         core = self._core
         for state in (RunState.CANCELLING, RunState.SETTLING):
-            for run in await core.backend.list_runs(state=state, limit=10_000):
-                if run.id not in core.runs:
-                    await core.settler.advance(run.id)
+            runs = await core.backend.list_runs(state=state, limit=10_000)
+            # together: a tree's runs settle in one step (run by run, each child's
+            # settling stepped its owner, which read the whole tree again: 9 s for 500)
+            await core.settler.advance_many([r.id for r in runs if r.id not in core.runs])
 
     async def retire(self) -> None:
         await self.workers.retire()
