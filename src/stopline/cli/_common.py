@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import importlib.util
@@ -243,6 +244,7 @@ def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
         failed: list[Exception] = []
         interrupted = False
         work = anyio.CancelScope()
+        _quiet_interrupts(asyncio.get_running_loop())
 
         async def watch() -> None:
             nonlocal interrupted
@@ -273,6 +275,18 @@ def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
         return done[0]
 
     return anyio.run(main)
+
+
+def _quiet_interrupts(loop: asyncio.AbstractEventLoop) -> None:
+    """The second Ctrl-C leaves the loop with its task's ``KeyboardInterrupt`` unread:
+    asyncio would print it, a traceback, when the loop closes. The command says what
+    was interrupted; the rest goes to asyncio's handler as before."""
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not isinstance(context.get("exception"), KeyboardInterrupt):
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
 def print_json(data: Any) -> None:

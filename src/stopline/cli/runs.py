@@ -150,9 +150,11 @@ def cancel(
     waiting = c.styled("waiting for the run to settle (Ctrl-C to stop)")
     progress = None if as_json else c.err.status(waiting)
     latest: list[Receipt] = []
+    sent: list[bool] = []  # the cancel went to the ledger: it may be recorded from here on
 
     async def go() -> Receipt:
         async with c.opened(url) as ledger:
+            sent.append(True)
             receipt = await ledger.cancel(run_id, by=operator(by), reason=reason)
             latest.append(receipt)
             if not wait or receipt.settled:
@@ -175,8 +177,14 @@ def cancel(
     except KeyboardInterrupt:
         if progress is not None:
             progress.stop()
-        if not latest:
-            c.fail("interrupted before the cancel was recorded", c.EXIT_PENDING)
+        if not sent:
+            c.fail("interrupted before the cancel was sent: nothing recorded", c.EXIT_PENDING)
+        if not latest:  # its commit may have landed with no answer back (R3's rule)
+            c.fail(
+                f"interrupted before the ledger answered: the cancel may be recorded or not. "
+                f"See with: stopline show {run_id} (cancelling again is safe)",
+                c.EXIT_PENDING,
+            )
         c.err.print(
             f"interrupted; the cancel is recorded in the ledger. Follow it with: stopline show "
             f"{run_id}"
