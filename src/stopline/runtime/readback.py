@@ -13,7 +13,14 @@ from stopline.errors import InvalidInput
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from stopline.domain.model import OperationRecord
     from stopline.runtime.context import CallContext
+    from stopline.runtime.tool import Tool
+
+Verifier = Callable[["CallContext"], Awaitable[object]]
 
 __all__ = ["READS_AT_ONCE", "VerifyBudget", "ask"]
 
@@ -56,8 +63,27 @@ class VerifyBudget:
 READS_AT_ONCE = 16
 
 
+def read_back_of(
+    tools: Mapping[str, Tool[Any]], op: OperationRecord
+) -> tuple[Tool[Any] | None, Verifier | None]:
+    """The operation's tool here and its read-back (a correction's own for a correction):
+    ``(None, None)`` when its tool is not registered here; with ``op.can_verify`` false,
+    no process can read it back (R5: it goes to review)."""
+    tool = tools.get(op.tool)
+    if tool is None:
+        return None, None
+    return tool, tool.compensation_verify_fn if op.compensates else tool.verify_fn
+
+
+def no_read_back(tools: Mapping[str, Tool[Any]], op: OperationRecord) -> bool:
+    """Nobody can read the operation back: its tool here has no read-back, or its tool
+    is not here and declared none when it passed the gate."""
+    tool, verify = read_back_of(tools, op)
+    return verify is None and (tool is not None or not op.can_verify)
+
+
 async def ask(
-    verify: Callable[[CallContext], Awaitable[object]],
+    verify: Verifier,
     ctx: CallContext,
     limit: float,
     slots: anyio.CapacityLimiter,

@@ -33,6 +33,7 @@ from stopline.domain.model import Evidence, OperationRecord
 from stopline.domain.vocab import OpStatus
 from stopline.errors import StoplineError
 from stopline.ledger.leases import WorkerLease
+from stopline.runtime.readback import no_read_back
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
@@ -140,12 +141,38 @@ class Workers:
         await self.register()
         dead, recovered = await self.sweep()
         unknown = await core.backend.unresolved(statuses={OpStatus.UNKNOWN})
-        queued = self.queue(unknown)
+        queued = await self.settle_unknown(unknown, recovered)
         for op in recovered:
             core.changed(op.run_id)
         if recovered:  # their runs together, in one step
             core.spawn(core.settler.advance_many, sorted({op.run_id for op in recovered}))
         return RecoveryReport(core.worker_id, tuple(dead), tuple(op.id for op in recovered), queued)
+
+    async def settle_unknown(
+        self, ops: Sequence[OperationRecord], recovered: Sequence[OperationRecord]
+    ) -> int:
+        """Of the calls this sweep ``recovered``, those nobody can read back go to review
+        now, before this returns (R5): left to a verification in the background, a
+        short-lived process (the CLI) closed first, and its run said "verifying" with
+        nobody verifying. The rest of ``ops`` is queued for verification (an ``unknown``
+        left otherwise is for ``reconcile`` to report); how many were."""
+        core = self._core
+        swept = {op.id for op in recovered}
+        lone = {op.id for op in ops if op.id in swept and no_read_back(core.tools, op)}
+        failed: list[OperationRecord] = []
+
+        async def escalate(op: OperationRecord) -> None:
+            try:
+                await core.settler.read_back(op)
+            except StoplineError:
+                failed.append(op)  # a verification takes it, retried behind the boundary
+
+        if lone:
+            async with anyio.create_task_group() as tg:  # their verdicts, written together
+                for op in ops:
+                    if op.id in lone:
+                        tg.start_soon(escalate, op)
+        return self.queue([op for op in ops if op.id not in lone] + failed)
 
     def queue(self, ops: Sequence[OperationRecord]) -> int:
         settler = self._core.settler
@@ -166,7 +193,8 @@ class Workers:
             await self.register()
             _, recovered = await self.sweep()
             # unknown operations whose tool was registered since, and the newly orphaned
-            self.queue(await self._core.backend.unresolved(statuses={OpStatus.UNKNOWN}))
+            unknown = await self._core.backend.unresolved(statuses={OpStatus.UNKNOWN})
+            await self.settle_unknown(unknown, recovered)
             if recovered:
                 self._core.spawn(
                     self._core.settler.advance_many, sorted({op.run_id for op in recovered})

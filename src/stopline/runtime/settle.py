@@ -39,7 +39,7 @@ from stopline.ledger.backend import Note, OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
-from stopline.runtime.readback import READS_AT_ONCE, VerifyBudget, ask
+from stopline.runtime.readback import READS_AT_ONCE, VerifyBudget, ask, read_back_of
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
@@ -349,11 +349,8 @@ class Settler:
     ) -> OperationRecord:
         """One read-only look at the destination; records what it proves (R5)."""
         core = self._core
-        tool = core.tools.get(op.tool)
-        verify_fn = None
-        if tool is not None:
-            verify_fn = tool.compensation_verify_fn if op.compensates else tool.verify_fn
-        elif op.can_verify:
+        tool, verify_fn = read_back_of(core.tools, op)
+        if tool is None and op.can_verify:
             return op  # its tool is not registered here: leave it for one that has it
         if verify_fn is None:
             name = op.tool if tool is None else tool.name
