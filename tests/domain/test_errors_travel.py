@@ -49,6 +49,7 @@ SAMPLES: dict[str, BaseException] = {
     "LedgerError": errors.LedgerError("sqlite:///l.db", "broken"),
     "LedgerCorrupt": errors.LedgerCorrupt("sqlite:///l.db", "not a database"),
     "LedgerLocked": errors.LedgerLocked("sqlite:///l.db", "locked"),
+    "RowHeld": errors.RowHeld("postgresql://h/db", "lock timeout", doubt=True),
     "LedgerUnavailable": errors.LedgerUnavailable("sqlite:///l.db", "gone"),
     "LedgerFull": errors.LedgerFull("sqlite:///l.db", "disk full"),
     "LedgerReadOnly": errors.LedgerReadOnly("sqlite:///l.db", "read-only"),
