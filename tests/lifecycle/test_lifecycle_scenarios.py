@@ -441,3 +441,39 @@ async def test_r11_a_retried_key_passes_the_gate_only_with_its_approval_granted(
             await ledger.approve(approval.id, by="boss:1")
             assert await run.call(tool, 500, key="w", needs_approval=True) == "wired"
             assert sent == [500]
+
+
+async def test_a_receipt_names_a_cancel_only_while_the_run_is_in_its_state(
+    ledger: stopline.Ledger,
+) -> None:
+    """Cancelled, then resumed, then paused: the receipt said "cancelled by user:ada
+    (wrong list)" under "Paused.", as if the old cancel were why. Who cancelled a run
+    is on its receipt while its state is the cancel's; after a resume it is history
+    (the event log keeps it)."""
+    run_id = "run_history"
+    async with ledger.run("mail", owner="user:ada", run_id=run_id):
+        pass
+    async with anyio.create_task_group() as tg:
+        ready = anyio.Event()
+
+        async def live() -> None:
+            async with ledger.run("mail", owner="user:ada", run_id="run_live"):
+                ready.set()
+                await anyio.sleep_forever()
+
+        tg.start_soon(live)
+        await ready.wait()
+        cancelled = await ledger.cancel("run_live", by="user:ada", reason="wrong list")
+    assert (cancelled.cancelled_by, cancelled.cancel_reason) == ("user:ada", "wrong list")
+    settled = await ledger.wait_settled("run_live", timeout=10)
+    assert settled.cancelled_by == "user:ada"
+    await ledger.resume("run_live", by="user:ada")
+    resumed = await ledger.receipt("run_live")
+    assert resumed.run_state is RunState.RUNNING
+    assert (resumed.cancelled_by, resumed.cancel_reason) == (None, None)
+    paused = await ledger.pause("run_live", by="user:ada")
+    assert paused.headline is Headline.PAUSED
+    assert (paused.cancelled_by, paused.cancel_reason) == (None, None)
+    kinds = [e.kind for e in await ledger.backend.events("run_live")]
+    assert "cancel" in kinds  # the history stays
+    assert (await ledger.receipt(run_id)).cancelled_by is None

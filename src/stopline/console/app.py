@@ -60,9 +60,6 @@ _TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 _TEMPLATES.env.globals.update(fmt_time=fmt_time, fmt_age=fmt_age, fmt_seconds=fmt_seconds)
 # an id in a URL path: `?`, `#`, `%` and `/` escaped (the routes take the decoded id back)
 _TEMPLATES.env.filters["q"] = lambda value: quote(str(value), safe="")
-_STOPPED = frozenset(
-    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
-)
 _FINAL = frozenset({RunState.CANCELLED, RunState.COMPLETED, RunState.FAILED})
 # the ledger is busy (another process holds its lock) or out of reach: not the request's
 # fault and not a conflict; asking again later may work (503, Retry-After)
@@ -280,7 +277,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             timeline=entries,
             picture=run_timeline(entries, ops),
             receipt=receipt,
-            can_cancel=run.state not in _STOPPED and run.state not in _FINAL,
+            can_cancel=not run.state.fenced and run.state not in _FINAL,
             live=not receipt.settled,
             partial=request.query_params.get("partial") == "1",
         )

@@ -60,9 +60,6 @@ _PLAIN_STATUS: dict[OpStatus, str] = {
 _SETTLED_STATES = frozenset(
     {RunState.CANCELLED, RunState.NEEDS_REVIEW, RunState.COMPLETED, RunState.FAILED}
 )
-_CANCELLED_STATES = frozenset(
-    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
-)
 
 
 def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
@@ -83,7 +80,7 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
         return Headline.NEEDS_REVIEW
     if OpStatus.UNKNOWN in statuses:
         return Headline.VERIFYING
-    if run.state not in _CANCELLED_STATES:
+    if not run.state.fenced:
         return _STATE_HEADLINES.get(run.state, Headline.RUNNING)
     if primary & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
         return Headline.AWAITING_CONFIRMATION
@@ -360,7 +357,9 @@ def build_receipt(
         headline=headline,
         message=message,
         lines=lines,
-        cancelled_by=run.cancelled_by,
-        cancel_reason=run.cancel_reason,
+        # who cancelled it, while its state is the cancel's (a cancel before a resume
+        # is history: a paused run's receipt named it as if it were the cause)
+        cancelled_by=run.cancelled_by if run.state.fenced else None,
+        cancel_reason=run.cancel_reason if run.state.fenced else None,
         resume_rule=resume_rule(run, ops, runs),
     )

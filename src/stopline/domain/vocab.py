@@ -73,6 +73,17 @@ class RunState(enum.StrEnum):
         """Its gate lets no call through until a resume (or a cancel) moves it on."""
         return self in (RunState.PAUSING, RunState.PAUSED)
 
+    @property
+    def fenced(self) -> bool:
+        """Where a cancel leads, short of a resume: its gate lets no call through, and
+        its state is the cancel's doing (who cancelled it, and why, is its story)."""
+        return self in (
+            RunState.CANCELLING,
+            RunState.SETTLING,
+            RunState.CANCELLED,
+            RunState.NEEDS_REVIEW,
+        )
+
 
 class RunEvent(enum.StrEnum):
     PAUSE = "pause"

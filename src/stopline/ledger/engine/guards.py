@@ -91,9 +91,7 @@ SETTLING_SQL = (
 CANCELLABLE: frozenset[RunState] = _sources(RUN_TABLE, RunEvent.CANCEL)
 PAUSE_STATES: frozenset[RunState] = frozenset(s for s in RunState if s.paused)
 # Where a cancel leads, short of a resume: the run is fenced.
-FENCED: frozenset[RunState] = frozenset(
-    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
-)
+FENCED: frozenset[RunState] = frozenset(s for s in RunState if s.fenced)
 # A resume of these is a no-op: running already, or ended on its own.
 NOTHING_TO_RESUME: frozenset[RunState] = frozenset(
     {RunState.RUNNING, RunState.COMPLETED, RunState.FAILED}
