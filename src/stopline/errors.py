@@ -77,6 +77,7 @@ __all__ = [
     "NoRun",
     "NotCorrectable",
     "NotFound",
+    "NotInReview",
     "NotPermitted",
     "NotReplayable",
     "OperationInDoubt",
@@ -157,6 +158,22 @@ class NotCorrectable(IllegalTransition):
         self.op_id = op_id
         self.why = why
         StoplineError.__init__(self, f"operation {op_id!r} is not corrected: {why}")
+        self.state = state
+        self.event = event
+
+
+class NotInReview(IllegalTransition):
+    """A reviewer's decision on an operation that is not in review: refused, nothing
+    written. Its status is what its evidence proves (``state``); a decision has
+    nothing to settle."""
+
+    def __init__(self, op_id: str, state: enum.Enum, event: enum.Enum) -> None:
+        self.op_id = op_id
+        StoplineError.__init__(
+            self,
+            f"operation {op_id!r} is not in review: it is {state.value}, as its evidence "
+            "proves; nothing recorded",
+        )
         self.state = state
         self.event = event
 

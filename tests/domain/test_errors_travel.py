@@ -50,6 +50,7 @@ SAMPLES: dict[str, BaseException] = {
     "LedgerCorrupt": errors.LedgerCorrupt("sqlite:///l.db", "not a database"),
     "LedgerLocked": errors.LedgerLocked("sqlite:///l.db", "locked"),
     "RowHeld": errors.RowHeld("postgresql://h/db", "lock timeout", doubt=True),
+    "NotInReview": errors.NotInReview("run-1/k", OpStatus.COMMITTED, OpEvent.REVIEWED_COMMITTED),
     "LedgerUnavailable": errors.LedgerUnavailable("sqlite:///l.db", "gone"),
     "LedgerFull": errors.LedgerFull("sqlite:///l.db", "disk full"),
     "LedgerReadOnly": errors.LedgerReadOnly("sqlite:///l.db", "read-only"),

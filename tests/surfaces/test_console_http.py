@@ -270,7 +270,7 @@ def test_a_busy_ledger_is_503_with_retry_after_and_a_conflict_stays_409(tmp_path
         assert client.post(action[1], data=decided).status_code == 200
         again = client.post(action[1], data=decided)  # no longer in review: a conflict
         assert again.status_code == 409 and "retry-after" not in again.headers
-        assert "illegal transition" in again.text
+        assert "is not in review: it is committed" in again.text
 
 
 def test_a_ledger_that_cannot_serve_is_500_not_a_conflict(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 import stopline
 from stopline import Cancellable, EvidenceKind, Headline, OpStatus, Policy, RunState
+from stopline.errors import NotInReview
 from stopline.testing import FakeProvider
 from tests.scenarios.workflows import calls, start
 from tests.truth.helpers import Remote, quiesce
@@ -93,7 +94,24 @@ async def test_bad_verdicts_and_settled_items_are_refused(ledger: stopline.Ledge
     with pytest.raises(ValueError, match="not one of"):
         await ledger.resolve_review(op_id, "maybe", by="user:1")
     await ledger.resolve_review(op_id, "committed", by="user:1")
-    with pytest.raises(stopline.IllegalTransition):
-        await ledger.resolve_review(op_id, "not_committed", by="user:1")
-    with pytest.raises(stopline.NotPermitted, match="declares no compensator"):
-        await ledger.resolve_review(op_id, "compensate", by="user:1")
+    before = await ledger.backend.events(op_id.split("/")[0])
+    # a decided item is no longer in review: the refusal says so, whatever was asked (a
+    # "compensate" was refused for want of a compensator, a "not_committed" for its
+    # horizon: what a decision would need, not why there is none to make)
+    for verdict in ("not_committed", "committed", "compensate"):
+        with pytest.raises(NotInReview, match="is not in review: it is committed") as refused:
+            await ledger.resolve_review(op_id, verdict, by="user:1")
+        assert isinstance(refused.value, stopline.IllegalTransition)
+    assert await ledger.backend.events(op_id.split("/")[0]) == before  # nothing recorded
+
+
+async def test_a_decision_on_an_operation_never_in_review_is_refused(
+    ledger: stopline.Ledger,
+) -> None:
+    """A call its read-back proved: no reviewer decides it, nothing is recorded."""
+    provider = FakeProvider("send")
+    async with ledger.run("mail", owner="user:1", run_id="r") as run:
+        await run.call(provider.tool, "hi", key="k")
+    with pytest.raises(NotInReview, match="'r/k' is not in review: it is committed"):
+        await ledger.resolve_review("r/k", "not_committed", by="user:1")
+    assert (await ledger.backend.get_operation("r/k")).status is OpStatus.COMMITTED

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
-from stopline.domain.vocab import LogKind, NoteKind, OpEvent, OpStatus, RunEvent
+from stopline.domain.transitions import REVIEW_OPS
+from stopline.domain.vocab import LogKind, NoteKind, OpEvent, RunEvent
 from stopline.errors import StoplineError
 from stopline.runtime.review import ReviewItem
 
@@ -32,7 +33,7 @@ __all__ = [
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-REVIEW_STATUSES = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+REVIEW_STATUSES = REVIEW_OPS  # what a reviewer decides
 
 
 class UsageError(StoplineError):

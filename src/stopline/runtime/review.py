@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from stopline.domain.limits import check_limit
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.receipt import horizon_words
-from stopline.domain.transitions import later_evidence_settles
+from stopline.domain.transitions import REVIEW_OPS, later_evidence_settles
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
-from stopline.errors import NotCorrectable, NotPermitted
+from stopline.errors import NotCorrectable, NotInReview, NotPermitted
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ __all__ = [
     "items",
 ]
 
-REVIEW_STATUSES = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+REVIEW_STATUSES = REVIEW_OPS  # what a reviewer decides (``transitions.REVIEW_OPS``)
 
 
 class ReviewVerdict(enum.StrEnum):
@@ -58,6 +58,14 @@ class ReviewVerdict(enum.StrEnum):
         except ValueError:
             allowed = ", ".join(v.value for v in cls)
             raise ValueError(f"review verdict {value!r} is not one of: {allowed}") from None
+
+
+# the event a decision records (for a decision refused: the move it would have been)
+_REVIEW_EVENTS = {
+    ReviewVerdict.COMMITTED: OpEvent.REVIEWED_COMMITTED,
+    ReviewVerdict.NOT_COMMITTED: OpEvent.REVIEWED_NOT_COMMITTED,
+    ReviewVerdict.COMPENSATE: OpEvent.REVIEWED_COMMITTED,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,13 +147,13 @@ async def resolve(
 ) -> OperationRecord:
     """Record a reviewer's decision (``by`` already authorized) and settle what follows."""
     op = await core.backend.get_operation(op_id)
+    if op.status not in REVIEW_STATUSES:  # before what a decision would need: it needs none
+        raise NotInReview(op_id, op.status, _REVIEW_EVENTS[verdict])
     if verdict is ReviewVerdict.COMPENSATE:
         core.compensator.tool_for(op)  # refuse before writing anything
     if verdict is ReviewVerdict.NOT_COMMITTED:
         _may_not_have_happened(core, op)
-    corrected = False
-    if op.status in REVIEW_STATUSES:
-        corrected = await _corrected(core, op_id, verdict)
+    corrected = await _corrected(core, op_id, verdict)
     if op.status is OpStatus.COMPENSATION_FAILED:  # escalation interrupted: finish it first
         escalated = Evidence.local("compensation_failed", "a reviewer decides what now")
         op = await core.backend.record(op_id, OutcomeUpdate(OpEvent.ESCALATED, [escalated]))
