@@ -28,6 +28,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("stopline.integrations.mcp.tasks_client", "session._dispatcher"): (
         "the MCP SDK's dispatcher, the level below send_request (tasks/* requests)"
     ),
+    ("stopline.integrations._langchain_tools", "BaseTool._arun"): (
+        "LangChain's documented extension point: a BaseTool subclass implements _run/_arun"
+    ),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypedDict
 import anyio
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-from langchain_core.tools import tool
+from langchain_core.tools import BaseTool, StructuredTool, Tool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -23,6 +23,7 @@ from langgraph.prebuilt import ToolNode
 import stopline
 from stopline import OpStatus, RunState
 from stopline.integrations import langgraph as sl
+from stopline.integrations._langchain_tools import runs_in_thread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -160,3 +161,46 @@ async def test_a_def_node_keeps_no_result_once_it_is_recorded(ledger: stopline.L
     # the runs' results are the ledger's now (the last may still be on its way there,
     # in the ledger's own outbox): the adapter holds none of them
     assert [ref() for ref in made[:-1]] == [None, None]
+
+
+def write(note: str) -> str:
+    """Write a note."""
+    return note
+
+
+async def awrite(note: str) -> str:
+    """Write a note."""
+    return note
+
+
+class OnlyRun(BaseTool):
+    name: str = "write"
+    description: str = "Write."
+
+    def _run(self, note: str) -> str:
+        return note
+
+
+class OwnArun(OnlyRun):
+    async def _arun(self, note: str) -> str:
+        return note
+
+
+@pytest.mark.parametrize(
+    ("made", "in_thread"),
+    [
+        (lambda: tool(write), True),
+        (lambda: tool(awrite), False),
+        (lambda: StructuredTool.from_function(func=write, coroutine=awrite), False),
+        (lambda: Tool.from_function(func=write, name="write", description="Write."), True),
+        (lambda: Tool(name="write", description="Write.", func=None, coroutine=awrite), False),
+        (lambda: Tool.from_function(write, "write", "Write.", coroutine=awrite), False),
+        (OnlyRun, True),
+        (OwnArun, False),
+    ],
+    ids=["def", "async-def", "both", "Tool-def", "Tool-async", "Tool-both", "_run", "_arun"],
+)
+def test_which_tools_langchain_runs_in_a_thread(made: Any, in_thread: bool) -> None:
+    """The gate keeps a thread's call to its end (R4): it must know every kind of
+    ``def`` tool LangChain runs in one, and no async tool among them."""
+    assert runs_in_thread(made()) is in_thread

@@ -18,6 +18,7 @@ import anyio
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.tools import BaseTool, Tool
 from langchain_core.tools import tool as lc_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -163,26 +164,45 @@ async def test_s01_langgraph_tool_node_cancel_before_the_call_then_resume(
     assert effect.lines() == ["refund 9"]
 
 
+def async_basetool(effect: FileEffect) -> BaseTool:
+    """A ``BaseTool`` subclass with its own ``_arun``: async, so a cancel interrupts it."""
+
+    class WriteNote(BaseTool):
+        name: str = "write_note"
+        description: str = "Write a note."
+
+        def _run(self, note: str) -> str:
+            raise NotImplementedError("async only")
+
+        async def _arun(self, note: str) -> str:
+            return await effect.awrite(note)
+
+    return WriteNote()
+
+
+@pytest.mark.parametrize("kind", ["tool", "basetool"])
 async def test_s02_langgraph_cancel_during_an_async_tool_then_resume(
-    ledger: stopline.Ledger, tmp_path: Path
+    ledger: stopline.Ledger, tmp_path: Path, kind: str
 ) -> None:
     """Cancelled before the async tool writes: unknown, read back (``verify``), not
     committed; the resumed thread re-runs the call under its id and writes once."""
+    thread = f"lg-g-s02-{kind}"
     with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
-        graph = Graph(write_tool(effect, sync=False), verify=effect.read_back())
+        tool = write_tool(effect, sync=False) if kind == "tool" else async_basetool(effect)
+        graph = Graph(tool, verify=effect.read_back())
         workflow = Workflow()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(workflow, ledger, graph.graph, start(), "lg-g-s02")
+            tg.start_soon(workflow, ledger, graph.graph, start(), thread)
             await effect.async_reached.wait()
             await workflow.g.cancel(by="user:1")
-        receipt = await ledger.wait_settled("lg-g-s02", timeout=10)
-        (op,) = await ledger.backend.operations("lg-g-s02")
-        assert op.id == "lg-g-s02/tool:c1" and op.status is OpStatus.NOT_COMMITTED
+        receipt = await ledger.wait_settled(thread, timeout=10)
+        (op,) = await ledger.backend.operations(thread)
+        assert op.id == f"{thread}/tool:c1" and op.status is OpStatus.NOT_COMMITTED
         assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
         assert effect.lines() == []
 
         effect.hold = False
-        await resume(ledger, graph.graph, None, "lg-g-s02")
+        await resume(ledger, graph.graph, None, thread)
     assert effect.lines() == ["refund 9"]
 
 
@@ -209,6 +229,65 @@ async def test_s09_langgraph_cancel_during_a_def_tool_then_resume(
     assert [m.content for m in state["messages"] if isinstance(m, ToolMessage)] == [
         "wrote refund 9"
     ]
+
+
+def other_def_tool(effect: FileEffect, kind: str) -> tuple[BaseTool, dict[str, Any]]:
+    """A plain-def ``write_note`` that is not ``@tool``'s ``StructuredTool``, and the
+    arguments the model gives it. LangChain runs each in an executor thread too."""
+    if kind == "basetool":  # LangChain's "subclass BaseTool" pattern: only ``_run``
+
+        class WriteNote(BaseTool):
+            name: str = "write_note"
+            description: str = "Write a note."
+
+            def _run(self, note: str) -> str:
+                return effect.write(note)
+
+        return WriteNote(), {"note": "refund 9"}
+    function_tool = Tool.from_function(
+        func=effect.write, name="write_note", description="Write a note."
+    )
+    return function_tool, {"__arg1": "refund 9"}  # a ``Tool`` takes one string
+
+
+@pytest.mark.parametrize("verified", [False, True], ids=["no-verifier", "read-back"])
+@pytest.mark.parametrize("kind", ["basetool", "function-tool"])
+async def test_s09_langgraph_cancel_during_any_def_tool_keeps_its_late_result(
+    ledger: stopline.Ledger, tmp_path: Path, kind: str, verified: bool
+) -> None:
+    """A ``BaseTool`` with only ``_run``, or ``Tool.from_function(func=<def>)``, runs in
+    a thread the cancel cannot stop, as an ``@tool`` def does. They were taken for
+    async tools: the cancel ended the wait and the thread's result was never attached.
+    A read-back made before the thread wrote said "did not happen" and the resume
+    wrote again; one made after it found the write but no result to replay; with
+    none, the call waited for review. Now the call is kept to its end: committed with
+    its result, replayed on resume, written once."""
+    thread = f"lg-g-s09-{kind}-{verified}"
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        tool, args = other_def_tool(effect, kind)
+        verify = effect.read_back() if verified else None
+        graph = Graph(tool, verify=verify, args=args)
+        workflow = Workflow()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(workflow, ledger, graph.graph, start(), thread)
+            await effect.wait_reached()
+            await workflow.g.cancel(by="user:1")
+            await until_unknown(ledger, f"{thread}/tool:c1")
+            effect.release.set()
+        receipt = await ledger.wait_settled(thread, timeout=10)
+        assert effect.lines() == ["refund 9"]
+        assert "did not happen" not in receipt.text()
+        assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+        assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+        (op,) = await ledger.backend.operations(thread)
+        assert op.has_result and op.result == "wrote refund 9"  # the thread's late answer
+
+    state = await resume(ledger, graph.graph, None, thread)
+    assert effect.lines() == ["refund 9"]
+    assert [m.content for m in state["messages"] if isinstance(m, ToolMessage)] == [
+        "wrote refund 9"
+    ]
+    assert (await ledger.receipt(thread)).headline is Headline.COMPLETED
 
 
 async def test_s03_langgraph_cancel_after_the_tool_then_resume(

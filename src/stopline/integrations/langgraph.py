@@ -59,12 +59,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import anyio
 from langchain_core.messages import AIMessage, ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, StructuredTool, ToolException
+from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as lc_tool
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest, msg_content_output
 from langgraph.types import Command
-from pydantic import BaseModel, ValidationError
 
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
@@ -83,6 +82,7 @@ from stopline.integrations._frameworks import (
     open_run,
     stopline_tool,
 )
+from stopline.integrations._langchain_tools import fits, refusing, runs_in_thread
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -229,8 +229,10 @@ def gate(
     destination back by ``ctx.key``; ``cancel={name: async (ctx) -> bool | None}``
     asks an async tool's provider to cancel the call with that key (a cancel of
     the run asks every call in flight that has one); ``settles_within={name: s}``
-    bounds when its effect may still land (R13). A ``def`` tool runs to its end
-    whoever stops waiting (R4).
+    bounds when its effect may still land (R13). A ``def`` tool (any tool LangChain
+    runs in an executor thread: ``@tool`` or ``Tool.from_function`` without a
+    coroutine, a ``BaseTool`` with only ``_run``) runs to its end whoever stops
+    waiting, and its result is attached when it returns (R4).
     """
     verify = dict(verify or {})
     cancel = dict(cancel or {})
@@ -240,9 +242,11 @@ def gate(
         tool, call = request.tool, request.tool_call
         if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
             return await execute(request)  # a read, unknown, or gated by itself
-        if not _fits(tool, call["args"]):  # refused before it runs: no operation, no gate
-            return await execute(request.override(tool=_refusing(tool)))
-        is_sync = isinstance(tool, StructuredTool) and tool.coroutine is None
+        if not fits(tool, call["args"]):  # refused before it runs: no operation, no gate
+            return await execute(request.override(tool=refusing(tool)))
+        # a ``def`` tool (any kind: ``@tool``, ``Tool.from_function``, a ``BaseTool`` with
+        # only ``_run``) runs in a thread a cancel cannot stop: kept to its end (R4)
+        in_thread = runs_in_thread(tool)
         spec = ToolSpec(
             verify=as_verifier(verify.get(tool.name)),
             cancel=cancel.get(tool.name),
@@ -268,7 +272,7 @@ def gate(
 
         gated_tool = (
             detached_tool(tool.name, spec, start)
-            if is_sync
+            if in_thread
             else stopline_tool(_direct(start), tool.name, spec)
         )
         key = f"tool:{call['id']}" if call.get("id") else None
@@ -290,33 +294,6 @@ def gate(
         return ToolMessage(content=as_content, name=tool.name, tool_call_id=call["id"])
 
     return wrap
-
-
-def _fits(tool: BaseTool, args: Any) -> bool:
-    """Whether the model's arguments fit the schema the tool showed it (its injected
-    arguments left out). ``ToolNode`` refuses ones that do not before the tool runs."""
-    schema = tool.tool_call_schema
-    if tool.args_schema is None or not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-        return True  # no model to check against: ``ToolNode``'s own check is the only one
-    try:
-        schema.model_validate(args)
-    except ValidationError:
-        return False
-    return True
-
-
-def _refusing(tool: BaseTool) -> BaseTool:
-    """A stand-in with ``tool``'s name and schema: ``ToolNode`` refuses the arguments to
-    it as it would to ``tool``, with its own message (or its configured handling);
-    should it not, the stand-in refuses, and ``tool`` never runs ungated."""
-
-    def refuse(**kwargs: Any) -> Any:
-        raise ToolException(f"stopline: the arguments do not fit {tool.name}'s schema")
-
-    assert tool.args_schema is not None  # ``_fits`` said so
-    return StructuredTool(
-        name=tool.name, description=tool.description, args_schema=tool.args_schema, func=refuse
-    )
 
 
 def _direct(start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work]) -> Any:
