@@ -112,12 +112,15 @@ async def test_paused_worker_whose_lease_expired_cannot_dispatch(pg_url: str) ->
             await entered.wait()
             sql(pg_url, "UPDATE workers SET lease_until = %s WHERE id = %s", 1.0, a.worker_id)
             async with stopline.open(pg_url, tools=[pay]) as b:  # its recovery sees A dead
-                assert (await b.backend.get_operation("run_p/k0")).status is OpStatus.UNKNOWN
+                # unknown, and with no read-back anywhere, in review at once (R5)
+                recovered = await b.backend.get_operation("run_p/k0")
+                assert recovered.status is OpStatus.NEEDS_REVIEW
+                assert {"crash", "no_verifier"} <= {e.ref for e in recovered.evidence}
             release.set()
         assert outcome["first"] == 0
         assert isinstance(outcome["second"], LeaseExpired)
         k0 = await a.backend.get_operation("run_p/k0")
-        assert k0.status is OpStatus.COMMITTED  # the late response is kept (R4)
+        assert k0.status is OpStatus.COMMITTED  # the late response settles it (R4, ADR 0052)
         with pytest.raises(stopline.UnknownOperation):
             await a.backend.get_operation("run_p/k1")  # never recorded, never sent
 
