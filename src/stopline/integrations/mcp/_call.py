@@ -9,6 +9,8 @@ a result, ``isError: false``                   committed (its evidence: digest)
 a result, ``isError: true``                    unknown / server_error
 error with ``data["io.stopline/outcome"]``     not_committed (refused before
 ``== "not_committed"``                         any effect)
+HTTP 404 for the session, or 413 (the first    not_committed (never processed;
+attempt's ``tools/call``)                      a 404 re-opens the connection)
 error -32000 (connection closed), broken       unknown / transport
 transport, malformed stream
 error -32001, or our own deadline              unknown / timeout
@@ -29,34 +31,49 @@ late answer still attaches (R4).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import pydantic_core
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, RequestParamsMeta
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.errors import InvalidInput, describe
+from stopline.integrations.mcp._http import NOT_PROCESSED
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     EFFECTS_META,
     OUTCOME_DATA,
     VERIFY_TOOL,
 )
+from stopline.integrations.mcp.tasks_client import offers_legacy_tasks
 from stopline.runtime.context import CallContext
-from stopline.runtime.tool import NoAnswer, ReadBack, Rejected, Verdict
+from stopline.runtime.tool import NoAnswer, ReadBack, Rejected, Verdict, Verifier
 from stopline.telemetry import ATTR_OP_ID, ATTR_RUN_ID
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
 
-__all__ = ["Deadline", "McpCall", "cancel_channel", "plain_result", "read_back", "sendable"]
+__all__ = [
+    "Deadline",
+    "McpCall",
+    "cancel_channel",
+    "connected",
+    "never_processed",
+    "plain_result",
+    "read_back",
+    "read_tool",
+    "send_call",
+    "sendable",
+]
 
 
 class Deadline:
@@ -112,6 +129,74 @@ def payload_of(raw: Mapping[str, Any] | None) -> Any:
         return plain_result(CallToolResult.model_validate(raw)) if raw is not None else None
     except ValidationError:
         return None
+
+
+def never_processed(ref: str, proof: str, why: str) -> Rejected:
+    """The one way this client records a call the evidence proves the server never
+    processed: ``not_committed`` (``Rejected``, the only way there, R3), ``proof``
+    naming the evidence in its ref. Either it was not sent (no connection within the
+    deadline), or the server refused it unread (``_http.NOT_PROCESSED``)."""
+    return Rejected(why, ref=f"{proof}:{ref}")
+
+
+def connected(conn: StoplineMCP, verify: Verifier) -> Verifier:
+    """A ``verifiers=`` read-back runs on ``conn`` open: a lost connection is re-opened
+    first (at most ``connect_timeout``; the read-back's own time limit bounds it too),
+    so ``conn.client`` in it is live. It runs even if that failed (it may read
+    elsewhere; ``conn.client`` then raises ``NoAnswer``)."""
+
+    @functools.wraps(verify)
+    async def verify_connected(ctx: CallContext) -> Any:
+        with contextlib.suppress(NoAnswer):
+            await conn.open_session()
+        return await verify(ctx)
+
+    return verify_connected
+
+
+async def read_tool(
+    conn: StoplineMCP, name: str, arguments: dict[str, Any], timeout: float | None
+) -> CallToolResult:
+    """A read (no effects: safe to repeat): on a broken connection, re-open and ask
+    once more, all within the caller's deadline."""
+    for attempt in (1, 2):
+        client = await conn.open_session(timeout)
+        try:
+            return await client.call_tool(name, arguments)
+        except MCPError as exc:
+            # an error on a connection dropped under it (its HTTP session is gone) is
+            # the connection's, not the tool's: ask again on a new one
+            if exc.code != CONNECTION_CLOSED and not conn.dropped(client):
+                detail = f"MCP error {exc.code}: {exc.message}"
+                raise NoAnswer(Cause.SERVER_ERROR, detail) from exc
+            why = f"MCP connection closed: {exc.message}"
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            why = describe(exc)
+        conn.mark_broken(client)
+        if attempt == 2:
+            raise NoAnswer(Cause.TRANSPORT, why)
+    raise AssertionError("unreachable")
+
+
+async def send_call(
+    conn: StoplineMCP,
+    client: Client,
+    name: str,
+    arguments: dict[str, Any],
+    meta: dict[str, Any],
+    on_progress: ProgressFnT,
+) -> CallToolResult:
+    """One ``tools/call``; on a 2025-11-25 connection as a task when the tool offers it."""
+    listed = conn.listing.get(name)
+    legacy = client.protocol_version not in MODERN_PROTOCOL_VERSIONS
+    if conn.tasks is not None and legacy and listed is not None:
+        offered = offers_legacy_tasks(client.server_capabilities, listed)
+        required = listed.execution is not None and listed.execution.task_support == "required"
+        if offered and (conn.policy(name).task or required):
+            return await conn.tasks.call_legacy(client.session, name, arguments, meta, on_progress)
+    return await client.call_tool(
+        name, arguments, progress_callback=on_progress, meta=cast(RequestParamsMeta, meta)
+    )
 
 
 def may_reissue(conn: StoplineMCP, name: str, client: Client, attempt: int) -> bool:
@@ -208,7 +293,7 @@ class McpCall:
         try:  # reconnecting counts against the call's deadline
             client = await self.conn.open_session(None if math.isinf(left) else max(left, 0.0))
         except NoAnswer as exc:  # no connection, so nothing was sent: provably not committed
-            raise Rejected(f"not sent: {exc.detail}", ref=f"not_sent:{self.ref}") from exc
+            raise never_processed(self.ref, "not_sent", f"not sent: {exc.detail}") from exc
         self.scope.deadline = deadline.initial()
         if cap is not None:  # R13: no answer is awaited past this; the stated horizon
             self.ctx.settles_by(self.ctx.started_at + cap)
@@ -256,24 +341,36 @@ class McpCall:
         """One ``tools/call`` (a new JSON-RPC id each time), its failure said as NoAnswer.
         A connection that ends under it ends it at once (``connection_lost``)."""
         self.client, self.lost = client, ""
+        earlier = len(self.request_ids)  # this call's requests sent before this attempt
+        failure: Exception
+        cause: Exception | None = None
         try:
             with anyio.CancelScope() as self._attempt_scope:
-                return await self.conn.call_tool(
-                    client, self.mcp_name, arguments, meta, on_progress
+                return await send_call(
+                    self.conn, client, self.mcp_name, arguments, meta, on_progress
                 )
         except MCPError as exc:
-            raise self._no_answer(exc) from exc
-        except NoAnswer:
-            raise  # already says why (e.g. a task that vanished)
+            failure, cause = self._no_answer(exc), exc
+        except NoAnswer as exc:
+            failure = exc  # already says why (e.g. a task that vanished)
         except ValidationError as exc:
-            raise NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}") from exc
+            failure, cause = NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}"), exc
         except Exception as exc:
-            self.conn.mark_broken()
-            raise NoAnswer(Cause.TRANSPORT, describe(exc)) from exc
+            self.conn.mark_broken(client)
+            failure, cause = NoAnswer(Cause.TRANSPORT, describe(exc)), exc
+        else:  # only ``connection_lost`` cancels this scope: the request may have been read
+            failure = NoAnswer(Cause.TRANSPORT, f"MCP connection ended: {self.lost}")
         finally:
             self._attempt_scope = None
-        # only ``connection_lost`` cancels this scope: the request may have been read
-        raise NoAnswer(Cause.TRANSPORT, f"MCP connection ended: {self.lost}")
+        # whatever surfaced first (a 404 also drops the connection under the call), the
+        # server's HTTP refusal of the only request this call sent proves it unprocessed
+        status = self.conn.refused(client, self.request_ids[earlier:])
+        if status is not None and not isinstance(failure, Rejected) and earlier == 0:
+            why = f"not processed: {NOT_PROCESSED[status]}"
+            raise never_processed(self.ref, f"http_{status}", why) from cause or failure
+        if cause is None:
+            raise failure
+        raise failure from cause
 
     def connection_lost(self, client: Client, why: str) -> None:
         """``client``'s connection ended (the transport failed: bytes it could not read, a
@@ -291,7 +388,7 @@ class McpCall:
         if data.get(OUTCOME_DATA) == "not_committed":
             return Rejected(exc.message, ref=self.ref)
         if exc.code == CONNECTION_CLOSED:
-            self.conn.mark_broken()
+            self.conn.mark_broken(self.client)
             return NoAnswer(Cause.TRANSPORT, f"MCP connection closed: {exc.message}")
         if exc.code == REQUEST_TIMEOUT:
             return NoAnswer(Cause.TIMEOUT, exc.message)

@@ -29,6 +29,9 @@ proves (see ``_call``). Around it:
   transport) and is re-opened on next use by ``_keep``, with capped backoff
   and jitter; a wait for it is bounded by the call's deadline (at most
   ``connect_timeout``): an effectful call that never got one was not sent.
+  A Streamable HTTP session the server no longer has (404) is one that ended
+  (``_http``); a tool listed twice keeps its most conservative declaration
+  (``_listing``).
 """
 
 from __future__ import annotations
@@ -39,34 +42,34 @@ import functools
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.client import ClientExtension
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, CallToolResult, RequestParamsMeta
 from mcp_types import Tool as McpTool
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from mcp import Client, MCPError, StdioServerParameters
+from mcp import Client, StdioServerParameters
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cancellable, Cause
-from stopline.errors import UnknownTool, describe
+from stopline.errors import UnknownTool
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp._call import (
     McpCall,
     cancel_channel,
+    connected,
     payload_of,
     plain_result,
     read_back,
+    read_tool,
     sendable,
 )
+from stopline.integrations.mcp._http import HttpRefusals, http_transport
+from stopline.integrations.mcp._listing import index_tools
 from stopline.integrations.mcp._stdio import on_bad_bytes, watched
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
@@ -74,7 +77,6 @@ from stopline.integrations.mcp.tasks_client import (
     CURRENT_CALL,
     TaskOutcome,
     TasksClient,
-    offers_legacy_tasks,
 )
 from stopline.runtime.boundary import Backoff
 from stopline.runtime.context import CallContext
@@ -142,6 +144,9 @@ class StoplineMCP:
         # where each call's late answer is recorded (R4), by operation id
         self._outcomes: collections.OrderedDict[str, Outcomes] = collections.OrderedDict()
         self._client: Client | None = None
+        # each HTTP connection's refused requests, which prove "not processed" (``_http``),
+        # by id(client): a new client's entry replaces that of a freed one with its id
+        self._refusals: collections.OrderedDict[int, HttpRefusals] = collections.OrderedDict()
         self._ready = anyio.Event()
         self._dead = anyio.Event()
         self._wanted = anyio.Event()
@@ -189,10 +194,18 @@ class StoplineMCP:
         first = True
         delays = self.backoff.delays()
         while not self._closing:
+            refusals = HttpRefusals()
             tap = LateResponseTap(
-                self._transport(), self._on_late, on_request=self._sent, on_cancel=self._told_stop
+                self._transport(refusals),
+                self._on_late,
+                on_request=self._sent,
+                on_cancel=self._told_stop,
             )
             client = Client(tap, mode=self.mode, extensions=self.extensions)
+            refusals.on_session_gone = functools.partial(self.mark_broken, client)
+            self._refusals[id(client)] = refusals
+            while len(self._refusals) > 64:
+                self._refusals.popitem(last=False)
             on_bad_bytes(functools.partial(self._lost, client))  # the stdio reader tells
             self.attempts += 1
             opened_at, ended = anyio.current_time(), "the connection was closed"
@@ -200,7 +213,7 @@ class StoplineMCP:
                 async with client:
                     self.connections += 1
                     listing = await client.list_tools()
-                    self.listing = {t.name: t for t in listing.tools}
+                    self.listing = index_tools(listing.tools)  # a name twice: conservative
                     self._client, self._dead, self._wanted = client, anyio.Event(), anyio.Event()
                     self._ready.set()
                     if first:
@@ -223,10 +236,10 @@ class StoplineMCP:
             await self._wanted.wait()
             await anyio.sleep(next(delays))
 
-    def _transport(self) -> Any:
+    def _transport(self, refusals: HttpRefusals) -> Any:
         if isinstance(self.target, StdioServerParameters):
             return stdio_client(watched(self.target))
-        return streamable_http_client(self.target)
+        return http_transport(self.target, refusals)
 
     def _lost(self, client: Client, why: str) -> None:
         """``client``'s connection ended: its calls in flight can get no answer (R3)."""
@@ -236,8 +249,11 @@ class StoplineMCP:
         if self._client is client:
             self.mark_broken()
 
-    def mark_broken(self) -> None:
-        """The transport failed: drop this client; the next use opens a new one."""
+    def mark_broken(self, client: Client | None = None) -> None:
+        """The transport failed (``client``'s, when named: a newer one stays): drop this
+        client; the next use opens a new one."""
+        if client is not None and client is not self._client:
+            return
         if self._client is not None:
             self._client, self._ready = None, anyio.Event()
         self._dead.set()
@@ -260,11 +276,25 @@ class StoplineMCP:
             f" last: {self.last_error or 'no answer'})",
         )
 
+    def dropped(self, client: Client) -> bool:
+        """``client`` is no longer the connection's (it ended, or was dropped)."""
+        return client is not self._client
+
+    def refused(self, client: Client, request_ids: Sequence[Any]) -> int | None:
+        """The HTTP status that proves one of ``request_ids`` (sent on ``client``) was
+        never processed (``_http.NOT_PROCESSED``), if its server sent one."""
+        refusals = self._refusals.get(id(client))
+        return None if refusals is None else refusals.status_of(request_ids)
+
     @property
     def client(self) -> Client:
-        """The SDK client of the current connection (for reads and control calls)."""
+        """The SDK client of the current connection (for reads and control calls). None
+        open (it was lost): it is re-opened in the background, and this raises ``NoAnswer``
+        (transport); ``await open_session()`` waits for it instead."""
         if self._client is None:
-            raise RuntimeError(f"MCP connection {self.name!r} is not open")
+            self._wanted.set()
+            why = self.last_error or "not open yet"
+            raise NoAnswer(Cause.TRANSPORT, f"MCP connection {self.name!r} is not open ({why})")
         return self._client
 
     @property
@@ -297,7 +327,7 @@ class StoplineMCP:
 
         async def read(arguments: dict[str, Any] | None = None) -> Any:
             with anyio.fail_after(idle := _IDLE.get(None)):  # a read: silence ends it
-                result = await self._read(name, arguments or {}, idle)
+                result = await read_tool(self, name, arguments or {}, idle)
             if result.is_error:
                 raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
             return plain_result(result)
@@ -314,32 +344,11 @@ class StoplineMCP:
         user_verify = self.verifiers.get(name)
         use_server = policy.verify if policy.verify is not None else self.offers_verify
         if effects and user_verify is not None:  # a read: nothing to verify or cancel
-            tool.verify_fn = user_verify
+            tool.verify_fn = connected(self, user_verify)
         elif effects and use_server and self.offers_verify:
             tool.verify_fn = functools.partial(read_back, self)
         self._tools[name] = tool
         return tool
-
-    async def _read(
-        self, name: str, arguments: dict[str, Any], timeout: float | None
-    ) -> CallToolResult:
-        """A read (no effects: safe to repeat): on a broken connection, re-open and ask
-        once more, all within the caller's deadline."""
-        for attempt in (1, 2):
-            client = await self.open_session(timeout)
-            try:
-                return await client.call_tool(name, arguments)
-            except MCPError as exc:
-                if exc.code != CONNECTION_CLOSED:
-                    detail = f"MCP error {exc.code}: {exc.message}"
-                    raise NoAnswer(Cause.SERVER_ERROR, detail) from exc
-                why = f"MCP connection closed: {exc.message}"
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
-                why = describe(exc)
-            self.mark_broken()
-            if attempt == 2:
-                raise NoAnswer(Cause.TRANSPORT, why)
-        raise AssertionError("unreachable")
 
     async def call(
         self,
@@ -420,34 +429,14 @@ class StoplineMCP:
     async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
         """The server's ``stopline_verify`` answer for ``key`` (a read)."""
         try:
-            result = await self._read(VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds}, None)
+            result = await read_tool(
+                self, VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds}, None
+            )
         except NoAnswer as exc:
             raise NoAnswer(exc.cause, f"verify failed: {exc.detail}") from exc
         if result.is_error or not isinstance(result.structured_content, dict):
             raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
         return result.structured_content
-
-    async def call_tool(
-        self,
-        client: Client,
-        name: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any],
-        on_progress: ProgressFnT,
-    ) -> CallToolResult:
-        """One ``tools/call``; on a 2025-11-25 connection as a task when the tool offers it."""
-        listed = self.listing.get(name)
-        legacy = client.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        if self.tasks is not None and legacy and listed is not None:
-            offered = offers_legacy_tasks(client.server_capabilities, listed)
-            required = listed.execution is not None and listed.execution.task_support == "required"
-            if offered and (self.policy(name).task or required):
-                return await self.tasks.call_legacy(
-                    client.session, name, arguments, meta, on_progress
-                )
-        return await client.call_tool(
-            name, arguments, progress_callback=on_progress, meta=cast(RequestParamsMeta, meta)
-        )
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Background work for one call (a task followed, a late answer) fails alone, logged:
