@@ -363,3 +363,93 @@ async def test_arguments_the_sdk_refuses_are_not_committed_and_told_to_the_model
     assert receipt.headline is Headline.COMPLETED
     told = str(model.last_call.input if model.last_call else "")
     assert "'output': 'An error occurred while running the tool. Please try again.'" in told
+
+
+def fenced_barrier(ledger: stopline.Ledger, run_id: str) -> anyio.Event:
+    """Set once a cancel of ``run_id`` is durable (``ledger.on_cancel``)."""
+    fenced = anyio.Event()
+    ledger.on_cancel(lambda run_ids: fenced.set() if run_id in run_ids else None)
+    return fenced
+
+
+async def test_s09_openai_agents_sdk_cancel_of_run_streamed_is_a_stopline_cancel(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """The user consumes ``s.run_streamed``'s events and presses stop with the SDK's own
+    ``result.cancel()`` while a ``def`` tool is in its thread: the fence is committed
+    (not only the SDK's record), the loop leaves the run's block quietly, the late write
+    is kept in a ``cancelled`` run's receipt, and the gate refuses what comes after."""
+    run_id = "oa-g-rs-cancel"
+    fenced = fenced_barrier(ledger, run_id)
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        steps = [write_call("c1"), write_call("c2"), [assistant_message("done")]]
+        agent, model = agent_for(effect, steps, sync=True)
+        verify = {"write_note": effect.read_back()}
+        async with sl.run(ledger, owner="user:1", run_id=run_id, verify=verify) as s:
+            result = s.run_streamed(agent, "refund 9")
+
+            async def stop_at_the_tool() -> None:
+                try:
+                    await effect.wait_reached()
+                    result.cancel()  # the user's stop button: the SDK's own cancel
+                    with anyio.fail_after(10):  # a bound, not a timing: no fence, no end
+                        await fenced.wait()  # stopline's fence, before the thread writes
+                finally:
+                    effect.release.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stop_at_the_tool)
+                async for _ in result.stream_events():
+                    pass
+            raise AssertionError("unreachable: the SDK's cancel is a stopline cancel")
+        receipt = await ledger.wait_settled(run_id, timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
+    assert effect.lines() == ["refund 9"] and len(model.calls) == 1
+    with pytest.raises(stopline.RunFenced):  # the fence refuses any later dispatch
+        await ledger.dispatch(run_id, ledger.adopt(effect.awrite), "later", key="later")
+    assert effect.lines() == ["refund 9"]
+
+
+async def test_openai_agents_sdk_cancel_of_run_streamed_left_unread_is_a_stopline_cancel(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``result.cancel()`` and the block left without reading the events: the run does
+    not end ``completed`` before the fence is on record; it ends ``cancelled``."""
+    run_id = "oa-g-rs-unread"
+    with FileEffect(tmp_path / "notes.txt", hold=True) as effect:
+        agent, _ = agent_for(effect, [write_call("c1")], sync=False)
+        verify = {"write_note": effect.read_back()}
+        async with sl.run(ledger, owner="user:1", run_id=run_id, verify=verify) as s:
+            result = s.run_streamed(agent, "refund 9")
+            await effect.async_reached.wait()  # the SDK's run goes on in its own task
+            result.cancel()
+        receipt = await ledger.wait_settled(run_id, timeout=10)
+    assert receipt.run_state is RunState.CANCELLED
+    assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+    assert [line.status for line in receipt.lines] == [OpStatus.NOT_COMMITTED]
+    assert effect.lines() == []
+
+
+async def test_s05_openai_agents_needs_approval_through_run_streamed_pauses_the_run(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``needs_approval`` with the events of ``s.run_streamed`` consumed by the caller:
+    the run is paused with a stopline approval request, never "Completed."."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    steps = [write_call("c1"), [assistant_message("done")]]
+    agent, _ = agent_for(effect, steps, sync=False, approval=True)
+    async with sl.run(ledger, owner="user:1", run_id="oa-g-rs-s05", approver="manager:1") as s:
+        result = s.run_streamed(agent, "refund 9")
+        async for _ in result.stream_events():
+            pass
+    assert len(result.interruptions) == 1
+    receipt = await ledger.receipt("oa-g-rs-s05")
+    assert receipt.run_state is RunState.PAUSED and receipt.headline is Headline.PAUSED
+    (approval,) = await ledger.backend.approvals("oa-g-rs-s05")
+    assert approval.scope == "oa-g-rs-s05/tool:c1" and approval.approver == "manager:1"
+    with pytest.raises(stopline.RunPaused):
+        async with sl.run(ledger, owner="user:1", run_id="oa-g-rs-s05"):
+            pass
+    assert effect.lines() == []

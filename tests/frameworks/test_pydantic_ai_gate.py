@@ -321,3 +321,67 @@ async def test_arguments_the_tool_refuses_pass_no_gate(
     assert effect.lines() == []
     assert script.turns == 2  # told of the refusal, the model answered
     assert (await ledger.wait_settled("pai-g-args", timeout=10)).headline is Headline.COMPLETED
+
+
+async def iterate(s: sl.AgentSession, agent: Any, *args: Any, **kwargs: Any) -> Any:
+    """``s.iter(...)`` driven to its end, node by node; the agent run's result."""
+    async with s.iter(agent, *args, **kwargs) as agent_run:
+        async for _ in agent_run:
+            pass
+    return agent_run.result
+
+
+async def test_s05_pydantic_ai_approval_through_iter_pauses_the_run_until_approved(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``requires_approval`` driven through ``s.iter``: the run is paused (never
+    "Completed.") with a stopline approval request; approved and resumed through
+    ``s.iter`` with the history, the call passes the gate once."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    agent = agent_for(effect, Script(), sync=False, approval=True)
+    async with sl.run(ledger, owner="user:1", run_id="pai-g-iter", approver="manager:1") as s:
+        first = await iterate(s, agent, "refund 9")
+    assert isinstance(first.output, DeferredToolRequests)
+    receipt = await ledger.receipt("pai-g-iter")
+    assert receipt.run_state is RunState.PAUSED and receipt.headline is Headline.PAUSED
+    (approval,) = await ledger.backend.approvals("pai-g-iter")
+    assert approval.scope == "pai-g-iter/tool:t1" and approval.approver == "manager:1"
+    with pytest.raises(stopline.RunPaused):
+        async with sl.run(ledger, owner="user:1", run_id="pai-g-iter"):
+            pass
+    assert effect.lines() == []
+
+    await ledger.approve(approval.id, by="manager:1")
+    await ledger.resume("pai-g-iter", by="user:1")
+    async with sl.run(ledger, owner="user:1", run_id="pai-g-iter") as s:
+        done = await iterate(s, agent, message_history=first.all_messages())
+    assert done.output == "done: wrote refund 9"
+    assert effect.lines() == ["refund 9"]
+    final = await ledger.receipt("pai-g-iter")
+    assert final.headline is Headline.COMPLETED
+    assert [line.status for line in final.lines] == [OpStatus.COMMITTED]
+
+
+async def test_pydantic_ai_iter_after_the_fence_does_not_run(
+    ledger: stopline.Ledger, tmp_path: Path
+) -> None:
+    """``s.iter`` in a run stopline has cancelled already (``at_boundary``: the block
+    goes on to its next boundary) does not start the agent run, as ``s.run`` does not:
+    the model is never asked, nothing is dispatched, the block ends quietly."""
+    effect = FileEffect(tmp_path / "notes.txt")
+    script = Script()
+    agent = agent_for(effect, script, sync=False)
+    policy = stopline.Policy.AT_BOUNDARY
+    async with sl.run(ledger, owner="user:1", run_id="pai-g-fenced", policy=policy) as s:
+        await s.cancel(by="user:1")
+        assert s.bound.run.cancel_requested
+        await iterate(s, agent, "refund 9")
+        raise AssertionError("unreachable: the run was cancelled")
+    assert script.turns == 0 and s.cancelled is not None
+    receipt = await ledger.wait_settled("pai-g-fenced", timeout=10)
+    assert receipt.run_state is RunState.CANCELLED and not receipt.lines
+    assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+    assert await ledger.backend.operations("pai-g-fenced") == []
+    with pytest.raises(stopline.RunFenced):  # the fence refuses any later dispatch
+        await ledger.dispatch("pai-g-fenced", ledger.adopt(effect.awrite), "later", key="later")
+    assert effect.lines() == []

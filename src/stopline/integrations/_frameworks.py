@@ -27,7 +27,16 @@ The cancel side is ``Bound.cancel``: the fence is committed first (R1: nothing
 passes the gate after it), then the framework's own cancel is applied. The
 framework's *own* cancels (its cancel method, cancelling the task) reach
 ``Bound.native_cancel``, which commits the same stopline cancel, so the run ends
-``cancelled`` with its receipt, never ``completed`` or ``failed``.
+``cancelled`` with its receipt, never ``completed`` or ``failed``. A cancel
+method the caller does not await (the Agents SDK's) commits it at once in the
+ledger's task group (``Bound.native_cancel_soon``), and the run's block does not
+end before it is on record.
+
+**Where the framework's run ended (``Bound.ended``)**, the one rule of every
+entry point of an adapter (``s.run``, ``s.iter``, ``s.stream``, the events of
+``s.run_streamed``): cancelled, by stopline or by anyone through the
+framework, it is the stopline cancel (``RunFenced`` ends the block quietly);
+stopped to wait for approvals, the run is paused, never completed.
 
 **Resume without the framework's history (``Bound.key_for``).** A model asked
 again after a cancel issues its calls under new ids. A call whose id the run
@@ -125,6 +134,7 @@ class Bound:
     _prior: dict[tuple[str, str], list[str]] | None = None
     _recorded: set[str] = dataclasses.field(default_factory=set)
     _approvals: set[str] = dataclasses.field(default_factory=set)  # scopes asked for
+    _native: str | None = None  # why the framework's cancel method was called, if it was
 
     async def cancel(self, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run (durably, first), then cancel the framework's work.
@@ -146,6 +156,35 @@ class Bound:
         with anyio.CancelScope(shield=True):
             await self.ledger.cancel(self.run.id, by=self.run.owner, reason=reason)
         self.interrupt()  # and the framework's work that goes on beside the cancelled task
+
+    def native_cancel_soon(self, reason: str) -> None:
+        """``native_cancel`` from a cancel method its caller does not await: committed at
+        once in the ledger's task group; ``native_committed`` waits for it."""
+        if self.run.cancel_requested or self._native is not None:
+            return
+        if self.ledger.local_run(self.run.id) is not self.run:
+            return  # the run's block has ended: the framework's cancel is its own
+        self._native = reason
+        self.ledger.spawn(self.native_cancel, reason)
+
+    async def native_committed(self) -> None:
+        """Until the cancel of ``native_cancel_soon`` is on record (idempotent, R7)."""
+        if self._native is not None:
+            await self.native_cancel(self._native)
+
+    async def ended(self, *, cancelled: str | None = None, waiting: Collection[str] = ()) -> None:
+        """The framework's run ended; ``cancelled`` says why when it was cancelled.
+
+        Cancelled (by stopline, or by anyone through the framework) is the stopline
+        cancel: committed if it is not yet, then ``RunFenced`` ends the run's block
+        quietly. Stopped to wait for approvals of the calls ``waiting``: the run is
+        paused (R9), never completed; unless a cancel was committed meanwhile (R1)."""
+        await self.native_committed()
+        if cancelled is not None:
+            await self.native_cancel(cancelled)
+            raise RunFenced(self.run.id)
+        if waiting and not self.run.cancel_requested:
+            await self.suspend(waiting, f"awaiting approval of {len(waiting)} tool calls")
 
     @contextlib.asynccontextmanager
     async def native_cancels(self) -> AsyncIterator[None]:
@@ -334,7 +373,10 @@ async def open_run(
         await bound.load()
         session = bound.session = make(bound)
         with bind(bound):
-            yield session
+            try:
+                yield session
+            finally:  # a cancel of the framework's own is on record before the run ends
+                await bound.native_committed()
 
 
 def mcp_offered(

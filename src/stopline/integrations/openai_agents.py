@@ -25,8 +25,9 @@ under new call ids. Here:
 - ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
   ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
   finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
-  run's policy. ``s.result.cancel(...)``, the SDK's own, commits the same
-  stopline cancel, and so does cancelling the task;
+  run's policy. ``s.result.cancel(...)``, the SDK's own (called by anyone, on
+  either entry point), commits the same stopline cancel at once, and so does
+  cancelling the task;
 - a sync tool's call runs to its end in the ledger's task group: it is
   ``unknown`` when the run is cancelled, then ``committed`` with the late result
   (R4); an interrupted async tool is ``unknown`` until verified;
@@ -38,10 +39,11 @@ under new call ids. Here:
   recorded result, never a second effect;
 - approvals: a tool with ``needs_approval`` stops the SDK run with
   interruptions; the stopline run is paused (not completed) with an approval
-  request per call. After ``ledger.approve``/``deny`` and ``ledger.resume``,
-  ``s.stream(agent, state)`` applies the recorded decisions to the state
-  (``state.approve``/``reject``) and the approved call passes the gate only
-  with its approval granted.
+  request per call, whether ``s.stream`` or you consume the events of
+  ``s.run_streamed`` (at their end: ``Bound.ended``, both entry points). After
+  ``ledger.approve``/``deny`` and ``ledger.resume``, ``s.stream(agent, state)``
+  applies the recorded decisions to the state (``state.approve``/``reject``)
+  and the approved call passes the gate only with its approval granted.
 """
 
 from __future__ import annotations
@@ -60,13 +62,13 @@ from agents import tool as agents_tool
 from agents.exceptions import ModelBehaviorError
 from agents.result import RunResultStreaming
 from agents.run_config import CallModelData, ModelInputData
+from agents.stream_events import StreamEvent
 from agents.tool_context import ToolContext
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import Action
 from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import OpStatus, Policy
-from stopline.errors import RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -264,8 +266,12 @@ class AgentSession:
     def run_streamed(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
         """``Runner.run_streamed`` of the gated agent under this run.
 
-        ``run_input`` may be a ``RunState``: the recorded approval decisions are
-        applied to it first (``apply_decisions``).
+        Its ``cancel`` (the SDK's own, called by anyone) is a stopline cancel: the fence
+        is committed at once. Consuming its ``stream_events()`` to the end ends the run
+        as ``s.stream`` does (``_ended``): cancelled, it raises ``RunFenced`` (the run's
+        block ends quietly); stopped for approvals, the run is paused. A ``RunState``
+        as ``run_input`` takes the recorded decisions from ``await s.apply_decisions(state)``
+        first (``s.stream`` applies them).
         """
         gated_agent = gate_agent(
             agent,
@@ -283,16 +289,24 @@ class AgentSession:
         result = self.result = Runner.run_streamed(
             gated_agent, run_input, run_config=config, **kwargs
         )
-        sdk_cancel = result.cancel
+        sdk_cancel, sdk_events = result.cancel, result.stream_events
 
         def cancel(mode: Literal["immediate", "after_turn"] = "immediate") -> None:
             """The SDK's own cancel, called by anyone: a stopline cancel too."""
-            if not self.bound.run.cancel_requested:
-                self._mode = mode
+            self._take_mode(mode)
             self._cancelled = True
             sdk_cancel(mode=mode)
+            self.bound.native_cancel_soon(f"Agents SDK run cancelled ({mode})")
+
+        async def stream_events() -> AsyncIterator[StreamEvent]:
+            """The SDK's events; at their end, the run's end (``_ended``)."""
+            async with self.bound.native_cancels():
+                async for event in sdk_events():
+                    yield event
+            await self._ended(result)
 
         object.__setattr__(result, "cancel", cancel)
+        object.__setattr__(result, "stream_events", stream_events)
         if self.bound.run.cancel_requested:
             sdk_cancel(mode="immediate")
         return result
@@ -306,16 +320,17 @@ class AgentSession:
         if hasattr(run_input, "get_interruptions"):  # a RunState
             await self.apply_decisions(run_input)
         result = self.run_streamed(agent, run_input, **kwargs)
-        async with self.bound.native_cancels():
-            async for _ in result.stream_events():
-                pass
-        if self._cancelled or self.bound.run.cancel_requested:
-            await self.bound.native_cancel(f"Agents SDK run cancelled ({self._mode})")
-            raise RunFenced(self.id)
-        if result.interruptions:
-            keys = [f"tool:{item.call_id}" for item in result.interruptions]
-            await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
+        async for _ in result.stream_events():
+            pass
         return result
+
+    async def _ended(self, result: RunResultStreaming) -> None:
+        """The SDK's run ended (its events consumed): cancelled, or waiting for approvals."""
+        cancelled = self._cancelled or self.bound.run.cancel_requested
+        await self.bound.ended(
+            cancelled=f"Agents SDK run cancelled ({self._mode})" if cancelled else None,
+            waiting=[f"tool:{item.call_id}" for item in result.interruptions],
+        )
 
     async def apply_decisions(self, state: Any) -> None:
         """Approve or reject each interruption of ``state`` as recorded in the ledger."""
@@ -333,11 +348,17 @@ class AgentSession:
         """
         # R11 first: a refused cancel changes nothing, the run's policy included
         await self.bound.ledger.authorize(by, Action.CANCEL, self.id)
-        if not self.bound.run.cancel_requested:  # a second cancel returns the receipt (R7)
-            self._mode = mode
-            if mode == "after_turn":
-                self.bound.run.policy = Policy.AT_BOUNDARY
+        self._take_mode(mode)
         return await self.bound.cancel(by=by, reason=reason)
+
+    def _take_mode(self, mode: Literal["immediate", "after_turn"]) -> None:
+        """The first cancel's mode (a second one returns the receipt, R7): ``after_turn``
+        makes the run's policy ``at_boundary``, before the fence."""
+        if self.bound.run.cancel_requested or self._cancelled:
+            return
+        self._mode = mode
+        if mode == "after_turn":
+            self.bound.run.policy = Policy.AT_BOUNDARY
 
     def _interrupt(self) -> None:
         if self.result is not None:

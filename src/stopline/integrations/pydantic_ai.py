@@ -22,6 +22,9 @@ return. Here:
 - an MCP toolset's call carries the operation id in ``_meta["io.stopline/key"]``
   (its ``process_tool_call`` hook, installed by the gate) and is verified through
   the server's ``stopline_verify`` when it offers one;
+- ``s.run`` and ``s.iter`` share one path (``_agent_run``): the gate, a
+  ``CancellationToken`` (already cancelled when stopline cancelled the run), the
+  recorded approval decisions, and the run's end (``Bound.ended``);
 - ``s.cancel`` fences the run first (R1), then cancels the agent run through its
   ``CancellationToken``. Pydantic AI's own cancels (``AgentRun.cancel()``,
   ``RunContext.cancel()``, a token of yours, cancelling the task) commit the
@@ -37,8 +40,9 @@ return. Here:
   ids; a call with the same tool and arguments as a recorded one is that
   operation (``Bound.key_for``): its recorded result, never a second effect;
 - approvals: a tool with ``requires_approval`` that the model calls ends the
-  agent run with ``DeferredToolRequests``; the stopline run is paused (not
-  completed) with an approval request per call. Once ``ledger.approve`` (or
+  agent run with ``DeferredToolRequests`` (``s.run``, or ``s.iter`` iterated to
+  its end); the stopline run is paused (not completed) with an approval
+  request per call. Once ``ledger.approve`` (or
   ``deny``) and ``ledger.resume``, ``s.run(agent, message_history=...)`` passes
   the recorded decisions as ``deferred_tool_results``, and the approved call
   passes the gate only with its approval granted.
@@ -50,7 +54,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
@@ -71,7 +75,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.vocab import Policy
-from stopline.errors import NotFound, RunFenced
+from stopline.errors import NotFound
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -309,44 +313,49 @@ class AgentSession:
         A cancel (stopline's or Pydantic AI's own) ends it and the run's block
         quietly; a ``DeferredToolRequests`` output waiting for approvals pauses the run.
         """
-        token = self._token = kwargs.pop("cancellation_token", None) or CancellationToken()
-        if self.bound.run.cancel_requested:
-            token.cancel()
-        kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), self.gate]
-        if "deferred_tool_results" not in kwargs and kwargs.get("message_history"):
-            kwargs["deferred_tool_results"] = await self._decided(kwargs["message_history"])
-        try:
-            async with self.bound.native_cancels():
-                result = await agent.run(user_prompt, cancellation_token=token, **kwargs)
-        except AgentRunCancelled as exc:
-            self.cancelled = exc
-            await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
-            raise RunFenced(self.id) from exc
-        finally:
-            self._token = None
-        if isinstance(result.output, DeferredToolRequests) and result.output.approvals:
-            self.waiting = result.output
-            keys = [history_key(call.tool_call_id) for call in result.output.approvals]
-            await self.bound.suspend(keys, f"awaiting approval of {len(keys)} tool calls")
+        async with self._agent_run(kwargs) as finished:
+            result = await agent.run(user_prompt, **kwargs)
+            finished(result)
         return result
 
     @contextlib.asynccontextmanager
     async def iter(self, agent: Any, user_prompt: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
-        """``agent.iter(...)`` under this run: ``AgentRun.cancel()`` is a stopline cancel."""
+        """``agent.iter(...)`` under this run, as ``run``: ``AgentRun.cancel()`` is a
+        stopline cancel, and an agent run iterated to a ``DeferredToolRequests`` output
+        pauses the run."""
+        async with self._agent_run(kwargs) as finished, agent.iter(user_prompt, **kwargs) as ran:
+            yield ran
+            finished(ran.result)
+
+    @contextlib.asynccontextmanager
+    async def _agent_run(self, kwargs: dict[str, Any]) -> AsyncIterator[Callable[[Any], None]]:
+        """Around Pydantic AI's run, whichever entry point: the ``Gate``, a cancellation
+        token (cancelled already when stopline cancelled the run), the recorded approval
+        decisions of a resumed history; then the run's end (``Bound.ended``) from what
+        Pydantic AI raised or the result handed to ``finished``."""
+        token = self._token = kwargs.pop("cancellation_token", None) or CancellationToken()
+        if self.bound.run.cancel_requested:
+            token.cancel()
+        kwargs["cancellation_token"] = token
         kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), self.gate]
+        if "deferred_tool_results" not in kwargs and kwargs.get("message_history"):
+            kwargs["deferred_tool_results"] = await self._decided(kwargs["message_history"])
+        results: list[Any] = []  # the agent run's result, once it has one
+        cancelled: str | None = None
         try:
-            async with (
-                self.bound.native_cancels(),
-                agent.iter(user_prompt, **kwargs) as agent_run,
-            ):
-                self.bound.interrupt = agent_run.cancel
-                yield agent_run
+            async with self.bound.native_cancels():
+                yield results.append
         except AgentRunCancelled as exc:
             self.cancelled = exc
-            await self.bound.native_cancel(f"Pydantic AI run cancelled: {exc}")
-            raise RunFenced(self.id) from exc
+            cancelled = f"Pydantic AI run cancelled: {exc}"
         finally:
-            self.bound.interrupt = self._interrupt
+            self._token = None
+        output = getattr(results[-1], "output", None) if results else None
+        calls = output.approvals if isinstance(output, DeferredToolRequests) else []
+        if calls:
+            self.waiting = output
+        keys = [history_key(call.tool_call_id) for call in calls]
+        await self.bound.ended(cancelled=cancelled, waiting=keys)
 
     async def cancel(self, *, by: str, reason: str = "") -> Any:
         """Fence the run, then cancel the agent run. Returns the receipt at the cancel."""
