@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import stopline
 from stopline import OpStatus, RunState
 from stopline.cli import EXIT_NEEDS_REVIEW
+from tests.support.killed import run_until_then_kill
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,15 +44,7 @@ WORKER = textwrap.dedent("""
 
 
 async def _crash_mid_call(tmp_path: Path, url: str) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    async with await anyio.open_process([sys.executable, str(script), url]) as proc:
-        assert proc.stdout is not None
-        async for chunk in proc.stdout:
-            if b"sent" in chunk:
-                break
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+    await run_until_then_kill(tmp_path / "worker.py", WORKER, b"sent", url)
 
 
 async def test_a_crashed_call_with_no_read_back_is_in_review_once_a_cli_cancel_returns(

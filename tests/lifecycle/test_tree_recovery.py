@@ -9,17 +9,15 @@ runs go in one request now; the test counts the owner's reads of its tree.
 
 from __future__ import annotations
 
-import signal
-import sys
 import textwrap
 from pathlib import Path
 
-import anyio
 import pytest
 
 import stopline
 from stopline import Headline, RunState
 from stopline.ledger.engine.backend import SqlBackend
+from tests.support.killed import run_until_then_kill
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,15 +64,7 @@ WORKER = textwrap.dedent("""
 
 
 async def _fence_and_die(tmp_path: Path, url: str) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    async with await anyio.open_process([sys.executable, str(script), url, str(CHILDREN)]) as proc:
-        assert proc.stdout is not None
-        async for chunk in proc.stdout:
-            if b"fenced" in chunk:
-                break
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+    await run_until_then_kill(tmp_path / "worker.py", WORKER, b"fenced", url, str(CHILDREN))
 
 
 async def test_a_stranded_cancelled_tree_settles_in_a_few_steps(

@@ -19,13 +19,16 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class InDoubt:
-    """A child's call cut by the cancel (in doubt), whose read-back answers when told."""
+    """A child's call in doubt, whose read-back answers when told: cut by the cancel
+    (in flight till then), or (``lost``) its connection dropped once it was sent."""
 
-    def __init__(self, verdict: Verdict | None) -> None:
+    def __init__(self, verdict: Verdict | None, *, lost: bool = False) -> None:
         self.sent, self.reading, self.answer = anyio.Event(), anyio.Event(), anyio.Event()
 
         async def deploy(ctx: stopline.CallContext) -> None:
             self.sent.set()
+            if lost:
+                raise ConnectionResetError("the connection dropped after the request was sent")
             await anyio.sleep_forever()
 
         self.tool = stopline.Tool(deploy, name="deploy")
@@ -93,27 +96,7 @@ async def test_a_cancelled_parent_goes_to_review_with_its_child(ledger: stopline
     assert (await ledger.backend.get_run("p:deployer")).state is RunState.CANCELLED
 
 
-class LostThenRead:
-    """A call whose connection drops once sent (in doubt); its read-back answers when
-    told."""
-
-    def __init__(self, verdict: Verdict | None) -> None:
-        self.reading, self.answer = anyio.Event(), anyio.Event()
-
-        async def deploy(ctx: stopline.CallContext) -> None:
-            raise ConnectionResetError("the connection dropped after the request was sent")
-
-        self.tool = stopline.Tool(deploy, name="deploy")
-        if verdict is not None:
-
-            @self.tool.verifier
-            async def read(ctx: stopline.CallContext) -> ReadBack:
-                self.reading.set()
-                await self.answer.wait()
-                return ReadBack(verdict, "deploy:log", "read from its log", ended=True)
-
-
-async def ended_child_then_cancel(ledger: stopline.Ledger, provider: LostThenRead) -> None:
+async def ended_child_then_cancel(ledger: stopline.Ledger, provider: InDoubt) -> None:
     """A child that ended on its own (completed) with its call in doubt; then its parent
     is cancelled."""
     parent_ready = anyio.Event()
@@ -138,7 +121,7 @@ async def test_a_cancelled_parent_settles_after_a_child_that_ended_with_a_call_i
 ) -> None:
     """The child completed before the cancel, its call in doubt and being read back: the
     parent stays settling (its receipt says "verifying") until the read-back answers."""
-    provider = LostThenRead(Verdict.COMMITTED)
+    provider = InDoubt(Verdict.COMMITTED, lost=True)
     await ended_child_then_cancel(ledger, provider)
     await provider.reading.wait()
     while (await ledger.backend.get_run("p")).state is RunState.CANCELLING:
@@ -160,7 +143,7 @@ async def test_a_cancelled_parent_goes_to_review_with_a_child_that_ended_in_doub
 ) -> None:
     """The ended child's call has no read-back: it goes to review, and so does the
     parent, until the review is resolved."""
-    provider = LostThenRead(None)
+    provider = InDoubt(None, lost=True)
     await ended_child_then_cancel(ledger, provider)
     receipt = await ledger.wait_settled("p", timeout=20)
     assert receipt.run_state is RunState.NEEDS_REVIEW
