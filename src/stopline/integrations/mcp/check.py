@@ -463,7 +463,15 @@ async def check(
         name: ToolPolicy(effects=True, key_argument=tool.key_argument, task=True)
         for name, tool in plan.tools.items()
     }
-    async with StoplineMCP(target, mode=mode, name="check", policies=policies, tasks=True) as conn:
+    opened = StoplineMCP(  # a server that never answers: no connection, within the bound
+        target,
+        mode=mode,
+        name="check",
+        policies=policies,
+        tasks=True,
+        connect_timeout=settle_timeout,
+    )
+    async with opened as conn:
         on_step("discovery")
         client = conn.client
         profile.protocol_version = client.protocol_version

@@ -40,6 +40,7 @@ import collections
 import contextvars
 import functools
 import logging
+import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -209,17 +210,26 @@ class StoplineMCP:
             on_bad_bytes(functools.partial(self._lost, client))  # the stdio reader tells
             self.attempts += 1
             opened_at, ended = anyio.current_time(), "the connection was closed"
+            # opening (the handshake and the listing) waits ``connect_timeout`` at most: a
+            # server that accepts and never answers held it for ever
+            opening = anyio.CancelScope(deadline=opened_at + self.connect_timeout)
             try:
-                async with client:
-                    self.connections += 1
-                    listing = await client.list_tools()
-                    self.listing = index_tools(listing.tools)  # a name twice: conservative
-                    self._client, self._dead, self._wanted = client, anyio.Event(), anyio.Event()
-                    self._ready.set()
-                    if first:
-                        first = False
-                        task_status.started()
-                    await self._dead.wait()
+                with opening:
+                    async with client:
+                        self.connections += 1
+                        listing = await client.list_tools()
+                        self.listing = index_tools(listing.tools)  # a name twice: conservative
+                        opening.deadline = math.inf
+                        self._client, self._dead = client, anyio.Event()
+                        self._wanted = anyio.Event()
+                        self._ready.set()
+                        if first:
+                            first = False
+                            task_status.started()
+                        await self._dead.wait()
+                if opening.cancelled_caught:
+                    silent = f"no answer within {self.connect_timeout:g} s of opening"
+                    raise NoAnswer(Cause.TIMEOUT, f"MCP server {self.name!r}: {silent}")
             except Exception as exc:
                 if first:
                     raise
