@@ -361,3 +361,30 @@ def test_reconcile_then_review_resolve(tmp_path: Path) -> None:
     assert {"kind": "review", "ref": "ops:lee"} in [
         {k: e[k] for k in ("kind", "ref")} for e in line["evidence"]
     ]
+
+
+def test_an_empty_ledger_option_is_refused_not_the_default(tmp_path: Path) -> None:
+    """``--ledger ""`` opened ``sqlite:///stopline.db``, a ledger the operator did not
+    name; it is a usage error now, and nothing is created."""
+    env = {"HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "stopline.cli", "--ledger", "", "cancel", "run_x"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "--ledger is empty" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "stopline.db").exists()
+
+
+async def test_an_empty_ledger_url_is_refused_by_the_library(tmp_path: Path) -> None:
+    with pytest.raises(stopline.InvalidInput, match="ledger URL"):
+        async with stopline.open(""):
+            pass
+    with pytest.raises(stopline.InvalidInput, match="ledger URL"):
+        async with stopline.open("   "):
+            pass

@@ -39,6 +39,8 @@ def _global(
         ),
     ] = None,
 ) -> None:
+    if ledger is not None and not ledger.strip():  # it opened the default ledger instead
+        c.fail("--ledger is empty: name a ledger, or leave it out", c.EXIT_USAGE)
     ctx.obj = c.Options(ledger=ledger)
 
 

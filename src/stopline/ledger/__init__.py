@@ -7,7 +7,7 @@ import re
 import urllib.parse
 from pathlib import Path
 
-from stopline.errors import LedgerCorrupt, LedgerUnavailable
+from stopline.errors import InvalidInput, LedgerCorrupt, LedgerUnavailable
 from stopline.ledger._redeliver import surface_rearmed
 from stopline.ledger.backend import Backend
 
@@ -32,7 +32,11 @@ ENV_VAR = "STOPLINE_LEDGER"
 
 
 def resolve_url(url: str | None) -> str:
-    """The URL given, else ``$STOPLINE_LEDGER``, else ``sqlite:///stopline.db``."""
+    """The URL given, else ``$STOPLINE_LEDGER``, else ``sqlite:///stopline.db``. A URL
+    given blank is refused (``InvalidInput``): it opened the default ledger, another
+    one than the caller named."""
+    if url is not None and not url.strip():
+        raise InvalidInput("ledger URL", "it is empty: name a ledger, or leave it out")
     return url or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
