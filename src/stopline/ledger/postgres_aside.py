@@ -76,8 +76,9 @@ class Aside:
         return line if line is not None else self._op_line.get(job.op_id)
 
     def holds(self, job: Job) -> bool:
-        """Its run (or operation) has a line: it goes there, behind what waits."""
-        return job.alone is not None and self._line_of(job) is not None
+        """Its run (or operation) has a line: it goes there, behind what waits. (On every
+        gate and outcome: with no line, the usual case, one truth test.)"""
+        return bool(self._lines) and job.alone is not None and self._line_of(job) is not None
 
     def put(self, job: Job, doubt: bool = False) -> None:
         """Into its run's line (made if there is none), to run after what is in it."""
@@ -95,8 +96,6 @@ class Aside:
 
     def take_from(self, queue: deque[Job]) -> None:
         """Queued jobs whose run (or operation) has a line join it, in their order."""
-        if not any(self.holds(job) for job in queue):
-            return
         kept = []
         for job in queue:
             if self.holds(job):
