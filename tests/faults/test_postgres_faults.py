@@ -289,18 +289,18 @@ async def test_a_tree_cancel_whose_connection_dies_between_its_batches_is_retrie
 async def test_settling_doubts_is_single_flight(
     backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stopline.ledger import postgres
+    from stopline.ledger import postgres_settle
 
     await backend.create_run(run_spec())
     settled: list[str] = []
-    original = postgres.gate_committed  # type: ignore[attr-defined]
+    original = postgres_settle.gate_committed  # type: ignore[attr-defined]
 
     async def slow_gate_committed(tx: Tx, op_id: str, token: str) -> Any:
         settled.append(op_id)
         await anyio.sleep(0.2)  # widen the window in which others could take it too
         return await original(tx, op_id, token)
 
-    monkeypatch.setattr(postgres, "gate_committed", slow_gate_committed)
+    monkeypatch.setattr(postgres_settle, "gate_committed", slow_gate_committed)
     backend._doubts["run_a/never"] = "a token no gate wrote"  # a doubt that never landed
     async with anyio.create_task_group() as tg:
         for _ in range(4):  # every one of these transactions settles doubts first

@@ -51,7 +51,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
-from stopline.domain.vocab import Cause, LogKind, OpEvent, OpStatus, PhaseKind, Policy, RunEvent
+from stopline.domain.vocab import LogKind, PhaseKind, Policy, RunEvent
 from stopline.errors import (
     CancelInDoubt,
     CommitInDoubt,
@@ -65,19 +65,27 @@ from stopline.errors import (
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine import approvals as ap
-from stopline.ledger.engine.gate import gate, gate_committed, gate_params, intent_sql
-from stopline.ledger.engine.reads import load_op, load_run
+from stopline.ledger.engine.gate import gate, gate_params, intent_sql
+from stopline.ledger.engine.reads import load_run
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_aside import GROUP_LOCK_WAIT
 from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
-from stopline.ledger.postgres_errors import connection_lost, map_error, redact, transient
+from stopline.ledger.postgres_errors import (
+    ANSWER_FLOOR,
+    answered_within,
+    connection_lost,
+    map_error,
+    redact,
+    transient,
+)
 from stopline.ledger.postgres_listen import Listener, OwnCancels
 from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_settle import (
     RETRY,
+    Sessions,
     attempt_token,
     gate_landed,
     logged,
@@ -85,6 +93,7 @@ from stopline.ledger.postgres_settle import (
     outcome_landed,
     run_landed,
     run_moved,
+    settle_gates,
 )
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.postgres_url import parse, session_options
@@ -92,6 +101,7 @@ from stopline.ledger.postgres_url import parse, session_options
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
+_NOT_YET = "the session of a write in doubt is there still: it may land yet"
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 
 
@@ -115,6 +125,7 @@ class PostgresBackend(SqlBackend):
         # seconds a new connection (the pool's first too) may take: retry_for, at least
         # libpq's shortest, so a short retry_for never fails an open on a slow server
         self.connect_timeout = max(2, math.ceil(retry_for))
+        self.answer_wait = max(ANSWER_FLOOR, retry_for)  # a statement's, then lost (ADR 0061)
         self.dialect = PostgresDialect(None)  # its channel: the ledger's own, read at open
         self.conninfo = conninfo
         # a row another session holds (a stuck transaction, an operator's SELECT ... FOR
@@ -138,6 +149,7 @@ class PostgresBackend(SqlBackend):
             name="stopline",
         )
         self._doubts: dict[str, str] = {}  # op id -> gate attempt token, commit in doubt
+        self.sessions = Sessions()  # those the doubts went out on: gone before settling
         # op id -> run id of the operations this process gated lately: where an outcome
         # may go in a group transaction (``postgres_batch._stretches``); a miss only
         # keeps the outcome in strict queue order
@@ -265,20 +277,25 @@ class PostgresBackend(SqlBackend):
             while True:
                 tx: Tx | None = None
                 try:
-                    async with lease() as conn:
-                        tx = Tx(conn, self.location, self.dialect)
-                        if self._doubts:
-                            await self.settle_gate_doubts(tx)
-                        if doubt and settle is not None:
-                            landed = await settle(tx)
-                            if landed is not RETRY:
-                                return landed  # type: ignore[no-any-return]
-                        doubt = False
-                        return await body(tx)
+                    with answered_within(self.answer_wait):
+                        async with lease() as conn:
+                            tx = Tx(conn, self.location, self.dialect)
+                            if self._doubts:
+                                await self.settle_gate_doubts(tx)
+                            if doubt and settle is not None:
+                                if self.sessions and not await self.sessions.gone(tx):
+                                    raise psycopg.OperationalError(_NOT_YET)
+                                landed = await settle(tx)
+                                if landed is not RETRY:
+                                    return landed  # type: ignore[no-any-return]
+                            doubt = False
+                            return await body(tx)
                 except (psycopg.Error, OSError) as exc:
                     now_in_doubt = tx is not None and tx.in_doubt and connection_lost(exc)
                     if now_in_doubt and not safe and settle is None:
                         raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
+                    if now_in_doubt and tx is not None:
+                        self.sessions.lost(tx)
                     doubt = doubt or now_in_doubt
                     if connection is not None and isinstance(exc, psycopg.errors.LockNotAvailable):
                         # the group's connection: the job is set aside
@@ -294,29 +311,8 @@ class PostgresBackend(SqlBackend):
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def settle_gate_doubts(self, tx: Tx) -> None:
-        """Gates whose commit stayed in doubt: what landed was never sent, so ``unknown``.
-
-        Single-flight: a transaction takes a doubt out of the map before settling it,
-        so two concurrent ones never settle (or forget) the same one twice; a doubt
-        whose settling fails goes back for the next transaction."""
-        for op_id in list(self._doubts):
-            token = self._doubts.pop(op_id, None)
-            if token is None:
-                continue  # another transaction took it meanwhile
-            try:
-                if await gate_committed(tx, op_id, token) is not None:
-                    op = await load_op(tx, op_id)
-                    if op.status is OpStatus.REQUESTED:
-                        evidence = [
-                            Evidence.local(
-                                "gate_in_doubt", "intent commit in doubt; not dispatched"
-                            )
-                        ]
-                        update = OutcomeUpdate(OpEvent.LOST, evidence, cause=Cause.TRANSPORT)
-                        await record(tx, op_id, update)
-            except BaseException:
-                self._doubts.setdefault(op_id, token)
-                raise
+        """Gates whose commit stayed in doubt (``postgres_settle.settle_gates``)."""
+        await settle_gates(self._doubts, self.sessions, tx)
 
     async def _execute(
         self,

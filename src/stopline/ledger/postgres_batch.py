@@ -55,7 +55,7 @@ from stopline.ledger.postgres_aside import Aside, Outcome
 from stopline.ledger.postgres_aside import error_of as _error
 from stopline.ledger.postgres_aside import value_of as _value
 from stopline.ledger.postgres_dialect import Forms, many_rows
-from stopline.ledger.postgres_errors import connection_lost
+from stopline.ledger.postgres_errors import answered_within, connection_lost
 from stopline.ledger.postgres_reserved import Lease, Reserved
 from stopline.ledger.postgres_txn import Tx
 
@@ -352,7 +352,6 @@ class GroupCommit:
     async def _transaction(self, work: list[Job]) -> tuple[list[tuple[Job, Outcome]], list[Job]]:
         """``work`` as one transaction: (the jobs done with their outcomes, gates that
         must take the slow path)."""
-        backend = self._backend
         last = work[-1] if work[-1].batch is not None else None  # it goes last (``_take``)
         if last is not None:
             work = work[:-1]
@@ -362,22 +361,10 @@ class GroupCommit:
         # the slow path takes it alone), so a group and a tree cancel never deadlock.
         first_gate = next((s for s in stretches if _is_gate(s)), None)
         one_row = [len(s) == 1 and (s is first_gate or not _is_gate(s)) for s in stretches]
-        async with self.reserved.lease() as conn:
-            tx = Tx(conn, backend.location, backend.dialect)
-            if backend.doubts:
-                await backend.settle_gate_doubts(tx)
-            if self.before_batch is not None:
-                await self.before_batch(conn.info.backend_pid)
-            statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
-            if last is not None and last.batch is not None:
-                statements.extend(last.batch[0])
-            try:  # each job one statement: its Sync the commit, no BEGIN or COMMIT
-                results = await tx.implicit(statements)
-            except (psycopg.Error, OSError) as exc:
-                # no error reply from the server: what was sent may have committed
-                raise _Failed(in_doubt=tx.in_doubt and connection_lost(exc)) from exc
-            except Exception as exc:  # the client failed mid-way: the Sync committed the rest
-                raise _Failed(in_doubt=tx.in_doubt) from exc
+        statements = [_statement(s, one) for s, one in zip(stretches, one_row, strict=True)]
+        if last is not None and last.batch is not None:
+            statements.extend(last.batch[0])
+        results = await self._send(statements)
         done: list[tuple[Job, Outcome]] = []
         slow: list[Job] = []
         if last is not None and last.batch is not None:
@@ -398,6 +385,33 @@ class GroupCommit:
                     (job, _recorded(job, row)) for job, row in zip(stretch, found, strict=True)
                 )
         return done, slow
+
+    async def _send(self, statements: list[tuple[str, Any]]) -> list[list[Any]]:
+        """The group's statements as one transaction on the reserved connection: each job
+        one statement, its Sync the commit, no BEGIN or COMMIT. A server that stops
+        answering drops the connection, as lost (ADR 0061)."""
+        backend = self._backend
+        tx: Tx | None = None
+        try:
+            with answered_within(backend.answer_wait):
+                async with self.reserved.lease() as conn:
+                    tx = Tx(conn, backend.location, backend.dialect)
+                    if backend.doubts:
+                        await backend.settle_gate_doubts(tx)
+                    if self.before_batch is not None:
+                        await self.before_batch(conn.info.backend_pid)
+                    return await tx.implicit(statements)
+        except (psycopg.Error, OSError) as exc:
+            # no error reply from the server: what was sent may have committed
+            raise self._failed(tx, tx is not None and tx.in_doubt and connection_lost(exc)) from exc
+        except Exception as exc:  # the client failed mid-way: the Sync committed the rest
+            raise self._failed(tx, tx is not None and tx.in_doubt) from exc
+        raise AssertionError("unreachable: the block returns or raises")  # pragma: no cover
+
+    def _failed(self, tx: Tx | None, in_doubt: bool) -> _Failed:
+        if in_doubt and tx is not None:  # its jobs are settled once the session is gone
+            self._backend.sessions.lost(tx)
+        return _Failed(in_doubt=in_doubt)
 
 
 def _stretches(work: Sequence[Job]) -> list[list[Job]]:

@@ -8,6 +8,10 @@ and are re-exported here.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import anyio
 import psycopg
 import psycopg.errors
 
@@ -23,14 +27,21 @@ from stopline.errors import (
 from stopline.ledger import redact, tables_gone
 
 __all__ = [
+    "ANSWER_FLOOR",
     "CommitInDoubt",
     "GateInDoubt",
     "LeaseExpired",
+    "answered_within",
     "connection_lost",
     "map_error",
     "redact",
     "transient",
 ]
+
+# a statement's answer waited for at least this long whatever ``retry_for`` says: a
+# short one (the tests', an impatient caller's) is about retrying, not about how long a
+# busy server may take to answer a small statement (ADR 0061)
+ANSWER_FLOOR = 5.0
 
 _UNAVAILABLE = (
     psycopg.OperationalError,
@@ -80,3 +91,24 @@ def connection_lost(exc: BaseException) -> bool:
     """
     state = getattr(exc, "sqlstate", None)
     return state is None or state[:2] == "08" or (state[:2] == "57" and state != "57014")
+
+
+@contextlib.contextmanager
+def answered_within(seconds: float) -> Iterator[None]:
+    """The block's statements answered within ``seconds``, or the connection dropped as lost.
+
+    A server that stops answering without closing (frozen, its host paused, a network
+    that drops packets while the socket stays open) held the caller for ever: a
+    ledger's writes are shielded, so not even the caller's own timeout got it out,
+    and every run of the process queued behind it (ADR 0061). At ``seconds`` the
+    block is cancelled: psycopg sends the server a cancel and, interrupted again,
+    closes the connection; the block raises ``OperationalError`` with no SQLSTATE,
+    which is a connection lost (``connection_lost``): a commit on the wire is in doubt,
+    and the attempt is retried on another connection as any loss is.
+    """
+    with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise psycopg.OperationalError(
+            f"no answer from the server within {seconds:g} s: connection dropped"
+        )

@@ -67,6 +67,7 @@ class Tx(Db):
         self.location = location
         self.dialect = dialect or PostgresDialect(None)
         self.in_doubt = False  # a statement that commits (or COMMIT itself) is on the wire
+        self.pid = conn.pgconn.backend_pid  # its server session (gone with a lost connection)
         self._depth = 0  # open ``transaction`` blocks
         self._begin: str | None = None  # a ``BEGIN`` to send with the next statement
         self._at_commit: list[tuple[str, Params]] = []  # to send with the ``COMMIT``
