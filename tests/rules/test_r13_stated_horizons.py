@@ -218,6 +218,18 @@ def test_a_read_timeout_must_be_a_positive_number_of_seconds(bad: float) -> None
         VerifyBudget(read_timeout=bad)
 
 
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "10", True])
+def test_r13_a_tools_declared_horizon_must_be_seconds(bad: object) -> None:
+    """A horizon of -1 or NaN (or a string) was taken as declared: every comparison with
+    it false, so "not found" decided at once, or never, with the ledger none the wiser."""
+
+    async def post() -> str:
+        return "posted"
+
+    with pytest.raises(InvalidInput, match="settles_within"):
+        stopline.tool(settles_within=bad)(post)  # type: ignore[call-overload]
+
+
 async def test_r13_a_reviewer_cannot_call_it_not_done_while_it_can_still_land(
     ledger: stopline.Ledger,
 ) -> None:

@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from stopline.domain.limits import check_id
+from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.vocab import Cancellable
 from stopline.errors import InvalidInput, NoAnswer, Rejected
 
@@ -135,7 +135,7 @@ class Tool(Generic[R]):
         # R13: seconds after its dispatch by which any effect of a call has landed (or
         # never will); None: the effect ends with the local call, unless the call states
         # a horizon itself (``CallContext.settles_by``)
-        self.settles_within = settles_within
+        self.settles_within = check_seconds("settles_within", settles_within)
         self.wants_context = effects and _first_param_is_context(fn)
         # checks a call's arguments before anything is done (the gate, a read): raises
         # InvalidInput for arguments the tool could never send (an MCP tool's: JSON)
