@@ -361,8 +361,11 @@ def _bound(
     settles_within: float | None = None,
 ) -> Tool[R]:
     """``tool``'s capabilities around this one call's body; the body sees its context,
-    and leaves with ``why`` when the engine cut it for a reason of its own. The engine's
-    bound is the call's stated horizon (written in the background: it outlives a crash)."""
+    and leaves with ``why`` when the engine cut it for a reason of its own. The tool's
+    declared horizon (``settles_within``) is the bound call's, so that a cut records it
+    with the call's ``unknown`` (R13: the receipt says until when, and it holds in a
+    process that does not declare the tool); the engine's bound is the call's stated
+    horizon (written in the background: it outlives a crash)."""
 
     async def run_body(ctx: CallContext, *_args: Any) -> R:
         sent.append(True)
@@ -385,6 +388,7 @@ def _bound(
         effects=True,
         cancellable=tool.cancellable,
         compensation=tool.compensation,
+        settles_within=tool.settles_within,
     )
     bound.cancel_fn = tool.cancel_fn
     bound.verify_fn = tool.verify_fn

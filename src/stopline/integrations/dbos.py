@@ -10,8 +10,9 @@
     @gate.step(description="upload the report", verify=read_back_upload)
     async def upload(payload: str) -> str: ...
 
-    async with stopline.open(url) as ledger, gate.bound(ledger):
-        DBOS.launch()
+    async with stopline.open(url) as ledger:
+        with gate.bound(ledger):
+            DBOS.launch()
 
 ``gate.workflow()`` goes inside ``@DBOS.workflow()`` and ``gate.step()``
 inside ``@DBOS.step()``, so DBOS's own context (the workflow id, the step's
@@ -34,7 +35,9 @@ What it promises:
   ``preemptible``; then the step's ``policy`` decides: ``immediate`` (the
   default) cuts the call and records it ``unknown`` until evidence (R3);
   ``verify`` asks the provider to cancel and lets the call finish, its
-  outcome recorded.
+  outcome recorded. A step whose provider may commit after the step was cut (a
+  remote service) declares ``settles_within``: until then a read-back that finds
+  nothing proves nothing (R13).
 - **One database.** The ledger can live in the same PostgreSQL database as
   DBOS's system tables (another schema: ``?schema=stopline``).
 
@@ -56,6 +59,7 @@ from dbos._context import get_local_dbos_context
 from dbos._error import DBOSWorkflowCancelledError, DBOSWorkflowConflictIDError
 from dbos._sys_db import WorkflowStatusString
 
+from stopline.domain.limits import check_seconds
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
@@ -153,13 +157,22 @@ class StoplineDBOS:
         verify: Verifier | None = None,
         cancel: CancelFn | None = None,
         compensate: CompensateFn | None = None,
+        settles_within: float | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
-        """A step through the gate; ``effects=False`` marks a read (no gate record)."""
+        """A step through the gate; ``effects=False`` marks a read (no gate record).
+        ``settles_within``: seconds after its dispatch by which the step's effect has
+        landed or never will (R13); ``None``: its effect ends with the step's code."""
+        within = check_seconds("settles_within", settles_within)
 
         def wrap(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn)
             declared: Tool[R] = Tool(
-                fn, name=name, description=description, effects=effects, cancellable=cancellable
+                fn,
+                name=name,
+                description=description,
+                effects=effects,
+                cancellable=cancellable,
+                settles_within=within,
             )
             declared.verify_fn, declared.compensate_fn = verify, compensate
             if cancel is not None:
