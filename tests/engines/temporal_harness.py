@@ -71,11 +71,18 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    server: TemporalDevServer, tmp_path: Path, *, worker: bool = True, watched: bool = True
+    server: TemporalDevServer,
+    tmp_path: Path,
+    *,
+    worker: bool = True,
+    watched: bool = True,
+    client: Client | None = None,
 ) -> AsyncIterator[Harness]:
     """``watched=False``: the worker's ledger does not watch for cancels committed by
-    other processes (``cancel_poll_ms=0``); they reach it at its next gate only."""
-    client = await Client.connect(server.address, namespace=server.namespace)
+    other processes (``cancel_poll_ms=0``); they reach it at its next gate only.
+    ``client``: the worker's, else one connected to ``server``."""
+    if client is None:
+        client = await Client.connect(server.address, namespace=server.namespace)
     provider = FileProvider(tmp_path / "effects.jsonl")
     url = f"sqlite:///{tmp_path / 'ledger.db'}" + ("" if watched else "?cancel_poll_ms=0")
     queue = f"q-{uuid.uuid4().hex[:12]}"

@@ -11,6 +11,7 @@ worker that held its activity fences the run, so the run settles (by
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from temporalio.worker import Worker
 
 import stopline
 from stopline import Headline, OpStatus, ReadBack, RunState, Verdict
+from stopline.domain.model import OperationRecord
 from stopline.integrations.temporal import StoplinePlugin, call_context
 from stopline.integrations.temporal_server import TemporalDevServer
 from stopline.runtime.context import CallContext
@@ -63,23 +65,34 @@ class RemoteSide:
         return ReadBack(verdict, f"remote:{ctx.key}", "found" if found else "not found")
 
 
-async def test_f3_r13_a_cut_activity_is_not_yet_until_its_timeout_then_read_back(
-    temporal_server: TemporalDevServer, tmp_path: Path
-) -> None:
-    """TRY_CANCEL (the default), a verifier and no ``settles_within``: stopline's cancel
-    cuts the activity after its request reached the remote side. A read-back that finds
-    nothing is "not yet" (the activity's ``start_to_close_timeout`` is its horizon): the
-    receipt says verifying, until when, offers nothing to send again; the effect then
-    lands, and the read-back finds it: completed, kept, sent once."""
+@dataclasses.dataclass
+class CutOnTheWire:
+    """What ``cut_on_the_wire`` saw: the receipt after the first "not found", the
+    operation then, the settled receipt, and the remote side's truth."""
+
+    meanwhile: stopline.Receipt
+    op: OperationRecord
+    receipt: stopline.Receipt
+    remote: RemoteSide
+
+
+async def cut_on_the_wire(
+    server: TemporalDevServer, tmp_path: Path, settles_within: float | None = None
+) -> CutOnTheWire:
+    """``upload`` (TRY_CANCEL, a verifier) is cut by stopline's cancel after its request
+    reached the remote side; the read-back finds nothing, and must not settle the run;
+    then the effect lands and the read-back finds it."""
     remote = RemoteSide()
 
     @activity.defn(name="upload")
     async def upload(payload: str) -> str:
         return await remote.upload(payload)
 
-    tool: stopline.Tool[Any] = stopline.Tool(upload, name="upload", description="upload it")
+    tool: stopline.Tool[Any] = stopline.Tool(
+        upload, name="upload", description="upload it", settles_within=settles_within
+    )
     tool.verifier(remote.read_back)
-    client = await Client.connect(temporal_server.address, namespace=temporal_server.namespace)
+    client = await Client.connect(server.address, namespace=server.namespace)
     queue = f"q-{uuid.uuid4().hex[:12]}"
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     async with stopline.open(url, verify=FAST_VERIFY) as ledger:
@@ -104,9 +117,23 @@ async def test_f3_r13_a_cut_activity_is_not_yet_until_its_timeout_then_read_back
                 tg.cancel_scope.cancel()
             assert settled_first == [], settled_first[0].text()  # old: "did not happen"
             meanwhile = await ledger.receipt(handle.id)
+            (op,) = await ledger.backend.operations(handle.id)
             remote.lands()
             remote.answer_it.set()
             receipt = await ledger.wait_settled(handle.id, timeout=20)
+    return CutOnTheWire(meanwhile, op, receipt, remote)
+
+
+async def test_f3_r13_a_cut_activity_is_not_yet_until_its_timeout_then_read_back(
+    temporal_server: TemporalDevServer, tmp_path: Path
+) -> None:
+    """TRY_CANCEL (the default), a verifier and no ``settles_within``: stopline's cancel
+    cuts the activity after its request reached the remote side. A read-back that finds
+    nothing is "not yet" (the activity's ``start_to_close_timeout`` is its horizon): the
+    receipt says verifying, until when, offers nothing to send again; the effect then
+    lands, and the read-back finds it: completed, kept, sent once."""
+    cut = await cut_on_the_wire(temporal_server, tmp_path)
+    meanwhile, receipt, remote = cut.meanwhile, cut.receipt, cut.remote
     assert meanwhile.headline is Headline.VERIFYING
     assert [line.status for line in meanwhile.lines] == [OpStatus.UNKNOWN]
     assert " until " in meanwhile.text()  # R13: and the receipt says until when

@@ -3,38 +3,29 @@
     plugin = StoplinePlugin(ledger, tools=[upload_tool])
     worker = Worker(client, task_queue="q", workflows=[W], activities=[upload], plugins=[plugin])
 
-The plugin adds an interceptor and three local activities (see
-``_temporal_workflow``). What it promises:
+The plugin adds an interceptor and three local activities (``_temporal_workflow``):
 
 - **Key stable across retries and crashes.** An activity is the operation
-  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` of the run ``WORKFLOW_ID``; Temporal's
-  retries (at-least-once) reach the same operation. A committed one returns
-  its recorded result; one in doubt (``unknown``) is read back through the
-  tool's verifier first and re-sent only if that proves it never happened
-  (R5); a re-entry after a resume reaches the cancelled execution's operations
-  (ADR 0056); one whose outcome nobody can prove fails the activity without a
-  retry (``OperationInDoubt``) and waits in review. A retry after the fence is
-  refused at the gate (``RunFenced``, not retryable).
+  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID``; every retry reaches it: committed, its
+  recorded result returned; in doubt, read back first and re-sent only if that
+  proves it never happened (R5); unprovable, ``OperationInDoubt`` (no retry),
+  in review. A re-entry after a resume reaches the cancelled execution's
+  (ADR 0056); a retry after the fence is refused (``RunFenced``, no retry).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
   run before the workflow's code hears of it; a stopline cancel (API, CLI,
   console) requests the Temporal cancel of the run and of the child workflows
-  it owns exclusively: at once in this process, through the backend's
-  notification from others (PostgreSQL), and at the latest at the next
-  heartbeat of a running activity or the next gate.
-- **Cancellation types as policies.** ``TRY_CANCEL`` -> ``immediate``: the
-  activity is interrupted when the cancel reaches it and its operation is
-  ``unknown`` until evidence (never "not sent"; "not found" decides only after
-  the activity's timeout, its horizon unless its tool declares one: R13);
-  ``WAIT_CANCELLATION_COMPLETED``
-  -> ``verify``: the provider is asked to cancel and the activity finishes,
-  its real outcome recorded; ``ABANDON`` -> ``at_boundary``: Temporal never
-  tells the activity, which runs on; its outcome, whenever it lands, is kept.
-- **Heartbeats.** The integration heartbeats for every gated activity (every
-  third of its ``heartbeat_timeout``, else ``heartbeat_every``), which is how
-  a Temporal cancel reaches it, and checks the run's fence as it does.
-- **Late completions** after the fence are attached as evidence (R4).
-- **Terminate.** A workflow closed under a running activity (terminated, timed
-  out) has its run fenced by the worker that heard it, by ``temporal``.
+  it owns exclusively (asked again while Temporal does not answer): at once in
+  this process, by the backend's notification from others, at the latest at
+  the next heartbeat of a running activity or the next gate.
+- **Cancellation types as policies** (``POLICIES``): ``TRY_CANCEL`` cuts the
+  activity, ``unknown`` until evidence ("not found" decides only after its
+  horizon: the tool's, else the activity's timeout, R13);
+  ``WAIT_CANCELLATION_COMPLETED`` asks the provider and records the real
+  outcome; ``ABANDON`` lets it run on and keeps its outcome.
+- **Heartbeats** (every third of ``heartbeat_timeout``, else ``heartbeat_every``)
+  carry Temporal's cancel to the activity and check the run's fence. Late
+  completions after the fence are kept as evidence (R4); a workflow terminated
+  (timed out) under a running activity is fenced by its worker.
 """
 
 from __future__ import annotations
@@ -128,6 +119,10 @@ _FOR_GOOD = (
 _RUN_ROOM = 890
 _ACTIVITY_ROOM = 96
 _EXECUTION = "@run:"
+# Temporal gave no answer (the service down, restarting or overloaded): nothing was decided
+_UNANSWERED = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
+)
 
 
 def run_id_of(workflow_id: str, execution: str = "") -> str:
@@ -216,15 +211,22 @@ async def cancel(
     The run is that of the workflow's current execution (``run_id_of``). A workflow
     Temporal holds but no worker has started yet gets its run now, fenced at once
     (its ``owner`` the canceller unless given): it does nothing when it starts.
-    ``UnknownRun`` when neither the ledger nor Temporal knows the workflow."""
+    ``UnknownRun`` when neither the ledger nor Temporal knows the workflow.
+
+    Temporal unreachable: the workflow id's run, if the ledger has it and it has not
+    ended, is fenced all the same, then Temporal's ``RPCError`` is raised: its cancel
+    was not requested (a worker of the run asks it once Temporal answers)."""
+    unreachable: RPCError | None = None
     try:
         described = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as exc:
-        if exc.status is not RPCStatusCode.NOT_FOUND:
+        if exc.status is not RPCStatusCode.NOT_FOUND and exc.status not in _UNANSWERED:
             raise
-        described = None
+        described, unreachable = None, None if exc.status is RPCStatusCode.NOT_FOUND else exc
     run_id = run_id_of(workflow_id)
     root = await find_run(ledger, run_id)
+    if unreachable is not None and (root is None or root.state in ENDED_ON_ITS_OWN):
+        raise unreachable  # which execution's run it is, Temporal alone can say
     if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
         own = run_id_of(workflow_id, described.run_id)
         queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
@@ -247,10 +249,24 @@ async def cancel(
     return receipt
 
 
-async def _request_cancel(client: temporalio.client.Client, workflow_id: str, reason: str) -> None:
-    """Idempotent: a workflow already cancelled, closed or unknown needs nothing."""
-    with contextlib.suppress(RPCError):
-        await client.get_workflow_handle(workflow_id).cancel(reason=reason or "stopline cancel")
+async def _request_cancel(
+    client: temporalio.client.Client, workflow_id: str, reason: str, *, until_answered: bool = False
+) -> None:
+    """Idempotent: a workflow already cancelled, closed or unknown needs nothing. One
+    Temporal did not answer is asked again ``until_answered`` (a worker's, in the
+    ledger's background work), else raises its ``RPCError``: not requested."""
+    delay = 0.1
+    while True:
+        try:
+            handle = client.get_workflow_handle(workflow_id)
+            return await handle.cancel(reason=reason or "stopline cancel")
+        except RPCError as exc:
+            if exc.status in _UNANSWERED and not until_answered:
+                raise
+            if exc.status not in _UNANSWERED:
+                return None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 class StoplinePlugin(SimplePlugin):
@@ -345,7 +361,7 @@ class StoplinePlugin(SimplePlugin):
 
     async def _cancel_in_temporal(self, workflow_id: str, reason: str) -> None:
         if self.client is not None:
-            await _request_cancel(self.client, workflow_id, reason)
+            await _request_cancel(self.client, workflow_id, reason, until_answered=True)
 
 
 class StoplineInterceptor(Interceptor):
