@@ -155,6 +155,7 @@ class EngineGate:
         # the engine's id of each run whose id is not it (derived: ``fitted``, ADR 0050)
         self.engine_ids: dict[str, str] = {}
         self._engine_cancel: EngineCancel | None = None
+        self._forwarded: dict[str, float | None] = {}  # run -> the cancel asked of the engine
         self._listening = [ledger.on_cancel(self._saw_fence)]
 
     def close(self) -> None:
@@ -181,17 +182,32 @@ class EngineGate:
     def cancel_in_engine(self, run_ids: Sequence[str]) -> None:
         """Ask the engine to cancel these runs' workflows (in the background)."""
         if self._engine_cancel is not None:
-            self.ledger.spawn(self._forward, self._engine_cancel, list(run_ids))
+            self.ledger.spawn(self.forward, list(run_ids))
 
-    async def _forward(self, cancel: EngineCancel, run_ids: list[str]) -> None:
+    async def forward(self, run_ids: Sequence[str]) -> None:
+        """Ask the engine to cancel these runs' workflows now: those of its workflows whose
+        current cancel it was not asked already (once per cancel: this process hears of
+        one from its own return and from the ledger's notification)."""
+        cancel = self._engine_cancel
+        if cancel is None:
+            return
         for run_id in run_ids:
             try:
                 run = await self.ledger.backend.get_run(run_id)
             except UnknownRun:
                 continue
-            if self.owns(run):
-                engine_id = self.engine_ids.get(run_id, run_id)
+            if not self.owns(run) or self._forwarded.get(run_id) == run.cancelled_at:
+                continue  # not the engine's, or this cancel asked already (its own
+                # return and its notification both tell this process of it)
+            self._forwarded[run_id] = run.cancelled_at
+            while len(self._forwarded) > _REMEMBER_FENCED:
+                del self._forwarded[next(iter(self._forwarded))]
+            engine_id = self.engine_ids.get(run_id, run_id)
+            try:
                 await cancel(engine_id, run.cancel_reason or "stopline cancel")
+            except BaseException:
+                self._forwarded.pop(run_id, None)  # not asked: a retry (or notice) asks again
+                raise
 
     def run_name(self, workflow: str) -> str:
         return f"{self.engine}:{workflow}"
