@@ -39,7 +39,9 @@ from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.svg import run_timeline, settle_chart
 from stopline.domain.lifecycle import SYSTEM, operator
 from stopline.domain.limits import check_id
-from stopline.domain.vocab import RunState
+from stopline.domain.model import OperationRecord
+from stopline.domain.receipt import Receipt
+from stopline.domain.vocab import Headline, RunState
 from stopline.errors import (
     CommitInDoubt,
     InvalidInput,
@@ -47,6 +49,7 @@ from stopline.errors import (
     LedgerLocked,
     LedgerUnavailable,
     NotFound,
+    NotPermitted,
     StoplineError,
 )
 from stopline.ledger import redact
@@ -78,6 +81,35 @@ def check_principal(what: str, principal: str) -> str:
     if principal == SYSTEM.id:
         raise InvalidInput(what, f"{principal!r} is stopline's own principal: no one acts as it")
     return principal
+
+
+def correct_elsewhere(ledger: stopline.Ledger, op: OperationRecord) -> str:
+    """Why this console cannot offer "It happened: correct it" for ``op``, which
+    declares a correction, and where it is done instead; "" if it can (the ledger it
+    was given has the tool registered, as an embedding application's may). A correction
+    runs the tool's compensator: code in the application, not in ``stopline console``."""
+    if not op.can_compensate or op.compensates is not None:
+        return ""  # nothing to correct it with: the ledger says so if asked
+    try:
+        ledger.core.compensator.tool_for(op)
+    except NotPermitted:
+        return (
+            f"a correction runs the compensator of tool {op.tool!r}, code in your "
+            "application that this console has not loaded. If it happened, record it "
+            f"here (It happened), then correct it from your application with "
+            f"await ledger.compensate({op.id!r}, by=...); or decide it there in one step "
+            f"with await ledger.resolve_review({op.id!r}, 'compensate', by=...)"
+        )
+    return ""
+
+
+def awaits_review(receipt: Receipt) -> bool:
+    """A receipt settled in the sense that nothing changes it by itself, but that a
+    reviewer's decision will: the page says so and keeps following it."""
+    return receipt.settled and receipt.headline is Headline.NEEDS_REVIEW
+
+
+_TEMPLATES.env.globals["awaits_review"] = awaits_review
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -235,7 +267,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
                 busy.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
                 return busy
             except LedgerError as exc:  # it cannot serve at all (corrupt, gone, too new)
-                return render(request, "error.html", 500, message=str(exc))
+                return render(request, "error.html", 500, message=str(exc), broken=True)
             except StoplineError as exc:  # what the contract refuses (an illegal transition)
                 return render(request, "error.html", 409, message=str(exc))
 
@@ -248,7 +280,11 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     async def runs_page(request: Request) -> Response:
         ledger = the_ledger(request)
         state_arg = request.query_params.get("state", "")
-        state = RunState(state_arg) if state_arg in {s.value for s in RunState} else None
+        if state_arg and state_arg not in {s.value for s in RunState}:  # not every run
+            known = ", ".join(s.value for s in RunState)
+            message = f"state: {state_arg!r} is not a run state (one of: {known})"
+            return render(request, "error.html", 400, message=message)
+        state = RunState(state_arg) if state_arg else None
         rows = await ledger.runs_with_receipts(state=state, limit=200)
         partial = request.query_params.get("partial") == "1"
         return render(
@@ -278,7 +314,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             picture=run_timeline(entries, ops),
             receipt=receipt,
             can_cancel=not run.state.fenced and run.state not in _FINAL,
-            live=not receipt.settled,
+            live=not receipt.settled or awaits_review(receipt),
             partial=request.query_params.get("partial") == "1",
         )
 
@@ -296,7 +332,10 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
     async def review_page(request: Request) -> Response:
         ledger = the_ledger(request)
         items = await ledger.review_items()
-        return render(request, "review.html", items=items, live=False, partial=False)
+        elsewhere = {item.op.id: correct_elsewhere(ledger, item.op) for item in items}
+        return render(
+            request, "review.html", items=items, elsewhere=elsewhere, live=False, partial=False
+        )
 
     async def resolve_action(request: Request) -> Response:
         ledger = the_ledger(request)
@@ -310,8 +349,14 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         if len(note) > _NOTE_CHARS:  # it was cut here, silently: the audit record altered
             message = f"note: {len(note):,} characters; at most {_NOTE_CHARS:,}"
             return render(request, "error.html", 400, message=message)
+        op_id = request.path_params["op_id"]
+        if verdict is ReviewVerdict.COMPENSATE:  # refused before anything is written
+            why = correct_elsewhere(ledger, await ledger.backend.get_operation(op_id))
+            if why:
+                message = f"operation {op_id!r} is not corrected from here: {why}"
+                return render(request, "error.html", 409, message=message)
         receipt = await ledger.resolve_review(
-            request.path_params["op_id"], verdict, by=operator(session.principal), note=note
+            op_id, verdict, by=operator(session.principal), note=note
         )
         return render(request, "receipt.html", receipt=receipt, by=session.principal)
 
