@@ -19,6 +19,8 @@ Spans (all carry ``stopline.run_id``; operation spans ``stopline.op_id``):
       stopline.compensate   compensation started .. compensated or failed
     stopline.cancel         the fence write, a child of the caller's span
       stopline.settle       the run settled after that cancel (headline)
+    stopline.outcome        a run's headline changed after its span ended (a review,
+                            a read-back, a late answer, a correction): under the run
 
 The first resolved outcome of an operation carries a ``span`` evidence
 pointer ``<trace_id>:<span_id>``, so the receipt links into the trace.
@@ -36,7 +38,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from stopline.domain.lifecycle import CancelResult
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
@@ -48,6 +50,7 @@ from stopline.domain.vocab import (
     PhaseKind,
     Policy,
     RunEvent,
+    RunState,
 )
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.backend import (
@@ -68,9 +71,18 @@ ATTR_STATUS = "stopline.status"
 
 _SETTLING_EVENTS = frozenset({RunEvent.SETTLED, RunEvent.ESCALATE})
 _RUN_END_EVENTS = _SETTLING_EVENTS | {RunEvent.COMPLETE, RunEvent.FAIL}
+# events whose run's headline is computed (its operations read before the write): the
+# ends, and a review's close of a run that ended in review (its headline changes then)
+_HEADLINE_EVENTS = _RUN_END_EVENTS | {RunEvent.REVIEWED}
 _VERIFY_EVENTS = frozenset({OpEvent.VERIFIED_COMMITTED, OpEvent.VERIFIED_NOT_COMMITTED})
 _REVIEW_EVENTS = frozenset({OpEvent.REVIEWED_COMMITTED, OpEvent.REVIEWED_NOT_COMMITTED})
 _TROUBLE = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+
+
+def _may_change(run: RunRecord, ops: Sequence[OperationRecord]) -> bool:
+    """Whether a run's headline can still change once it has ended: it is in review, or
+    an operation of its tree is not settled (in doubt, in review, being corrected)."""
+    return run.state is RunState.NEEDS_REVIEW or not all(op.status.settled for op in ops)
 
 
 def resolved_by(event: OpEvent) -> str:
@@ -117,6 +129,10 @@ class Telemetry:
         self.op_outcomes = meter.create_counter(
             "stopline.operations.outcomes", description="Resolved operation statuses"
         )
+        self.revised = meter.create_counter(
+            "stopline.runs.revised",
+            description="Ended runs whose headline changed since (review, read-back, ...)",
+        )
 
         # spans in progress, shared by every ledger this observer watches in the process
         self.open_backends = 0
@@ -128,6 +144,9 @@ class Telemetry:
         self.cancels: dict[str, Context] = {}
         self.doubted: set[str] = set()  # operations that were unknown at some point
         self.linked: set[str] = set()  # operations whose outcome carries a span pointer
+        # runs whose span ended while their headline could still change (an operation
+        # unsettled, the run in review): their span and headline then, to follow them
+        self.open_outcomes: dict[str, tuple[SpanContext, str]] = {}
 
     def __call__(self, backend: Backend) -> Backend:
         self.open_backends += 1
@@ -148,6 +167,7 @@ class TracedBackend(ForwardingBackend):
         self._cancels = telemetry.cancels
         self._doubted = telemetry.doubted
         self._linked = telemetry.linked
+        self._open_outcomes = telemetry.open_outcomes
 
     # -- helpers -------------------------------------------------------------------
     def _under_run(self, run_id: str) -> Context | None:
@@ -213,7 +233,7 @@ class TracedBackend(ForwardingBackend):
         if event is not RunEvent.CANCEL:
             # read before the write, so the spans end with no await after the commit; the
             # tree's operations, as the run's receipt reads them (its headline is theirs)
-            ending = event in _RUN_END_EVENTS
+            ending = event in _HEADLINE_EVENTS
             ops = await self.inner.operations(run_id, descendants=True) if ending else []
             run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
             if changed:
@@ -226,7 +246,7 @@ class TracedBackend(ForwardingBackend):
         self, items: Sequence[tuple[str, RunEvent]], *, by: str
     ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
         # as ``run_event``: the ending runs' operations read before the write, in one read
-        ending = [run_id for run_id, event in items if event in _RUN_END_EVENTS]
+        ending = [run_id for run_id, event in items if event in _HEADLINE_EVENTS]
         ops: dict[str, list[OperationRecord]] = {}
         for found in await self.inner.trees_and_operations(ending) if ending else []:
             if not isinstance(found, UnknownRun):
@@ -264,9 +284,13 @@ class TracedBackend(ForwardingBackend):
         run_span = self._runs.get(run.id)
         if run_span is not None:
             run_span.add_event(f"stopline.{event.value}", {ATTR_STATUS: run.state.value})
+        if event is RunEvent.REVIEWED:
+            self._revise(run, ops)
         if event not in _RUN_END_EVENTS:
             return
         headline = headline_for(run, ops).value
+        if run_span is not None and _may_change(run, ops):
+            self._open_outcomes[run.id] = (run_span.get_span_context(), headline)
         self._t.outcomes.add(1, {"stopline.headline": headline})
         cancel = self._cancels.pop(run.id, None)
         if event in _SETTLING_EVENTS and run.cancelled_at is not None:
@@ -279,6 +303,35 @@ class TracedBackend(ForwardingBackend):
             self._end(settle, run.state.value, headline=headline)
         self._end(self._phases.pop(run.id, None), run.state.value)
         self._end(self._runs.pop(run.id, None), run.state.value, headline=headline)
+
+    def _revise(self, run: RunRecord, ops: Sequence[OperationRecord]) -> None:
+        """A run whose span ended with a headline that could still change: if it did, a
+        ``stopline.outcome`` span under the run's says so (its span's was true then)."""
+        ended = self._open_outcomes.get(run.id)
+        if ended is None:
+            return
+        context, before = ended
+        headline = headline_for(run, ops).value
+        if not _may_change(run, ops):
+            del self._open_outcomes[run.id]
+        elif headline != before:
+            self._open_outcomes[run.id] = (context, headline)
+        if headline == before:
+            return
+        self._t.revised.add(1, {"stopline.headline": headline, "stopline.previous": before})
+        span = self._t.tracer.start_span(
+            "stopline.outcome",
+            context=trace.set_span_in_context(NonRecordingSpan(context)),
+            attributes={ATTR_RUN_ID: run.id, "stopline.previous": before},
+        )
+        self._end(span, run.state.value, headline=headline)
+
+    async def _revise_after(self, ops: Sequence[OperationRecord]) -> None:
+        """The headline of each ended run followed whose operation just changed, read
+        again (after the write: no run event marks it). A failed read traces nothing."""
+        for run_id in {op.run_id for op in ops if op.run_id in self._open_outcomes}:
+            with contextlib.suppress(Exception):  # tracing never breaks an outcome
+                self._revise(*await self.inner.run_and_operations(run_id, descendants=True))
 
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         run = await self.inner.set_phase(run_id, kind, policy)
@@ -313,7 +366,9 @@ class TracedBackend(ForwardingBackend):
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         update = self._with_span(op_id, update)
-        return self._recorded(await self.inner.record(op_id, update), update)
+        op = self._recorded(await self.inner.record(op_id, update), update)
+        await self._revise_after([op])
+        return op
 
     async def record_many(
         self, items: Sequence[tuple[str, OutcomeUpdate]]
@@ -323,6 +378,7 @@ class TracedBackend(ForwardingBackend):
         for (_op_id, update), result in zip(updates, results, strict=True):
             if not isinstance(result, IllegalTransition):
                 self._recorded(result, update)
+        await self._revise_after([r for r in results if not isinstance(r, IllegalTransition)])
         return results
 
     def record_deferred(
@@ -432,4 +488,6 @@ class TracedBackend(ForwardingBackend):
             for span in spans.values():
                 self._end(span, "unfinished")
             spans.clear()
+        if self._t.open_backends == 0:
+            self._open_outcomes.clear()
         await self.inner.close()

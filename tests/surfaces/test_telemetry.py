@@ -307,3 +307,77 @@ async def test_the_cancel_span_ends_at_the_fences_commit(
         await traced.cancel(held.ids[0], by="u")
     span = otel.one("stopline.cancel")
     assert span.end_time is not None and 0 < span.end_time <= held.interrupted_ns
+
+
+async def test_a_reviewed_runs_new_headline_is_traced_under_its_run(
+    traced: stopline.Ledger, otel: Otel
+) -> None:
+    """A run that ended in review has its span end with "needs_review", true then; once
+    a reviewer decides, a ``stopline.outcome`` span under the run's carries the headline
+    the receipt now has (the trace and the metrics stayed at "needs_review" for ever)."""
+    pay = FakeProvider("charge", cancellable=Cancellable.NEVER, verifiable=False)
+    held = pay.hold("committed")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, traced, calls(pay, policy=Policy.IMMEDIATE))
+        await held.reached.wait()
+        await traced.cancel(started.run_id, by="user:1")
+        held.release()
+    await settled_and_traced(traced, otel, started.run_id)
+    run_span = otel.one("stopline.run")
+    assert (run_span.attributes or {})["stopline.headline"] == Headline.NEEDS_REVIEW.value
+    assert otel.named("stopline.outcome") == []
+
+    [item] = await traced.review_items()
+    outcome_ended = otel.signals.ended("stopline.outcome")
+    await traced.resolve_review(item.op.id, "committed", by="user:1", note="it charged")
+    receipt = await traced.wait_settled(started.run_id, timeout=10)
+    with anyio.fail_after(10):
+        await outcome_ended.wait()
+    assert receipt.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS
+    outcome = otel.one("stopline.outcome")
+    assert outcome.attributes == {
+        ATTR_RUN_ID: started.run_id,
+        "stopline.previous": Headline.NEEDS_REVIEW.value,
+        ATTR_STATUS: "cancelled",
+        "stopline.headline": receipt.headline.value,
+    }
+    assert outcome.parent is not None and outcome.parent.span_id == run_span.context.span_id
+    assert outcome.context.trace_id == run_span.context.trace_id
+    assert otel.count("stopline.runs.revised", headline=receipt.headline.value) == 1
+
+
+async def test_a_completed_runs_read_back_outcome_is_traced(
+    traced: stopline.Ledger, otel: Otel
+) -> None:
+    """A run that completed while a call of it was in doubt ended "verifying"; the
+    read-back that settles the call later changes its receipt, and the trace says so."""
+    found = [stopline.Verdict.UNKNOWN]
+
+    @stopline.tool(cancellable=Cancellable.NEVER)
+    async def wire(ctx: stopline.CallContext, amount: int) -> str:
+        raise ConnectionError("the answer was lost")
+
+    @wire.verifier
+    async def _(ctx: stopline.CallContext) -> stopline.ReadBack:
+        return stopline.ReadBack(found[0], detail="read back")
+
+    async with traced.run("job", owner="user:1") as run:
+        with pytest.raises(ConnectionError):
+            await run.call(wire, 5)
+    with anyio.fail_after(10):
+        await otel.signals.ended("stopline.run").wait()
+    run_span = otel.one("stopline.run")
+    assert (run_span.attributes or {})["stopline.headline"] == Headline.VERIFYING.value
+
+    found[0] = stopline.Verdict.COMMITTED
+    [op] = await traced.backend.operations(run.id)
+    await traced.verify(op.id)
+    receipt = await traced.wait_settled(run.id, timeout=10)
+    assert receipt.headline is Headline.COMPLETED
+    with anyio.fail_after(10):
+        await otel.signals.ended("stopline.outcome").wait()
+    last = otel.named("stopline.outcome")[-1]
+    assert (last.attributes or {})["stopline.headline"] == Headline.COMPLETED.value
+    assert (last.attributes or {})[ATTR_STATUS] == "completed"
+    assert last.parent is not None and last.parent.span_id == run_span.context.span_id
+    assert otel.count("stopline.runs.revised", headline=Headline.COMPLETED.value) == 1
