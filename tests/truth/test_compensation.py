@@ -189,3 +189,40 @@ async def test_closing_the_ledger_under_a_correction_records_why_its_answer_is_l
         comp = await ledger.backend.get_operation("r/room~compensate")
         assert comp.status is OpStatus.UNKNOWN and comp.cause is stopline.Cause.LOCAL_ERROR
         assert "the ledger closed while the correction ran" in comp.evidence[-1].detail
+
+
+async def test_a_cancelled_run_whose_correction_waits_for_review_settles_in_review(
+    ledger: stopline.Ledger,
+) -> None:
+    """A cancel corrects a committed call (``compensation=always``); the correction's
+    answer is lost (its code raised after it acted) and it has no read-back, so it waits
+    for a reviewer, and the original, being corrected, with it. The run stayed
+    ``settling`` for ever (the original counted as a correction under way) and
+    ``wait_settled`` never returned, while its receipt said review already. It settles
+    in review; the reviewer's answer on the correction closes it."""
+    notify = FakeProvider("notify", cancellable=Cancellable.NEVER)
+    notify.tool.compensation = Compensation.ALWAYS
+    corrected: list[str] = []
+
+    @notify.tool.compensator
+    async def _(ctx: stopline.CallContext) -> str:
+        corrected.append(getattr(ctx, "compensates", ""))
+        raise RuntimeError("retracted, then the connection dropped")
+
+    held = notify.hold("committed")
+    async with anyio.create_task_group() as tg:
+        started = start(tg, ledger, calls(notify, policy=Policy.IMMEDIATE))
+        await held.reached.wait()
+        await ledger.cancel(started.run_id, by="user:1")
+    receipt = await ledger.wait_settled(started.run_id, timeout=30)  # a guard: it never did
+    assert receipt.run_state is RunState.NEEDS_REVIEW
+    assert receipt.headline is Headline.NEEDS_REVIEW
+    original, correction = receipt.lines
+    assert (original.status, correction.status) == (OpStatus.COMPENSATING, OpStatus.NEEDS_REVIEW)
+    assert "its correction waits for human review" in original.recovery
+    assert corrected == [original.op_id] and notify.effects == [original.op_id]
+    await ledger.resolve_review(correction.op_id, "committed", by="user:1", note="retracted")
+    closed = await ledger.wait_settled(started.run_id, timeout=30)
+    assert [line.status for line in closed.lines] == [OpStatus.COMPENSATED, OpStatus.COMMITTED]
+    assert closed.headline is Headline.CORRECTED
+    assert closed.run_state is not RunState.NEEDS_REVIEW

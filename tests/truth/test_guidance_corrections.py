@@ -51,7 +51,7 @@ async def test_a_correction_in_review_says_a_reviewer_decides(ledger: stopline.L
         await ledger.cancel(run.id, by="user:1")
     await quiesce(ledger)
     receipt = await ledger.receipt("g-review")
-    assert receipt.run_state is RunState.SETTLING
+    assert receipt.run_state is RunState.NEEDS_REVIEW  # it waits for a reviewer: settled so far
     assert receipt.headline is Headline.NEEDS_REVIEW
     assert receipt.resume_rule.startswith("a reviewer decides 1 operation in review")
     original, correction = receipt.lines

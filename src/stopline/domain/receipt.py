@@ -14,6 +14,7 @@ from typing import Any
 
 from stopline.domain.guidance import resume_rule
 from stopline.domain.model import CancelState, Evidence, LazyEvidence, OperationRecord, RunRecord
+from stopline.domain.transitions import awaits_review
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
 
 __all__ = [
@@ -224,6 +225,9 @@ class OperationLine:
     evidence: Sequence[Evidence]
     # the response is in hand and its record queued, not yet durable (ADR 0022)
     recording: bool = False
+    # being corrected, the correction in review: settled as far as time goes (a
+    # reviewer, not time, changes it: ``transitions.awaits_review``)
+    awaits_review: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -268,7 +272,7 @@ class Receipt:
         """
         if self.run_state not in _SETTLED_STATES:
             return False
-        if not all(line.status.resolved for line in self.lines):
+        if not all(line.status.resolved or line.awaits_review for line in self.lines):
             return False
         in_review = any(line.status is OpStatus.NEEDS_REVIEW for line in self.lines)
         return in_review or self.run_state is not RunState.NEEDS_REVIEW
@@ -309,6 +313,7 @@ def _line(op: OperationRecord, recording: bool, related: OperationRecord | None)
         recovery=_recovery(op, related),
         evidence=op.evidence if isinstance(op.evidence, LazyEvidence) else tuple(op.evidence),
         recording=recording,
+        awaits_review=awaits_review(op, related),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import TypeVar
 
-from stopline.domain.model import EventRecord
+from stopline.domain.model import EventRecord, OperationRecord
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent, RunState
 from stopline.errors import IllegalTransition
 
@@ -23,11 +23,13 @@ __all__ = [
     "RUN_TABLE",
     "SETTLED_BY_LATER_EVIDENCE",
     "apply",
+    "awaits_review",
     "diagram",
     "events_from",
     "later_evidence_settles",
     "review_entry",
     "settle_move",
+    "settling_statuses",
 ]
 
 _S = OpStatus
@@ -214,6 +216,28 @@ def settle_move(
 _OPEN = frozenset({OpStatus.UNKNOWN, OpStatus.COMPENSATING})
 HOLDING_OPS = frozenset(s for s in OpStatus if s.in_flight) | _OPEN
 REVIEW_OPS = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+
+
+def awaits_review(op: OperationRecord, correction: OperationRecord | None) -> bool:
+    """An original being corrected whose latest correction waits for a reviewer: it
+    waits for that reviewer too (``compensating``: nobody knows whether it was
+    corrected, and only the review will say)."""
+    return (
+        op.status is OpStatus.COMPENSATING
+        and correction is not None
+        and correction.status in REVIEW_OPS
+    )
+
+
+def settling_statuses(ops: Iterable[OperationRecord]) -> set[OpStatus]:
+    """The statuses a settle reads of a run's operations (``settle_move``): one that
+    ``awaits_review`` counts as in review. It counted as a correction under way, and
+    kept its run ``settling`` for ever beside a receipt that said review already."""
+    ops = list(ops)
+    latest = {op.compensates: op for op in ops if op.compensates}  # ledger order
+    return {
+        OpStatus.NEEDS_REVIEW if awaits_review(op, latest.get(op.id)) else op.status for op in ops
+    }
 
 
 def _own_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None, bool]:

@@ -24,7 +24,7 @@ import anyio
 
 from stopline.domain.lifecycle import SYSTEM
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
-from stopline.domain.transitions import FINAL_RUN_STATES, settle_move
+from stopline.domain.transitions import FINAL_RUN_STATES, settle_move, settling_statuses
 from stopline.domain.vocab import (
     Cancellable,
     EvidenceKind,
@@ -467,7 +467,7 @@ class Settler:
             if await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run)
-            move, verify = settle_move(run.state, statuses := {op.status for op in ops})
+            move, verify = settle_move(run.state, statuses := settling_statuses(ops))
             decided.append((run, statuses, move))
             if verify:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
