@@ -106,6 +106,11 @@ async def _first(*events: anyio.Event) -> None:
             tg.start_soon(wait, event)
 
 
+def _budget(verify: VerifyBudget) -> float:
+    """The longest a read-back budget can take: every wait and every read timing out."""
+    return sum(verify.delays()) + verify.attempts * verify.read_timeout
+
+
 class CellRunner(Generic[P]):
     def __init__(
         self,
@@ -123,7 +128,9 @@ class CellRunner(Generic[P]):
         self.require_ground_truth = require_ground_truth
         self.verify = verify
         self.cell_timeout = cell_timeout
-        self.settle_timeout = min(3.0, cell_timeout / 2)
+        # long enough for the whole read-back budget (a verifier that hangs included:
+        # each read gives up after ``read_timeout``), within the cell's own timeout
+        self.settle_timeout = min(cell_timeout / 2, max(3.0, 2 * _budget(verify)))
         self.name = str(getattr(workflow, "__name__", "workflow"))
         self.last_sources: Sources | None = None
 
@@ -191,6 +198,7 @@ class CellRunner(Generic[P]):
             seen.receipt.headline,
             "; ".join(notes),
             seen.unverified(),
+            seen.reviews(),
         )
 
     async def _play(
@@ -378,11 +386,7 @@ class CellRunner(Generic[P]):
         backend = ledger.backend
         truth: dict[str, tuple[str, ...]] = {}
         if self.ground_truth is not None:
-            prefix = run_id + "/"
-            given = self.ground_truth(cast(P, sources.root))
-            truth = {
-                str(t): tuple(k for k in keys if k.startswith(prefix)) for t, keys in given.items()
-            }
+            truth = _truth_of(self.ground_truth, cast(P, sources.root), run_id)
         return Observed(
             run=await backend.get_run(run_id),
             ops=await backend.operations(run_id),
@@ -400,6 +404,39 @@ class CellRunner(Generic[P]):
             truth=truth,
             error=describe(driven.error) if driven.error is not None else None,
         )
+
+
+def _truth_of(
+    ground_truth: GroundTruth[P], providers: P, run_id: str
+) -> dict[str, tuple[str, ...]]:
+    """The run's effects by tool, as ``ground_truth(providers)`` tells; a ``_CellError``
+    naming it when it raises or tells something that is not tool -> keys."""
+    try:
+        given = ground_truth(providers)
+    except Exception as exc:
+        raise _CellError(f"ground_truth(providers) raised {describe(exc)}") from exc
+    if not isinstance(given, Mapping):
+        raise _CellError(
+            f"ground_truth(providers) returned {type(given).__name__}: it must map each "
+            "tool name to the keys (ctx.key) of its effects"
+        )
+    prefix, truth = run_id + "/", {}
+    for tool, keys in given.items():
+        # a string is an iterable of characters, not of keys: {"send": box.last_key}
+        if isinstance(keys, str | bytes) or not isinstance(keys, Iterable):
+            raise _CellError(
+                f"ground_truth(providers)[{tool!r}] is {type(keys).__name__}: it must be "
+                "the keys (ctx.key) of every effect, in a list"
+            )
+        keys = tuple(keys)
+        odd = [k for k in keys if not isinstance(k, str)]
+        if odd:
+            raise _CellError(
+                f"ground_truth(providers)[{tool!r}] holds {odd[0]!r}: each key is the "
+                "effect's ctx.key, a string"
+            )
+        truth[str(tool)] = tuple(k for k in keys if k.startswith(prefix))
+    return truth
 
 
 async def _ops_resolved(ledger: Ledger, run_id: str) -> bool:

@@ -5,6 +5,9 @@ seam ``stopline.telemetry`` uses), so the runtime needs no test hooks:
 
 - ``before_dispatch/<tool>``: a call is about to pass the gate;
 - ``after_gate/<tool>``: its intent is durable, its first byte not yet sent;
+- ``returned/<tool>``: a tool of the user's own returned its result, which the
+  ledger has not recorded yet (a crash here leaves an effect only the tool's
+  read-back can find; a ``FakeProvider``'s ``responding`` is that point already);
 - ``response_delivered/<tool>``: its response is recorded, not yet returned.
 
 Each hold is shielded: it models one instant of the runtime (its writes are
@@ -31,8 +34,9 @@ __all__ = ["RUNTIME_POINTS", "HookedBackend", "Hooks", "WorkerCrashed"]
 
 BEFORE_DISPATCH = "before_dispatch"
 AFTER_GATE = "after_gate"
+RETURNED = "returned"
 RESPONSE_DELIVERED = "response_delivered"
-RUNTIME_POINTS = (BEFORE_DISPATCH, AFTER_GATE, RESPONSE_DELIVERED)
+RUNTIME_POINTS = (BEFORE_DISPATCH, AFTER_GATE, RETURNED, RESPONSE_DELIVERED)
 
 
 class WorkerCrashed(BaseException):
@@ -46,6 +50,9 @@ class Hooks:
         self.barriers = Barriers()
         self.crashed = False
         self.tools: dict[str, str] = {}  # op id -> tool name, as seen at the gate
+        # tools with a point of their own between effect and return (FakeProviders'
+        # ``responding``): no ``returned`` point for them
+        self.responding: set[str] = set()
         self._inner: Backend | None = None  # the real backend under the hooks
 
     def wrap(self, backend: Backend) -> Backend:
@@ -99,10 +106,14 @@ class HookedBackend(ForwardingBackend):
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         hooks = self._hooks
         hooks.check()
+        tool = hooks.tools.get(op_id)
+        returned = update.event is OpEvent.COMMITTED and not update.late
+        if returned and tool is not None and tool not in hooks.responding:
+            await hooks.reach(RETURNED, tool, op_id)
         op = await self.inner.record(op_id, update)
         hooks.check()
-        if update.event is OpEvent.COMMITTED and not update.late:
-            await hooks.reach(RESPONSE_DELIVERED, hooks.tools.get(op_id, op.tool), op_id)
+        if returned:
+            await hooks.reach(RESPONSE_DELIVERED, tool or op.tool, op_id)
         return op
 
     @property

@@ -27,6 +27,7 @@ class Sources:
         self.hooks = hooks
         self.root = providers  # what the factory made, as the workflow receives it
         self.providers = find_providers(providers)
+        hooks.responding.update(p.tool.name for p in self.providers.values())
         self.own = find_barriers(providers)
 
     def all(self) -> list[tuple[str, str, Barriers]]:

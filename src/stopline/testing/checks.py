@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from stopline.domain.model import EventRecord, OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.receipt import headline_for as _headline_for
-from stopline.domain.vocab import Headline, OpEvent, OpStatus, RunEvent
+from stopline.domain.vocab import Headline, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.testing.matrix import Violation
 from stopline.testing.providers import FakeProvider
 
@@ -83,6 +83,26 @@ class Observed:
         could not be checked against them."""
         known, corrections = self.truths(), _corrections(self)
         return tuple(sorted({op.tool for op in self.ops if op.id not in corrections} - set(known)))
+
+    def reviews(self) -> tuple[str, ...]:
+        """``tool: why`` for each operation the run left to human review: what its
+        read-back last said (a verifier that raised or gave no answer), else the
+        evidence the review rests on. Not a broken rule: the report tells it, as a
+        read-back that never works passes every cell on the reviewer's back."""
+        said: dict[str, str] = {}
+        for e in self.events:
+            if e.op_id and e.kind in (NoteKind.VERIFY_FAILED, NoteKind.VERIFY_UNKNOWN):
+                for ev in e.data.get("evidence", ()):
+                    detail = str(ev.get("detail", ""))
+                    raised = e.kind == NoteKind.VERIFY_FAILED
+                    said[e.op_id] = f"the read-back raised {detail}" if raised else detail
+        out = []
+        for op in self.ops:
+            if op.status is OpStatus.NEEDS_REVIEW:
+                last = op.evidence[-1] if op.evidence else None
+                why = said.get(op.id) or (last.detail if last is not None else "")
+                out.append(f"{op.tool}: {why}" if why else op.tool)
+        return tuple(dict.fromkeys(out))
 
 
 def check(seen: Observed, *, require_ground_truth: bool = False) -> tuple[list[Violation], bool]:
@@ -156,11 +176,14 @@ def _r2(seen: Observed) -> Iterator[Violation]:
     if not seen.settled and not seen.crashed:
         yield Violation(
             "R2",
-            f"the run did not settle: {seen.run.state.value}, "
+            f"the run did not settle in time: {seen.run.state.value}, "
             f"receipt {seen.receipt.headline.value}",
         )
+    when = "once settled" if seen.settled else "when the wait for it ended"
     for op in _unresolved(seen):
-        yield Violation("R2", f"{op.id} is still {op.status.value} once settled")
+        last = op.evidence[-1] if op.evidence else None
+        why = f" (last evidence: {last.ref}: {last.detail})" if last is not None else ""
+        yield Violation("R2", f"{op.id} is still {op.status.value} {when}{why}")
 
 
 def _r3_r4(seen: Observed) -> Iterator[Violation]:
@@ -235,5 +258,5 @@ def _r8(seen: Observed) -> Iterator[Violation]:
         if receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION and done:
             yield Violation(
                 "R8",
-                f"'{receipt.message}' while providers had committed {sorted(done)}",
+                f"'{receipt.message}' while effects were committed: {sorted(done)}",
             )

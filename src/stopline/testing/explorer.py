@@ -9,7 +9,8 @@ or a mapping, sequence or object holding ``FakeProvider``s (and, if the
 workflow has points of its own, ``Barriers``). The explorer runs the
 workflow once to discover the barrier points it passes, in order: the
 providers' (``received``, ``accepted``, ``committed``, ``responding``),
-the runtime's (``before_dispatch``, ``after_gate``, ``response_delivered``)
+the runtime's (``before_dispatch``, ``after_gate``, ``returned`` for a tool of
+your own, ``response_delivered``)
 and the workflow's own. Then it re-runs it once per (point x action), each
 time on a fresh ledger file and fresh providers, holds it at the point, acts,
 lets it go, waits for the run to settle and checks R1, R2, R3/R4, R7 and R8
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stopline.domain.limits import check_wait
+from stopline.errors import InvalidInput
 from stopline.runtime.ledger import Ledger, VerifyBudget
 from stopline.runtime.run import Run
 from stopline.testing._cell import CellRunner, GroundTruth
@@ -74,7 +76,11 @@ __all__ = [
 P = TypeVar("P")
 Workflow = Callable[[Run, P], Awaitable[None]]
 
-FAST_VERIFY = VerifyBudget(attempts=4, first_delay=0.01, factor=2.0, max_delay=0.05)
+# a read-back that hangs gives up after read_timeout, as in production (30 s there):
+# the whole budget fits in the wait for the run to settle (``_settle_wait``)
+FAST_VERIFY = VerifyBudget(
+    attempts=4, first_delay=0.01, factor=2.0, max_delay=0.05, read_timeout=0.5
+)
 _CELL_ID = re.compile(r"^point=.+ action=.+ seed=(?P<seed>-?\d+)$")
 BASELINE_POINT, BASELINE_ACTION = "(start)", "none"  # the discovery run's cell
 # the order a call passes the points of its tool (a workflow's own points after)
@@ -85,6 +91,7 @@ _STAGES = (
     "accepted",
     "committed",
     "responding",
+    "returned",
     "response_delivered",
 )
 
@@ -116,11 +123,13 @@ async def explore(
     (``ctx.key``) of every effect its destination holds; ``require_ground_truth``
     fails every cell that called an effectful tool with none.
 
-    Raises ``ExplorerError`` when the exploration cannot go on: the workflow or
+    Raises ``InvalidInput`` for an argument it cannot use (a seed that is not an
+    int, an empty ``actions``, an action class instead of an instance, ...), before
+    any run; ``ExplorerError`` when the exploration cannot go on: the workflow or
     the providers factory fails on its own, two providers share a name, an
     action has no name, an ``only`` names no cell.
     """
-    check_wait("cell_timeout", cell_timeout)  # a NaN was anyio's bare ValueError, mid-matrix
+    _check_inputs(workflow, providers, seed, cell_timeout, out, verify, ground_truth)
     names = _check_actions(actions)
     wanted, seed = _parse_only(only, seed)
     with tempfile.TemporaryDirectory(prefix="stopline-explore-") as tmp:
@@ -183,7 +192,45 @@ def _run_id(seed: int, cell: str) -> str:
     return f"x{seed}-{_digest(f'run {seed} {cell}')[:8]}"
 
 
+def _check_inputs(
+    workflow: object,
+    providers: object,
+    seed: object,
+    cell_timeout: object,
+    out: object,
+    verify: object,
+    ground_truth: object,
+) -> None:
+    """``InvalidInput`` naming the first argument ``explore`` cannot use, before any run
+    (each was found mid-matrix, blamed on the workflow, or not at all)."""
+    # a seed prints in every cell id and re-run line, which only an integer parses back
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidInput("seed", f"{seed!r}: must be an int (it is in every cell id)")
+    if not check_wait("cell_timeout", cell_timeout) > 0:  # NaN was anyio's bare ValueError
+        raise InvalidInput("cell_timeout", f"{cell_timeout}: must be more than 0 s")
+    for what, fn, hint in (
+        ("workflow", workflow, "async def workflow(run, providers)"),
+        ("providers", providers, "a factory making fresh ones: lambda: FakeProvider(...)"),
+    ):
+        if not callable(fn):
+            raise InvalidInput(what, f"{fn!r} is not callable: give {hint}")
+    for what, fn in (("out", out), ("ground_truth", ground_truth)):
+        if fn is not None and not callable(fn):
+            raise InvalidInput(what, f"{fn!r} is not callable (or None)")
+    if not isinstance(verify, VerifyBudget):
+        raise InvalidInput("verify", f"{verify!r}: must be a VerifyBudget")
+
+
 def _check_actions(actions: Sequence[Action]) -> list[str]:
+    if isinstance(actions, str | bytes) or not isinstance(actions, Sequence):
+        raise InvalidInput("actions", f"{actions!r}: must be a sequence of Action instances")
+    if not actions:
+        raise InvalidInput("actions", "empty: nothing would be explored")
+    for action in actions:
+        if isinstance(action, type):
+            raise InvalidInput(
+                "actions", f"{action.__name__} is a class: pass an instance ({action.__name__}())"
+            )
     names = [getattr(a, "name", "") for a in actions]
     for action, name in zip(actions, names, strict=True):
         if not isinstance(name, str) or not name.strip():
@@ -219,7 +266,10 @@ async def _discover(
 
     baseline = await runner.run_plain(seed, run_id, url, observe, probe)
     if baseline.status is CellStatus.ERROR:
-        raise ExplorerError("the workflow does not run on its own:\n" + baseline.text())
+        raise ExplorerError(
+            "the discovery run (the workflow on its own, no action) could not be played:\n"
+            + baseline.text()
+        )
     return _ordered(_points(passed, runner.last_sources)), unsupported, baseline
 
 
@@ -282,11 +332,15 @@ def _parse_only(only: str | Collection[str] | None, seed: int) -> tuple[set[str]
     """The cell ids asked for, exactly as printed, and the seed they name."""
     if only is None:
         return set(), seed
+    if isinstance(only, bytes) or not isinstance(only, str | Collection):
+        raise InvalidInput("only", f"{only!r}: a cell id as printed, or a collection of them")
     ids = [only] if isinstance(only, str) else list(only)
+    if not ids:
+        raise InvalidInput("only", "empty: name at least one cell (None runs them all)")
     wanted: set[str] = set()
     seeds: set[int] = set()
     for text in ids:
-        m = _CELL_ID.match(text.strip())
+        m = _CELL_ID.match(text.strip()) if isinstance(text, str) else None
         if m is None:
             raise ExplorerError(
                 f"not a cell id: {text!r} (expected {cell_id('POINT', 'ACTION', 0)!r})"
@@ -304,8 +358,14 @@ class _Files:
     def __init__(self, ledger_url: str | None, tmp: Path) -> None:
         if ledger_url is None:
             self.dir, self.stem = tmp, "ledger"
-        elif ledger_url.startswith("sqlite:///"):
-            path = Path(ledger_url.removeprefix("sqlite:///").partition("?")[0])
+        elif isinstance(ledger_url, str) and ledger_url.startswith("sqlite:///"):
+            name = ledger_url.removeprefix("sqlite:///").partition("?")[0]
+            if name in ("", ":memory:"):  # was a file named ":memory:-<run id>.db" here
+                raise ExplorerError(
+                    f"the explorer keeps a ledger file per cell: {ledger_url!r} names no "
+                    "file (sqlite:///DIR/NAME.db; None: a temporary directory)"
+                )
+            path = Path(name)
             self.dir, self.stem = path.parent, path.stem
         else:
             raise ExplorerError(f"the explorer needs a sqlite:/// ledger URL, not {ledger_url!r}")

@@ -54,6 +54,8 @@ class Cell:
     note: str = ""  # why n/a, what went wrong, what the workflow raised
     # the tools the run called that no ground truth tells: R3/R8 not checked against them
     unverified: tuple[str, ...] = ()
+    # ``tool: why`` for each operation the run left to human review
+    reviews: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -140,6 +142,28 @@ class Matrix:
         every = (self.baseline, *self.cells) if self.baseline is not None else self.cells
         return tuple(sorted({t for c in every for t in c.unverified}))
 
+    @property
+    def reviews(self) -> dict[str, int]:
+        """``tool: why`` of every operation some cell left to human review, with how
+        many cells did so: a read-back that raises or hangs sends its calls there and
+        passes every cell, on a reviewer's back."""
+        every = (self.baseline, *self.cells) if self.baseline is not None else self.cells
+        counts: dict[str, int] = {}
+        for c in every:
+            for why in c.reviews:
+                counts[why] = counts.get(why, 0) + 1
+        return counts
+
+    def unverified_note(self) -> str:
+        """The report's line naming the tools R3/R8 took on the ledger's word ("" if none)."""
+        if not self.unverified:
+            return ""
+        return (
+            f"NO GROUND TRUTH for {', '.join(map(repr, self.unverified))}: R3 and R8 were "
+            "not checked against their effects (give explore(..., ground_truth=...); "
+            "require_ground_truth=True fails such cells)"
+        )
+
     def with_status(self, status: CellStatus) -> tuple[Cell, ...]:
         return tuple(c for c in self.cells if c.status is status)
 
@@ -154,11 +178,9 @@ class Matrix:
         out = [f"stopline explorer (seed={self.seed}): {len(self.cells)} cells: {summary}"]
         out.append(self.table())
         if self.unverified:
-            out.append(
-                f"NO GROUND TRUTH for {', '.join(map(repr, self.unverified))}: R3 and R8 were "
-                "not checked against their effects (give explore(..., ground_truth=...); "
-                "require_ground_truth=True fails such cells)"
-            )
+            out.append(self.unverified_note())
+        for why, n in self.reviews.items():
+            out.append(f"LEFT TO REVIEW in {n} cell(s): {why}")
         for c in self.failures:
             out.append(c.text())
             out.append(f'    re-run alone: explore(..., only="{c.id}")')

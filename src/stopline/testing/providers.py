@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
+from stopline.domain.limits import check_id
 from stopline.domain.vocab import Cancellable
+from stopline.errors import InvalidInput
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
 from stopline.testing.barriers import Barriers
@@ -27,6 +29,18 @@ __all__ = ["CancelBehaviour", "FakeProvider"]
 class CancelBehaviour(enum.Enum):
     CONFIRM = "confirm"  # cancels when it still can, and says so
     REFUSE = "refuse"  # answers the cancel with a refusal and goes on
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _member(kind: type[E], what: str, value: object) -> E:
+    """``value`` as a member of ``kind`` (its value, ``"refuse"``, is one too)."""
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(repr(m.value) for m in kind)
+        raise InvalidInput(what, f"{value!r}: one of {kind.__name__}: {names}") from None
 
 
 class FakeProvider:
@@ -41,7 +55,20 @@ class FakeProvider:
         compensable: bool = False,
         description: str = "",
     ) -> None:
-        self.name = name
+        # a fault plan is checked when made: "yes" was a cancellable that failed mid-run
+        # (blamed on the workflow), "maybe" a cancel behaviour that quietly confirmed
+        self.name = check_id("provider name", name)
+        cancellable = _member(Cancellable, "cancellable", cancellable)
+        on_cancel = _member(CancelBehaviour, "on_cancel", on_cancel)
+        for what, flag in (
+            ("verifiable", verifiable),
+            ("drop_response", drop_response),
+            ("compensable", compensable),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidInput(what, f"{flag!r}: must be True or False")
+        if not isinstance(description, str):
+            raise InvalidInput("description", f"must be a string, not {type(description).__name__}")
         self.barriers = Barriers()
         self.on_cancel = on_cancel
         self.drop_response = drop_response

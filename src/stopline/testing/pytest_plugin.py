@@ -7,13 +7,15 @@ Installed with stopline (entry point ``pytest11``)::
 
 Each cell's ledger is kept under the test's ``tmp_path`` for inspection: the
 first call's as ``explore-1-<run id>.db``, the next call's ``explore-2-...``
-(calls at once in one test never share a file).
+(calls at once in one test never share a file). A passing exploration that took
+a tool's effects on the ledger's word warns (``UserWarning``) naming the tool.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,8 @@ def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
         matrix = await explore(workflow, providers, **options)
         if not matrix.ok:
             pytest.fail(matrix.report(), pytrace=False)
+        if matrix.unverified:  # a passing test's report is never shown: say it here
+            warnings.warn(matrix.unverified_note(), UserWarning, stacklevel=2)
         return matrix
 
     return run
