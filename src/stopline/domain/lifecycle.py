@@ -84,6 +84,7 @@ class Action(enum.StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     APPROVE = "approve"
+    REQUEST_APPROVAL = "request_approval"
     COMPENSATE = "approve_compensation"
     RESOLVE_REVIEW = "resolve_review"
     STOP_COMPENSATION = "stop_compensation"

@@ -39,6 +39,7 @@ from stopline.domain.vocab import RunState
 from stopline.errors import (
     ApprovalNeeded,
     IllegalTransition,
+    InvalidInput,
     NotPermitted,
     RunEnded,
     UnknownRun,
@@ -151,6 +152,8 @@ class Resumed:
         }
 
     def __str__(self) -> str:
+        if self.run.state.ended:  # it ended on its own (a pause lets a run complete): a no-op
+            return f"Run {self.run.id} has ended ({self.run.state.value}): nothing to resume."
         where = "the start" if self.checkpoint is None else f"checkpoint {self.checkpoint.name!r}"
         expired = (
             f"; ask again for {len(self.expired_approvals)} expired approvals"
@@ -232,9 +235,11 @@ class Lifecycle:
 
     # -- authority (R11) ------------------------------------------------------------
     async def authorize(
-        self, who: str | Principal, action: Action, run_id: str
+        self, who: str | Principal, action: Action, run_id: str, *, named: bool = False
     ) -> tuple[Principal, RunRecord]:
-        """Check ``who`` may do ``action`` to the run; a denial is audited, then raised."""
+        """Check ``who`` may do ``action`` to the run; a denial is audited, then raised.
+        ``named``: the record names ``who`` for it (an approval's approver): the policy
+        is not asked, but a principal of another tenant is refused all the same."""
         core = self._core
         principal = Principal.of(who)
         check_id("by", principal.id)
@@ -251,7 +256,7 @@ class Lifecycle:
                 detail="other tenant",
             )
             raise UnknownRun(run_id)  # another tenant never learns the run exists
-        if not core.access.allows(principal, action, run):
+        if not named and not core.access.allows(principal, action, run):
             await core.backend.audit(
                 run_id,
                 principal=principal.id,
@@ -446,17 +451,21 @@ class Lifecycle:
     async def share(self, run_id: str, *, with_owner: str) -> None:
         """Add the run ``with_owner`` as another owner of a shared run (reference-counted)."""
         check_id("with_owner", with_owner)  # a run's id: "" or 5 was an unknown run before
+        if with_owner == run_id:  # it could never lose its last owner: no cancel fenced it
+            raise InvalidInput("with_owner", f"run {run_id!r} cannot own itself")
         await self._core.backend.add_owner(check_id("run_id", run_id), with_owner, exclusive=False)
 
     # -- approvals (S5) ---------------------------------------------------------------
     async def request_approval(
         self, run_id: str, key: str, *, approver: str, by: str | Principal
     ) -> ApprovalRecord:
-        """Ask ``approver`` to approve the operation ``key`` of the run."""
-        scope = f"{run_id}/{key}"
+        """Ask ``approver`` to approve the operation ``key`` of the run, if ``by`` may
+        (R11: the approver named needs no other leave to grant it)."""
+        principal, _ = await self.authorize(by, Action.REQUEST_APPROVAL, run_id)
+        scope, approver = f"{run_id}/{check_id('key', key)}", check_id("approver", approver)
         approval_id = f"approval_{uuid.uuid4().hex[:12]}"
         return await self._core.backend.request_approval(
-            approval_id, run_id, scope, approver=approver, requested_by=Principal.of(by).id
+            approval_id, run_id, scope, approver=approver, requested_by=principal.id
         )
 
     async def decide(
@@ -467,8 +476,8 @@ class Lifecycle:
         ttl = check_seconds("ttl", ttl)  # a NaN grant could never be used, a str failed
         principal = Principal.of(who)
         approval = await core.backend.get_approval(approval_id)
-        if principal.id != approval.approver:
-            await self.authorize(principal, Action.APPROVE, approval.run_id)
+        named = principal.id == approval.approver  # of the run's tenant all the same
+        await self.authorize(principal, Action.APPROVE, approval.run_id, named=named)
         expires_at = None if ttl is None else time.time() + ttl
         decided = await core.backend.decide_approval(
             approval_id, granted=granted, by=principal.id, expires_at=expires_at

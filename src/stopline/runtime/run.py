@@ -24,6 +24,7 @@ import anyio
 import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.lifecycle import Principal
 from stopline.domain.limits import check_id, check_seconds
 from stopline.domain.model import (
     Evidence,
@@ -434,7 +435,8 @@ class Run:
 
     async def request_approval(self, key: str, *, approver: str) -> ApprovalRecord:
         """Ask ``approver`` for the operation ``key`` (call it with ``needs_approval=True``)."""
-        return await self._ledger.request_approval(self.id, key, approver=approver, by=self.owner)
+        by = Principal(self.owner, tenant=self.tenant)  # the run's owner, of its tenant
+        return await self._ledger.request_approval(self.id, key, approver=approver, by=by)
 
     async def suspend(self, reason: str) -> Receipt:
         """Stop here without ending: the run is paused (R9) and leaving its block does not
