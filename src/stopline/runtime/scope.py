@@ -21,8 +21,9 @@ import anyio
 import sniffio
 
 from stopline.domain.guidance import what_to_do
+from stopline.domain.lifecycle import DEFAULT_TENANT
 from stopline.domain.vocab import RunState
-from stopline.errors import AlreadyAttached, RunEnded, UnknownRun
+from stopline.errors import AlreadyAttached, InvalidInput, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.replay import replays
@@ -76,6 +77,8 @@ class RunScope:
             parent = self._core.runs.get(self._spec.parent_id or "")
             if parent is not None and parent.replaying:  # new work under an ended child
                 raise RunEnded(parent.id, parent.record.state, "new work goes in another child")
+            if self._spec.parent_id is not None:
+                await self._of_parents_tenant(parent)
             record = await backend.create_run(self._spec)
         elif (record.state.ended or record.state in _SETTLING) and not replaying:
             by_parent = self._spec.parent_id is not None and (
@@ -97,6 +100,20 @@ class RunScope:
         ):
             run.cancel_requested = True
         return run
+
+    async def _of_parents_tenant(self, parent: Run | None) -> None:
+        """R11: a child run is of its parent's tenant, else ``InvalidInput`` and nothing
+        written: one of another tenant was that tenant's to see and act on, and its
+        operations were shown in the parent's receipt."""
+        spec = self._spec
+        assert spec.parent_id is not None
+        above = (
+            parent.record
+            if parent is not None
+            else await self._core.backend.get_run(spec.parent_id)
+        )
+        if (above.tenant or DEFAULT_TENANT) != spec.tenant:
+            raise InvalidInput("tenant", "a child run must be of its parent run's tenant")
 
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
