@@ -39,7 +39,6 @@ from stopline.domain.vocab import RunState
 from stopline.errors import (
     ApprovalNeeded,
     IllegalTransition,
-    InvalidInput,
     NotPermitted,
     RunEnded,
     UnknownRun,
@@ -451,8 +450,6 @@ class Lifecycle:
     async def share(self, run_id: str, *, with_owner: str) -> None:
         """Add the run ``with_owner`` as another owner of a shared run (reference-counted)."""
         check_id("with_owner", with_owner)  # a run's id: "" or 5 was an unknown run before
-        if with_owner == run_id:  # it could never lose its last owner: no cancel fenced it
-            raise InvalidInput("with_owner", f"run {run_id!r} cannot own itself")
         await self._core.backend.add_owner(check_id("run_id", run_id), with_owner, exclusive=False)
 
     # -- approvals (S5) ---------------------------------------------------------------

@@ -19,7 +19,7 @@ from stopline.domain.limits import sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
-from stopline.errors import NotPermitted
+from stopline.errors import InvalidInput, NotPermitted
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.dialect import Dialect
@@ -55,6 +55,8 @@ async def add_owner(
     async with db.transaction():
         owner = await load_run(db, owner_run, lock=db.dialect.for_share)
         child = await load_run(db, run_id, lock=db.dialect.for_share)
+        if await _owns(db, child.id, owner.id):  # a loop: a child's cancel fenced its owner
+            raise InvalidInput("with_owner", _loop(child.id, owner.id))
         now = time.time()
         await db.run(
             "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
@@ -63,6 +65,26 @@ async def add_owner(
         )
         data = attempt({"owner": owner.id, "exclusive": exclusive}, token)
         await db.run(*event_statement(now, child.id, None, LogKind.OWNER_ADDED, None, None, data))
+
+
+def _loop(run_id: str, owner: str) -> str:
+    if run_id == owner:  # it could never lose its last owner: no cancel fenced it
+        return f"run {run_id!r} cannot own itself"
+    return f"run {owner!r} is owned by run {run_id!r} (at some depth): it cannot own it"
+
+
+async def _owns(db: Db, run_id: str, other: str) -> bool:
+    """Whether ``other`` is ``run_id`` or a run it owns, at any depth (its owners read up
+    from ``other``: a few levels, where the tree below ``run_id`` may be thousands)."""
+    seen, frontier = {other}, [other]
+    while frontier and run_id not in seen:
+        which, params = db.dialect.in_list("run_id", frontier)
+        up = await db.all(
+            f"SELECT owner_run FROM run_owners WHERE {which} AND released_at IS NULL", params
+        )
+        frontier = [r for (r,) in up if r not in seen]
+        seen.update(frontier)
+    return run_id in seen
 
 
 def _links(dialect: Dialect, parents: list[str], *, exclusive_only: bool) -> tuple[str, Params]:
@@ -366,8 +388,17 @@ async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
             frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
             ids.extend(frontier)
         subtree = [(run_id, run.state), *await _locked(db, ids[1:])]
-        if run.state in PAUSE_STATES:  # its pause stopped only runs that were running
-            stopped = [subtree[0], *(r for r in subtree[1:] if r[1] in PAUSE_STATES)]
+        if run.state in PAUSE_STATES:  # its pause stopped the runs it moved, then: not
+            # one another principal paused before (resuming it got round the policy)
+            at = await _paused_at(db, ids)
+            stopped = [
+                subtree[0],
+                *(
+                    r
+                    for r in subtree[1:]
+                    if r[1] in PAUSE_STATES and at.get(r[0]) == at.get(run_id)
+                ),
+            ]
         else:  # its cancel: the tree (a child cancelled before it too, ADR 0053)
             stopped = [r for r in subtree if r[1] not in NOTHING_TO_RESUME]
         for rid, state in stopped:
@@ -384,6 +415,17 @@ async def resume(db: Db, run_id: str, by: str) -> tuple[RunRecord, list[str]]:
             )
         expired = await _resume(db, stopped, by)
         return await load_run(db, run_id), expired
+
+
+async def _paused_at(db: Db, run_ids: list[str]) -> dict[str, float]:
+    """When each of ``run_ids`` was last paused: a pause writes one time for every run
+    it moves (``_pause``), so the runs a pause stopped share its time."""
+    which, params = db.dialect.in_list("run_id", run_ids)
+    found = await db.all(
+        f"SELECT run_id, MAX(at) FROM events WHERE kind = ? AND {which} GROUP BY run_id",
+        (RunEvent.PAUSE.value, *params),
+    )
+    return {rid: float(at) for rid, at in found}
 
 
 async def _locked(db: Db, run_ids: list[str]) -> list[tuple[str, RunState]]:
