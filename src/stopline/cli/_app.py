@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import io
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -53,8 +55,20 @@ extras.register(app)
 check_mcp.register(app)
 
 
+def _printable_stdout() -> None:
+    """Where stdout's encoding cannot show every character (``LANG=C`` without UTF-8,
+    ``PYTHONIOENCODING=ascii``), a character it lacks prints escaped (``caf\\xe9``)
+    instead of ending the command with a ``UnicodeEncodeError`` traceback. (stderr
+    escapes so already.)"""
+    stream = sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    if isinstance(stream, io.TextIOWrapper) and codecs.lookup(encoding).name != "utf-8":
+        stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: errors are one line on stderr, never a traceback; returns the exit code."""
+    _printable_stdout()
     try:
         app(args=list(argv) if argv is not None else None, prog_name="stopline")
     except SystemExit as exc:

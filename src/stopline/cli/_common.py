@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
-import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import anyio
 import typer
@@ -34,6 +34,8 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PENDING",
     "EXIT_USAGE",
+    "READ_INTERRUPTED",
+    "Interrupt",
     "MissingExtra",
     "Options",
     "Terminal",
@@ -182,6 +184,8 @@ def _check_exists(url: str) -> None:
     """A command must not create an empty ledger where the operator mistyped a path."""
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+        if path.is_dir():
+            raise LedgerUnavailable(url, "that is a directory: name the ledger file in it")
         if not path.exists():
             raise LedgerUnavailable(url, "no ledger file there (set --ledger or $STOPLINE_LEDGER)")
     elif url.startswith(("postgresql://", "postgres://")):
@@ -223,15 +227,48 @@ async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
         yield ledger
 
 
-def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run one coroutine on a fresh event loop (asyncio). Ctrl-C raises
-    ``KeyboardInterrupt`` here once the coroutine has unwound.
+# What a command says when Ctrl-C stops it: a message (printed on stderr, exit 3), or a
+# function that prints what is known and returns the exit code.
+Interrupt: TypeAlias = str | Callable[[], int]
+READ_INTERRUPTED = "interrupted; nothing was changed (a read)"
 
-    In the main thread, Ctrl-C cancels the coroutine through an anyio cancel scope,
-    not asyncio's native ``task.cancel()``: a native cancel landing in a shielded
-    section or with a poll's deadline can be taken for it and swallowed, and the
-    command would wait on until its own timeout. A second Ctrl-C interrupts at once.
+
+def run_sync(fn: Callable[[], Awaitable[T]], *, interrupted: Interrupt) -> T:
+    """Run one coroutine on a fresh event loop (asyncio); Ctrl-C ends the command saying
+    ``interrupted`` (what is known of what it recorded), never with a bare exit.
+
+    The loop runs in a daemon thread while the main thread waits for it and takes the
+    Ctrl-Cs. The first cancels the coroutine through an anyio cancel scope (not
+    asyncio's native ``task.cancel()``: a native cancel landing in a shielded section
+    or with a poll's deadline can be taken for it and swallowed, and the command would
+    wait on until its own timeout); a statement already sent may still finish, and
+    then its result is the command's. A second Ctrl-C interrupts at once: the threads
+    the loop started are daemons too, so one still blocked in a statement (a SQLite
+    lock wait) no longer holds the interpreter's exit, as it did for ever.
     """
+    report = interrupted if callable(interrupted) else _saying(interrupted)
+    try:
+        return _drive(fn)
+    except KeyboardInterrupt:
+        raise typer.Exit(report()) from None
+
+
+def _saying(message: str) -> Callable[[], int]:
+    def report() -> int:
+        err.print(f"stopline: {message}")
+        return EXIT_PENDING
+
+    return report
+
+
+def _soon(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nothing left to stop
+        loop.call_soon_threadsafe(call)
+
+
+def _drive(fn: Callable[[], Awaitable[T]]) -> T:
+    """``run_sync``'s loop: raises ``KeyboardInterrupt`` at a second Ctrl-C, or once the
+    coroutine has unwound after the first."""
 
     async def plain() -> T:
         return await fn()
@@ -239,54 +276,40 @@ def run_sync(fn: Callable[[], Awaitable[T]]) -> T:
     if threading.current_thread() is not threading.main_thread():
         return anyio.run(plain)  # no signals here (a command run from another thread)
 
-    async def main() -> T:
-        done: list[T] = []
-        failed: list[Exception] = []
-        interrupted = False
+    outcome: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
+    stop: list[Callable[[], object]] = []  # cancels the work, from the main thread
+
+    async def main() -> None:
         work = anyio.CancelScope()
-        _quiet_interrupts(asyncio.get_running_loop())
+        stop.append(functools.partial(_soon, asyncio.get_running_loop(), work.cancel))
+        with work:
+            outcome.append((True, await fn()))
 
-        async def watch() -> None:
-            nonlocal interrupted
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    if interrupted:
-                        raise KeyboardInterrupt  # the second Ctrl-C: at once
-                    interrupted = True
-                    work.cancel()
-
+    def loop() -> None:
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                with work:
-                    try:
-                        done.append(await fn())
-                    except Exception as exc:  # raised below, outside the task group
-                        failed.append(exc)
-                tg.cancel_scope.cancel()  # stop watching
-        except BaseExceptionGroup as group:
-            if group.subgroup(KeyboardInterrupt) is not None:
-                raise KeyboardInterrupt from None
-            raise
-        if failed:
-            raise failed[0]
-        if not done:
-            raise KeyboardInterrupt
-        return done[0]
+            anyio.run(main)
+        except BaseException as exc:  # handed to the main thread, raised there
+            outcome.append((False, exc))
 
-    return anyio.run(main)
-
-
-def _quiet_interrupts(loop: asyncio.AbstractEventLoop) -> None:
-    """The second Ctrl-C leaves the loop with its task's ``KeyboardInterrupt`` unread:
-    asyncio would print it, a traceback, when the loop closes. The command says what
-    was interrupted; the rest goes to asyncio's handler as before."""
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if not isinstance(context.get("exception"), KeyboardInterrupt):
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
+    thread = threading.Thread(target=loop, name="stopline command", daemon=True)
+    thread.start()
+    pressed = False
+    while True:
+        try:
+            thread.join()  # Ctrl-C interrupts the wait (KeyboardInterrupt, main thread)
+            break
+        except KeyboardInterrupt:
+            if pressed or not stop:  # the second Ctrl-C, or one before the loop ran
+                raise
+            pressed = True
+            stop[0]()
+    if not outcome:  # cancelled by the first Ctrl-C before it finished
+        raise KeyboardInterrupt
+    done, value = outcome[0]
+    if not done:
+        raise value
+    result: T = value
+    return result
 
 
 def print_json(data: Any) -> None:
@@ -328,5 +351,13 @@ def print_receipt(receipt: Receipt) -> None:
         out.print(f"  cancelled by {receipt.cancelled_by}{reason}")
     if receipt.resume_rule:
         out.print(f"  resume: {receipt.resume_rule}")
-    state = "settled" if receipt.settled else "not settled yet"
-    out.print(f"  run {receipt.run_id}: {receipt.run_state.value}, {state}", style="dim")
+    state = f"{receipt.run_state.value}, {_progress(receipt)}"
+    out.print(f"  run {receipt.run_id}: {state}", style="dim")
+
+
+def _progress(receipt: Receipt) -> str:
+    """How far the receipt is from final, in the words of the exit codes: a run in
+    review is not "settled" to a reader, since a reviewer's decision changes it."""
+    if receipt.headline is Headline.NEEDS_REVIEW:
+        return "waiting for a reviewer"
+    return "settled" if receipt.settled else "not settled yet"

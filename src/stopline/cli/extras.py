@@ -31,6 +31,7 @@ def console(
         list[str] | None,
         typer.Option(
             "--allow-host",
+            metavar="HOST",
             help="Also answer to this host name in Host and Origin (repeatable); "
             "by default only localhost, 127.0.0.1 and ::1.",
         ),
@@ -59,7 +60,9 @@ def console(
         url=url, token=token, principal=principal, allowed_hosts=tuple(allow_host or ())
     )
 
-    c.run_sync(lambda: c.check_ledger(url))  # a typed error for what is not a ledger
+    c.run_sync(  # a typed error for what is not a ledger
+        lambda: c.check_ledger(url), interrupted="interrupted before the console started"
+    )
     sock = listen(host, port)
 
     def ready() -> None:  # the ledger is open and the port bound: only now an address

@@ -40,6 +40,14 @@ def _show(result: Any, as_json: bool) -> int:
     return c.EXIT_OK
 
 
+def _unanswered(what: str, run_id: str, again: str) -> str:
+    """Ctrl-C before the ledger's answer: the write may have landed (R3's rule)."""
+    return (
+        f"interrupted before the ledger answered: the {what} may be recorded or not. "
+        f"See with: stopline show {run_id} ({again})"
+    )
+
+
 def pause(
     ctx: typer.Context,
     run_id: RunArg,
@@ -54,7 +62,7 @@ def pause(
         async with c.opened(url) as ledger:
             return await ledger.pause(run_id, by=operator(by), reason=reason)
 
-    result = c.run_sync(go)
+    result = c.run_sync(go, interrupted=_unanswered("pause", run_id, "pausing again is safe"))
     _show(result, as_json)
     # 0 once paused; 3 while pausing (a call in flight finishes first)
     paused = isinstance(result, Receipt) and result.run_state is RunState.PAUSED
@@ -81,7 +89,8 @@ def resume(
                 return run
             return await ledger.resume(run_id, by=operator(by))
 
-    result = c.run_sync(go)
+    again = "a resume recorded already is not repeated: resuming again says nothing to resume"
+    result = c.run_sync(go, interrupted=_unanswered("resume", run_id, again))
     if isinstance(result, RunRecord):
         message = f"nothing to resume: run {result.id} is {result.state.value}"
         if as_json:
@@ -106,10 +115,11 @@ def reconcile(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             with progress("reconciling (Ctrl-C stops; nothing is lost)") as bar:
                 return await ledger.reconcile(on_progress=bar.update)
 
-    try:
-        result = c.run_sync(go)
-    except KeyboardInterrupt:
-        c.fail("interrupted; what was reconciled is in the ledger", c.EXIT_PENDING)
+    result = c.run_sync(
+        go,
+        interrupted="interrupted; what was reconciled is in the ledger. `stopline reconcile` "
+        "goes on from there (a read-back never sends anything again)",
+    )
     _show(result, as_json)
     if result.needs_review:
         raise typer.Exit(c.EXIT_NEEDS_REVIEW)

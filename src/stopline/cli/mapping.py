@@ -21,9 +21,9 @@ from types import ModuleType
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from stopline.cli import _common as c
+from stopline.cli._layout import Grid
 from stopline.cli.views import UsageError
 from stopline.domain.vocab import Cancellable, PhaseKind, Policy
 from stopline.runtime.tool import Tool
@@ -220,15 +220,13 @@ def _yes(flag: bool) -> str:
 def _print(result: ModuleMap) -> None:
     c.out.print(result.module, style="bold")
     if result.phases:
-        phases = Table(box=None, header_style="bold", title="phases", title_justify="left")
-        for name in ("PHASE", "POLICY", "A CANCEL STOPS IT"):
-            phases.add_column(name)
+        phases = Grid(("PHASE", "POLICY", "A CANCEL STOPS IT"), title="phases")
         for kind, policy in result.phases:
             phases.add_row(kind.value, policy.value, _POLICY_WORDS[policy])
-        c.out.print(phases)
-    tools = Table(box=None, header_style="bold", title="tools", title_justify="left")
-    for name in ("TOOL", "EFFECTS", "PROVIDER CANCEL", "VERIFIER", "COMPENSATOR", "STOPS"):
-        tools.add_column(name, overflow="fold")
+        phases.print(c.out)
+    tools = Grid(
+        ("TOOL", "EFFECTS", "PROVIDER CANCEL", "VERIFIER", "COMPENSATOR", "STOPS"), title="tools"
+    )
     for t in result.tools:
         cancel = t.cancellable.value if t.effects and t.can_cancel else "-"
         tools.add_row(
@@ -240,7 +238,7 @@ def _print(result: ModuleMap) -> None:
             t.stop,
         )
     if result.tools:
-        c.out.print(tools)
+        tools.print(c.out)
     else:
         c.out.print("no stopline.Tool objects at module level")
     for name in result.runtime:

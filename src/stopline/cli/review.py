@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from stopline.cli import _common as c
+from stopline.cli._layout import Grid
 from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_json, run_to_json
 from stopline.cli.views import timeline as build_timeline
 from stopline.domain.lifecycle import operator
@@ -34,16 +34,14 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         async with c.reading(url) as ledger:
             return await ledger.review_items()
 
-    items = c.run_sync(go)
+    items = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     if as_json:
         c.print_json([review_item_json(item) for item in items])
         return
     if not items:
         c.out.print("the review queue is empty")
         return
-    table = Table(box=None, header_style="bold")
-    for name in ("OPERATION", "WHAT", "STATUS", "RUN", "OWNER", "SINCE", "LAST EVIDENCE"):
-        table.add_column(name, overflow="fold")
+    table = Grid(("OPERATION", "WHAT", "STATUS", "RUN", "OWNER", "SINCE", "LAST EVIDENCE"))
     for item in items:
         last = item.op.evidence[-1] if item.op.evidence else None
         table.add_row(
@@ -55,7 +53,7 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             fmt_time(item.op.updated_at),
             f"{last.kind.value}:{last.ref} {last.detail}".strip() if last else "",
         )
-    c.out.print(table)
+    table.print(c.out)
 
 
 @app.command()
@@ -70,7 +68,7 @@ def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
             events = [e for e in await ledger.backend.events(op.run_id) if e.op_id == op_id]
             return {"op": op, "run": run, "events": events}
 
-    data = c.run_sync(go)
+    data = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     op, run, events = data["op"], data["run"], data["events"]
     if as_json:
         c.print_json(
@@ -138,7 +136,12 @@ def resolve(
         async with c.opened(url) as ledger:
             return await ledger.resolve_review(op_id, decision, by=operator(by), note=note)
 
-    receipt = c.run_sync(go)
+    receipt = c.run_sync(
+        go,
+        interrupted="interrupted before the ledger answered: the decision may be recorded or "
+        f"not. See with: stopline review show {op_id} (a decision recorded already is not "
+        "recorded again: the operation is no longer in review)",
+    )
     if as_json:
         c.print_json(receipt.to_json())
     else:

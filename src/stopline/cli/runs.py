@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 import anyio
 import typer
-from rich.table import Table
 
 from stopline.cli import _common as c
+from stopline.cli._layout import Grid
 from stopline.cli.views import (
     fmt_age,
     fmt_time,
@@ -25,7 +25,7 @@ from stopline.domain.vocab import RunState
 
 __all__ = ["register"]
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 RunArg = Annotated[str, typer.Argument(help="The run id.", metavar="RUN")]
 
 
@@ -51,7 +51,7 @@ def runs(
             within = started_within(age)
             return [(run, receipt) for run, receipt in found if within(run)]
 
-    rows = c.run_sync(go)
+    rows = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     if as_json:
         c.print_json(
             [
@@ -63,10 +63,7 @@ def runs(
     if not rows:
         c.out.print("no runs match")
         return
-    table = Table(box=None, header_style="bold")
-    table.add_column("RUN", no_wrap=True)
-    for name in ("NAME", "OWNER", "STATE", "PHASE", "AGE", "HEADLINE"):
-        table.add_column(name, overflow="fold")
+    table = Grid(("RUN", "NAME", "OWNER", "STATE", "PHASE", "AGE", "HEADLINE"))
     for run, receipt in rows:
         table.add_row(
             run.id,
@@ -77,7 +74,7 @@ def runs(
             fmt_age(run.created_at),
             receipt.headline.value,
         )
-    c.out.print(table)
+    table.print(c.out)
 
 
 def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
@@ -96,7 +93,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
                 "receipt": await ledger.receipt(run_id),
             }
 
-    data = c.run_sync(go)
+    data = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     receipt: Receipt = data["receipt"]
     if as_json:
         c.print_json(
@@ -116,15 +113,12 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
             (run.state.value, "bold"),
         )
     )
-    table = Table(box=None, header_style="bold", title="timeline", title_justify="left")
-    table.add_column("TIME", no_wrap=True)
-    for name in ("WHAT", "EVENT", "STATUS", "DETAIL / EVIDENCE"):
-        table.add_column(name, overflow="fold")
+    table = Grid(("TIME", "WHAT", "EVENT", "STATUS", "DETAIL / EVIDENCE"), title="timeline")
     for e in data["timeline"]:
         refs = ", ".join(f"{ev.kind.value}:{ev.ref}" for ev in e.evidence)
         detail = "; ".join(part for part in (e.detail, refs) if part)
         table.add_row(fmt_time(e.at, clock=True), e.subject, e.words, e.transition, detail)
-    c.out.print(table)
+    table.print(c.out)
     c.out.print()
     c.out.print("receipt", style="bold")
     c.print_receipt(receipt)
@@ -172,26 +166,26 @@ def cancel(
                     await ledger.wait_for_change(run_id)
             return receipt
 
-    try:
-        receipt = c.run_sync(go)
-    except KeyboardInterrupt:
+    def interrupted() -> int:
         if progress is not None:
             progress.stop()
         if not sent:
-            c.fail("interrupted before the cancel was sent: nothing recorded", c.EXIT_PENDING)
-        if not latest:  # its commit may have landed with no answer back (R3's rule)
-            c.fail(
-                f"interrupted before the ledger answered: the cancel may be recorded or not. "
-                f"See with: stopline show {run_id} (cancelling again is safe)",
-                c.EXIT_PENDING,
+            c.err.print("stopline: interrupted before the cancel was sent: nothing recorded")
+        elif not latest:  # its commit may have landed with no answer back (R3's rule)
+            c.err.print(
+                f"stopline: interrupted before the ledger answered: the cancel may be "
+                f"recorded or not. See with: stopline show {run_id} (cancelling again is safe)"
             )
-        c.err.print(
-            f"interrupted; the cancel is recorded in the ledger. Follow it with: stopline show "
-            f"{run_id}"
-        )
-        receipt = latest[-1]
-        _emit(receipt, as_json)
-        raise typer.Exit(c.EXIT_PENDING) from None
+        else:
+            c.err.print(
+                f"stopline: interrupted; the cancel is recorded in the ledger. Follow it with: "
+                f"stopline show {run_id}"
+            )
+            _emit(latest[-1], as_json)
+        return c.EXIT_PENDING
+
+    try:
+        receipt = c.run_sync(go, interrupted=interrupted)
     finally:
         if progress is not None:
             progress.stop()

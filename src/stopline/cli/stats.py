@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from stopline.cli import _common as c
+from stopline.cli._layout import Grid
 from stopline.cli.views import fmt_seconds, parse_age, started_within
 from stopline.domain.model import EventRecord
 from stopline.domain.vocab import OpEvent, OpStatus, RunEvent
@@ -162,17 +162,15 @@ def stats(
         async with c.reading(url) as ledger:
             return await compute_stats(ledger, since=age, limit=limit)
 
-    result = c.run_sync(go)
+    result = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     if as_json:
         c.print_json(result.to_json())
         return
-    outcomes = Table(box=None, header_style="bold", title="outcomes", title_justify="left")
-    outcomes.add_column("HEADLINE")
-    outcomes.add_column("RUNS", justify="right")
+    outcomes = Grid(("HEADLINE", "RUNS"), title="outcomes", right=frozenset({"RUNS"}))
     for headline, count in result.outcomes.most_common():
         outcomes.add_row(headline, str(count))
     c.out.print(f"{result.runs} runs, {result.cancelled} cancelled")
-    c.out.print(outcomes)
+    outcomes.print(c.out)
     c.out.print(
         f"cancel -> settled: {len(result.settle_times)} runs, "
         f"p50 {fmt_seconds(percentile(result.settle_times, 50))}, "
