@@ -266,7 +266,10 @@ class Receipt:
 
     @property
     def settled(self) -> bool:
-        """The run has ended and every operation is resolved (R2): this will not change.
+        """The run has ended and every operation is resolved (R2): this no longer changes
+        by itself. A run in review is settled so (a reviewer's decision, not time,
+        changes it: ``Headline.NEEDS_REVIEW`` says so), as is an operation being
+        corrected whose correction is in review (``transitions.awaits_review``).
 
         A run in review whose items were all settled is about to close, so not yet.
         """
