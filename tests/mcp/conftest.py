@@ -14,16 +14,17 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp.client.stdio import get_default_environment
 
 import stopline
 from mcp import StdioServerParameters
-from stopline import OpStatus
+from stopline import OpStatus, PhaseKind, Policy
 from stopline.integrations.mcp import StoplineMCP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,3 +143,31 @@ async def wait_status(
         if op.status in wanted:
             return op
         await ledger.wait_for_change(op.run_id)
+
+
+async def cut_under_immediate(
+    ledger: stopline.Ledger,
+    run_id: str,
+    call: Callable[[stopline.Run], Awaitable[Any]],
+    reached: Callable[[], Awaitable[Any]],
+    after: Callable[[], Awaitable[Any]] | None = None,
+) -> tuple[stopline.Receipt, stopline.OperationRecord]:
+    """A run whose one ``call`` is cut (an ``immediate`` cancel of the run) once
+    ``reached`` returns (a barrier); ``after`` runs once the cancel is in. The settled
+    receipt and the call's operation."""
+
+    async def workflow() -> None:
+        async with (
+            ledger.run("cut", owner="user:1", run_id=run_id) as run,
+            run.phase(PhaseKind.CALLING_EXTERNAL, Policy.IMMEDIATE),
+        ):
+            await call(run)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workflow)
+        await reached()
+        await ledger.cancel(run_id, by="user:1")  # immediate: the call is cut
+        if after is not None:
+            await after()
+    receipt = await ledger.wait_settled(run_id, timeout=60)
+    return receipt, (await ledger.backend.operations(run_id))[0]

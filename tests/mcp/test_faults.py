@@ -321,5 +321,5 @@ async def test_mcp_server_idempotency_by_key(plain: Server) -> None:
     second = await client.call_tool("upload", {"payload": "once"}, meta=meta)
     assert first.structured_content == second.structured_content
     assert len(await plain.effects_of("same-key")) == 1
-    never = await plain.conn.status("never-sent")
+    never = await plain.conn.status("never-sent", tool="upload")
     assert never["verdict"] == "not_committed"

@@ -48,11 +48,14 @@ from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.errors import InvalidInput, describe
 from stopline.integrations.mcp._http import NOT_PROCESSED
+from stopline.integrations.mcp._verdicts import UNSEEN, proves
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     EFFECTS_META,
+    MAX_VERIFY_WAIT,
     OUTCOME_DATA,
     VERIFY_TOOL,
+    check_verify_wait,
 )
 from stopline.integrations.mcp.tasks_client import offers_legacy_tasks
 from stopline.runtime.context import CallContext
@@ -73,6 +76,8 @@ __all__ = [
     "read_tool",
     "send_call",
     "sendable",
+    "verdict_of",
+    "verify_status",
 ]
 
 
@@ -178,6 +183,26 @@ async def read_tool(
     raise AssertionError("unreachable")
 
 
+async def verify_status(
+    conn: StoplineMCP, key: str, wait_seconds: float, tool: str | None = None
+) -> dict[str, Any]:
+    """The server's ``stopline_verify`` answer for ``key``, sent to ``tool`` (a read). The
+    tool is named to a server whose verify takes it (ADR 0063); ``wait_seconds`` is 0 to 30,
+    else ``InvalidInput``, nothing sent."""
+    arguments: dict[str, Any] = {"key": key, "wait_seconds": check_verify_wait(wait_seconds)}
+    listed = conn.listing.get(VERIFY_TOOL)
+    takes = listed.input_schema.get("properties", {}) if listed is not None else {}
+    if tool is not None and isinstance(takes, dict) and "tool" in takes:
+        arguments["tool"] = tool
+    try:
+        result = await read_tool(conn, VERIFY_TOOL, arguments, None)
+    except NoAnswer as exc:
+        raise NoAnswer(exc.cause, f"verify failed: {exc.detail}") from exc
+    if result.is_error or not isinstance(result.structured_content, dict):
+        raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
+    return result.structured_content
+
+
 async def send_call(
     conn: StoplineMCP,
     client: Client,
@@ -222,19 +247,25 @@ def cancel_channel(client: Client | None, mode: str, target: object) -> str:
     return "notifications/cancelled"
 
 
-async def read_back(conn: StoplineMCP, ctx: CallContext) -> ReadBack:
-    """The server's ``stopline_verify`` as an operation's read-back."""
+def verdict_of(conn: StoplineMCP, name: str, status: dict[str, Any]) -> tuple[Verdict, str]:
+    """What the server's answer for a key sent to tool ``name`` proves (``_verdicts``):
+    "no record" proves "not committed" only for a tool the server tracks."""
+    declared = conn.policy(name).tracked if name in conn.listing else None
+    return proves(status, name, declared)
+
+
+async def read_back(conn: StoplineMCP, name: str, ctx: CallContext) -> ReadBack:
+    """The server's ``stopline_verify`` as the read-back of a call of tool ``name``."""
     try:
         # an attempt still running at the server is waited for (a long poll): its
         # "in progress" proves nothing, and the budget may end before it does (R13)
-        status = await conn.status(ctx.key, wait_seconds=conn.poll_wait)
+        status = await verify_status(conn, ctx.key, min(conn.poll_wait, MAX_VERIFY_WAIT), name)
     except NoAnswer as exc:
         if exc.cause is Cause.TRANSPORT:
             conn.mark_broken()
         return ReadBack(Verdict.UNKNOWN, detail=exc.detail)
-    verdict = Verdict(status.get("verdict", "unknown"))
+    verdict, detail = verdict_of(conn, name, status)
     ref = f"{VERIFY_TOOL}:{conn.name}:{ctx.key}"
-    detail = str(status.get("detail") or status.get("state") or "")
     # the server's own record of the request: its "not committed" means it ended
     return ReadBack(verdict, ref, detail, status.get("result"), ended=True)
 
@@ -409,10 +440,11 @@ class McpCall:
         with anyio.move_on_after(conn.settle_timeout):
             while True:
                 try:
-                    status = await conn.status(self.ctx.key, wait_seconds=conn.poll_wait)
+                    wait = min(conn.poll_wait, MAX_VERIFY_WAIT)
+                    status = await verify_status(conn, self.ctx.key, wait, self.mcp_name)
                 except NoAnswer:
                     break  # the connection is gone: unknown, reconciled later
-                verdict = status.get("verdict")
+                verdict = verdict_of(conn, self.mcp_name, status)[0].value
                 if status.get("cancel") == "refused" and not self.decided.is_set():
                     self.refused = True
                     self.decided.set()  # the server goes on: its answer to the cancel is no
@@ -424,7 +456,7 @@ class McpCall:
                     self.decided.set()
                     detail = status.get("detail") or "stopped before any effect"
                     raise Rejected(f"cancelled at the server: {detail}", ref=self.ref)
-                if status.get("state") == "unknown":
-                    break  # the server itself cannot tell
+                if status.get("state") in ("unknown", UNSEEN):
+                    break  # the server itself cannot tell (or has no record it can trust)
         self.decided.set()
         raise NoAnswer(Cause.USER_CANCEL, "cancel sent; the server has not reported an outcome")

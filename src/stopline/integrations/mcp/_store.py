@@ -68,6 +68,11 @@ CREATE TABLE IF NOT EXISTS stopline_cancellations (
     state TEXT NOT NULL,
     reason TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS stopline_unrecorded (
+    key TEXT PRIMARY KEY,
+    tool TEXT NOT NULL,
+    at REAL NOT NULL
+);
 """
 
 
@@ -177,6 +182,23 @@ class EffectStore:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time(), request_id, key, tool, via, state, reason),
             )
+
+    def mark_unrecorded(self, key: str, tool: str) -> None:
+        """``tool`` answered the request with ``key`` and recorded nothing for it: whatever
+        it did is not in this record (ADR 0063). Kept apart from ``stopline_effects``, so a
+        later call with the key is not refused."""
+        with self._txn() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO stopline_unrecorded (key, tool, at) VALUES (?, ?, ?)",
+                (key, tool, time.time()),
+            )
+
+    def unrecorded(self, key: str) -> str | None:
+        """The tool that answered ``key`` without recording it, if one did."""
+        with self._txn() as db:
+            row = db.execute("SELECT tool FROM stopline_unrecorded WHERE key = ?", (key,))
+            found = row.fetchone()
+        return None if found is None else str(found[0])
 
     def cancellations(self) -> list[dict[str, Any]]:
         with self._txn() as db:

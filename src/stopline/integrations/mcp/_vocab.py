@@ -12,17 +12,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from stopline.domain.vocab import Cancellable
+from stopline.errors import InvalidInput
 
 __all__ = [
     "ACCEPTED_MESSAGE",
     "CANCELLABLE_META",
     "EFFECTS_META",
     "KEY_META",
+    "MAX_VERIFY_WAIT",
     "OUTCOME_DATA",
     "REJECTED_CODE",
     "TASKS_EXTENSION",
+    "TRACKED_META",
     "VERIFY_TOOL",
     "ToolPolicy",
+    "check_verify_wait",
     "policy_from_listing",
 ]
 
@@ -35,11 +39,19 @@ EFFECTS_META = "io.stopline/effects"
 CANCELLABLE_META = "io.stopline/cancellable"
 """Tool ``_meta``: ``until_accepted``, ``after_accepted`` or ``never`` (``Cancellable``)."""
 
+TRACKED_META = "io.stopline/tracked"
+"""Tool ``_meta``: ``true`` when the server records every call of the tool by key (through
+``Effects``), so that ``stopline_verify``'s "no record of the key" proves "not committed"
+for it (ADR 0063). Absent or anything else: its absence of a record proves nothing."""
+
 ACCEPTED_MESSAGE = "io.stopline/accepted"
 """The ``message`` of the progress notification a server sends when it accepts a request."""
 
 VERIFY_TOOL = "stopline_verify"
 """The standard read-only tool reporting an operation's status by key."""
+
+MAX_VERIFY_WAIT = 30.0
+"""The longest ``wait_seconds`` a ``stopline_verify`` long poll may ask for."""
 
 OUTCOME_DATA = "io.stopline/outcome"
 """Key in a JSON-RPC error's ``data``: ``not_committed`` proves the request had no effect."""
@@ -62,6 +74,9 @@ class ToolPolicy:
     effects: bool | None = None
     cancellable: Cancellable | None = None
     verify: bool | None = None  # use the server's stopline_verify (default: when offered)
+    # the server records every call of the tool by key, so stopline_verify's "no record"
+    # proves "not committed" (default: as its listing declares, io.stopline/tracked; ADR 0063)
+    tracked: bool | None = None
     task: bool = False  # 2025-11-25: ask for a task (params.task); in 2026 the server decides
     key_argument: str | None = None  # also pass the key as this argument
     # R13: seconds after dispatch by which the server's effect has landed or never will
@@ -73,6 +88,7 @@ class ToolPolicy:
             effects=self.effects if self.effects is not None else base.effects,
             cancellable=self.cancellable if self.cancellable is not None else base.cancellable,
             verify=self.verify if self.verify is not None else base.verify,
+            tracked=self.tracked if self.tracked is not None else base.tracked,
             task=self.task or base.task,
             key_argument=self.key_argument or base.key_argument,
             settles_within=(
@@ -105,4 +121,18 @@ def policy_from_listing(
     raw_cancel = meta.get(CANCELLABLE_META)
     if isinstance(raw_cancel, str) and raw_cancel in Cancellable.__members__.values():
         cancellable = Cancellable(raw_cancel)
-    return ToolPolicy(effects=effects, cancellable=cancellable)
+    tracked = True if meta.get(TRACKED_META) is True else None
+    return ToolPolicy(effects=effects, cancellable=cancellable, tracked=tracked)
+
+
+def check_verify_wait(value: object) -> float:
+    """A ``stopline_verify`` long poll's ``wait_seconds``: a number from 0 to
+    ``MAX_VERIFY_WAIT``, else ``InvalidInput`` naming the problem (before, -1 was read as
+    0 and 1e9 as 30 s, silently)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(
+            "wait_seconds", f"must be a number of seconds, not {type(value).__name__}"
+        )
+    if not 0 <= value <= MAX_VERIFY_WAIT:  # NaN too
+        raise InvalidInput("wait_seconds", f"{value}: must be 0 to {MAX_VERIFY_WAIT:g} seconds")
+    return float(value)

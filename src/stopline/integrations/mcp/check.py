@@ -59,6 +59,7 @@ from stopline.domain.vocab import (
     RunEvent,
 )
 from stopline.errors import PlanError, RunFenced
+from stopline.integrations.mcp._call import verdict_of
 from stopline.integrations.mcp._task_state import TaskIdParams
 from stopline.integrations.mcp._vocab import (
     CANCELLABLE_META,
@@ -165,9 +166,11 @@ class Checker:
             return 1 if out is True else 0 if out is False else None
         if self.conn.offers_verify:
             with anyio.fail_after(self.settle_timeout):
-                verdict = (await self.conn.status(key)).get("verdict")
-            # the server's record: one key is one effect or none; "unknown" is unknown
-            return {"committed": 1, "not_committed": 0}.get(str(verdict))
+                status = await self.conn.status(key, tool=tool.name)
+            # the server's record: one key is one effect or none; "unknown" is unknown, and
+            # so is "no record" of a tool the server does not track (ADR 0063)
+            verdict = verdict_of(self.conn, tool.name, status)[0]
+            return {Verdict.COMMITTED: 1, Verdict.NOT_COMMITTED: 0}.get(verdict)
         return None
 
     def verifier(self, tool: ToolPlan) -> Callable[[CallContext], Any]:

@@ -30,8 +30,8 @@ proves (see ``_call``). Around it:
   and jitter; a wait for it is bounded by the call's deadline (at most
   ``connect_timeout``): an effectful call that never got one was not sent.
   A Streamable HTTP session the server no longer has (404) is one that ended
-  (``_http``); a tool listed twice keeps its most conservative declaration
-  (``_listing``).
+  (``_http``); a tool listed twice, or listed again after a change notice,
+  keeps its most conservative declaration (``_listing``, ``_tools``, ADR 0062).
 """
 
 from __future__ import annotations
@@ -56,22 +56,22 @@ from opentelemetry.trace import SpanKind
 from mcp import Client, StdioServerParameters
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import CancelState
-from stopline.domain.vocab import Cancellable, Cause
+from stopline.domain.vocab import Cause
 from stopline.errors import UnknownTool
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp._call import (
     McpCall,
     cancel_channel,
-    connected,
+    never_processed,
     payload_of,
     plain_result,
-    read_back,
     read_tool,
-    sendable,
+    verify_status,
 )
 from stopline.integrations.mcp._http import HttpRefusals, http_transport
-from stopline.integrations.mcp._listing import index_tools
+from stopline.integrations.mcp._listing import Listing, follow, list_all
 from stopline.integrations.mcp._stdio import on_bad_bytes, watched
+from stopline.integrations.mcp._tools import declare, listed_check, routed
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
 from stopline.integrations.mcp.tasks_client import (
@@ -84,7 +84,7 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import Retry
 from stopline.runtime.outcomes import Outcomes
 from stopline.runtime.run import Run
-from stopline.runtime.tool import NoAnswer, Tool, Verdict, Verifier
+from stopline.runtime.tool import NoAnswer, Rejected, Tool, Verdict, Verifier
 
 __all__ = ["StoplineMCP", "UnknownTool"]
 
@@ -136,9 +136,10 @@ class StoplineMCP:
             self.extensions.append(self.tasks)
         # a server's readOnlyHint makes a tool an ungated read only when trusted (ADR 0055)
         self.trust_read_hints = trust_read_hints
-        self.listing: dict[str, McpTool] = {}
+        self.tool_listing = Listing()  # the tools as listed, kept current (ADR 0062)
         self.late: list[LateAnswer] = []  # every late answer seen, for inspection
         self._tools: dict[str, Tool[Any]] = {}
+        self._routes: dict[str, tuple[Any, Any]] = {}  # each tool's (invoke, read)
         self._calls: dict[str, McpCall] = {}
         # op ids whose request a cut told to stop after the call left ``_calls`` (R14)
         self._told: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -201,6 +202,7 @@ class StoplineMCP:
                 self._on_late,
                 on_request=self._sent,
                 on_cancel=self._told_stop,
+                on_notice=self.tool_listing.on_notice,
             )
             client = Client(tap, mode=self.mode, extensions=self.extensions)
             refusals.on_session_gone = functools.partial(self.mark_broken, client)
@@ -217,8 +219,8 @@ class StoplineMCP:
                 with opening:
                     async with client:
                         self.connections += 1
-                        listing = await client.list_tools()
-                        self.listing = index_tools(listing.tools)  # a name twice: conservative
+                        covers = self.tool_listing.notices
+                        self._apply(await list_all(client), covers)
                         opening.deadline = math.inf
                         self._client, self._dead = client, anyio.Event()
                         self._wanted = anyio.Event()
@@ -226,7 +228,10 @@ class StoplineMCP:
                         if first:
                             first = False
                             task_status.started()
-                        await self._dead.wait()
+                        async with anyio.create_task_group() as changes:
+                            changes.start_soon(follow, self.tool_listing, client, self._apply, self)
+                            await self._dead.wait()
+                            changes.cancel_scope.cancel()
                 if opening.cancelled_caught:
                     silent = f"no answer within {self.connect_timeout:g} s of opening"
                     raise NoAnswer(Cause.TIMEOUT, f"MCP server {self.name!r}: {silent}")
@@ -312,6 +317,11 @@ class StoplineMCP:
         return VERIFY_TOOL in self.listing
 
     # -- tools -----------------------------------------------------------------------
+    @property
+    def listing(self) -> dict[str, McpTool]:
+        """The tools as last listed, none weaker than earlier in the session (ADR 0062)."""
+        return self.tool_listing.tools
+
     def policy(self, name: str) -> ToolPolicy:
         """The server's declaration for ``name`` with the client's override applied."""
         listed = self.listing.get(name)
@@ -322,43 +332,39 @@ class StoplineMCP:
         return self.policies.get(name, ToolPolicy()).merged(base)
 
     def tool(self, name: str) -> Tool[Any]:
-        """A ``stopline.Tool`` for the MCP tool ``name``: ``run.call(tool, arguments)``."""
+        """The ``stopline.Tool`` for the MCP tool ``name``: ``run.call(tool, arguments)``.
+        One per name: a new listing re-declares it in place, never weaker (``_tools``)."""
         existing = self._tools.get(name)
         if existing is not None:
+            if name not in self.listing:
+                raise UnknownTool(name, self.name)
             return existing
-        policy = self.policy(name)
-        listed = self.listing[name]
-        effects = policy.effects if policy.effects is not None else True
-        cancellable = policy.cancellable or Cancellable.UNTIL_ACCEPTED
-        what = listed.title or (listed.description or "").strip().split("\n")[0] or name
 
         async def invoke(ctx: CallContext, arguments: dict[str, Any] | None = None) -> Any:
-            return await self._invoke(name, policy, ctx, arguments, _IDLE.get(None))
+            return await self._invoke(name, ctx, arguments, _IDLE.get(None))
 
         async def read(arguments: dict[str, Any] | None = None) -> Any:
+            if (why := await routed(self, name, as_read=True)) is not None:
+                raise Rejected(f"not sent: {why}", ref=f"not_sent:mcp:{self.name}:{name}")
             with anyio.fail_after(idle := _IDLE.get(None)):  # a read: silence ends it
                 result = await read_tool(self, name, arguments or {}, idle)
             if result.is_error:
                 raise NoAnswer(Cause.SERVER_ERROR, f"tool error: {plain_result(result)}")
             return plain_result(result)
 
-        tool: Tool[Any] = Tool(
-            invoke if effects else read,
-            name=f"{self.name}/{name}",
-            description=what,
-            effects=effects,
-            cancellable=cancellable,
-            settles_within=policy.settles_within,
-        )
-        tool.wants_context, tool.check_arguments = effects, sendable
-        user_verify = self.verifiers.get(name)
-        use_server = policy.verify if policy.verify is not None else self.offers_verify
-        if effects and user_verify is not None:  # a read: nothing to verify or cancel
-            tool.verify_fn = connected(self, user_verify)
-        elif effects and use_server and self.offers_verify:
-            tool.verify_fn = functools.partial(read_back, self)
-        self._tools[name] = tool
+        self.policy(name)  # an unlisted name: UnknownTool
+        tool: Tool[Any] = Tool(read, name=f"{self.name}/{name}", effects=False)
+        tool.check_arguments = listed_check(self, name)
+        self._tools[name], self._routes[name] = tool, (invoke, read)
+        declare(self, name, tool, invoke, read)
         return tool
+
+    def _apply(self, tools: Sequence[McpTool], covers: int) -> None:
+        """A listing read after ``covers`` change notices: each tool re-declared."""
+        self.tool_listing.apply(tools, covers)
+        for name, tool in self._tools.items():
+            if name in self.listing:  # a removed one stays as it was: its check refuses it
+                declare(self, name, tool, *self._routes[name])
 
     async def call(
         self,
@@ -375,10 +381,13 @@ class StoplineMCP:
         """``run.call`` for the MCP tool ``name``: ``key``, ``needs_approval`` and ``retry``
         as there. ``idle_timeout`` is the silence allowed: each progress notification
         extends it, never past ``progress_cap`` from the start; it is not part of the
-        call's identity. ``timeout=`` is its old name (deprecated, ADR 0030).
+        call's identity. ``timeout=`` is its old name (deprecated, ADR 0030). After the
+        server said its tools changed, the call is routed by the listing read again.
         """
         token = _IDLE.set(renamed_idle_timeout("StoplineMCP.call", idle_timeout, timeout))
         try:
+            if self.tool_listing.stale:  # a failed re-list: routed by what is known
+                await self.tool_listing.fresh(self.connect_timeout)
             tool, args = self.tool(name), arguments or {}
             return await run.call(tool, args, key=key, needs_approval=needs_approval, retry=retry)
         finally:
@@ -387,11 +396,13 @@ class StoplineMCP:
     async def _invoke(
         self,
         name: str,
-        policy: ToolPolicy,
         ctx: CallContext,
         arguments: dict[str, Any] | None,
         idle_timeout: float | None,
     ) -> Any:
+        if (why := await routed(self, name, as_read=False)) is not None:  # after the gate
+            raise never_processed(f"mcp:{self.name}:{ctx.key}", "not_sent", f"not sent: {why}")
+        policy = self.policy(name)
         args = dict(arguments or {})
         if policy.key_argument:
             args[policy.key_argument] = ctx.key
@@ -436,17 +447,9 @@ class StoplineMCP:
             return CancelState.CONFIRMED
         return CancelState.REFUSED if call.refused else None
 
-    async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
-        """The server's ``stopline_verify`` answer for ``key`` (a read)."""
-        try:
-            result = await read_tool(
-                self, VERIFY_TOOL, {"key": key, "wait_seconds": wait_seconds}, None
-            )
-        except NoAnswer as exc:
-            raise NoAnswer(exc.cause, f"verify failed: {exc.detail}") from exc
-        if result.is_error or not isinstance(result.structured_content, dict):
-            raise NoAnswer(Cause.SERVER_ERROR, f"verify failed: {plain_result(result)}")
-        return result.structured_content
+    async def status(self, key: str, *, wait_seconds: float = 0.0, tool: str | None = None) -> Any:
+        """The server's ``stopline_verify`` answer (a dict) for ``key`` sent to ``tool``."""
+        return await verify_status(self, key, wait_seconds, tool)
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Background work for one call (a task followed, a late answer) fails alone, logged:

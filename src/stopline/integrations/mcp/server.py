@@ -29,6 +29,10 @@ What each piece promises:
   runs in a worker thread and cannot be interrupted at all: wrap its effect in
   ``effects.run_sync(ctx, "tool", fn, ...)`` so its commit is recorded the same
   way, and declare it ``Cancellable.NEVER``.
+- **What the record can tell.** ``stopline_verify`` says "not committed" of a key it
+  has no record of only for a tool declared ``io.stopline/tracked`` (``effect_meta``
+  declares it): a tool that records nothing through ``Effects`` may have run and left
+  no trace, so for it the answer is ``unknown`` (``_verdicts``, ADR 0063).
 - **A cancellation log.** Every cancel the server sees (a
   ``notifications/cancelled``, a handler interrupted by a stream close) is
   written to the ``stopline_cancellations`` table with the request id, the
@@ -48,13 +52,14 @@ from typing import Any, TypeVar, cast
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import INTERNAL_ERROR, ToolAnnotations
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
 from opentelemetry import trace
 
 from mcp import MCPError
 from stopline.domain.vocab import Cancellable
-from stopline.errors import describe
+from stopline.errors import InvalidInput, describe
 from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectStore
+from stopline.integrations.mcp._verdicts import Tracking, answer, answered, pending_detail
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     CANCELLABLE_META,
@@ -62,7 +67,9 @@ from stopline.integrations.mcp._vocab import (
     KEY_META,
     OUTCOME_DATA,
     REJECTED_CODE,
+    TRACKED_META,
     VERIFY_TOOL,
+    check_verify_wait,
 )
 from stopline.runtime.tool import Rejected
 from stopline.telemetry import ATTR_OP_ID
@@ -74,9 +81,19 @@ _POLL = 0.05  # s between reads of an attempt another process holds
 T = TypeVar("T")
 
 
-def effect_meta(cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED) -> dict[str, Any]:
-    """The tool ``_meta`` a stopline client reads: the tool has effects, and how it cancels."""
-    return {EFFECTS_META: True, CANCELLABLE_META: cancellable.value}
+def effect_meta(
+    cancellable: Cancellable = Cancellable.UNTIL_ACCEPTED, *, tracked: bool = True
+) -> dict[str, Any]:
+    """The tool ``_meta`` a stopline client reads: the tool has effects, and how it cancels.
+
+    ``tracked`` (the default) promises that the tool records every call through
+    ``effects.operation`` or ``effects.run_sync``: only then does ``stopline_verify``'s
+    "no record of the key" prove "not committed". Pass ``tracked=False`` for a tool that
+    does not (ADR 0063)."""
+    meta: dict[str, Any] = {EFFECTS_META: True, CANCELLABLE_META: cancellable.value}
+    if tracked:
+        meta[TRACKED_META] = True
+    return meta
 
 
 def key_of(ctx: Context[Any]) -> str:
@@ -111,16 +128,26 @@ class Effects:
         self._arriving: collections.Counter[str] = collections.Counter()
         # (peer, request id) -> (key, tool): a request id names a request of one peer only
         self._requests: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+        self.tracking = Tracking()  # whose calls the record holds (ADR 0063)
 
     def install(self, server: MCPServer[Any]) -> None:
         """Add the ``stopline_verify`` tool and the cancellation-log middleware."""
+        self.tracking.server = server
 
-        async def stopline_verify(key: str, wait_seconds: float = 0.0) -> dict[str, Any]:
+        async def stopline_verify(
+            key: str, tool: str | None = None, wait_seconds: float = 0.0
+        ) -> dict[str, Any]:
             """Read-only: what happened to the operation with this idempotency key.
 
-            ``wait_seconds`` waits (at most 30 s) for an attempt in progress to end.
+            ``tool`` names the tool the key was sent to: no record of the key proves
+            "not committed" only for a tool this server records every call of
+            (``tracked`` in the answer). ``wait_seconds`` (0 to 30) waits for an
+            attempt in progress to end.
             """
-            return await self.status(key, wait_seconds=wait_seconds)
+            try:
+                return await self.status(key, tool=tool, wait_seconds=wait_seconds)
+            except InvalidInput as exc:  # typed, naming the problem; nothing read
+                raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
 
         server.add_tool(
             stopline_verify,
@@ -140,13 +167,29 @@ class Effects:
         return Operation(self, ctx, key_of(ctx), tool, cancellable)
 
     # -- reads ---------------------------------------------------------------------
-    async def status(self, key: str, *, wait_seconds: float = 0.0) -> dict[str, Any]:
-        if wait_seconds > 0:  # a long poll: NaN and less are none
-            with anyio.move_on_after(min(wait_seconds, 30.0)):
+    async def status(
+        self, key: str, *, tool: str | None = None, wait_seconds: float = 0.0
+    ) -> dict[str, Any]:
+        """The ``stopline_verify`` answer for ``key`` sent to ``tool`` (``_verdicts``);
+        ``wait_seconds`` outside 0 to 30 is ``InvalidInput``."""
+        wait = check_verify_wait(wait_seconds)
+        if wait > 0:  # a long poll
+            with anyio.move_on_after(wait):
                 await self._until_ended(key)
         record = await anyio.to_thread.run_sync(self.store.get, key)
+        unrecorded_by = None
+        if record is None:
+            unrecorded_by = await anyio.to_thread.run_sync(self.store.unrecorded, key)
         in_flight = key in self._live or self._arriving[key] > 0
-        return _status(key, record, in_flight)
+        why = await self.tracking.why_untracked(tool)
+        return answer(
+            key,
+            record,
+            in_flight=in_flight,
+            tool=tool,
+            why_untracked=why,
+            unrecorded_by=unrecorded_by,
+        )
 
     async def _until_ended(self, key: str) -> None:
         """Until the attempt with ``key`` ends: awaited when it runs here; read again each
@@ -208,6 +251,7 @@ class Effects:
 
     def _open_live(self, key: str) -> _Live:
         live = self._live[key] = _Live(EffectState.RECEIVED, anyio.Event(), shielded=True)
+        self.tracking.entered.add(key)
         return live
 
     def _close_live(self, key: str, live: _Live) -> None:
@@ -237,7 +281,12 @@ class Effects:
         if key:  # registered before any await: a verify sent after this request sees it
             self._arriving[key] += 1
         try:
-            return await call_next(ctx)
+            out = await call_next(ctx)
+            name = params.get("name")
+            if key and isinstance(name, str) and answered(out):
+                with anyio.CancelScope(shield=True):  # before the key stops arriving
+                    await self.tracking.answered(key, name, self.store)
+            return out
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._note_cancel(rid, "handler_cancelled", "", peer=peer)
@@ -245,6 +294,7 @@ class Effects:
         finally:
             self._requests.pop((peer, rid), None)
             if key:
+                self.tracking.entered.discard(key)
                 self._arriving[key] -= 1
                 if self._arriving[key] <= 0:
                     del self._arriving[key]
@@ -309,6 +359,7 @@ class Operation:
         while (other := effects._live.get(self.key)) is not None:
             await other.settled.wait()  # the same key already running here: wait for it
         self._live = effects._live[self.key] = _Live(EffectState.RECEIVED, anyio.Event())
+        effects.tracking.entered.add(self.key)
         record, fresh = await anyio.to_thread.run_sync(effects.store.begin, self.key, self.tool)
         if not fresh:
             self._settle()
@@ -414,16 +465,9 @@ def _replay_or_refuse(record: EffectRecord) -> Any:
     if record.state is EffectState.COMMITTED:
         return record.result
     raise _in_doubt(
-        f"operation {record.key!r} is {record.state.value} ({_detail(record)}); it is not run again"
+        f"operation {record.key!r} is {record.state.value} ({pending_detail(record)});"
+        " it is not run again"
     )
-
-
-def _detail(record: EffectRecord) -> str:
-    if record.detail:
-        return record.detail
-    if record.state is EffectState.COMMITTING:
-        return "its commit began; no outcome is recorded yet"
-    return "in progress"
 
 
 def _unrecorded(exc: BaseException | None) -> str:
@@ -439,26 +483,3 @@ def _rejected(reason: str) -> MCPError:
 
 def _in_doubt(message: str) -> MCPError:
     return MCPError(code=INTERNAL_ERROR, message=message, data={OUTCOME_DATA: "unknown"})
-
-
-def _status(key: str, record: EffectRecord | None, in_flight: bool) -> dict[str, Any]:
-    if record is None:
-        state = "in_progress" if in_flight else "unknown_key"
-        verdict = "unknown" if in_flight else "not_committed"
-        detail = "received, not started yet" if in_flight else "this server never saw the key"
-        return {"key": key, "state": state, "verdict": verdict, "detail": detail, "cancel": "none"}
-    verdict = {
-        EffectState.COMMITTED: "committed",
-        EffectState.NOT_COMMITTED: "not_committed",
-    }.get(record.state, "unknown")
-    out: dict[str, Any] = {
-        "key": key,
-        "state": record.state.value,
-        "verdict": verdict,
-        "detail": record.detail if record.state.terminal else _detail(record),
-        "cancel": record.cancel,
-        "updated_at": record.updated_at,
-    }
-    if record.state is EffectState.COMMITTED:
-        out["result"] = record.result
-    return out

@@ -13,10 +13,14 @@ any client ``Transport`` and sits between it and the SDK's dispatcher:
 - the next inbound response or error for an abandoned id is handed to
   ``on_late(LateAnswer)`` instead of vanishing. An answer that reached the
   dispatcher just before the cancel (the caller was cancelled before it
-  consumed it) is reported too, marked ``raced``.
+  consumed it) is reported too, marked ``raced``;
+- every inbound notification's method is handed to ``on_notice`` in receive
+  order (the SDK hands notifications to tasks, which may run after a later
+  response): the client learns of ``notifications/tools/list_changed`` before
+  the answer that followed it.
 
-``on_late`` runs on the transport's read path: it must not block (the client
-wrapper hands the answer to a task).
+``on_late`` and ``on_notice`` run on the transport's read path: they must not
+block (the client wrapper hands the work to a task).
 """
 
 from __future__ import annotations
@@ -73,11 +77,13 @@ class LateResponseTap:
         remember: int = 1024,
         on_request: Callable[[str, Any], None] | None = None,
         on_cancel: Callable[[str, Any], None] | None = None,
+        on_notice: Callable[[str], None] | None = None,
     ) -> None:
         self._inner = inner
         self._on_late = on_late
         self._on_request = on_request  # (key, request id) as a keyed tools/call is written
         self._on_cancel = on_cancel  # (key, request id) as its cancel is written
+        self._on_notice = on_notice  # (method) of each notification as it is read
         self._remember = remember
         self.in_flight: dict[Any, _Sent] = {}
         self.abandoned: dict[Any, _Sent] = {}  # cancelled by us, no answer seen (yet)
@@ -125,6 +131,11 @@ class LateResponseTap:
         if not isinstance(item, SessionMessage):
             return  # a transport-level error item (e.g. an unparseable line): the SDK reports it
         m = item.message
+        if isinstance(m, JSONRPCNotification) and self._on_notice is not None:
+            try:
+                self._on_notice(m.method)
+            except Exception:  # never break the read path
+                logger.exception("stopline: handling an MCP notification failed")
         if not isinstance(m, JSONRPCResponse | JSONRPCError) or m.id is None:
             return
         outcome: dict[str, Any] | ErrorData = (

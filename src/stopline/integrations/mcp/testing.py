@@ -11,6 +11,12 @@ Its providers keep ground truth like ``stopline.testing.FakeProvider``:
   ``deploy``: declares it can cancel after acceptance, then refuses;
   ``sync_commit``: a plain ``def`` tool (runs in a thread, uninterruptible);
   ``work``: reports progress steps before committing; ``lookup``: a read.
+- ``echo`` and ``unrecorded`` have effects the ``Effects`` record does not hold
+  (``unrecorded`` says so, ``tracked=False``; ``echo`` declares nothing more than
+  ``io.stopline/effects``): ``stopline_verify`` answers ``unknown`` for their keys.
+  ``misdeclared`` declares ``io.stopline/tracked`` and records nothing (a server's
+  bug): once it has answered a call, the server tracks it no more (ADR 0063).
+  ``unrecorded`` and ``misdeclared`` stop at ``received`` and ``committed``.
 - Each effectful call stops at the barriers ``received``, ``accepted``,
   ``committed``, ``responding`` (``sync`` for ``sync_commit``) when a test
   holds ``"<point>:<tool>"`` through the control tools ``ctl_hold``,
@@ -213,6 +219,26 @@ def build_server(db: str) -> tuple[MCPServer[Any], Effects, TasksServer]:
     async def echo(payload: str) -> dict[str, Any]:
         """An effect with no server-side bookkeeping (the benchmark's tool)."""
         return {"value": payload}
+
+    async def unwrapped(ctx: Context[Any], tool: str, payload: str) -> dict[str, Any]:
+        """An effect kept in the providers' truth only, not in the ``Effects`` record."""
+        key = key_of(ctx)
+        await hold("received", tool, key)
+        result = truth.commit(key, tool, payload)
+        await hold("committed", tool, key)
+        return result
+
+    untracked = effect_meta(Cancellable.UNTIL_ACCEPTED, tracked=False)
+
+    @server.tool(title="an effect the server does not record", meta=untracked)
+    async def unrecorded(payload: str, ctx: Context[Any]) -> dict[str, Any]:
+        """Commits with no record in Effects, and declares so: its verify is unknown."""
+        return await unwrapped(ctx, "unrecorded", payload)
+
+    @server.tool(title="an effect declared tracked, not recorded", meta=effect_meta())
+    async def misdeclared(payload: str, ctx: Context[Any]) -> dict[str, Any]:
+        """Declares ``io.stopline/tracked`` but records nothing through Effects (a bug)."""
+        return await unwrapped(ctx, "misdeclared", payload)
 
     @server.tool(annotations=_READ, meta=_CONTROL)  # a read, declared in stopline's words
     async def lookup(key: str) -> dict[str, Any]:
