@@ -90,7 +90,7 @@ from stopline.errors import (
     UnstableValue,
 )
 from stopline.integrations._detached import Work, detached_tool
-from stopline.integrations._verify import VerifyByKey, as_verifier, verify_answer, wants_context
+from stopline.integrations._verify import VerifyByKey, as_verifier, read_verify, wants_context
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.run import Run
@@ -114,9 +114,9 @@ __all__ = [
     "mcp_call",
     "mcp_offered",
     "open_run",
+    "read_verify",
     "stopline_tool",
     "unkept_note",
-    "verify_answer",
 ]
 
 

@@ -4,7 +4,8 @@ tools (``mcp_tools``), and what the gate adds to the SDK's own MCP servers.
 Split from ``openai_agents`` (which re-exports ``mcp_tools``). A call of an MCP
 server's tool carries its operation id in ``_meta["io.stopline/key"]``
 (``_with_key``, the server's ``tool_meta_resolver``) and is read back through
-the server's ``stopline_verify`` (``_mcp_verify``). Its ``stopline_verify`` passes
+the server's ``stopline_verify`` (``mcp_verify``), naming the tool as the server
+knows it (``mcp_tool_name``). Its ``stopline_verify`` passes
 no gate (nor do the tools the app names in ``reads``; a ``readOnlyHint`` alone is
 untrusted, ADR 0055), and
 ``stopline_verify`` is not offered to the model (``offered``).
@@ -25,7 +26,7 @@ from agents.exceptions import ModelBehaviorError
 from agents.mcp import MCPServer, MCPUtil
 from agents.tool_context import ToolContext
 
-from stopline.integrations._frameworks import mcp_call, mcp_offered, verify_answer
+from stopline.integrations._frameworks import mcp_call, mcp_offered, read_verify
 from stopline.integrations._openai_arguments import json_object
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
@@ -40,6 +41,7 @@ __all__ = [
     "OP_ID",
     "key_in_meta",
     "mcp_server_of",
+    "mcp_tool_name",
     "mcp_tools",
     "mcp_verify",
     "offered",
@@ -95,16 +97,29 @@ async def _with_key(user_resolver: Any, context: Any) -> dict[str, Any] | None:
     return meta or None
 
 
-async def mcp_verify(server: MCPServer, ctx: CallContext) -> ReadBack:
-    """The server's own record of the key (``stopline_verify``), when it offers one."""
+def mcp_tool_name(body: Any) -> str | None:
+    """The name the server knows an MCP tool the SDK built by (``MCPUtil.invoke_mcp_tool``
+    bound to it): the SDK may list it under another (``include_server_in_tool_names``)."""
+    if isinstance(body, functools.partial) and body.func == MCPUtil.invoke_mcp_tool:
+        tool = body.args[1] if len(body.args) > 1 else None
+        name = getattr(tool, "name", None)
+        return name if isinstance(name, str) else None
+    return None
+
+
+async def mcp_verify(server: MCPServer, ctx: CallContext, tool: str | None = None) -> ReadBack:
+    """The server's own record of the key (``stopline_verify``, ``read_verify``), when it
+    offers one; ``tool``: the name the server knows the tool by (``mcp_tool_name``)."""
+
+    async def verify(arguments: dict[str, Any]) -> Any:
+        result = await server.call_tool(VERIFY_TOOL, arguments)
+        return result.structured_content if not result.is_error else None
+
     try:
-        if not any(t.name == VERIFY_TOOL for t in await server.list_tools()):
-            return ReadBack(Verdict.UNKNOWN, detail=f"{server.name} offers no {VERIFY_TOOL}")
-        result = await server.call_tool(VERIFY_TOOL, {"key": ctx.key})
+        tools = await server.list_tools()
     except Exception as exc:  # a read that failed proves nothing
         return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
-    status = result.structured_content if not result.is_error else None
-    return verify_answer(status, server.name, ctx.key)
+    return await read_verify(server.name, tools, verify, ctx, tool)
 
 
 def mcp_tools(

@@ -5,8 +5,9 @@ Split from ``pydantic_ai`` (which re-exports the public names here): each call o
 ``mcp_toolset`` is ``conn.call`` in the bound run, keyed by the model's
 ``tool_call_id``. A native ``MCPToolset``'s call carries its operation id in
 ``_meta`` (``with_key``, its ``process_tool_call``) and is read back through
-the server's ``stopline_verify`` (``mcp_verify``), named by a name that is the
-same in every process (``server_name``).
+the server's ``stopline_verify`` (``mcp_verify``, naming the tool as the server knows
+it: ``mcp_name``), the server named by a name that is the same in every process
+(``server_name``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic_ai.mcp import CallToolFunc
 from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.tools import RunContext, ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from pydantic_ai.toolsets import (
+    AbstractToolset,
+    PrefixedToolset,
+    RenamedToolset,
+    ToolsetTool,
+    WrapperToolset,
+)
 from pydantic_ai.toolsets.external import TOOL_SCHEMA_VALIDATOR
 
-from stopline.integrations._frameworks import mcp_call, verify_answer
+from stopline.integrations._frameworks import mcp_call, read_verify
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations.mcp import KEY_META, VERIFY_TOOL
 from stopline.runtime.context import CallContext
@@ -32,7 +39,7 @@ from stopline.runtime.tool import ReadBack, Verdict
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
-__all__ = ["MCPToolset", "history_key", "mcp_toolset"]
+__all__ = ["MCPToolset", "history_key", "mcp_name", "mcp_toolset", "mcp_verify"]
 
 # the operation id of the MCP call in progress, for its ``_meta`` (``with_key``)
 OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -138,17 +145,37 @@ def key_in_meta(toolset: AbstractToolset[Any]) -> None:
             toolset.process_tool_call = functools.partial(with_key, hook)
 
 
-async def mcp_verify(server: NativeMCPToolset[Any], ctx: CallContext) -> ReadBack:
-    """The server's own record of the key (``stopline_verify``), when it offers one."""
-    tools = await server.list_tools()
-    name = server_name(server)
-    if not any(t.name == VERIFY_TOOL for t in tools):
-        return ReadBack(Verdict.UNKNOWN, detail=f"{name} offers no {VERIFY_TOOL}")
+async def mcp_verify(
+    server: NativeMCPToolset[Any], ctx: CallContext, tool: str | None = None
+) -> ReadBack:
+    """The server's own record of the key (``stopline_verify``, ``read_verify``), when it
+    offers one; ``tool``: the name the server knows the tool by (``mcp_name``)."""
+
+    async def verify(arguments: dict[str, Any]) -> Any:
+        return await server.direct_call_tool(VERIFY_TOOL, arguments)
+
     try:
-        status = await server.direct_call_tool(VERIFY_TOOL, {"key": ctx.key})
+        tools = await server.list_tools()
     except Exception as exc:  # a read that failed proves nothing
         return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
-    return verify_answer(status, name, ctx.key)
+    return await read_verify(server_name(server), tools, verify, ctx, tool)
+
+
+def mcp_name(tool: ToolsetTool[Any]) -> str | None:
+    """The name the MCP server knows ``tool`` by, as a toolset over the server lists it:
+    each ``PrefixedToolset`` and ``RenamedToolset`` on the way down undone; ``None`` when
+    no MCP server is under it."""
+    leaf = tool
+    while (inner := getattr(leaf, "source_tool", None)) is not None:
+        leaf = inner
+    name, owner = leaf.tool_def.name, leaf.toolset
+    while isinstance(owner, WrapperToolset):
+        if isinstance(owner, PrefixedToolset):
+            name = name.removeprefix(f"{owner.prefix}_")
+        elif isinstance(owner, RenamedToolset):
+            name = owner.name_map.get(name, name)
+        owner = owner.wrapped
+    return name if isinstance(owner, NativeMCPToolset) else None
 
 
 def server_name(server: NativeMCPToolset[Any]) -> str:

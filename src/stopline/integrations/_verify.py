@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Verdict, Verifier
 
-__all__ = ["VerifyByKey", "as_verifier", "verify_answer", "wants_context"]
+if TYPE_CHECKING:
+    from mcp_types import Tool as McpTool
+
+__all__ = ["VerifyByKey", "as_verifier", "read_verify", "wants_context"]
 
 
 # Deprecated (0.2, removed in 0.3): a verifier taking the key alone. Pass the one
@@ -48,15 +51,49 @@ def as_verifier(fn: Verifier | VerifyByKey | None) -> Verifier | None:
     return read_back
 
 
-def verify_answer(status: Any, server: str, key: str) -> ReadBack:
-    """What a server's ``stopline_verify`` answer for ``key`` proves; anything but
-    its status record proves nothing."""
-    from stopline.integrations.mcp import VERIFY_TOOL
+async def read_verify(
+    server: str,
+    tools: Iterable[McpTool],
+    call: Callable[[dict[str, Any]], Awaitable[Any]],
+    ctx: CallContext,
+    tool: str | None = None,
+) -> ReadBack:
+    """A framework's read-back of a call of an MCP tool: the server's ``stopline_verify``.
 
+    ``tools`` is the server's listing; ``call`` sends the verify these arguments and
+    returns its answer. ``tool`` is the name the server knows the tool by (a framework
+    may list it under another, with a prefix); not given, it is the call's own tool name
+    if the server lists that. The tool is named to a verify that takes it, and the
+    answer is read through the one rule of ADR 0063 (``proves``): "no record of the key"
+    is ``not_committed`` only for a tool whose every call the server records (the
+    answer says so, or, from a server that does not say, the listing declares it);
+    anything but a status record proves nothing.
+    """
+    from stopline.integrations.mcp import (
+        VERIFY_TOOL,
+        index_tools,
+        policy_from_listing,
+        proves,
+        takes_tool,
+    )
+
+    listing = index_tools(tools)
+    if VERIFY_TOOL not in listing:
+        return ReadBack(Verdict.UNKNOWN, detail=f"{server} offers no {VERIFY_TOOL}")
+    name = tool if tool is not None else ctx.tool.name if ctx.tool.name in listing else None
+    arguments: dict[str, Any] = {"key": ctx.key}
+    if name is not None and takes_tool(listing[VERIFY_TOOL]):
+        arguments["tool"] = name
+    try:
+        status = await call(arguments)
+    except Exception as exc:  # a read that failed proves nothing
+        return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL} failed: {exc}")
     if not isinstance(status, dict):
         return ReadBack(Verdict.UNKNOWN, detail=f"{VERIFY_TOOL}: {status!r}")
-    ref = f"{VERIFY_TOOL}:{server}:{key}"
-    return ReadBack(Verdict(status.get("verdict", "unknown")), ref, str(status.get("detail", "")))
+    listed = listing.get(name) if name is not None else None
+    declared = policy_from_listing(listed.meta, None).tracked if listed is not None else None
+    verdict, detail = proves(status, name or ctx.tool.name, declared)
+    return ReadBack(verdict, f"{VERIFY_TOOL}:{server}:{ctx.key}", detail)
 
 
 def wants_context(fn: Callable[..., Any]) -> bool:

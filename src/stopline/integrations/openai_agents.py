@@ -87,6 +87,7 @@ from stopline.integrations._openai_mcp import (
     OP_ID,
     key_in_meta,
     mcp_server_of,
+    mcp_tool_name,
     mcp_tools,
     mcp_verify,
     offered,
@@ -153,7 +154,8 @@ def gated(
         stopline_tool.wants_context = True
         spec.declare(stopline_tool)
         if spec.verify is None and server is not None:
-            stopline_tool.verify_fn = functools.partial(mcp_verify, server)
+            named = mcp_tool_name(body)  # the name the server knows it by
+            stopline_tool.verify_fn = functools.partial(mcp_verify, server, tool=named)
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set((ctx, arguments))

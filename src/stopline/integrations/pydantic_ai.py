@@ -93,6 +93,7 @@ from stopline.integrations._pydantic_ai_mcp import (
     MCPToolset,
     history_key,
     key_in_meta,
+    mcp_name,
     mcp_toolset,
     mcp_verify,
 )
@@ -169,7 +170,7 @@ class StoplineToolset(WrapperToolset[Any]):
             made.wants_context = True
             spec.declare(made)
             if spec.verify is None and mcp is not None:
-                made.verify_fn = functools.partial(mcp_verify, mcp)
+                made.verify_fn = functools.partial(mcp_verify, mcp, tool=mcp_name(tool))
         else:  # a def tool: its executor thread finishes whoever waits (R4)
             made = detached_tool(name, spec, self._framework_call(name))
         self._tools[(name, is_async, id(mcp))] = made

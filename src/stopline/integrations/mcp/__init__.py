@@ -10,6 +10,8 @@ progress recorded, causes told apart). Server side: ``Effects`` gives
 See docs/mcp.md.
 """
 
+from stopline.integrations.mcp._listing import index_tools
+from stopline.integrations.mcp._verdicts import proves, takes_tool
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     CANCELLABLE_META,
@@ -50,6 +52,9 @@ __all__ = [
     "UnknownTool",
     "default_principal",
     "effect_meta",
+    "index_tools",
     "key_of",
     "policy_from_listing",
+    "proves",
+    "takes_tool",
 ]

@@ -48,7 +48,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from stopline.domain.vocab import Cause, NoteKind, RunState
 from stopline.errors import InvalidInput, describe
 from stopline.integrations.mcp._http import NOT_PROCESSED
-from stopline.integrations.mcp._verdicts import UNSEEN, proves
+from stopline.integrations.mcp._verdicts import UNSEEN, proves, takes_tool
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     EFFECTS_META,
@@ -190,9 +190,7 @@ async def verify_status(
     tool is named to a server whose verify takes it (ADR 0063); ``wait_seconds`` is 0 to 30,
     else ``InvalidInput``, nothing sent."""
     arguments: dict[str, Any] = {"key": key, "wait_seconds": check_verify_wait(wait_seconds)}
-    listed = conn.listing.get(VERIFY_TOOL)
-    takes = listed.input_schema.get("properties", {}) if listed is not None else {}
-    if tool is not None and isinstance(takes, dict) and "tool" in takes:
+    if tool is not None and takes_tool(conn.listing.get(VERIFY_TOOL)):
         arguments["tool"] = tool
     try:
         result = await read_tool(conn, VERIFY_TOOL, arguments, None)

@@ -36,7 +36,16 @@ from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectSt
 from stopline.integrations.mcp._vocab import EFFECTS_META, TRACKED_META
 from stopline.runtime.tool import Verdict
 
-__all__ = ["UNSEEN", "Tracking", "answer", "answered", "pending_detail", "proves", "untracked"]
+__all__ = [
+    "UNSEEN",
+    "Tracking",
+    "answer",
+    "answered",
+    "pending_detail",
+    "proves",
+    "takes_tool",
+    "untracked",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +180,13 @@ def answered(out: object) -> bool:
 
 
 # -- the client --------------------------------------------------------------------------------
+def takes_tool(verify: McpTool | None) -> bool:
+    """Whether a server's listed ``stopline_verify`` takes the tool a key was sent to (its
+    input schema names ``tool``: ADR 0063); one from before takes the key alone."""
+    takes = verify.input_schema.get("properties") if verify is not None else None
+    return isinstance(takes, dict) and "tool" in takes
+
+
 def proves(status: Mapping[str, Any], tool: str, declared: bool | None) -> tuple[Verdict, str]:
     """What the answer for a key sent to ``tool`` proves; ``declared`` is the client's
     ``ToolPolicy.tracked`` for it (the listing's ``io.stopline/tracked``, or its override)."""
