@@ -51,12 +51,16 @@ async def pai_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
 async def oa_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[MCPServerStdio]:
     """The OpenAI Agents SDK's ``MCPServerStdio``, one for the module."""
     set_tracing_disabled(True)
-    db = str(tmp_path_factory.mktemp("oa-server") / "effects.db")
-    params: MCPServerStdioParams = {
+    params = oa_params(str(tmp_path_factory.mktemp("oa-server") / "effects.db"))
+    async with MCPServerStdio(params, name="testing", client_session_timeout_seconds=30) as server:
+        yield server
+
+
+def oa_params(db: str) -> MCPServerStdioParams:
+    """The testing server on ``db``, as the OpenAI Agents SDK's ``MCPServerStdio`` starts it."""
+    return {
         "command": sys.executable,
         "args": server_args(db),
         "env": dict(os.environ),
         "cwd": str(ROOT),
     }
-    async with MCPServerStdio(params, name="testing", client_session_timeout_seconds=30) as server:
-        yield server

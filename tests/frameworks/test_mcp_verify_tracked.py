@@ -22,7 +22,7 @@ import anyio
 import pytest
 from agents import Agent as OaAgent
 from agents import RunContextWrapper, set_tracing_disabled
-from agents.mcp import MCPServerStdio, MCPServerStdioParams
+from agents.mcp import MCPServerStdio
 from agents.mcp.util import MCPToolMetaContext
 from agents.testing import ScriptedModel, function_call
 from fastmcp.client.transports import StdioTransport
@@ -36,7 +36,7 @@ import stopline
 from stopline import OpStatus, Policy
 from stopline.integrations import openai_agents as oa
 from stopline.integrations import pydantic_ai as pai
-from tests.frameworks.conftest import server_args
+from tests.frameworks.conftest import oa_params, server_args
 from tests.frameworks.test_native_mcp import Control, PaiScript, oa_control
 from tests.mcp.conftest import ROOT
 
@@ -96,13 +96,7 @@ async def oa_held(
         return None
 
     set_tracing_disabled(True)
-    db = str(tmp_path_factory.mktemp("oa-tracked") / "effects.db")
-    params: MCPServerStdioParams = {
-        "command": sys.executable,
-        "args": server_args(db),
-        "env": dict(os.environ),
-        "cwd": str(ROOT),
-    }
+    params = oa_params(str(tmp_path_factory.mktemp("oa-tracked") / "effects.db"))
     async with MCPServerStdio(
         params, name="testing", client_session_timeout_seconds=30, tool_meta_resolver=resolver
     ) as server:
