@@ -10,6 +10,7 @@ from stopline.cli import _common as c
 from stopline.cli._layout import Grid
 from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_json, run_to_json
 from stopline.cli.views import timeline as build_timeline
+from stopline.domain.guidance import correct_in_application
 from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
 from stopline.errors import NotPermitted
@@ -150,14 +151,10 @@ def resolve(
 
 
 def _compensate_elsewhere(op_id: str, tool: str) -> str:
-    """What to do instead of ``--as compensate`` from a shell: the correction is the
-    compensator of tool ``tool``, code that only the application's process has."""
+    """What to do instead of ``--as compensate`` from a shell (``correct_in_application``)."""
+    here = f"run `stopline review resolve {op_id} --as committed` here"
     return (
-        f"operation {op_id!r}: a correction runs the compensator of tool {tool!r}, which "
-        "is code in your application and is not loaded in this shell; nothing was recorded. "
-        f"Either run `stopline review resolve {op_id} --as committed` here (it happened), "
-        f"then correct it from your application with `await ledger.compensate({op_id!r}, "
-        "by=...)`, or decide it there in one step with `await ledger.resolve_review("
-        f"{op_id!r}, 'compensate', by=...)`, in a process opened with the tool "
-        "(stopline.open(url, tools=[...]))"
+        f"operation {op_id!r}: nothing was recorded; "
+        f"{correct_in_application(op_id, tool, here=here)}, in a process opened with the "
+        "tool (stopline.open(url, tools=[...]))"
     )

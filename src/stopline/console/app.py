@@ -37,6 +37,7 @@ import stopline
 from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.svg import run_timeline, settle_chart
+from stopline.domain.guidance import correct_in_application
 from stopline.domain.lifecycle import SYSTEM, operator
 from stopline.domain.limits import check_id
 from stopline.domain.model import OperationRecord
@@ -93,13 +94,7 @@ def correct_elsewhere(ledger: stopline.Ledger, op: OperationRecord) -> str:
     try:
         ledger.core.compensator.tool_for(op)
     except NotPermitted:
-        return (
-            f"a correction runs the compensator of tool {op.tool!r}, code in your "
-            "application that this console has not loaded. If it happened, record it "
-            f"here (It happened), then correct it from your application with "
-            f"await ledger.compensate({op.id!r}, by=...); or decide it there in one step "
-            f"with await ledger.resolve_review({op.id!r}, 'compensate', by=...)"
-        )
+        return correct_in_application(op.id, op.tool, here="record it here (It happened)")
     return ""
 
 

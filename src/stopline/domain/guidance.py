@@ -23,6 +23,7 @@ from stopline.domain.vocab import OpEvent, OpStatus, RunState
 
 __all__ = [
     "OnResume",
+    "correct_in_application",
     "correcting",
     "on_resume",
     "resume_rule",
@@ -233,4 +234,18 @@ def correcting(op_id: str, status: OpStatus, by: str = "") -> str:
     return (  # compensation_failed: its escalation to review is on its way
         "its correction failed and it goes to human review: a reviewer decides, "
         f"ledger.resolve_review({op_id!r}, 'compensate', by=...) to correct it again"
+    )
+
+
+def correct_in_application(op_id: str, tool: str, *, here: str) -> str:
+    """Where an operation in review is corrected when the surface at hand (a shell, the
+    web console) has not loaded its tool: a correction runs the tool's compensator,
+    code only the application's process has. ``here`` is how that surface records
+    that it happened."""
+    return (
+        f"a correction runs the compensator of tool {tool!r}, which is code in your "
+        f"application and is not loaded here. If it happened, {here}, then correct it "
+        f"from your application with `await ledger.compensate({op_id!r}, by=...)`; or "
+        f"decide it there in one step with `await ledger.resolve_review({op_id!r}, "
+        "'compensate', by=...)`"
     )

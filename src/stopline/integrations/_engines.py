@@ -67,6 +67,17 @@ Unstarted = Callable[[], Awaitable[RunSpec | None]]
 ENDED_ON_ITS_OWN = frozenset({RunState.COMPLETED, RunState.FAILED})
 
 _REMEMBER_FENCED = 10_000
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remember(kept: dict[K, V], key: K, value: V) -> None:
+    """``kept[key] = value``, the oldest entries let go past ``_REMEMBER_FENCED``."""
+    kept[key] = value
+    while len(kept) > _REMEMBER_FENCED:
+        del kept[next(iter(kept))]
+
+
 # the run states in which the run holds ``initiate`` (not fenced; a resumed run too)
 _LIVE = frozenset({RunState.RUNNING, RunState.PAUSING, RunState.PAUSED})
 
@@ -167,9 +178,7 @@ class EngineGate:
     def _saw_fence(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             self._records.pop(run_id, None)
-            self.fenced[run_id] = None
-        while len(self.fenced) > _REMEMBER_FENCED:
-            del self.fenced[next(iter(self.fenced))]
+            _remember(self.fenced, run_id, None)
 
     # -- stopline -> the engine ------------------------------------------------------
     def forward_cancels(self, cancel: EngineCancel) -> None:
@@ -199,9 +208,7 @@ class EngineGate:
             if not self.owns(run) or self._forwarded.get(run_id) == run.cancelled_at:
                 continue  # not the engine's, or this cancel asked already (its own
                 # return and its notification both tell this process of it)
-            self._forwarded[run_id] = run.cancelled_at
-            while len(self._forwarded) > _REMEMBER_FENCED:
-                del self._forwarded[next(iter(self._forwarded))]
+            _remember(self._forwarded, run_id, run.cancelled_at)
             engine_id = self.engine_ids.get(run_id, run_id)
             try:
                 await cancel(engine_id, run.cancel_reason or "stopline cancel")
@@ -257,9 +264,7 @@ class EngineGate:
     def remember_engine_id(self, run_id: str, engine_id: str) -> None:
         """``run_id`` is the engine's ``engine_id`` (a derived id: ``fitted``)."""
         if run_id != engine_id:
-            self.engine_ids[run_id] = engine_id
-            while len(self.engine_ids) > _REMEMBER_FENCED:
-                del self.engine_ids[next(iter(self.engine_ids))]
+            _remember(self.engine_ids, run_id, engine_id)
 
     async def end_run(self, run_id: str, error: BaseException | None = None) -> None:
         """The workflow ended on its own (``completed``, or ``failed`` with ``error``)."""

@@ -93,7 +93,7 @@ class Tracking:
         if key in self.entered or self.server is None:
             return
         listing = await self.server.list_tools()
-        if not any(t.name == tool and (t.meta or {}).get(TRACKED_META) is True for t in listing):
+        if not any(t.name == tool and _declares_tracked(t) for t in listing):
             return
         if await anyio.to_thread.run_sync(store.get, key) is not None:
             return
@@ -108,8 +108,12 @@ class Tracking:
         await anyio.to_thread.run_sync(store.mark_unrecorded, key, tool)
 
 
+def _declares_tracked(listed: McpTool) -> bool:
+    return (listed.meta or {}).get(TRACKED_META) is True
+
+
 def _why(listed: McpTool, demoted: Collection[str]) -> str | None:
-    if (listed.meta or {}).get(TRACKED_META) is not True:
+    if not _declares_tracked(listed):
         return f"this server does not record calls of tool {listed.name!r} by key"
     if listed.name in demoted:
         return f"tool {listed.name!r} declares {TRACKED_META} but answered a call unrecorded"
