@@ -77,6 +77,26 @@ class LifecycleContract:
         assert run.state is RunState.RUNNING and expired == []
         assert (await backend.gate(op_spec("run_a/2"))).verdict is GateVerdict.PASSED
 
+    async def test_a_retry_waits_at_a_paused_runs_gate_as_a_first_attempt_does(
+        self, backend: Backend
+    ) -> None:
+        """R9 in the ledger, for every caller of the gate (the runtime, the engines): a
+        key that provably took no effect is retried under a pause: ``PAUSED``, nothing
+        recorded; after the resume it passes."""
+        await backend.create_run(run_spec())
+        await backend.gate(op_spec())
+        await backend.record("run_a/1:send", OutcomeUpdate(OpEvent.REJECTED, []))
+        assert await backend.pause("run_a", by="u") == ["run_a"]
+        before = await backend.events("run_a")
+        again = await backend.gate(op_spec())
+        assert again.verdict is GateVerdict.PAUSED and again.operation is None
+        assert await backend.events("run_a") == before  # nothing recorded
+        assert (await backend.get_run("run_a")).state is RunState.PAUSED
+        op = await backend.get_operation("run_a/1:send")
+        assert op.status is OpStatus.NOT_COMMITTED and op.attempts == 1
+        await backend.resume("run_a", by="u")
+        assert (await backend.gate(op_spec())).verdict is GateVerdict.PASSED
+
     async def test_get_runs_reads_the_runs_there_by_id(self, backend: Backend) -> None:
         """The one read of the paused runs that calls wait on: the runs that exist, by
         id, each as ``get_run`` reads it; an id with no run is left out."""

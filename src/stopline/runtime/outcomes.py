@@ -36,8 +36,7 @@ from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import IllegalTransition, StoplineError, UnknownOperation, describe
 from stopline.ledger import surface_rearmed
-from stopline.ledger.backend import GateResult, GateVerdict, OutcomeUpdate
-from stopline.ledger.engine.guards import PAUSE_STATES, RETRYABLE
+from stopline.ledger.backend import GateResult, OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.context import CallContext
 from stopline.runtime.review import evidence_settles
@@ -98,26 +97,11 @@ class Outcomes:
         durable with no one to send it (``requested`` for good, R2): such an intent is
         recorded as not sent, then the cancel goes on up."""
         try:
-            gate = await self._core.backend.gate(spec)
+            return await self._core.backend.gate(spec)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._orphaned(spec)
             raise
-        return await self._held_by_pause(spec, gate)
-
-    async def _held_by_pause(self, spec: OperationSpec, gate: GateResult) -> GateResult:
-        """R9: another attempt under a key that provably took no effect (``not_committed``,
-        ``prevented``) waits at a paused run's gate (``PAUSED``) as a first attempt does;
-        the gate answers it ``EXISTING``, and the call raised ``OperationInDoubt`` (or
-        ``RunFenced``): a pause ended the run, as a cancel would."""
-        op = gate.operation
-        if gate.verdict is not GateVerdict.EXISTING or op is None or op.status not in RETRYABLE:
-            return gate
-        run = await self._core.backend.get_run(spec.run_id)
-        if run.state not in PAUSE_STATES or spec.compensates:
-            return gate
-        await self.settle_pause(run.id)  # as the gate's own: a call waiting there is idle
-        return GateResult(GateVerdict.PAUSED, fence=run.fence)
 
     async def _orphaned(self, spec: OperationSpec) -> None:
         """``spec``'s intent, if it landed for this worker and no call of this process

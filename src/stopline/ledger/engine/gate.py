@@ -215,6 +215,11 @@ async def _seen_before(
             *event_statement(now, spec.run_id, spec.id, OpEvent.GATE_REFUSED, status, status, data)
         )
         return GateResult(GateVerdict.PREVENTED, existing, run.fence)
+    if existing.status in RETRYABLE and run.state in PAUSE_STATES and not spec.compensates:
+        # R9: another attempt under a key that provably took no effect waits at a paused
+        # run's gate as a first attempt does (above, without its key: ``_slow_path``)
+        await settle_pause(db, run.id)
+        return GateResult(GateVerdict.PAUSED, fence=run.fence)
     return GateResult(GateVerdict.EXISTING, existing, run.fence)
 
 
