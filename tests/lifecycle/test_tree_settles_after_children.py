@@ -153,3 +153,49 @@ async def test_a_cancelled_parent_goes_to_review_with_a_child_that_ended_in_doub
     settled = await ledger.wait_settled("p", timeout=20)
     assert settled.run_state is RunState.CANCELLED
     assert (await ledger.backend.get_run("p:deployer")).state is RunState.COMPLETED
+
+
+async def test_a_cancelled_parent_goes_to_review_with_an_ended_childs_correction_in_review(
+    ledger: stopline.Ledger,
+) -> None:
+    """The ended child's call committed and was corrected by hand; the correction acted,
+    then its code raised (no read-back): it waits for a reviewer, and the original,
+    being corrected, with it (``transitions.awaits_review``). The parent's cancel read
+    the child's ``compensating`` original as a correction under way and stayed
+    ``settling`` for ever; it goes to review, as its receipt says."""
+    corrected: list[str] = []
+
+    async def deploy(ctx: stopline.CallContext) -> str:
+        return "deployed"
+
+    tool = stopline.Tool(deploy, name="deploy")
+
+    @tool.compensator
+    async def _(ctx: stopline.CallContext) -> str:
+        corrected.append("rollback")
+        raise RuntimeError("rolled back, then the connection dropped")
+
+    parent_ready = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def parent() -> None:
+            async with ledger.run("parent", owner="user:1", run_id="p") as run:
+                async with run.child("deployer") as sub:
+                    await sub.call(tool, key="deploy")
+                parent_ready.set()
+                await anyio.sleep_forever()
+
+        tg.start_soon(parent)
+        await parent_ready.wait()
+        (op,) = await ledger.backend.operations("p:deployer")
+        await ledger.compensate(op.id, by="user:1", reason="roll it back")
+        assert (await ledger.backend.get_operation(op.id)).status.value == "compensating"
+        await ledger.cancel("p", by="user:1")
+    receipt = await ledger.wait_settled("p", timeout=20)  # a guard: it never settled
+    assert receipt.run_state is RunState.NEEDS_REVIEW
+    assert receipt.headline is Headline.NEEDS_REVIEW
+    assert corrected == ["rollback"]
+    (item,) = await ledger.review_items()
+    await ledger.resolve_review(item.op.id, "committed", by="user:1", note="rolled back")
+    settled = await ledger.wait_settled("p", timeout=20)
+    assert settled.run_state is RunState.CANCELLED

@@ -338,6 +338,15 @@ async def _trees_of(
     return [(found[r], ops.get(r, [])) if r in found else UnknownRun(r) for r in run_ids]
 
 
+# ``transitions.awaits_review`` for ``o``, in SQL: an original being corrected whose
+# latest correction (in ledger order) waits for a reviewer counts as in review
+_AWAITS_REVIEW = (
+    f"(o.status = '{OpStatus.COMPENSATING.value}' AND (SELECT c.status FROM operations AS c"
+    " WHERE c.compensates IS NOT NULL AND c.compensates = o.id"
+    f" ORDER BY c.created_at DESC, c.id DESC LIMIT 1) IN ({sql_values(REVIEW_OPS)}))"
+)
+
+
 async def unsettled_below(db: Db, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
     """For each of ``run_ids`` with any, the states of the runs it owns exclusively,
     transitively, that have not settled (cancelling, settling, in review): a cancelled
@@ -349,11 +358,10 @@ async def unsettled_below(db: Db, run_ids: Sequence[str]) -> dict[str, set[RunSt
     dialect, reads = db.dialect, []
     step = dialect.owned_step(carry="tree.root, ")
 
-    def having(statuses: Collection[OpStatus]) -> str:
-        return (
-            "EXISTS (SELECT 1 FROM operations AS o WHERE o.run_id = tree.id"
-            f" AND o.status IN ({sql_values(statuses)}))"
-        )
+    def having(condition: str) -> str:
+        return f"EXISTS (SELECT 1 FROM operations AS o WHERE o.run_id = tree.id AND ({condition}))"
+
+    holding, review = sql_values(HOLDING_OPS), sql_values(REVIEW_OPS)
 
     for chunk in chunks(sorted(run_ids)):
         roots, params = dialect.each_of(chunk)
@@ -363,7 +371,8 @@ async def unsettled_below(db: Db, run_ids: Sequence[str]) -> dict[str, set[RunSt
                 # each member's state by its id (a join had PostgreSQL scan every run)
                 " SELECT root, state, pending, review FROM (SELECT tree.root AS root,"
                 " (SELECT r.state FROM runs AS r WHERE r.id = tree.id) AS state,"
-                f" {having(HOLDING_OPS)} AS pending, {having(REVIEW_OPS)} AS review"
+                f" {having(f'o.status IN ({holding}) AND NOT {_AWAITS_REVIEW}')} AS pending,"
+                f" {having(f'o.status IN ({review}) OR {_AWAITS_REVIEW}')} AS review"
                 " FROM tree WHERE tree.id <> tree.root) AS member"
                 f" WHERE state IN ({sql_values(_UNSETTLED)}) OR pending OR review",
                 params,
