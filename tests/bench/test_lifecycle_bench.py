@@ -1,4 +1,4 @@
-"""The tree cancel's figure: measured beside bare task cancels, with its stretches."""
+"""Lifecycle figures: the tree cancel beside bare task cancels; pause and resume."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ import re
 import time
 from pathlib import Path
 
+import stopline
+from stopline import OpStatus
 from stopline.bench.figures import quiet_heap
-from stopline.bench.lifecycle import measure
+from stopline.bench.lifecycle import measure, pause_resume_samples
 
 
 async def test_the_tree_cancel_says_when_its_fence_was_durable(tmp_path: Path) -> None:
     """The note gives the moment the fence was durable, which comes before the last
     interruption the figure measures (timings are not asserted)."""
-    (figure,) = await measure(quick=True, workdir=tmp_path)
+    figure, *_ = await measure(quick=True, workdir=tmp_path)
     assert figure.name == "cancel_tree_10k_ms" and figure.baseline
     durable = re.search(r"fence durable at ([\d.]+) ms;", figure.note)
     assert durable is not None
@@ -40,3 +42,29 @@ async def test_a_quiet_heap_times_the_collections_inside_it() -> None:
     gc.collect()
     assert len(heap.spans) == kept  # closed: nothing more is charged to it
     del made
+
+
+async def test_pause_and_resume_are_measured_on_a_run_that_pauses_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """Each round pauses the run, then resumes it to a call waiting at its gate: the
+    ledger holds every pause and resume, and each call once, committed (timings are
+    not asserted)."""
+    url = f"sqlite:///{tmp_path / 'pause.db'}"
+    pauses, resumes = await pause_resume_samples(url, 5)
+    assert len(pauses) == len(resumes) == 5 and min(pauses + resumes) > 0
+    async with stopline.open(url) as ledger:
+        (run,) = await ledger.backend.list_runs()
+        kinds = [e.kind for e in await ledger.backend.events(run.id)]
+        ops = await ledger.backend.operations(run.id)
+    assert kinds.count("pause") == kinds.count("resume") == 5
+    assert [(op.status, op.attempts) for op in ops] == [(OpStatus.COMMITTED, 1)] * 5
+
+
+async def test_the_lifecycle_suite_reports_pause_and_resume_beside_a_durable_txn(
+    tmp_path: Path,
+) -> None:
+    figures = {f.name: f for f in await measure(quick=True, workdir=tmp_path)}
+    for name in ("pause_ms", "resume_to_call_ms"):
+        assert figures[name].unit == "ms" and figures[name].baseline
+        assert "baseline: one bare durable txn" in figures[name].note

@@ -6,11 +6,17 @@ all of them and every in-flight call interrupted; the note says when the fence
 was durable (its commit seen on the loop, through an observer's hook).
 Baseline: cancelling 10,000 bare tasks in one task group, in the same run.
 Both windows start on a quiet heap (``figures.quiet_heap``).
+
+``pause_ms`` and ``resume_to_call_ms``: an idle run paused (``pause()`` to its
+receipt, the pause durable), then a call made, which waits at the gate, and
+the run resumed (``resume()`` to that call's tool invoked); p50 of each beside
+one bare durable transaction measured in the same run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 
@@ -18,11 +24,12 @@ import anyio
 import anyio.lowlevel
 
 import stopline
+from stopline.bench.core import bare_txn_samples
 from stopline.bench.figures import Figure, quiet_heap
 from stopline.domain.lifecycle import CancelResult
 from stopline.ledger.forwarding import ForwardingBackend, seeing_the_commit
 
-__all__ = ["measure"]
+__all__ = ["measure", "pause_resume_samples"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +131,56 @@ async def _bare(children: int) -> tuple[float, float]:
     return last - start, heap.collector_s(start, last)
 
 
+async def pause_resume_samples(url: str, n: int) -> tuple[list[float], list[float]]:
+    """``n`` rounds on one run: ``pause()`` of the idle run, then a call that waits at
+    its gate, and ``resume()`` to that call's tool invoked (seconds of each)."""
+    called: list[anyio.Event] = []
+    send, receive = anyio.create_memory_object_stream[int](1)
+
+    @stopline.tool
+    async def step(ctx: stopline.CallContext, n: int) -> int:
+        called[n].set()
+        return n
+
+    pauses: list[float] = []
+    resumes: list[float] = []
+    async with stopline.open(url) as ledger, send, anyio.create_task_group() as tg:
+        ready = anyio.Event()
+        run_ids: list[str] = []
+
+        async def worker() -> None:
+            async with ledger.run("pause-bench", owner="bench") as run:
+                run_ids.append(run.id)
+                ready.set()
+                async with receive:
+                    async for i in receive:
+                        await run.call(step, i, key=f"step-{i}")
+
+        tg.start_soon(worker)
+        await ready.wait()
+        for i in range(n):
+            called.append(anyio.Event())
+            start = time.perf_counter()
+            await ledger.pause(run_ids[0], by="bench")
+            pauses.append(time.perf_counter() - start)
+            await send.send(i)
+            await anyio.sleep(0.002)  # outside the window: the call reaches the gate, waits
+            start = time.perf_counter()
+            await ledger.resume(run_ids[0], by="bench")
+            await called[i].wait()
+            resumes.append(time.perf_counter() - start)
+        send.close()  # the worker's run ends
+    return pauses, resumes
+
+
 async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) -> list[Figure]:
     del postgres
     children = 1_000 if quick else 10_000
     tree = await _tree(f"sqlite:///{workdir / 'tree.db'}", children)
     bare, bare_collector = await _bare(children)
+    rounds = 100 if quick else 300
+    pauses, resumes = await pause_resume_samples(f"sqlite:///{workdir / 'pause.db'}", rounds)
+    floor = statistics.median(await bare_txn_samples(workdir / "bare-pause.db", rounds))
     return [
         Figure(
             "cancel_tree_10k_ms",
@@ -141,5 +193,23 @@ async def measure(*, quick: bool, workdir: Path, postgres: str | None = None) ->
             f"the fence durable at {tree.durable * 1e3:.1f} ms; CPython's "
             f"collector ran {tree.collector * 1e3:.1f} ms of the figure (bare: "
             f"{bare_collector * 1e3:.1f} ms)",
+        ),
+        Figure(
+            "pause_ms",
+            statistics.median(pauses) * 1e3,
+            "ms",
+            floor * 1e3,
+            "",
+            f"p50 of {rounds}: pause() of an idle run to its receipt (the pause durable, the "
+            "receipt read); baseline: one bare durable txn",
+        ),
+        Figure(
+            "resume_to_call_ms",
+            statistics.median(resumes) * 1e3,
+            "ms",
+            floor * 1e3,
+            "",
+            f"p50 of {rounds}: resume() of a paused run to the call waiting at its gate "
+            "passing it (its tool invoked); baseline: one bare durable txn",
         ),
     ]
