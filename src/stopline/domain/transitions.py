@@ -212,7 +212,7 @@ def settle_move(
 
 
 # a run's calls that keep it from settling (the run's, or, ended on its own, its
-# owner's: ``reads.unsettled_below``), and those that send it to review
+# owner's: ``settling.unsettled_below``), and those that send it to review
 _OPEN = frozenset({OpStatus.UNKNOWN, OpStatus.COMPENSATING})
 HOLDING_OPS = frozenset(s for s in OpStatus if s.in_flight) | _OPEN
 REVIEW_OPS = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})

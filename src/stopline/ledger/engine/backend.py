@@ -38,7 +38,7 @@ from stopline.ledger.backend import (
     RunSpec,
 )
 from stopline.ledger.engine import approvals as ap
-from stopline.ledger.engine import fence, reads, runs, truth
+from stopline.ledger.engine import fence, reads, runs, settling, truth
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.gate import gate
 from stopline.ledger.engine.record import record, record_many
@@ -158,7 +158,7 @@ class SqlBackend(Backend):
     async def unsettled_below(self, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
         if not run_ids:
             return {}
-        return await self._execute(lambda db: reads.unsettled_below(db, run_ids), safe=True)
+        return await self._execute(lambda db: settling.unsettled_below(db, run_ids), safe=True)
 
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
