@@ -172,7 +172,7 @@ async def test_s13_dbos_exclusive_child_is_cancelled_shared_child_goes_on(
             ]
         shared = next(r.id for r in children if r.name.endswith("shared_child"))
         exclusive = next(r.id for r in children if r.id != shared)
-        await h.ledger.share(shared, with_owner=other.workflow_id)
+        await h.ledger.share(shared, with_owner=other.workflow_id, by="user:42")
         await h.ledger.cancel(handle.workflow_id, by="user:42", reason="pressed stop")
         while await _status(exclusive) != "CANCELLED":
             await h.ledger.wait_for_change(exclusive)

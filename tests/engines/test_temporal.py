@@ -237,7 +237,7 @@ async def test_s13_temporal_exclusive_child_is_fenced_shared_child_goes_on(
         for run_id in (other.id, exclusive.id, shared.id):
             while run_id not in {r.id for r in await h.ledger.backend.list_runs()}:
                 await h.ledger.wait_for_change(run_id)
-        await h.ledger.share(shared.id, with_owner=other.id)
+        await h.ledger.share(shared.id, with_owner=other.id, by="user:42")
         await h.ledger.cancel(handle.id, by="user:42", reason="pressed stop")
         with pytest.raises(WorkflowFailureError):
             await exclusive.result()

@@ -195,7 +195,7 @@ async def shared_refresh(
         ledger.run("b", owner="user:1") as b,
         ledger.run("refresh", owner="user:1", parent_id=a_id, shared=True) as shared,
     ):
-        await ledger.share(shared.id, with_owner=b.id)
+        await ledger.share(shared.id, with_owner=b.id, by="user:1")
         await ledger.cancel(a_id, by="user:1")
         await cancelled.wait()  # a's block was interrupted
         assert (await ledger.backend.get_run(shared.id)).state is RunState.RUNNING

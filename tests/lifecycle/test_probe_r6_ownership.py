@@ -20,7 +20,7 @@ async def test_a_run_cannot_own_itself(ledger: stopline.Ledger) -> None:
     async with ledger.run("refresh", owner="alice", run_id="self-owned") as run:
         before = await ledger.backend.events(run.id)
         with pytest.raises(InvalidInput, match=r"with_owner.*cannot own itself"):
-            await ledger.share(run.id, with_owner=run.id)
+            await ledger.share(run.id, with_owner=run.id, by="alice")
         assert await ledger.backend.events(run.id) == before
         await ledger.cancel(run.id, by="alice")
 
@@ -59,7 +59,7 @@ async def test_a_run_cannot_be_owned_by_a_run_it_owns(ledger: stopline.Ledger) -
             before = await ledger.backend.events(parent.id)
             for owner in (child.id, grandchild.id):
                 with pytest.raises(InvalidInput, match=r"with_owner.*owned by run 'loop-p'"):
-                    await ledger.share(parent.id, with_owner=owner)
+                    await ledger.share(parent.id, with_owner=owner, by="alice")
             assert await ledger.backend.events(parent.id) == before
         await ledger.cancel(child.id, by="alice")
         assert (await ledger.reads.run(parent.id)).state is RunState.RUNNING

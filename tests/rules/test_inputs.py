@@ -66,7 +66,7 @@ async def test_sharing_with_an_owner_that_is_no_run_id_is_refused_naming_it(
     bad_owners: tuple[Any, ...] = ("", "a\x00", 5)
     for bad in bad_owners:
         with pytest.raises(InvalidInput) as refused:
-            await ledger.share("run-shared", with_owner=bad)
+            await ledger.share("run-shared", with_owner=bad, by="user:1")
         assert refused.value.what == "with_owner"
 
 

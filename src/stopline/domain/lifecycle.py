@@ -88,6 +88,7 @@ class Action(enum.StrEnum):
     COMPENSATE = "approve_compensation"
     RESOLVE_REVIEW = "resolve_review"
     STOP_COMPENSATION = "stop_compensation"
+    SHARE = "share"  # make a run one more owner of another (R6): who cancels it changes
 
 
 DEFAULT_TENANT = "default"  # a run's tenant when none is given; a bare principal's tenant

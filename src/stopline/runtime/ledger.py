@@ -399,9 +399,10 @@ class Ledger:
         """
         return await self._lifecycle.resume(run_id, by=by)
 
-    async def share(self, run_id: str, *, with_owner: str) -> None:
-        """Add ``with_owner`` as another owner of a shared run (reference-counted)."""
-        await self._lifecycle.share(run_id, with_owner=with_owner)
+    async def share(self, run_id: str, *, with_owner: str, by: str | Principal) -> None:
+        """Add the run ``with_owner`` as another owner of a shared run (reference-counted),
+        if ``by`` may share both runs (``Action.SHARE``), of one tenant (R6, R11)."""
+        await self._lifecycle.share(run_id, with_owner=with_owner, by=by)
 
     async def request_approval(
         self, run_id: str, key: str, *, approver: str, by: str | Principal

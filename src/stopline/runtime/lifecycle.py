@@ -44,6 +44,7 @@ from stopline.errors import (
     UnknownRun,
 )
 from stopline.ledger.backend import FENCE_COMMITTED
+from stopline.runtime import sharing
 
 if TYPE_CHECKING:
     from stopline.runtime.context import CallContext
@@ -447,10 +448,10 @@ class Lifecycle:
         return Resumed(run, await core.backend.last_checkpoint(run_id), tuple(expired))
 
     # -- ownership (R6) -------------------------------------------------------------
-    async def share(self, run_id: str, *, with_owner: str) -> None:
-        """Add the run ``with_owner`` as another owner of a shared run (reference-counted)."""
-        check_id("with_owner", with_owner)  # a run's id: "" or 5 was an unknown run before
-        await self._core.backend.add_owner(check_id("run_id", run_id), with_owner, exclusive=False)
+    async def share(self, run_id: str, *, with_owner: str, by: str | Principal) -> None:
+        """Add the run ``with_owner`` as another owner of a shared run (reference-counted),
+        if ``by`` may share both (R11; ``sharing.share``)."""
+        await sharing.share(self._core, self.authorize, run_id, with_owner=with_owner, by=by)
 
     # -- approvals (S5) ---------------------------------------------------------------
     async def request_approval(

@@ -47,14 +47,33 @@ _CANCELLABLE = sql_values(CANCELLABLE)
 _GRANTS_LEFT = int(~Grant.INITIATE & Grant.all())  # a fenced run initiates nothing more
 
 
+# A link that may close a loop is made one at a time per ledger (ADR 0065): two links
+# whose rows are locked ``FOR SHARE`` both passed the loop check, each blind to the other
+# (a->b and b->a, or a->b and c->d with b owned by c and d by a). PostgreSQL: an advisory
+# lock of the transaction (two-key space, the schema's), before any row; SQLite's one
+# writer is that lock. Cancels and new children (a new run owns nothing) never take it.
+_ONE_LINK_AT_A_TIME = {
+    "postgresql": "SELECT pg_advisory_xact_lock("
+    "hashtext('stopline:run_owners'), hashtext(current_schema()))",
+}
+
+
 async def add_owner(
     db: Db, run_id: str, owner_run: str, exclusive: bool, token: str | None = None
 ) -> None:
     """``owner_run`` owns ``run_id`` from now (again, if it had let it go); ``token``
-    marks the attempt in the event (read back after a lost reply)."""
+    marks the attempt in the event (read back after a lost reply). A link that would
+    close a loop is ``InvalidInput``, even against one made at the same moment."""
+    serial, lock = _ONE_LINK_AT_A_TIME.get(db.dialect.name), db.dialect.for_share
     async with db.transaction():
-        owner = await load_run(db, owner_run, lock=db.dialect.for_share)
-        child = await load_run(db, run_id, lock=db.dialect.for_share)
+        *_, owner_found, child_found = await db.batch(
+            [
+                *([(serial, ())] if serial else []),
+                run_query(owner_run, lock),
+                run_query(run_id, lock),
+            ]
+        )
+        owner, child = found_run(owner_found, owner_run), found_run(child_found, run_id)
         if await _owns(db, child.id, owner.id):  # a loop: a child's cancel fenced its owner
             raise InvalidInput("with_owner", _loop(child.id, owner.id))
         now = time.time()
