@@ -51,7 +51,8 @@ a date, a UUID or an enum compares as the gate wrote it.
 **A call id the framework reuses (ADR 0054).** A framework's call id names one
 operation of the run: the same id with the same arguments is that call again
 (replayed), the same id with other arguments is refused before anything is
-sent, with an error that says the id was reused.
+sent, with an error that says the id was reused. Two calls of one id at once
+(one message naming it twice) go one after the other (``_call_ids``, ADR 0068).
 
 **A result that was not kept** (``result_not_replayable`` evidence, the
 runtime's replay check) is never handed to the model as ``None``: a replayed
@@ -70,7 +71,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -81,7 +82,6 @@ from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import (
     IdempotencyConflict,
-    InvalidInput,
     NoRun,
     NotFound,
     NotReplayable,
@@ -89,6 +89,7 @@ from stopline.errors import (
     RunPaused,
     UnstableValue,
 )
+from stopline.integrations._call_ids import CallIds, inside, refused_replay, unkept_note
 from stopline.integrations._detached import Work, detached_tool
 from stopline.integrations._verify import VerifyByKey, as_verifier, read_verify, wants_context
 from stopline.runtime.context import CallContext
@@ -129,12 +130,15 @@ class Bound:
     # how to apply the framework's own cancel once the fence is committed
     interrupt: Callable[[], None] = lambda: None
     approver: str = ""  # who is asked when the framework waits for an approval
+    # the session's own end when the run's block ends (the Agents SDK: a run still going)
+    leaving: Callable[[], Awaitable[None]] | None = None
     session: Any = None  # the adapter's session object (``GraphRun``, ``AgentSession``)
     # (tool, args digest) -> keys recorded by earlier entries, not yet matched
     _prior: dict[tuple[str, str], list[str]] | None = None
     _recorded: set[str] = dataclasses.field(default_factory=set)
     _approvals: set[str] = dataclasses.field(default_factory=set)  # scopes asked for
     _native: str | None = None  # why the framework's cancel method was called, if it was
+    calls: CallIds = dataclasses.field(default_factory=CallIds)  # in flight, by key
 
     async def cancel(self, *, by: str | Principal, reason: str = "") -> Receipt:
         """Fence the run (durably, first), then cancel the framework's work.
@@ -311,39 +315,14 @@ async def gated_call(
     # a call the run was paused for passes only with its approval granted
     asked = key is not None and f"{bound.run.id}/{key}" in bound._approvals
     try:
-        return await bound.run.call(
-            tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
-        )
+        async with bound.calls.one_at_a_time(key, tool.name):  # an id reused at once waits
+            return await bound.run.call(
+                tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
+            )
     except (IdempotencyConflict, NotReplayable) as refused:
         if isinstance(refused, NotReplayable) and not unkept_as_text:
             raise
-        return _refused_replay(refused, key, tool.name)
-
-
-def _refused_replay(
-    refused: IdempotencyConflict | NotReplayable, key: str | None, tool: str
-) -> str:
-    """What the gate's refusal of a framework's call means to the adapter: a key naming
-    another recorded call was reused by the framework (raised, ADR 0054); a call whose
-    result was not kept answers with ``unkept_note``."""
-    if isinstance(refused, NotReplayable):
-        return unkept_note(tool, refused.why)
-    if key is None:
-        raise refused
-    raise InvalidInput(
-        "tool call id",
-        f"{key!r} (a {tool} call) reuses the id of an earlier call of this run with "
-        "other arguments: the model (or the history handed back) reused a call id; "
-        "nothing was sent, and stopline does not guess which call it is (ADR 0054)",
-    ) from refused
-
-
-def unkept_note(tool: str, why: str) -> str:
-    """A tool's answer for the model when the call happened but its result was not kept."""
-    return (
-        f"{tool} was done earlier in this run; its result was not kept ({why}). "
-        "Do not call it again for the same request."
-    )
+        return refused_replay(refused, key, tool.name)
 
 
 @contextlib.asynccontextmanager
@@ -376,6 +355,8 @@ async def open_run(
             try:
                 yield session
             finally:  # a cancel of the framework's own is on record before the run ends
+                if bound.leaving is not None:
+                    await bound.leaving()
                 await bound.native_committed()
 
 
@@ -436,15 +417,18 @@ async def mcp_call(
                     outcome.append((False, exc))
                 tg.cancel_scope.cancel()
         finally:
+            release()  # the call is over, not only its waiting: the next of its id may go
             done.set()
 
-    ledger.spawn(work)
+    release = await bound.calls.take(key, name)  # an id reused at once waits (ADR 0068)
+    with inside(key):
+        ledger.spawn(work)
     await done.wait()
     if not outcome:  # the ledger closed under it: what the server did is in the record
         raise RunFenced(run.id)
     ok, value = outcome[0]
     if isinstance(value, IdempotencyConflict | NotReplayable):
-        return _refused_replay(value, key, name)
+        return refused_replay(value, key, name)
     if not ok:
         raise value
     return value

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GATED",
     "OP_ID",
+    "invoker_body",
     "key_in_meta",
     "mcp_server_of",
     "mcp_tool_name",
@@ -56,15 +57,24 @@ OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 def offered(tools: list[AgentsTool]) -> list[AgentsTool]:
-    """An MCP server's tools as the model sees them: without ``stopline_verify``."""
-    return [t for t in tools if t.name != VERIFY_TOOL]
+    """An MCP server's tools as the model sees them: without ``stopline_verify``, under
+    whatever name the SDK lists it (``include_server_in_tool_names``)."""
+    return [t for t in tools if not (isinstance(t, FunctionTool) and reads_only(t))]
 
 
 def reads_only(tool: FunctionTool) -> bool:
     """An MCP server's tool that passes no gate by what the server lists: its
-    ``stopline_verify`` only. The SDK keeps a tool's annotations, not its ``_meta``,
-    and a ``readOnlyHint`` alone is untrusted (ADR 0055): the app names its reads."""
-    return tool.name == VERIFY_TOOL
+    ``stopline_verify`` only (by the name the server knows it by). The SDK keeps a
+    tool's annotations, not its ``_meta``, and a ``readOnlyHint`` alone is untrusted
+    (ADR 0055): the app names its reads."""
+    return (mcp_tool_name(invoker_body(tool)) or tool.name) == VERIFY_TOOL
+
+
+def invoker_body(tool: FunctionTool) -> Any:
+    """What a function tool's invoker runs: the SDK's error handling wraps it (0.24),
+    and errors raised by the body are still raised here."""
+    invoke = tool.on_invoke_tool
+    return getattr(invoke, "_invoke_tool_impl", None) or invoke
 
 
 def mcp_server_of(body: Any) -> MCPServer | None:

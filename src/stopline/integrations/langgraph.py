@@ -57,13 +57,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
-from langchain_core.messages import AIMessage, ToolCall, ToolMessage
+from langchain_core.messages import AIMessage, ToolCall
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 from langchain_core.tools import tool as lc_tool
-from langgraph.errors import GraphBubbleUp
-from langgraph.prebuilt.tool_node import ToolCallRequest, msg_content_output
-from langgraph.types import Command
+from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import RunFenced
@@ -72,21 +70,18 @@ from stopline.integrations._frameworks import (
     NoRun,
     ToolSpec,
     VerifyByKey,
-    Work,
     as_verifier,
     current,
-    detached_tool,
     gated_call,
     mcp_call,
     mcp_offered,
     open_run,
     stopline_tool,
 )
-from stopline.integrations._langchain_tools import fits, refusing, runs_in_thread
+from stopline.integrations._langchain_tools import fits, refusing
+from stopline.integrations._langgraph_calls import GatedBaseTool, gated_message
 from stopline.integrations._renamed import renamed_idle_timeout
-from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import Rejected
 
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
@@ -196,25 +191,6 @@ async def run(
 _Execute = Callable[[ToolCallRequest], Awaitable[Any]]
 
 
-class _Interrupted(Rejected):
-    """``interrupt()`` in a gated tool: recorded as not committed, then re-raised."""
-
-    def __init__(self, bubble: GraphBubbleUp) -> None:
-        super().__init__(
-            "interrupt(): the tool paused for a person; LangGraph re-runs it on resume",
-            ref="langgraph:interrupt",
-        )
-        self.bubble = bubble
-
-
-class _Raised(Exception):
-    """The tool raised and ``ToolNode`` made its error a message: recorded, then returned."""
-
-    def __init__(self, message: ToolMessage) -> None:
-        super().__init__(str(message.content))
-        self.message = message
-
-
 def gate(
     *,
     reads: Collection[str] = (),
@@ -240,73 +216,30 @@ def gate(
 
     async def wrap(request: ToolCallRequest, execute: _Execute) -> Any:
         tool, call = request.tool, request.tool_call
-        if tool is None or tool.name in reads or isinstance(tool, _GatedTool):
+        if tool is None or tool.name in reads or isinstance(tool, _GatedTool | GatedBaseTool):
             return await execute(request)  # a read, unknown, or gated by itself
         if not fits(tool, call["args"]):  # refused before it runs: no operation, no gate
             return await execute(request.override(tool=refusing(tool)))
-        # a ``def`` tool (any kind: ``@tool``, ``Tool.from_function``, a ``BaseTool`` with
-        # only ``_run``) runs in a thread a cancel cannot stop: kept to its end (R4)
-        in_thread = runs_in_thread(tool)
         spec = ToolSpec(
             verify=as_verifier(verify.get(tool.name)),
             cancel=cancel.get(tool.name),
             settles_within=horizons.get(tool.name),
         )
 
-        ran: list[ToolMessage] = []  # the tool's own message, when it ran in this call
+        async def run_it() -> Any:
+            return await execute(request)
 
-        def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
-            async def work() -> Any:
-                try:
-                    message = await execute(request)
-                except GraphBubbleUp as bubble:  # interrupt(): a pause, not a failure
-                    raise _Interrupted(bubble) from None
-                if isinstance(message, ToolMessage) and message.status == "error":
-                    raise _Raised(message)
-                if not isinstance(message, ToolMessage):
-                    return message
-                ran.append(message)
-                return message.content  # what is recorded (and replayed): the content
-
-            return work
-
-        gated_tool = (
-            detached_tool(tool.name, spec, start)
-            if in_thread
-            else stopline_tool(_direct(start), tool.name, spec)
-        )
-        key = f"tool:{call['id']}" if call.get("id") else None
-        try:
-            content = await gated_call(gated_tool, call["args"], key=key)
-        except _Interrupted as paused:
-            if key is not None:
-                _current_graph_run().interrupted.append(key)
-            raise paused.bubble from None
-        except _Raised as raised:
-            return raised.message
-        if isinstance(content, Command):
-            return content  # a Command the tool returned: passed on as it is
-        if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)
-            return ran[0]
-        # the tool's content, or a result replayed or read back from the ledger (a
-        # verifier's ``ReadBack.result``): made message content as ``ToolNode`` does
-        as_content: Any = msg_content_output(content)  # list[dict] is content too
-        return ToolMessage(content=as_content, name=tool.name, tool_call_id=call["id"])
+        digest: tuple[tuple[Any, ...], dict[str, Any]] = ((call["args"],), {})
+        return await gated_message(tool, call.get("id"), spec, run_it, digest, _paused)
 
     return wrap
 
 
-def _direct(start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work]) -> Any:
-    async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
-        return await start(ctx, args, kwargs)()
-
-    return call
-
-
-def _current_graph_run() -> GraphRun:
+def _paused(key: str) -> None:
+    """The gated call ``key`` called ``interrupt()``: the graph waits on it."""
     session = current().session
     assert isinstance(session, GraphRun), "a gated LangGraph tool outside sl.run"
-    return session
+    session.interrupted.append(key)
 
 
 def _task_key() -> str | None:
@@ -401,18 +334,14 @@ def tool(
 ) -> BaseTool:
     """A LangChain tool (for ``ToolNode`` and prebuilt agents) whose calls are gated.
 
-    Give it a function (its signature and docstring make the tool's schema) or a
-    ``StructuredTool``. Each call is an operation keyed ``tool:<tool_call_id>``;
-    ``verify(ctx)`` reads its destination back and ``cancel(ctx)`` asks its provider
-    to cancel it, both by ``ctx.key``; ``settles_within`` bounds when its effect may
-    still land (R13).
+    Give it a function (its signature and docstring make the tool's schema), a
+    ``StructuredTool``, or any other ``BaseTool`` (a subclass of yours,
+    ``Tool.from_function``): that one runs as it is, through its own ``ainvoke``.
+    Each call is an operation keyed ``tool:<tool_call_id>``, its arguments digested as
+    keywords; ``verify(ctx)`` reads its destination back and ``cancel(ctx)`` asks its
+    provider to cancel it, both by ``ctx.key``; ``settles_within`` bounds when its
+    effect may still land (R13).
     """
-    base = fn if isinstance(fn, BaseTool) else lc_tool(fn)
-    if not isinstance(base, StructuredTool):
-        raise TypeError(f"tool() wraps functions and StructuredTools, not {type(base).__name__}")
-    body = base.coroutine or base.func
-    if body is None:
-        raise TypeError(f"tool {base.name!r} has no function to wrap")
     spec = ToolSpec(
         effects=effects,
         cancellable=cancellable,
@@ -420,6 +349,13 @@ def tool(
         cancel=cancel,
         settles_within=settles_within,
     )
+    if isinstance(fn, _GatedTool | GatedBaseTool):
+        return fn  # gated already: one gate per call
+    base = fn if isinstance(fn, BaseTool) else lc_tool(fn)
+    body = (base.coroutine or base.func) if isinstance(base, StructuredTool) else None
+    if not isinstance(base, StructuredTool) or body is None:
+        # not a function's tool: the tool itself, through its own ainvoke
+        return GatedBaseTool.over(base, spec, _paused)
     t = stopline_tool(body, base.name, spec)
 
     async def call(**kwargs: Any) -> Any:

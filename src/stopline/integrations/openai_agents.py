@@ -85,6 +85,7 @@ from stopline.integrations._openai_arguments import json_value, refusing_argumen
 from stopline.integrations._openai_mcp import (
     GATED,
     OP_ID,
+    invoker_body,
     key_in_meta,
     mcp_server_of,
     mcp_tool_name,
@@ -126,7 +127,7 @@ def gated(
     invoke = tool.on_invoke_tool
     if getattr(invoke, GATED, False):
         return tool
-    body = getattr(invoke, "_invoke_tool_impl", None) or invoke  # errors still raised
+    body = invoker_body(tool)  # errors still raised
     server = mcp_server_of(body)
     if server is not None:
         key_in_meta(server)
@@ -264,6 +265,8 @@ class AgentSession:
         bound.interrupt = self._interrupt
         self._mode: Literal["immediate", "after_turn"] = "immediate"
         self._cancelled = False  # the SDK's cancel was called, by stopline or anyone
+        self._ended_for: RunResultStreaming | None = None  # the result whose end is applied
+        bound.leaving = self._left
 
     def run_streamed(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
         """``Runner.run_streamed`` of the gated agent under this run.
@@ -328,11 +331,27 @@ class AgentSession:
 
     async def _ended(self, result: RunResultStreaming) -> None:
         """The SDK's run ended (its events consumed): cancelled, or waiting for approvals."""
+        self._ended_for = result
         cancelled = self._cancelled or self.bound.run.cancel_requested
         await self.bound.ended(
             cancelled=f"Agents SDK run cancelled ({self._mode})" if cancelled else None,
             waiting=[f"tool:{item.call_id}" for item in result.interruptions],
         )
+
+    async def _left(self) -> None:
+        """The run's block ends (ADR 0068). An SDK run still going (``run_streamed`` not
+        read to its end) is cancelled: nobody follows it any more, as when the task
+        running the agent is cancelled; one that ended unread ends the stopline run as
+        its events would have (paused when it waits for approvals)."""
+        result = self.result
+        if result is None or self._ended_for is result or self._cancelled:
+            return
+        if not result.is_complete:  # the fence first (R1), then the SDK's cancel
+            self._take_mode("immediate")
+            await self.bound.native_cancel("the run's block ended with its Agents SDK run going on")
+            return
+        waiting = [f"tool:{item.call_id}" for item in result.interruptions]
+        await self.bound.ended(waiting=waiting)
 
     async def apply_decisions(self, state: Any) -> None:
         """Approve or reject each interruption of ``state`` as recorded in the ledger."""

@@ -19,6 +19,10 @@ return. Here:
   (the model's id). Tools named in ``reads`` skip the gate (no effects).
   ``Agent(..., capabilities=[sl.Gate(...)])`` does the same for an agent run
   outside ``s.run`` (in the ``sl.run`` block);
+- a toolset that gates its own calls (``gated``, ``mcp_toolset``, an agent's own
+  ``Gate``) is left to it under any wrapper (``_gates``); an agent a tool runs
+  (delegation) is gated in the same run when that run is given ``Gate()``:
+  Pydantic AI has no hook over it (ADR 0068);
 - an MCP toolset's call carries the operation id in ``_meta["io.stopline/key"]``
   (its ``process_tool_call`` hook, installed by the gate) and is verified through
   the server's ``stopline_verify`` when it offers one;
@@ -135,11 +139,8 @@ class StoplineToolset(WrapperToolset[Any]):
         """The tools offered to the model: an MCP server's ``stopline_verify`` is
         stopline's read-back, not the model's (as ``mcp_toolset`` leaves it out)."""
         tools = await self.wrapped.get_tools(ctx)
-        return {
-            name: tool
-            for name, tool in tools.items()
-            if not (name == VERIFY_TOOL and _leaf(tool)[1] is not None)
-        }
+        # by the name the server knows it by: under a prefix or a rename too
+        return {name: tool for name, tool in tools.items() if mcp_name(tool) != VERIFY_TOOL}
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
@@ -223,7 +224,7 @@ def _reads_only(tool: ToolsetTool[Any]) -> bool:
     leaf, mcp = _leaf(tool)
     if mcp is None:
         return False
-    if leaf.tool_def.name == VERIFY_TOOL:
+    if mcp_name(tool) == VERIFY_TOOL:  # the server's name for it, whatever the model's
         return True
     listed = leaf.tool_def.metadata or {}
     hints = listed.get("annotations") or {}
@@ -232,14 +233,22 @@ def _reads_only(tool: ToolsetTool[Any]) -> bool:
 
 def _gated_within(tool: ToolsetTool[Any]) -> bool:
     """The tool passes a gate of its own: a toolset wrapped by ``gated`` (with its own
-    settings) or ``mcp_toolset`` (``StoplineMCP`` gates each call)."""
+    settings) or ``mcp_toolset`` (``StoplineMCP`` gates each call), under any wrappers
+    (``.prefixed()``, ``.renamed()``, ``.filtered()`` ...): never two gates for one call."""
     level: Any = tool
     while level is not None:
-        if isinstance(getattr(level, "source_toolset", None), StoplineToolset):
-            return True
-        if isinstance(level.toolset, MCPToolset):
+        if _gates(getattr(level, "source_toolset", None)) or _gates(level.toolset):
             return True
         level = getattr(level, "source_tool", None)
+    return False
+
+
+def _gates(toolset: AbstractToolset[Any] | None) -> bool:
+    """``toolset``, or one it wraps, gates every call of its tools itself."""
+    while toolset is not None:
+        if isinstance(toolset, StoplineToolset | MCPToolset):
+            return True
+        toolset = toolset.wrapped if isinstance(toolset, WrapperToolset) else None
     return False
 
 
@@ -287,6 +296,8 @@ class Gate(AbstractCapability[Any]):
     settles_within: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        if _gates(toolset):  # gated already (the agent's own ``Gate``): its settings hold
+            return None
         return gated(
             toolset,
             reads=self.reads,

@@ -1,0 +1,187 @@
+"""One LangChain tool call through the gate, as a graph runs it (``gated_message``).
+
+Whoever runs the tool, the call is the same operation, in one place: ``ToolNode``'s
+own execution (``sl.gate``, its ``awrap_tool_call`` hook) or the tool's own
+``ainvoke`` (``sl.tool`` over any ``BaseTool``, ``GatedBaseTool``). The key is
+``tool:<tool_call_id>``; the tool's own ``ToolMessage`` is handed back when it ran
+(the ledger records its content, and a replay rebuilds the message from it); a
+tool that ``ToolNode`` (or the tool's ``handle_tool_error``) turned into an error
+message is recorded (``unknown``) and its message returned; ``interrupt()`` is a
+pause, recorded ``not_committed`` (LangGraph re-runs the tool on resume).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from langchain_core.messages import ToolCall, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langchain_core.utils.pydantic import TypeBaseModel
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt.tool_node import msg_content_output
+from langgraph.types import Command
+from pydantic import PrivateAttr
+
+from stopline.integrations._frameworks import (
+    ToolSpec,
+    Work,
+    detached_tool,
+    gated_call,
+    stopline_tool,
+)
+from stopline.integrations._langchain_tools import fits, refusing, runs_in_thread
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import Rejected
+
+__all__ = ["GatedBaseTool", "gated_message"]
+
+Execute = Callable[[], Awaitable[Any]]
+OnPause = Callable[[str], None]  # told the key of a gated call that called interrupt()
+
+
+class _Interrupted(Rejected):
+    """``interrupt()`` in a gated tool: recorded as not committed, then re-raised."""
+
+    def __init__(self, bubble: GraphBubbleUp) -> None:
+        super().__init__(
+            "interrupt(): the tool paused for a person; LangGraph re-runs it on resume",
+            ref="langgraph:interrupt",
+        )
+        self.bubble = bubble
+
+
+class _Raised(Exception):
+    """The tool raised and was made an error message: recorded, then returned."""
+
+    def __init__(self, message: ToolMessage) -> None:
+        super().__init__(str(message.content))
+        self.message = message
+
+
+async def gated_message(
+    tool: BaseTool,
+    call_id: str | None,
+    spec: ToolSpec,
+    execute: Execute,
+    digest: tuple[tuple[Any, ...], dict[str, Any]],
+    paused: OnPause,
+) -> Any:
+    """``execute()`` (which runs ``tool`` for the call ``call_id``) through the gate.
+
+    ``digest`` is what the gate digests (``(args, kwargs)``). A ``def`` tool (any
+    tool LangChain runs in an executor thread) runs to its end whoever stops
+    waiting (R4)."""
+    ran: list[ToolMessage] = []  # the tool's own message, when it ran in this call
+
+    def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
+        async def work() -> Any:
+            try:
+                message = await execute()
+            except GraphBubbleUp as bubble:  # interrupt(): a pause, not a failure
+                raise _Interrupted(bubble) from None
+            if isinstance(message, ToolMessage) and message.status == "error":
+                raise _Raised(message)
+            if not isinstance(message, ToolMessage):
+                return message
+            ran.append(message)
+            return message.content  # what is recorded (and replayed): the content
+
+        return work
+
+    gated_tool = (
+        detached_tool(tool.name, spec, start)
+        if runs_in_thread(tool)
+        else stopline_tool(_direct(start), tool.name, spec)
+    )
+    key = f"tool:{call_id}" if call_id else None
+    args, kwargs = digest
+    try:
+        content = await gated_call(gated_tool, *args, key=key, **kwargs)
+    except _Interrupted as interrupted:
+        if key is not None:
+            paused(key)
+        raise interrupted.bubble from None
+    except _Raised as raised:
+        return raised.message
+    if isinstance(content, Command):
+        return content  # a Command the tool returned: passed on as it is
+    if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)
+        return ran[0]
+    if call_id is None:
+        return content  # not a tool call (``ainvoke`` with the arguments): its content
+    # the tool's content, or a result replayed or read back from the ledger (a
+    # verifier's ``ReadBack.result``): made message content as ``ToolNode`` does
+    as_content: Any = msg_content_output(content)  # list[dict] is content too
+    return ToolMessage(content=as_content, name=tool.name, tool_call_id=call_id)
+
+
+def _direct(start: Callable[[CallContext, tuple[Any, ...], dict[str, Any]], Work]) -> Any:
+    async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
+        return await start(ctx, args, kwargs)()
+
+    return call
+
+
+class GatedBaseTool(BaseTool):
+    """Any ``BaseTool`` (a subclass with ``_run``/``_arun``, ``Tool.from_function``, ...)
+    whose calls pass the gate: the tool runs as it is (its ``ainvoke``: its own
+    validation, injected arguments, error handling, ``response_format``), and the
+    model is shown its schema. Arguments are digested as a ``StructuredTool``'s are
+    by ``sl.tool``: as keywords."""
+
+    wrapped: BaseTool
+    _spec: ToolSpec = PrivateAttr()
+    _paused: OnPause = PrivateAttr()
+
+    @classmethod
+    def over(cls, tool: BaseTool, spec: ToolSpec, paused: OnPause) -> GatedBaseTool:
+        """``tool`` gated with ``spec``; ``paused`` is told a call that paused the graph."""
+        gated = cls(
+            name=tool.name,
+            description=tool.description,
+            args_schema=tool.args_schema,
+            return_direct=tool.return_direct,
+            wrapped=tool,
+        )
+        gated._spec, gated._paused = spec, paused
+        return gated
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.wrapped.args
+
+    @property
+    def tool_call_schema(self) -> Any:
+        return self.wrapped.tool_call_schema
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> TypeBaseModel:
+        return self.wrapped.get_input_schema(config)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{self.name} is gated by stopline: call it with ainvoke")
+
+    async def ainvoke(
+        self,
+        input: str | dict[str, Any] | ToolCall,
+        config: RunnableConfig | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        is_call = isinstance(input, dict) and input.get("type") == "tool_call"
+        args = input["args"] if isinstance(input, dict) and is_call else input
+        call_id = str(input.get("id") or "") if isinstance(input, dict) and is_call else None
+        tool = self.wrapped
+        if isinstance(args, dict) and not fits(tool, args):  # refused before it runs
+            tool = refusing(tool)  # (its own refusal, never the tool ungated)
+            return await tool.ainvoke(input, config, **kwargs)
+        digest: tuple[tuple[Any, ...], dict[str, Any]] = (
+            ((), dict(args)) if isinstance(args, dict) else ((args,), {})
+        )
+
+        async def execute() -> Any:
+            return await self.wrapped.ainvoke(input, config, **kwargs)
+
+        return await gated_message(
+            self.wrapped, call_id or None, self._spec, execute, digest, self._paused
+        )
