@@ -15,9 +15,10 @@ from stopline.bench.mcp import measure
 
 @pytest.mark.timeout(120)
 async def test_the_mcp_overhead_is_measured_against_a_bare_durable_txn(tmp_path: Path) -> None:
-    ratio, added = await measure(quick=True, workdir=tmp_path)
+    ratio, added, verify = await measure(quick=True, workdir=tmp_path)
     assert (ratio.name, added.name) == ("mcp_call_overhead_ratio", "mcp_call_overhead_us")
-    for figure in (ratio, added):
+    assert verify.name == "mcp_verify_us"  # a read-back's round trip, against the bare call
+    for figure in (ratio, added, verify):
         shape = figure.to_json()
         assert set(shape) >= {"value", "unit", "baseline", "ratio"}
         assert figure.baseline is not None and figure.baseline > 0

@@ -19,7 +19,9 @@ the first copy carrying the most conservative declaration of them all.
 A listing that changes during the session (``notifications/tools/list_changed``,
 a new connection) is read the same way over time: each name keeps the most
 conservative declaration any listing of the session gave it (``Listing``, ADR
-0062). A client-side ``ToolPolicy`` still overrides the result.
+0062). A client-side ``ToolPolicy`` still overrides the result. A server's ``Effects``
+reads its own tools through a ``Listing`` too (``_tracking``, ADR 0067): a tool that
+served calls untracked is not believed tracked later in that process.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ class Listing:
             if merged.meta != tool.meta or merged.annotations != tool.annotations:
                 logger.warning(
                     "stopline: the MCP server's new declaration of tool %r is weaker than an"
-                    " earlier one of this session; the earlier, more conservative one is kept",
+                    " earlier one (of this session, or of this server process); the earlier,"
+                    " more conservative one is kept",
                     name,
                 )
             self._seen[name] = merged

@@ -10,6 +10,13 @@ Each claim names the process that made it (host, pid, and the pid's start time
 where ``/proc`` tells it). Recovery at start resolves only the claims of
 processes that have ended: another live server on the same file (a stdio
 server per client, HTTP workers) keeps its work in flight.
+
+Besides the claims, the file holds what the record of a tracked tool's call cannot
+(ADR 0067): each keyed call of such a tool on its way to the tool's body
+(``stopline_arrivals``, written before the body may run, gone once the call records or
+ends), and each that ended without recording anything (``stopline_unrecorded``, with how
+it ended). So every server on the file, and the one started after a crash, can tell a
+key no call brought from one a call brought and left no record of.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import pydantic_core
 
 from stopline.domain.limits import MAX_RESULT_CHARS
 
-__all__ = ["EffectRecord", "EffectState", "EffectStore"]
+__all__ = ["EffectRecord", "EffectState", "EffectStore", "Ending", "Evidence", "Unrecorded"]
 
 
 class EffectState(enum.StrEnum):
@@ -44,6 +51,16 @@ class EffectState(enum.StrEnum):
     @property
     def terminal(self) -> bool:
         return self in (EffectState.COMMITTED, EffectState.NOT_COMMITTED, EffectState.UNKNOWN)
+
+
+class Ending(enum.StrEnum):
+    """How a call of a tool declared tracked ended when it recorded nothing (ADR 0063,
+    0067). Whatever it did is not in the record: its key's verdict is ``unknown``."""
+
+    ANSWERED = "answered"  # it gave a result: its declaration is false
+    FAILED = "failed"  # its body ran and ended without a result
+    CANCELLED = "cancelled"  # cancelled once its body may have begun
+    ENDED = "ended"  # its server process ended while it was on its way or running
 
 
 _SCHEMA = """
@@ -71,8 +88,17 @@ CREATE TABLE IF NOT EXISTS stopline_cancellations (
 CREATE TABLE IF NOT EXISTS stopline_unrecorded (
     key TEXT PRIMARY KEY,
     tool TEXT NOT NULL,
+    at REAL NOT NULL,
+    ending TEXT NOT NULL DEFAULT 'answered'
+);
+CREATE TABLE IF NOT EXISTS stopline_arrivals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    owner TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS stopline_arrivals_key ON stopline_arrivals (key);
 """
 
 
@@ -89,6 +115,13 @@ WHERE owner = ? AND state IN (?, ?, ?)
 """
 
 
+# the calls an ended process left on their way become marks (never over an earlier mark)
+_ENDED_ARRIVALS = """
+INSERT OR IGNORE INTO stopline_unrecorded (key, tool, at, ending)
+SELECT key, tool, ?, ? FROM stopline_arrivals WHERE owner = ?
+"""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EffectRecord:
     key: str
@@ -98,6 +131,23 @@ class EffectRecord:
     detail: str
     cancel: str
     updated_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unrecorded:
+    """A call of ``tool`` with the key ended (``ending``) and recorded nothing."""
+
+    tool: str
+    ending: Ending
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Evidence:
+    """Everything the file holds of one key, read in one transaction."""
+
+    record: EffectRecord | None
+    unrecorded: Unrecorded | None  # a call that left no record (the first one read)
+    arriving: bool  # a call with the key is on its way in a live server process on the file
 
 
 class EffectStore:
@@ -111,6 +161,12 @@ class EffectStore:
             columns = {row[1] for row in db.execute("PRAGMA table_info(stopline_effects)")}
             if "owner" not in columns:  # a file from before claims named their process
                 db.execute("ALTER TABLE stopline_effects ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            marks = {row[1] for row in db.execute("PRAGMA table_info(stopline_unrecorded)")}
+            if "ending" not in marks:  # a file from before ADR 0067: every mark was an answer
+                db.execute(
+                    "ALTER TABLE stopline_unrecorded ADD COLUMN ending TEXT NOT NULL"
+                    " DEFAULT 'answered'"
+                )
         finally:
             db.close()
 
@@ -132,14 +188,17 @@ class EffectStore:
         with self._txn() as db:
             return _current(db, key)
 
-    def begin(self, key: str, tool: str) -> tuple[EffectRecord, bool]:
+    def begin(self, key: str, tool: str, arrival: int | None = None) -> tuple[EffectRecord, bool]:
         """Claim ``key`` for a fresh attempt, or return what it already holds.
 
         Returns ``(record, fresh)``; a key that provably did not commit is
-        claimed again (a retry with the same key is allowed to run).
+        claimed again (a retry with the same key is allowed to run). The call's
+        ``arrival`` (``arrive``) ends in the same transaction: the record holds it now.
         """
         now = time.time()
         with self._txn() as db:
+            if arrival is not None:
+                db.execute("DELETE FROM stopline_arrivals WHERE id = ?", (arrival,))
             existing = _current(db, key)
             if existing is not None and existing.state is not EffectState.NOT_COMMITTED:
                 return existing, False
@@ -183,22 +242,55 @@ class EffectStore:
                 (time.time(), request_id, key, tool, via, state, reason),
             )
 
-    def mark_unrecorded(self, key: str, tool: str) -> None:
-        """``tool`` answered the request with ``key`` and recorded nothing for it: whatever
-        it did is not in this record (ADR 0063). Kept apart from ``stopline_effects``, so a
-        later call with the key is not refused."""
+    def arrive(self, key: str, tool: str) -> int:
+        """A call of ``tool`` with ``key`` is on its way to the tool's body (before the body
+        may run): until ``begin`` or ``settle`` ends it, every server on the file reads the
+        key in flight, and after this process ends, as a call that left no record."""
         with self._txn() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO stopline_unrecorded (key, tool, at) VALUES (?, ?, ?)",
-                (key, tool, time.time()),
+            row = db.execute(
+                "INSERT INTO stopline_arrivals (key, tool, owner, at) VALUES (?, ?, ?, ?)",
+                (key, tool, self.owner, time.time()),
             )
+            assert row.lastrowid is not None
+            return row.lastrowid
 
-    def unrecorded(self, key: str) -> str | None:
-        """The tool that answered ``key`` without recording it, if one did."""
+    def settle(self, arrival: int | None, key: str, tool: str, ending: Ending | None) -> bool:
+        """A call that recorded nothing ended: its ``arrival`` ends, and unless it provably
+        never reached the tool's body (``ending`` ``None``) the key is marked with how it
+        ended, where no record holds the key (ADR 0063, 0067). Kept apart from
+        ``stopline_effects``, so a later call with the key is not refused. Whether a record
+        held the key."""
         with self._txn() as db:
-            row = db.execute("SELECT tool FROM stopline_unrecorded WHERE key = ?", (key,))
-            found = row.fetchone()
-        return None if found is None else str(found[0])
+            if arrival is not None:
+                db.execute("DELETE FROM stopline_arrivals WHERE id = ?", (arrival,))
+            held = _get(db, key) is not None
+            if ending is not None and not held:
+                db.execute(
+                    "INSERT OR REPLACE INTO stopline_unrecorded (key, tool, at, ending)"
+                    " VALUES (?, ?, ?, ?)",
+                    (key, tool, time.time(), ending.value),
+                )
+        return held
+
+    def evidence(self, key: str) -> Evidence:
+        """The record of ``key``, the mark of a call that left none, and whether a call with
+        it is on its way in a live process (one of an ended process reads as a mark)."""
+        with self._txn() as db:
+            record = _current(db, key)
+            mark = db.execute(
+                "SELECT tool, ending FROM stopline_unrecorded WHERE key = ?", (key,)
+            ).fetchone()
+            arrivals = db.execute(
+                "SELECT tool, owner FROM stopline_arrivals WHERE key = ? ORDER BY id", (key,)
+            ).fetchall()
+        unrecorded = None if mark is None else Unrecorded(str(mark[0]), Ending(mark[1]))
+        arriving = False
+        for tool, owner in arrivals:
+            if not _ended(owner):
+                arriving = True
+            elif unrecorded is None:
+                unrecorded = Unrecorded(str(tool), Ending.ENDED)
+        return Evidence(record, unrecorded, arriving)
 
     def cancellations(self) -> list[dict[str, Any]]:
         with self._txn() as db:
@@ -226,6 +318,11 @@ class EffectStore:
             for (owner,) in owners:
                 if _ended(owner):
                     resolved += db.execute(_RESOLVE, (time.time(), owner, *_PENDING)).rowcount
+            arrived = db.execute("SELECT DISTINCT owner FROM stopline_arrivals").fetchall()
+            for (owner,) in arrived:  # calls an ended process left on their way: marks now
+                if _ended(owner):
+                    db.execute(_ENDED_ARRIVALS, (time.time(), Ending.ENDED.value, owner))
+                    db.execute("DELETE FROM stopline_arrivals WHERE owner = ?", (owner,))
         return resolved
 
 

@@ -14,7 +14,10 @@ trace in the record, and the answer is ``unknown``.
   tool (a client from before ADR 0063) gets ``not_committed`` only when the server
   tracks every tool that may have effects. A tracked tool seen answering a call
   without recording it (its declaration is false) is tracked no more in that
-  process, and that key is marked as answered unrecorded: ``unknown``.
+  process, and that key is marked as answered unrecorded: ``unknown``. So is the key
+  of a call whose body may have run and that recorded nothing (it failed, was
+  cancelled, or its process ended), and a key a call is still bringing, in any server
+  process on the file, is in flight (``_tracking``, ADR 0067).
 - **Client** (``proves``): a ``not_committed`` for a key the server has no record of
   is believed only when the answer says the named tool is tracked; from a server
   that does not say (before ADR 0063), only when the client itself declares the tool
@@ -23,31 +26,24 @@ trace in the record, and the answer is ``unknown``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp_types import CallToolResult
 from mcp_types import Tool as McpTool
 
-from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectStore
+from stopline.integrations.mcp._store import EffectRecord, EffectState, Ending, Unrecorded
 from stopline.integrations.mcp._vocab import EFFECTS_META, TRACKED_META
 from stopline.runtime.tool import Verdict
 
 __all__ = [
     "UNSEEN",
-    "Tracking",
     "answer",
-    "answered",
+    "declares_tracked",
     "pending_detail",
     "proves",
     "takes_tool",
     "untracked",
 ]
-
-logger = logging.getLogger(__name__)
 
 UNSEEN = "unknown_key"
 """The ``state`` of an answer for a key the server has no record of."""
@@ -69,55 +65,25 @@ def untracked(listing: Iterable[McpTool], tool: str | None, demoted: Collection[
     return None
 
 
-class Tracking:
-    """Which tools' calls a server's record holds: as its listing declares, less the tools
-    seen answering a call they did not record (``demoted``, in this process)."""
-
-    def __init__(self) -> None:
-        self.server: MCPServer[Any] | None = None  # set by ``Effects.install``
-        self.entered: set[str] = set()  # keys a request of this process is recording
-        self.demoted: set[str] = set()
-
-    async def why_untracked(self, tool: str | None) -> str | None:
-        """Why "no record" proves nothing for ``tool`` (``untracked``); ``None``: it proves
-        "not committed"."""
-        if self.server is None:
-            return "this record serves no MCP server (Effects.install was not called)"
-        return untracked(await self.server.list_tools(), tool, self.demoted)
-
-    async def answered(self, key: str, tool: str, store: EffectStore) -> None:
-        """``tool`` answered the request with ``key``. Had no operation recorded it (none
-        entered here, none in the record) while the tool declares ``io.stopline/tracked``,
-        the declaration is false: the key is marked (``unknown`` from now on, for every
-        server on the file) and the tool is tracked no more in this process."""
-        if key in self.entered or self.server is None:
-            return
-        listing = await self.server.list_tools()
-        if not any(t.name == tool and _declares_tracked(t) for t in listing):
-            return
-        if await anyio.to_thread.run_sync(store.get, key) is not None:
-            return
-        if tool not in self.demoted:
-            logger.warning(
-                "stopline: tool %r declares %s but answered a call without recording it"
-                " through Effects; stopline_verify answers unknown for it from now on",
-                tool,
-                TRACKED_META,
-            )
-        self.demoted.add(tool)
-        await anyio.to_thread.run_sync(store.mark_unrecorded, key, tool)
-
-
-def _declares_tracked(listed: McpTool) -> bool:
+def declares_tracked(listed: McpTool) -> bool:
+    """Whether a listed tool promises that every call of it is recorded by key."""
     return (listed.meta or {}).get(TRACKED_META) is True
 
 
 def _why(listed: McpTool, demoted: Collection[str]) -> str | None:
-    if not _declares_tracked(listed):
+    if not declares_tracked(listed):
         return f"this server does not record calls of tool {listed.name!r} by key"
     if listed.name in demoted:
         return f"tool {listed.name!r} declares {TRACKED_META} but answered a call unrecorded"
     return None
+
+
+_ENDINGS = {
+    Ending.ANSWERED: "answered this key without recording it",
+    Ending.FAILED: "ran with this key and ended without a result, recording nothing",
+    Ending.CANCELLED: "was cancelled with this key once it may have run, recording nothing",
+    Ending.ENDED: "was running with this key when its server process ended, recording nothing",
+}
 
 
 def answer(
@@ -127,18 +93,19 @@ def answer(
     in_flight: bool,
     tool: str | None,
     why_untracked: str | None,
-    unrecorded_by: str | None,
+    unrecorded: Unrecorded | None,
 ) -> dict[str, Any]:
     """The ``stopline_verify`` answer: from the record when there is one; else
-    ``not_committed`` only where the server would have recorded the key."""
-    tracked = why_untracked is None and unrecorded_by is None
+    ``not_committed`` only where the server would have recorded the key and no call
+    with it is on its way or left no record."""
+    tracked = why_untracked is None and unrecorded is None
     out: dict[str, Any]
     if record is None:
         state, verdict = (UNSEEN, "not_committed") if tracked else (UNSEEN, "unknown")
         if in_flight:
-            state, verdict, detail = "in_progress", "unknown", "received, not started yet"
-        elif unrecorded_by is not None:
-            detail = f"tool {unrecorded_by!r} answered this key without recording it"
+            state, verdict, detail = "in_progress", "unknown", "received, nothing recorded yet"
+        elif unrecorded is not None:
+            detail = f"tool {unrecorded.tool!r} {_ENDINGS[unrecorded.ending]}"
         elif tracked:
             detail = "this server never saw the key"
         else:
@@ -170,17 +137,6 @@ def pending_detail(record: EffectRecord) -> str:
     if record.state is EffectState.COMMITTING:
         return "its commit began; no outcome is recorded yet"
     return "in progress"
-
-
-def answered(out: object) -> bool:
-    """Whether a ``tools/call`` handler's result is an answer the tool gave (not an error,
-    not a task created for work still to come)."""
-    if isinstance(out, CallToolResult):
-        return not out.is_error
-    if isinstance(out, Mapping):
-        plain = out.get("resultType") in (None, "complete") and "task" not in out
-        return plain and "content" in out and not out.get("isError")
-    return False
 
 
 # -- the client --------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ What each piece promises:
 - **What the record can tell.** ``stopline_verify`` says "not committed" of a key it
   has no record of only for a tool declared ``io.stopline/tracked`` (``effect_meta``
   declares it): a tool that records nothing through ``Effects`` may have run and left
-  no trace, so for it the answer is ``unknown`` (``_verdicts``, ADR 0063).
+  no trace, so for it the answer is ``unknown`` (``_verdicts``, ADR 0063). So is the
+  key of a tracked tool's call whose body may have run and recorded nothing (it failed
+  before ``effects.operation``, was cancelled, its process died; ``_tracking``, 0067).
 - **A cancellation log.** Every cancel the server sees (a
   ``notifications/cancelled``, a handler interrupted by a stream close) is
   written to the ``stopline_cancellations`` table with the request id, the
@@ -56,17 +58,24 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ToolAnnotations
 from opentelemetry import trace
 
 from mcp import MCPError
+from stopline.domain.limits import check_id
 from stopline.domain.vocab import Cancellable
 from stopline.errors import InvalidInput, describe
 from stopline.integrations.mcp._store import EffectRecord, EffectState, EffectStore
-from stopline.integrations.mcp._verdicts import Tracking, answer, answered, pending_detail
+from stopline.integrations.mcp._tracking import (
+    Tracking,
+    peer_of,
+    rejected,
+    this_call,
+    usable_key,
+)
+from stopline.integrations.mcp._verdicts import answer, pending_detail
 from stopline.integrations.mcp._vocab import (
     ACCEPTED_MESSAGE,
     CANCELLABLE_META,
     EFFECTS_META,
     KEY_META,
     OUTCOME_DATA,
-    REJECTED_CODE,
     TRACKED_META,
     VERIFY_TOOL,
     check_verify_wait,
@@ -97,14 +106,14 @@ def effect_meta(
 
 
 def key_of(ctx: Context[Any]) -> str:
-    """The idempotency key of this request (``_meta["io.stopline/key"]``)."""
+    """The idempotency key of this request (``_meta["io.stopline/key"]``), a usable id
+    (``check_id``); else the request is refused before any effect."""
     meta = ctx.request_context.meta or {}
-    key = cast(dict[str, Any], meta).get(KEY_META)
-    if not isinstance(key, str) or not key:
-        raise MCPError(
-            code=REJECTED_CODE,
-            message=f"this tool needs an idempotency key in _meta[{KEY_META!r}]",
-            data={OUTCOME_DATA: "not_committed"},
+    key = usable_key(cast(dict[str, Any], meta).get(KEY_META))
+    if key is None:
+        raise rejected(
+            f"this tool needs an idempotency key in _meta[{KEY_META!r}]"
+            " (a string of 1 to 1024 characters, no control characters)"
         )
     return key
 
@@ -128,11 +137,15 @@ class Effects:
         self._arriving: collections.Counter[str] = collections.Counter()
         # (peer, request id) -> (key, tool): a request id names a request of one peer only
         self._requests: dict[tuple[str, str], tuple[str | None, str | None]] = {}
-        self.tracking = Tracking()  # whose calls the record holds (ADR 0063)
+        self.tracking = Tracking(self.store)  # whose calls the record holds (ADR 0063, 0067)
 
     def install(self, server: MCPServer[Any]) -> None:
-        """Add the ``stopline_verify`` tool and the cancellation-log middleware."""
-        self.tracking.server = server
+        """Add the ``stopline_verify`` tool and the cancellation-log middleware, and follow
+        how the server's tool calls end (``_tracking``). Once per record: again on the same
+        server does nothing; on another, ``InvalidInput``."""
+        if self.tracking.server is server:
+            return
+        self.tracking.hook(server)
 
         async def stopline_verify(
             key: str, tool: str | None = None, wait_seconds: float = 0.0
@@ -145,6 +158,7 @@ class Effects:
             attempt in progress to end.
             """
             try:
+                check_id("key", key)  # a key no call can carry (``key_of`` refuses it)
                 return await self.status(key, tool=tool, wait_seconds=wait_seconds)
             except InvalidInput as exc:  # typed, naming the problem; nothing read
                 raise MCPError(code=INVALID_PARAMS, message=str(exc)) from exc
@@ -176,33 +190,32 @@ class Effects:
         if wait > 0:  # a long poll
             with anyio.move_on_after(wait):
                 await self._until_ended(key)
-        record = await anyio.to_thread.run_sync(self.store.get, key)
-        unrecorded_by = None
-        if record is None:
-            unrecorded_by = await anyio.to_thread.run_sync(self.store.unrecorded, key)
-        in_flight = key in self._live or self._arriving[key] > 0
+        seen = await anyio.to_thread.run_sync(self.store.evidence, key)
+        in_flight = key in self._live or self._arriving[key] > 0 or seen.arriving
         why = await self.tracking.why_untracked(tool)
         return answer(
             key,
-            record,
+            seen.record,
             in_flight=in_flight,
             tool=tool,
             why_untracked=why,
-            unrecorded_by=unrecorded_by,
+            unrecorded=seen.unrecorded,
         )
 
     async def _until_ended(self, key: str) -> None:
         """Until the attempt with ``key`` ends: awaited when it runs here; read again each
-        ``_POLL`` s while it is arriving here or another process on the file holds it
-        (its end is seen only in the file), so a client's long poll is not a busy loop."""
+        ``_POLL`` s while it is arriving here or another process on the file holds it or
+        has it on its way (its end is seen only in the file), so a client's long poll is
+        not a busy loop."""
         while True:
             live = self._live.get(key)
             if live is not None:
                 await live.settled.wait()
                 return
-            record = await anyio.to_thread.run_sync(self.store.get, key)
-            if record is None and self._arriving[key] <= 0:
-                return  # never seen here
+            seen = await anyio.to_thread.run_sync(self.store.evidence, key)
+            record = seen.record
+            if record is None and self._arriving[key] <= 0 and not seen.arriving:
+                return  # no call has it on its way
             if record is not None and record.state.terminal:
                 return
             await anyio.sleep(_POLL)
@@ -221,7 +234,10 @@ class Effects:
         key = key_of(ctx)
         live = anyio.from_thread.run_sync(self._open_live, key)
         try:
-            record, fresh = self.store.begin(key, tool)
+            call = this_call(key)
+            record, fresh = self.store.begin(key, tool, call.arrival if call else None)
+            if call is not None:
+                call.began()
             if not fresh:
                 return cast(T, _replay_or_refuse(record))
             self.store.set_state(key, EffectState.COMMITTING)
@@ -230,7 +246,7 @@ class Effects:
                 result = fn(*args)
             except Rejected as exc:
                 self.store.set_state(key, EffectState.NOT_COMMITTED, detail=exc.reason)
-                raise _rejected(exc.reason) from exc
+                raise rejected(exc.reason) from exc
             except Exception as exc:
                 detail = describe(exc)
                 self.store.set_state(key, EffectState.UNKNOWN, detail=detail)
@@ -251,7 +267,6 @@ class Effects:
 
     def _open_live(self, key: str) -> _Live:
         live = self._live[key] = _Live(EffectState.RECEIVED, anyio.Event(), shielded=True)
-        self.tracking.entered.add(key)
         return live
 
     def _close_live(self, key: str, live: _Live) -> None:
@@ -268,25 +283,19 @@ class Effects:
         if ctx.method == "notifications/cancelled":
             rid = str(params.get("requestId"))
             reason = str(params.get("reason") or "")
-            await self._note_cancel(rid, "notification", reason, peer=_peer(ctx))
+            await self._note_cancel(rid, "notification", reason, peer=peer_of(ctx))
             return await call_next(ctx)
         if ctx.method != "tools/call" or ctx.request_id is None:
             return await call_next(ctx)
         meta = cast(dict[str, Any], ctx.meta or {})
-        key = meta.get(KEY_META) if isinstance(meta.get(KEY_META), str) else None
-        rid, peer = str(ctx.request_id), _peer(ctx)
-        if key:  # the MCP SDK's server span for this request: name stopline's operation
-            trace.get_current_span().set_attribute(ATTR_OP_ID, key)
-        self._requests[peer, rid] = (key, params.get("name"))
+        key, name = usable_key(meta.get(KEY_META)), params.get("name")
+        rid, peer = str(ctx.request_id), peer_of(ctx)
+        self._requests[peer, rid] = (key, name)
         if key:  # registered before any await: a verify sent after this request sees it
+            trace.get_current_span().set_attribute(ATTR_OP_ID, key)  # the SDK's server span
             self._arriving[key] += 1
         try:
-            out = await call_next(ctx)
-            name = params.get("name")
-            if key and isinstance(name, str) and answered(out):
-                with anyio.CancelScope(shield=True):  # before the key stops arriving
-                    await self.tracking.answered(key, name, self.store)
-            return out
+            return await call_next(ctx)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._note_cancel(rid, "handler_cancelled", "", peer=peer)
@@ -294,7 +303,6 @@ class Effects:
         finally:
             self._requests.pop((peer, rid), None)
             if key:
-                self.tracking.entered.discard(key)
                 self._arriving[key] -= 1
                 if self._arriving[key] <= 0:
                     del self._arriving[key]
@@ -320,23 +328,6 @@ class Effects:
             await anyio.to_thread.run_sync(self.store.set_cancel, key, "refused")
 
 
-def _peer(ctx: ServerRequestContext[Any, Any]) -> str:
-    """Which client sent this message, so that a cancel names only that client's request.
-
-    JSON-RPC request ids are chosen by each client, so two clients of one HTTP
-    server use the same ids. Stdio has one client per process (``""``);
-    Streamable HTTP names its session in a header, SSE in the query; an HTTP
-    message of no session (stateless) is its own peer: a cancel sent in another
-    exchange names none of its requests (the SDK could not cancel it either).
-    """
-    request = ctx.request
-    if request is None:
-        return ""
-    headers, query = getattr(request, "headers", {}), getattr(request, "query_params", {})
-    session = headers.get("mcp-session-id") or query.get("session_id")
-    return f"session:{session}" if session else f"exchange:{id(request)}"
-
-
 class Operation:
     """One keyed effect inside an async tool; see ``Effects.operation``."""
 
@@ -359,8 +350,13 @@ class Operation:
         while (other := effects._live.get(self.key)) is not None:
             await other.settled.wait()  # the same key already running here: wait for it
         self._live = effects._live[self.key] = _Live(EffectState.RECEIVED, anyio.Event())
-        effects.tracking.entered.add(self.key)
-        record, fresh = await anyio.to_thread.run_sync(effects.store.begin, self.key, self.tool)
+        call = this_call(self.key)
+        arrival = call.arrival if call else None
+        record, fresh = await anyio.to_thread.run_sync(
+            effects.store.begin, self.key, self.tool, arrival
+        )
+        if call is not None:
+            call.began()
         if not fresh:
             self._settle()
             self.replayed, self.result = True, _replay_or_refuse(record)
@@ -386,7 +382,7 @@ class Operation:
                 result = cast(T, await out if inspect.isawaitable(out) else out)
             except Rejected as exc:
                 await self._set(EffectState.NOT_COMMITTED, detail=exc.reason)
-                raise _rejected(exc.reason) from exc
+                raise rejected(exc.reason) from exc
             except Exception as exc:
                 await self._set(EffectState.UNKNOWN, detail=describe(exc))
                 raise _in_doubt(f"the commit failed part-way: {exc}") from exc
@@ -427,7 +423,7 @@ class Operation:
                 await self._set(EffectState.NOT_COMMITTED, detail=reason)
             if isinstance(exc, MCPError) or exc is None:
                 return
-            raise _rejected(reason) from exc
+            raise rejected(reason) from exc
         finally:
             self._settle()
 
@@ -475,10 +471,6 @@ def _unrecorded(exc: BaseException | None) -> str:
     it makes the outcome ``unknown``, never ``not_committed``."""
     cause = describe(exc) if exc is not None else "the tool ended"
     return f"the commit ran; its outcome could not be recorded ({cause})"
-
-
-def _rejected(reason: str) -> MCPError:
-    return MCPError(code=REJECTED_CODE, message=reason, data={OUTCOME_DATA: "not_committed"})
 
 
 def _in_doubt(message: str) -> MCPError:
