@@ -60,7 +60,6 @@ from stopline.errors import (
     LedgerError,
     LedgerUnavailable,
     RowHeld,
-    StoplineError,
 )
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
@@ -81,8 +80,8 @@ from stopline.ledger.postgres_errors import (
     transient,
 )
 from stopline.ledger.postgres_listen import Listener, OwnCancels
+from stopline.ledger.postgres_open import start
 from stopline.ledger.postgres_reserved import Lease
-from stopline.ledger.postgres_schema import check, migrate
 from stopline.ledger.postgres_settle import (
     RETRY,
     Sessions,
@@ -134,10 +133,14 @@ class PostgresBackend(SqlBackend):
         # ever, and every run of the process behind it (one group commit)
         lock = max(1.0, retry_for)
         options = functools.partial(session_options, conninfo, schema, read_only)
-        self.connect_kwargs: dict[str, Any] = {"autocommit": True, "options": options(lock)}
+        self.connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "options": options(lock),
+            "connect_timeout": self.connect_timeout,  # every new one, the pool's too
+        }
         # the group commit's own connection waits for a held row briefly: a longer wait
         # sets the job aside (``postgres_aside``), not every run of the process with it
-        group = {"autocommit": True, "options": options(min(lock, GROUP_LOCK_WAIT))}
+        group = {**self.connect_kwargs, "options": options(min(lock, GROUP_LOCK_WAIT))}
         self._group_kwargs: dict[str, Any] = group
         self._pool = AsyncConnectionPool(
             conninfo,
@@ -171,31 +174,11 @@ class PostgresBackend(SqlBackend):
         except ValueError as exc:
             raise LedgerUnavailable(where, f"bad option: {exc}") from exc
         try:
-            await backend._start()
+            await start(backend)  # bounded: nothing waits for ever (ADR 0064)
         except BaseException:
             await backend.close()
             raise
         return backend
-
-    async def _start(self) -> None:
-        try:
-            # the schema must exist before pooled connections put it on their search path
-            conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, connect_timeout=self.connect_timeout
-            )
-            try:
-                if self.read_only:
-                    await check(Tx(conn, self.location), self.schema)
-                else:
-                    self.dialect.channel = await migrate(Tx(conn, self.location), self.schema)
-            finally:  # shielded: a cancelled start must not leak the connection
-                with anyio.move_on_after(5, shield=True):
-                    await conn.close()
-            await self._pool.open(wait=True, timeout=self.connect_timeout)
-        except StoplineError:
-            raise
-        except (psycopg.Error, OSError) as exc:
-            raise self.map_error(exc) from exc
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -203,16 +186,12 @@ class PostgresBackend(SqlBackend):
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
         """A new connection configured as the pool's."""
-        return await psycopg.AsyncConnection.connect(
-            self.conninfo, connect_timeout=self.connect_timeout, **self.connect_kwargs
-        )
+        return await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
 
     async def connect_group(self) -> psycopg.AsyncConnection[Any]:
         """The group commit's own connection: the pool's, but a held row is waited for
         ``GROUP_LOCK_WAIT`` at most."""
-        return await psycopg.AsyncConnection.connect(
-            self.conninfo, connect_timeout=self.connect_timeout, **self._group_kwargs
-        )
+        return await psycopg.AsyncConnection.connect(self.conninfo, **self._group_kwargs)
 
     @property
     def doubts(self) -> dict[str, str]:

@@ -8,9 +8,15 @@ calls of those runs in this process.
 The notification only speeds up interruption: the gate reads the fence, so a
 notification lost while this connection is down never lets a dispatch
 through (R1). When the connection drops, it is re-established with backoff
-and the cancels committed meanwhile are caught up from ``runs.cancelled_at``
-(through its index, schema V6), with ``CATCH_UP_SLACK`` seconds of slack for clock
-skew between hosts and for a drop noticed late (TCP keepalives bound "late"). Delivering a run twice
+and the cancels committed since it was last known to listen are caught up from
+``runs.cancelled_at`` (through its index, schema V6), with ``CATCH_UP_SLACK`` seconds
+of slack for clock skew between hosts. A connection that stops answering without
+closing (its server frozen, its packets dropped: no TCP keepalive notices a socket the
+peer's kernel still answers) is noticed by asking it: after ``answer_wait`` without a
+notification it runs a statement, answered within ``answer_wait`` or the connection
+is dropped as lost (ADR 0064). Each statement of this connection is so bounded, and
+the session left behind is asked to end once a new one listens (a session that never
+reads holds the server's notification queue from being truncated). Delivering a run twice
 is harmless: the runtime skips runs it already knows are cancelled. Only runs
 still fenced when a notification is read are delivered: a run resumed since
 its cancel is not cancelled again here. That read goes over the LISTEN
@@ -52,6 +58,8 @@ import psycopg.errors
 from stopline.errors import LedgerError
 from stopline.ledger.engine import reads
 from stopline.ledger.engine.guards import FENCED
+from stopline.ledger.postgres_errors import answered_within
+from stopline.ledger.postgres_settle import Sessions
 from stopline.ledger.postgres_txn import Tx
 
 if TYPE_CHECKING:
@@ -60,13 +68,6 @@ if TYPE_CHECKING:
 __all__ = ["CATCH_UP", "CATCH_UP_SLACK", "Listener", "OwnCancels"]
 
 CATCH_UP_SLACK = 60.0
-# a dead peer is noticed within about 11 s even when no packet is due
-_KEEPALIVE: dict[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-}
 _FENCED = frozenset(state.value for state in FENCED)
 # The runs cancelled since a time, through their index (schema V6). A ledger not yet
 # analyzed is planned with PostgreSQL's guesses: a third of the table for an open range
@@ -157,6 +158,7 @@ class Listener:
         self.ended = anyio.Event()  # set once it stopped for good
         # testing hook: awaited after a drop, before reconnecting
         self.before_reconnect: Callable[[], Awaitable[None]] | None = None
+        self.left = Sessions()  # the sessions it dropped: ended once a new one listens
 
     async def run(
         self,
@@ -169,16 +171,14 @@ class Listener:
         if backend.read_only:  # a reader runs no calls, and does not know the channel
             task_status.started()
             return
-        since: float | None = None
+        listening: float | None = None  # when it was last known to listen (wall clock,
+        # as the ledger's times are): every cancel committed before then was heard
         delay = 0.01
         started = False
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    backend.conninfo,
-                    application_name="stopline-listen",
-                    **backend.connect_kwargs,
-                    **_KEEPALIVE,
+                    backend.conninfo, application_name="stopline-listen", **backend.connect_kwargs
                 )
             except (psycopg.Error, OSError) as exc:
                 if not started:
@@ -187,27 +187,43 @@ class Listener:
                 await anyio.sleep(delay)  # back off before the next attempt
                 delay = min(delay * 2, 1.0)
                 continue
+            tx = Tx(conn, backend.location, backend.dialect)
             try:
                 async with conn:
-                    await conn.execute(_LISTEN)
+                    asked = time.time()
+                    with answered_within(backend.answer_wait):
+                        await conn.execute(_LISTEN)
+                        if self.left:
+                            await self.left.gone(tx)  # the sessions dropped before: ended
+                        if listening is not None:
+                            await self._catch_up(conn, listening - CATCH_UP_SLACK, on_cancel)
+                    listening = asked
                     self.pid = conn.info.backend_pid
                     self.connections += 1
-                    if since is not None:
-                        await self._catch_up(conn, since, on_cancel)
                     self.connected.set()
                     if not started:
                         task_status.started()
                         started = True
                     delay = 0.01
-                    tx = Tx(conn, backend.location, backend.dialect)
 
                     async def fenced(run_ids: Sequence[str], tx: Tx = tx) -> list[str]:
-                        return await reads.fenced_among(tx, run_ids)
+                        with answered_within(backend.answer_wait):
+                            return await reads.fenced_among(tx, run_ids)
 
                     while True:
                         # leave the wait after each packet of notifications, so the
                         # check can use this connection; what arrives meanwhile waits
-                        notes = [note async for note in conn.notifies(stop_after=1)]
+                        notes = [
+                            note
+                            async for note in conn.notifies(
+                                timeout=backend.answer_wait, stop_after=1
+                            )
+                        ]
+                        if not notes:  # silence: is the connection still answering?
+                            asked = time.time()
+                            with answered_within(backend.answer_wait):
+                                await conn.execute("SELECT 1")
+                            listening = asked  # every notification sent before, read
                         for note in notes:
                             await self.deliver(
                                 note.payload, on_cancel, fenced, pid=note.pid, holding=holding
@@ -221,6 +237,7 @@ class Listener:
                     self.ended.set()
                     return
                 log.warning("cancel listener: connection lost (%s); re-listening", exc)
+                self.left.lost(tx)  # if it is still there, ended from the next one
             finally:
                 # A cancelled listener's ``async with`` exit is itself cancelled at
                 # its rollback (anyio re-delivers the cancel at every await), which
@@ -228,7 +245,6 @@ class Listener:
                 with anyio.move_on_after(5, shield=True):
                     await conn.close()
             self.connected = anyio.Event()
-            since = time.time() - CATCH_UP_SLACK
             if self.before_reconnect is not None:
                 await self.before_reconnect()
 
