@@ -168,7 +168,9 @@ async def test_r8_receipt_at_each_point_claims_no_more_than_the_ledger(
         assert (await ledger.receipt(started.run_id)).headline is Headline.RUNNING
         at_cancel = await ledger.cancel(started.run_id, by="user:1")
         assert at_cancel.headline is Headline.AWAITING_CONFIRMATION
-        assert "cannot cancel it once accepted" in at_cancel.lines[0].provider_cancel  # R12
+        # R12: said while in flight; of ``never`` (also the default), what the record
+        # proves: no way to cancel declared, none asked (ADR 0066)
+        assert at_cancel.lines[0].provider_cancel.startswith("not declared cancellable")
         accepted.release()
         await responding.reached.wait()  # committed at the provider, not yet answered
         mid = await ledger.receipt(started.run_id)

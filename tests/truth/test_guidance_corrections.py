@@ -188,7 +188,9 @@ async def test_the_second_of_two_corrections_at_once_says_one_is_under_way(
 
 async def test_a_cancel_ability_is_worded_as_observed(ledger: stopline.Ledger) -> None:
     """6b: an operation never accepted, its provider unable to cancel at all (the
-    default), said "the provider cannot cancel it once accepted"."""
+    default), said "the provider cannot cancel it once accepted". ADR 0066: a tool that
+    declared nothing (the default, ``never``) is not said to have a provider unable to
+    cancel: only that it declared no way, so none is asked."""
     reading, may_read = anyio.Event(), anyio.Event()
 
     async def send(ctx: stopline.CallContext) -> str:
@@ -213,7 +215,9 @@ async def test_a_cancel_ability_is_worded_as_observed(ledger: stopline.Ledger) -
     lines = (await ledger.receipt("g-words")).lines
 
     assert [line.status for line in lines] == [OpStatus.UNKNOWN, OpStatus.UNKNOWN]
-    assert lines[0].provider_cancel == "the provider cannot cancel it"
+    assert lines[0].provider_cancel == (
+        "not declared cancellable: its provider is not asked to cancel it"
+    )
     assert lines[1].provider_cancel == (
         "the provider cannot cancel it once accepted; whether it accepted is not known"
     )

@@ -43,10 +43,12 @@ async def test_r12_never_cancellable_says_so_from_the_first_byte(ledger: stoplin
         started = start(tg, ledger, calls(deploy))
         await received.reached.wait()
         line = (await ledger.receipt(started.run_id)).lines[0]
-        assert line.provider_cancel == "the provider cannot cancel it"
-        assert (
-            line.recovery == "it runs to completion at the provider; then human review if no answer"
+        # ``never`` is also every tool's default: the line says what the record proves
+        # (no way to cancel declared, none asked), not what the provider could do (ADR 0066)
+        assert line.provider_cancel == (
+            "not declared cancellable: its provider is not asked to cancel it"
         )
+        assert line.recovery == "its provider may still complete it; then human review if no answer"
         received.release()
     receipt = await ledger.wait_settled(started.run_id, timeout=10)
     assert receipt.lines[0].provider_cancel == ""

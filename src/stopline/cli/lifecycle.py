@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 import typer
 
 from stopline.cli import _common as c
 from stopline.cli.progress import progress
+from stopline.cli.views import CLI_TERMS
+from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import operator
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
+from stopline.errors import RunEnded
 from stopline.ledger.schema import NOTHING_TO_RESUME
 from stopline.runtime.lifecycle import Resumed
 from stopline.runtime.reconcile import ReconcileSummary
@@ -27,6 +31,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def _show(result: Any, as_json: bool) -> int:
     if isinstance(result, Receipt):
+        result = result.worded(CLI_TERMS)  # its recovery steps as commands
         if as_json:
             c.print_json(result.to_json())
         else:
@@ -87,7 +92,11 @@ def resume(
             run = await ledger.backend.get_run(run_id)
             if run.state in NOTHING_TO_RESUME:
                 return run
-            return await ledger.resume(run_id, by=operator(by))
+            try:
+                return await ledger.resume(run_id, by=operator(by))
+            except RunEnded as exc:  # how to go on, as a shell user does it
+                now = dataclasses.replace(run, state=RunState(exc.state.value))
+                raise RunEnded(run_id, exc.state, what_to_do(now, terms=CLI_TERMS)) from exc
 
     again = "a resume recorded already is not repeated: resuming again says nothing to resume"
     result = c.run_sync(go, interrupted=_unanswered("resume", run_id, again))

@@ -10,6 +10,7 @@ import typer
 from stopline.cli import _common as c
 from stopline.cli._layout import Grid
 from stopline.cli.views import (
+    CLI_TERMS,
     fmt_age,
     fmt_time,
     op_to_json,
@@ -94,7 +95,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
             }
 
     data = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
-    receipt: Receipt = data["receipt"]
+    receipt: Receipt = data["receipt"].worded(CLI_TERMS)
     if as_json:
         c.print_json(
             {
@@ -194,6 +195,7 @@ def cancel(
 
 
 def _emit(receipt: Receipt, as_json: bool) -> None:
+    receipt = receipt.worded(CLI_TERMS)  # its recovery steps as commands
     if as_json:
         c.print_json(receipt.to_json())
     else:

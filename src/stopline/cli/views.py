@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from stopline.domain.advice import Do, Step, Terms, reviewing
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import REVIEW_OPS
 from stopline.domain.vocab import LogKind, NoteKind, OpEvent, RunEvent
@@ -20,6 +22,7 @@ from stopline.errors import StoplineError
 from stopline.runtime.review import ReviewItem
 
 __all__ = [
+    "CLI_TERMS",
     "TimelineEntry",
     "UsageError",
     "event_to_json",
@@ -27,6 +30,7 @@ __all__ = [
     "parse_age",
     "review_item_json",
     "run_to_json",
+    "shell_command",
     "started_within",
     "timeline",
 ]
@@ -38,6 +42,44 @@ REVIEW_STATUSES = REVIEW_OPS  # what a reviewer decides
 
 class UsageError(StoplineError):
     """A malformed argument (exit code 2)."""
+
+
+# -- recovery steps as a shell user takes them (ADR 0066) ------------------------------
+def shell_command(command: str, ids: Sequence[str], options: str = "") -> str:
+    """``stopline <command> <ids> <options>`` as a shell user types it: each id quoted
+    for a POSIX shell, and behind ``--`` (the options first) when one starts with ``-``,
+    which the command would read as an option."""
+    quoted = " ".join(shlex.quote(i) for i in ids)
+    if any(i.startswith("-") for i in ids):
+        return " ".join(part for part in ("stopline", command, options, "--", quoted) if part)
+    return " ".join(part for part in ("stopline", command, quoted, options) if part)
+
+
+def _review(step: Step) -> str:
+    if len(step.op_ids) == 1:
+        ops = step.op_ids
+        show = shell_command("review show", ops)
+        committed = shell_command("review resolve", ops, "--as committed")
+        not_committed = shell_command("review resolve", ops, "--as not_committed")
+        how = f"`{show}`, then `{committed}` or `{not_committed}`"
+    else:
+        how = (
+            "`stopline review list` names them; for each, "
+            "`stopline review resolve OP --as committed` or `--as not_committed`"
+        )
+    return f"{reviewing(step)} ({how}, as its evidence shows)"
+
+
+CLI_TERMS: Terms = {
+    # a cancel of a run cancelled already is that same cancel (R7): it only waits
+    Do.WAIT: lambda step: (
+        f"wait until it settles (`{shell_command('cancel', [step.run_id], '--wait')}` waits "
+        "for it; the run is cancelled already, so nothing more is cancelled)"
+    ),
+    Do.REVIEW: _review,
+    Do.RESUME: lambda step: f"resume with `{shell_command('resume', [step.run_id])}`",
+    Do.REENTER: lambda step: "re-enter the run from your application with the same run id",
+}
 
 
 def parse_age(text: str) -> float:

@@ -35,8 +35,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import stopline
 from stopline.cli.stats import compute_stats, percentile
-from stopline.cli.views import fmt_age, fmt_seconds, fmt_time, timeline
+from stopline.cli.views import CLI_TERMS, fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.svg import run_timeline, settle_chart
+from stopline.domain.advice import Do, Terms, reviewing
 from stopline.domain.guidance import correct_in_application
 from stopline.domain.lifecycle import SYSTEM, operator
 from stopline.domain.limits import check_id
@@ -105,6 +106,18 @@ def awaits_review(receipt: Receipt) -> bool:
 
 
 _TEMPLATES.env.globals["awaits_review"] = awaits_review
+
+
+# A recovery's steps as the console's reader takes them (ADR 0066): waiting and review
+# here; the console does not resume a run, so a resume is the CLI's command, and a
+# re-entry is the application's, as from a shell.
+CONSOLE_TERMS: Terms = {
+    **CLI_TERMS,
+    Do.WAIT: lambda step: "wait until it settles (this page follows it)",
+    Do.REVIEW: lambda step: f"{reviewing(step)} (on the Review queue page)",
+    Do.RESUME: lambda step: f"{CLI_TERMS[Do.RESUME](step)} (the console does not resume runs)",
+}
+_TEMPLATES.env.globals["recovery"] = lambda receipt: receipt.advice.say(CONSOLE_TERMS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -3,26 +3,33 @@
 ``on_resume`` is the gate's own rule, read from the operation transition
 table: a status from which ``gate_passed`` is allowed is sent (again) when
 the resumed workflow reaches it; a committed (or corrected) operation is
-replayed from the ledger; anything else blocks the resume until it is
-resolved. ``Run`` dispatches by the same function, so a receipt's recovery
-line and what a resume does cannot drift apart. Whether the resume itself is
-allowed is the ledger's rule (R10): every operation of the run settled
-(``OpStatus.settled``, the storage guard ``SETTLED``), corrections included;
-``waits_for`` reads the same property, so the recovery line never offers a
-resume the ledger refuses.
+replayed from the ledger; anything else may have happened: a cancelled run
+cannot resume before it is resolved, and a paused one (which resumes with it)
+does not send it again before a read-back or a reviewer proves it did not
+happen. ``Run`` dispatches by the same function, so a receipt's recovery line
+and what a resume does cannot drift apart. Whether the resume itself is
+allowed is the ledger's rule (R10): of a cancelled run, every operation
+settled (``OpStatus.settled``, the storage guard ``SETTLED``), corrections
+included; ``waits_for`` reads the same property, so the recovery line never
+offers a resume the ledger refuses.
+
+``advice_for`` gives the recovery as data (``advice.Advice``); each surface
+says its steps in its own terms (ADR 0066).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from stopline.domain.advice import LIBRARY_TERMS, Advice, Do, Step, Terms
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE
 from stopline.domain.vocab import OpEvent, OpStatus, RunState
 
 __all__ = [
     "OnResume",
+    "advice_for",
     "correct_in_application",
     "correcting",
     "on_resume",
@@ -36,7 +43,10 @@ __all__ = [
 class OnResume(enum.StrEnum):
     SENT = "sent"  # it provably never happened: the gate lets it go when the workflow calls it
     REPLAYED = "replayed"  # it happened: its recorded result is returned, nothing is sent
-    BLOCKS = "blocks"  # in flight, unknown or in review: the run cannot resume before it settles
+    # in flight, unknown or in review: a cancelled run cannot resume before it settles; a
+    # paused one's call of it is not sent before a read-back or a reviewer proves it never
+    # happened (``Run`` reads it back first, or raises ``OperationInDoubt``)
+    BLOCKS = "blocks"
 
 
 # (``compensating`` is replayed when a running workflow calls it again: it happened. A
@@ -61,13 +71,14 @@ def waits_for(ops: Sequence[OperationRecord]) -> list[OperationRecord]:
     return [op for op in ops if not op.status.settled]
 
 
-def _n(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
-
-
+# a run in these states has a recovery line (a resume is refused while the cancel's
+# operations settle: the line says what it waits for)
+_AFTER_CANCEL = frozenset(
+    {RunState.CANCELLING, RunState.SETTLING, RunState.CANCELLED, RunState.NEEDS_REVIEW}
+)
 # a root in these states gets a recovery line that counts what a resume repeats, and
 # reads the states of the runs of its tree that hold operations (``tree_runs_read``)
-_COUNTED = frozenset({RunState.CANCELLED, RunState.NEEDS_REVIEW})
+_COUNTED = frozenset({RunState.CANCELLED, RunState.NEEDS_REVIEW, RunState.PAUSED, RunState.PAUSING})
 
 
 def tree_runs_read(run: RunRecord, ops: Sequence[OperationRecord]) -> set[str]:
@@ -98,10 +109,52 @@ def _ended_above(run_id: str, root: str, runs: Mapping[str, RunRecord]) -> RunRe
     return None
 
 
-def _names(runs: Sequence[RunRecord]) -> str:
-    ids = sorted({r.id for r in runs})
-    shown = ", ".join(repr(i) for i in ids[:3])
-    return shown if len(ids) <= 3 else f"{shown} and {len(ids) - 3} more"
+def advice_for(
+    run: RunRecord,
+    ops: Sequence[OperationRecord],
+    runs: Mapping[str, RunRecord] | None = None,
+) -> Advice:
+    """The receipt's recovery, as data (``Advice``), derived from ``on_resume``. ``runs``:
+    the runs of its tree by id, those ``tree_runs_read`` names and their ancestors (a
+    child that ended on its own is not run again: its calls are neither replayed nor
+    sent)."""
+    paused = run.state in (RunState.PAUSED, RunState.PAUSING)
+    if not paused and run.state not in _AFTER_CANCEL:
+        return Advice()
+    blocks = waits_for(ops)
+    if not paused and (blocks or run.state in (RunState.CANCELLING, RunState.SETTLING)):
+        # a person is what it waits for when any operation, a correction too, is in review
+        review = tuple(op.id for op in blocks if op.status in _IN_REVIEW)
+        first = Step(Do.REVIEW, run.id, review) if review else Step(Do.WAIT, run.id)
+        return Advice(steps=(first,), refused=True)
+    tree = runs or {}
+    replayed: list[str] = []
+    sent: list[str] = []
+    held: list[str] = []  # may have happened: a paused run resumes with them
+    ended: list[RunRecord] = []  # per operation not reached: the child run that ended
+    for op in ops:
+        if op.compensates is not None:
+            continue
+        follows = on_resume(op.status)
+        end = _ended_above(op.run_id, run.id, tree) if op.run_id != run.id else None
+        if end is not None and (end.state is RunState.FAILED or follows is OnResume.SENT):
+            ended.append(end)
+        elif follows is OnResume.REPLAYED:
+            replayed.append(op.id)
+        elif follows is OnResume.SENT:
+            sent.append(op.id)
+        else:
+            held.append(op.id)
+    return Advice(
+        steps=(Step(Do.RESUME, run.id), Step(Do.REENTER, run.id)),
+        paused=paused,
+        replayed=tuple(replayed),
+        sent=tuple(sent),
+        held=tuple(held),
+        not_run_again=len(ended),
+        failed_children=_ids(r for r in ended if r.state is RunState.FAILED),
+        completed_children=_ids(r for r in ended if r.state is not RunState.FAILED),
+    )
 
 
 def resume_rule(
@@ -109,79 +162,18 @@ def resume_rule(
     ops: Sequence[OperationRecord],
     runs: Mapping[str, RunRecord] | None = None,
 ) -> str:
-    """The receipt's recovery line for the run, derived from ``on_resume``. ``runs``: the
-    runs of its tree by id, those ``tree_runs_read`` names and their ancestors (a child
-    that ended on its own is not run again: its calls are neither replayed nor sent)."""
-    if run.state in (RunState.PAUSED, RunState.PAUSING):
-        return "can be resumed by a principal allowed to resume"
-    if run.state not in (
-        RunState.CANCELLING,
-        RunState.SETTLING,
-        RunState.CANCELLED,
-        RunState.NEEDS_REVIEW,
-    ):
-        return ""
-    primary = [op for op in ops if op.compensates is None]
-    blocks = waits_for(ops)
-    tree = runs or {}
-    replayed = sent = 0
-    ended: list[RunRecord] = []  # per operation not reached: the child run that ended
-    for op in primary:
-        follows = on_resume(op.status)
-        end = _ended_above(op.run_id, run.id, tree) if op.run_id != run.id else None
-        if end is not None and (end.state is RunState.FAILED or follows is OnResume.SENT):
-            ended.append(end)
-        elif follows is OnResume.REPLAYED:
-            replayed += 1
-        elif follows is OnResume.SENT:
-            sent += 1
-    if blocks or run.state in (RunState.CANCELLING, RunState.SETTLING):
-        # a person is what it waits for when any operation, a correction too, is in review
-        review = sum(op.status in _IN_REVIEW for op in blocks)
-        first = (
-            f"a reviewer decides {_n(review, 'operation', 'operations')} in review"
-            if review
-            else "wait until it settles (ledger.wait_settled)"
-        )
-        return (
-            f"{first}; resuming is refused until every operation is resolved. "
-            "A new run would send every action again."
-        )
-    return (
-        "resume with ledger.resume(run_id, by=...), then re-enter the run with the same run id: "
-        f"{_n(replayed, 'completed action is', 'completed actions are')} returned from the "
-        f"ledger, not repeated; {_n(sent, 'action', 'actions')} that never happened "
-        f"{'is' if sent == 1 else 'are'} sent when the workflow reaches "
-        f"{'it' if sent == 1 else 'them'}; calls it had not reached yet are made as usual. "
-        f"{_not_run_again(ended)}A new run would send every action again."
-    )
+    """The receipt's recovery line for the run, in the library's terms (``advice_for``)."""
+    return advice_for(run, ops, runs).say()
 
 
-def _not_run_again(ended: Sequence[RunRecord]) -> str:
-    """What the recovery line says of the operations of child runs that ended on their
-    own: the resume does not run them again, and the re-entry meets ``RunEnded``."""
-    if not ended:
-        return ""
-    failed = [r for r in ended if r.state is RunState.FAILED]
-    completed = [r for r in ended if r.state is not RunState.FAILED]
-    where = []
-    if failed:
-        where.append(f"entering a child run that failed ({_names(failed)})")
-        where[-1] += " raises RunEnded"
-    if completed:
-        where.append(
-            f"a call that never happened in a child run that completed ({_names(completed)})"
-            " raises RunEnded when reached"
-        )
-    return (
-        f"{_n(len(ended), 'action', 'actions')} of child runs that ended on their own "
-        f"{'is' if len(ended) == 1 else 'are'} not sent again: {'; '.join(where)}. "
-    )
+def _ids(runs: Iterable[RunRecord]) -> tuple[str, ...]:
+    return tuple(sorted({r.id for r in runs}))
 
 
-def what_to_do(run: RunRecord, *, by_parent: bool = False) -> str:
-    """For a run that has ended: how to go on (the ``RunEnded`` message). ``by_parent``:
-    the run is a child its parent's re-entry reached (ADR 0053)."""
+def what_to_do(run: RunRecord, *, by_parent: bool = False, terms: Terms = LIBRARY_TERMS) -> str:
+    """For a run that has ended: how to go on (the ``RunEnded`` message), each step in
+    ``terms``. ``by_parent``: the run is a child its parent's re-entry reached (ADR
+    0053)."""
     if by_parent and run.state is RunState.FAILED:
         # a new run of it would send again what it completed
         return (
@@ -191,21 +183,18 @@ def what_to_do(run: RunRecord, *, by_parent: bool = False) -> str:
         )
     if run.state in (RunState.COMPLETED, RunState.FAILED):
         return "it has ended and cannot be resumed; start a new run (its actions get new keys)"
+    resume = terms[Do.RESUME](Step(Do.RESUME, run.id))
+    reenter = terms[Do.REENTER](Step(Do.REENTER, run.id))
     if run.state is RunState.NEEDS_REVIEW:
-        return (
-            "resolve its review items (ledger.review_items, ledger.resolve_review), then "
-            "ledger.resume(run_id, by=...) and re-enter it"
-        )
+        review = terms[Do.REVIEW](Step(Do.REVIEW, run.id))
+        return f"{review}, then {resume} and {reenter}"
     if run.state in (RunState.CANCELLING, RunState.SETTLING):
+        wait = terms[Do.WAIT](Step(Do.WAIT, run.id))
         return (
-            "wait until it settles (ledger.wait_settled; its receipt's recovery line says "
-            "whether a reviewer must decide an operation first), then ledger.resume and "
-            "re-enter it"
+            f"{wait}; its receipt's recovery line says whether a reviewer must decide an "
+            f"operation first; then {resume} and {reenter}"
         )
-    return (
-        "ledger.resume(run_id, by=...) first, then re-enter it: completed actions are "
-        "replayed, not repeated"
-    )
+    return f"{resume} first, then {reenter}: completed actions are replayed, not repeated"
 
 
 def correcting(op_id: str, status: OpStatus, by: str = "") -> str:

@@ -12,7 +12,8 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from stopline.domain.guidance import resume_rule
+from stopline.domain.advice import Advice, Terms
+from stopline.domain.guidance import advice_for
 from stopline.domain.model import CancelState, Evidence, LazyEvidence, OperationRecord, RunRecord
 from stopline.domain.transitions import awaits_review
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
@@ -127,6 +128,12 @@ _ANSWER_WORDS: dict[CancelState, str] = {
 }
 
 
+# R14: ``never`` is what a tool that declared nothing about cancelling holds (the
+# default) as much as one that declared it: the record proves only that no way to
+# cancel was declared, so no cancel is asked; what its provider could do is not known
+_NOT_DECLARED = "not declared cancellable: its provider is not asked to cancel it"
+
+
 def _answer(op: OperationRecord) -> CancelState:
     return CancelState.parse(str(op.cancel_state))
 
@@ -144,10 +151,10 @@ def _cancel_words(op: OperationRecord) -> str:
             return "the provider can still cancel it"
         # R12: said exactly when it matters, while it is in flight; R14: "once accepted"
         # only of an operation the provider was seen to accept
+        if op.cancellable is Cancellable.NEVER:
+            return _NOT_DECLARED
         if op.status is OpStatus.ACCEPTED:
             return "the provider cannot cancel it once accepted"
-        if op.cancellable is Cancellable.NEVER:
-            return "the provider cannot cancel it"
         return "the provider cannot cancel it once accepted; whether it accepted is not known"
     return ""
 
@@ -183,6 +190,8 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
         then = "verify by reading the destination" if op.can_verify else "human review if no answer"
         if op.can_compensate and op.compensates is None:
             then += "; if it completed, it can be corrected by its compensation"
+        if op.cancellable is Cancellable.NEVER:  # nothing declared it cannot stop (R14)
+            return f"its provider may still complete it; then {then}"
         return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:
         return "a reviewer decides committed or not committed"
@@ -262,7 +271,10 @@ class Receipt:
     lines: tuple[OperationLine, ...]
     cancelled_by: str | None
     cancel_reason: str | None
+    # the recovery line, in the library's terms (``advice.say()``)
     resume_rule: str
+    # the recovery as data: the steps and what following them repeats (ADR 0066)
+    advice: Advice = dataclasses.field(default_factory=Advice)
 
     @property
     def settled(self) -> bool:
@@ -289,9 +301,17 @@ class Receipt:
             "cancelled_by": self.cancelled_by,
             "cancel_reason": self.cancel_reason,
             "resume_rule": self.resume_rule,
+            "advice": self.advice.to_json(),
             "settled": self.settled,
             "operations": [line.to_json() for line in self.lines],
         }
+
+    def worded(self, terms: Terms) -> Receipt:
+        """This receipt with its recovery line said in ``terms``: a surface's way to do
+        each step (a CLI command, a console page), what following it repeats unchanged."""
+        if not self.advice.steps:  # nothing to do (or a receipt made without its advice)
+            return self
+        return dataclasses.replace(self, resume_rule=self.advice.say(terms))
 
     def json(self) -> str:
         return json.dumps(self.to_json(), indent=2)
@@ -356,6 +376,7 @@ def build_receipt(
     if committed == 1:  # plural-correct (ADR 0007)
         message = message.replace("1 actions had", "1 action had").replace("were kept", "was kept")
     related = _related(ops)
+    advice = advice_for(run, ops, runs)
     lines = tuple(
         _line(op, op.status.in_flight and op.id in recording, related.get(op.id)) for op in ops
     )
@@ -369,5 +390,6 @@ def build_receipt(
         # is history: a paused run's receipt named it as if it were the cause)
         cancelled_by=run.cancelled_by if run.state.fenced else None,
         cancel_reason=run.cancel_reason if run.state.fenced else None,
-        resume_rule=resume_rule(run, ops, runs),
+        resume_rule=advice.say(),
+        advice=advice,
     )
