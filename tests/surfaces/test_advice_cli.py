@@ -98,9 +98,14 @@ def test_following_the_cli_line_through_review_and_resume(tmp_path: Path) -> Non
         done = follow(command, url)
         assert done.returncode == EXIT_OK, done.stderr
         assert "needs_review" in done.stdout
+        # what the record holds, not a claim of what the provider can do
+        assert "cancel ability on record: never" in done.stdout
     # the reviewer finds it did not happen (the second decision the line names)
     decided = follow(COMMAND.findall(line)[2], url)
     assert decided.returncode == EXIT_OK, decided.stderr
+    # the receipt it prints says the next step as a command too (it said ledger.resume)
+    assert "ledger." not in decided.stdout
+    assert "`stopline resume r-review`" in decided.stdout
 
     # settled: the line says what a resume sends again, and the command to resume
     line = recovery(stopline_cli("show", "r-review", ledger=url))

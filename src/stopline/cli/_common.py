@@ -21,6 +21,7 @@ from rich.style import Style
 from rich.text import Text
 
 import stopline
+from stopline.cli.views import CLI_TERMS
 from stopline.domain.limits import sanitise
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
@@ -342,7 +343,21 @@ _HEADLINE_STYLE = {
 }
 
 
+def cli_receipt(receipt: Receipt) -> Receipt:
+    """The receipt as the CLI says it: its recovery steps as commands (ADR 0066)."""
+    return receipt.worded(CLI_TERMS)
+
+
+def emit_receipt(receipt: Receipt, as_json: bool) -> None:
+    """A receipt printed, or as JSON, in the CLI's terms."""
+    if as_json:
+        print_json(cli_receipt(receipt).to_json())
+    else:
+        print_receipt(receipt)
+
+
 def print_receipt(receipt: Receipt) -> None:
+    receipt = cli_receipt(receipt)
     out.print(receipt.message, style=_HEADLINE_STYLE.get(receipt.headline, ""))
     for line in receipt.lines:
         out.print(f"  {line.text()}")

@@ -31,11 +31,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 def _show(result: Any, as_json: bool) -> int:
     if isinstance(result, Receipt):
-        result = result.worded(CLI_TERMS)  # its recovery steps as commands
-        if as_json:
-            c.print_json(result.to_json())
-        else:
-            c.print_receipt(result)
+        c.emit_receipt(result, as_json)  # its recovery steps as commands
         return c.exit_code_for(result)
     to_json = getattr(result, "to_json", None)
     if as_json:

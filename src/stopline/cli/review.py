@@ -83,7 +83,7 @@ def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
     c.out.print(c.styled((op.description or op.tool, "bold"), f" {op.id}"))
     c.out.print(f"  status {op.status.value}; run {run.id} ({run.state.value}), owner {run.owner}")
     c.out.print(
-        f"  provider can cancel: {op.cancellable.value}; verifier: {op.can_verify}; "
+        f"  cancel ability on record: {op.cancellable.value}; verifier: {op.can_verify}; "
         f"compensator: {op.can_compensate}; attempts: {op.attempts}"
     )
     if op.error:
@@ -143,10 +143,7 @@ def resolve(
         f"not. See with: stopline review show {op_id} (a decision recorded already is not "
         "recorded again: the operation is no longer in review)",
     )
-    if as_json:
-        c.print_json(receipt.to_json())
-    else:
-        c.print_receipt(receipt)
+    c.emit_receipt(receipt, as_json)
     raise typer.Exit(c.exit_code_for(receipt))
 
 

@@ -10,7 +10,6 @@ import typer
 from stopline.cli import _common as c
 from stopline.cli._layout import Grid
 from stopline.cli.views import (
-    CLI_TERMS,
     fmt_age,
     fmt_time,
     op_to_json,
@@ -95,7 +94,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
             }
 
     data = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
-    receipt: Receipt = data["receipt"].worded(CLI_TERMS)
+    receipt: Receipt = c.cli_receipt(data["receipt"])
     if as_json:
         c.print_json(
             {
@@ -182,7 +181,7 @@ def cancel(
                 f"stopline: interrupted; the cancel is recorded in the ledger. Follow it with: "
                 f"stopline show {run_id}"
             )
-            _emit(latest[-1], as_json)
+            c.emit_receipt(latest[-1], as_json)
         return c.EXIT_PENDING
 
     try:
@@ -190,16 +189,8 @@ def cancel(
     finally:
         if progress is not None:
             progress.stop()
-    _emit(receipt, as_json)
+    c.emit_receipt(receipt, as_json)
     raise typer.Exit(c.exit_code_for(receipt))
-
-
-def _emit(receipt: Receipt, as_json: bool) -> None:
-    receipt = receipt.worded(CLI_TERMS)  # its recovery steps as commands
-    if as_json:
-        c.print_json(receipt.to_json())
-    else:
-        c.print_receipt(receipt)
 
 
 def register(app: typer.Typer) -> None:
