@@ -320,7 +320,9 @@ class RunEnded(StoplineError):
                 else "start a new run to do more"
             )
         self.what_to_do = what_to_do
-        super().__init__(f"run {run_id!r} has ended ({state.value}): {what_to_do}")
+        # a run being cancelled (cancelling, settling) is stopped, not ended yet
+        where = "has ended" if getattr(state, "ended", True) else "is stopped"
+        super().__init__(f"run {run_id!r} {where} ({state.value}): {what_to_do}")
 
 
 class RunPaused(StoplineError):
