@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
 from stopline.domain.receipt import HEADLINE_MESSAGES, build_receipt, headline_for
-from stopline.domain.vocab import Cancellable, Grant, Headline, OpStatus, Policy, RunState
+from stopline.domain.vocab import (
+    Cancellable,
+    EvidenceKind,
+    Grant,
+    Headline,
+    OpStatus,
+    Policy,
+    RunState,
+)
 
 
 def run_record(state: RunState = RunState.CANCELLED) -> RunRecord:
@@ -145,3 +154,25 @@ def test_an_outcome_still_recording_is_said_so() -> None:
     assert first.to_json()["recording"] is True
     assert not second.recording and second.status_words == "completed"
     assert not third.recording and third.status_words == "sent; no answer yet"
+
+
+def test_a_lines_evidence_names_each_reference_once() -> None:
+    """The demo's corrected share listed its correction's reference twice (the
+    correction started, then its outcome): the line names the last three distinct
+    references, in their order; the JSON keeps every record."""
+    correction = Evidence.local("run_x/0~compensate", "correction started")
+    done = Evidence.local("run_x/0~compensate", "corrected")
+    shared = dataclasses.replace(
+        op(OpStatus.COMPENSATED),
+        evidence=(
+            Evidence.local("gate"),
+            Evidence(EvidenceKind.RESPONSE_DIGEST, "sha256:1"),
+            correction,
+            done,
+        ),
+    )
+    (line,) = build_receipt(run_record(), [shared]).lines
+    assert line.text().endswith(
+        "[evidence: local:gate, response_digest:sha256:1, local:run_x/0~compensate]"
+    )
+    assert len(line.to_json()["evidence"]) == 4

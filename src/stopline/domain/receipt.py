@@ -256,7 +256,7 @@ class OperationLine:
             parts.append(f"; {self.provider_cancel}")
         if self.recovery:
             parts.append(f"; next: {self.recovery}")
-        refs = ", ".join(f"{e.kind.value}:{e.ref}" for e in self.evidence[-3:])
+        refs = ", ".join(_last_refs(self.evidence, 3))
         if refs:
             parts.append(f" [evidence: {refs}]")
         return "".join(parts)
@@ -393,3 +393,16 @@ def build_receipt(
         resume_rule=advice.say(),
         advice=advice,
     )
+
+
+def _last_refs(evidence: Sequence[Evidence], at_most: int) -> list[str]:
+    """The last ``at_most`` distinct references of a line's evidence, in their order:
+    two records of one reference (a correction started, then done) are one to read."""
+    found: list[str] = []
+    for e in reversed(evidence):
+        ref = f"{e.kind.value}:{e.ref}"
+        if ref not in found:
+            found.append(ref)
+            if len(found) == at_most:
+                break
+    return found[::-1]
