@@ -378,6 +378,13 @@ class Queries(abc.ABC):
         (transitively) not settled yet: cancelling, settling or in review. A cancelled
         run settles after its tree (``transitions.settle_move``)."""
 
+    @abc.abstractmethod
+    async def owners_of(self, run_ids: Sequence[str]) -> dict[str, dict[str, bool]]:
+        """For each of ``run_ids`` with any, the runs owning it now (links no cancel has
+        let go), each with whether it owns it exclusively (whose tree it is in: its
+        parent's, or a shared run's last owner's once that owner's cancel stopped it),
+        in one read."""
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:

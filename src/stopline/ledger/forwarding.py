@@ -215,6 +215,9 @@ class ForwardingBackend(Backend):
     async def unsettled_below(self, run_ids: Sequence[str]) -> dict[str, set[RunState]]:
         return await self.inner.unsettled_below(run_ids)
 
+    async def owners_of(self, run_ids: Sequence[str]) -> dict[str, dict[str, bool]]:
+        return await self.inner.owners_of(run_ids)
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:

@@ -8,11 +8,23 @@ owner's block) may be interrupted by that enclosing run's cancel rather than
 by one of its own (``Lifecycle.deliver_cancel``, asyncio): that cancel goes
 on out of the inner block, and the enclosing block, whose cancel it is, ends
 quietly.
+
+A block interrupted by the cancel of a run whose block encloses it, a cancel
+that did not fence its own run (a shared run another owner still holds), ends
+without ending its run when a run holding it by a share can still go on with
+it (R6, ADR 0065): the run stays ``running`` for that owner, which may re-enter
+it by its id, and is fenced with its last owner. Its interrupted calls keep
+their records (``unknown``, read back; their providers are not asked: the run
+was not cancelled). Nothing else is written: the cancel's ``owner_released``
+says whose cancel let it go. With no such owner left, it ends as any block an
+outside cancellation interrupts (``failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -35,8 +47,14 @@ if TYPE_CHECKING:
 
 __all__ = ["RunContext", "RunScope"]
 
+log = logging.getLogger("stopline.runs")
 
 _SETTLING = frozenset({RunState.CANCELLING, RunState.SETTLING})
+# the runs whose blocks are open around the code running now, innermost last (a task
+# started inside a block sees it: a task inherits its starter's context)
+_BLOCKS: contextvars.ContextVar[tuple[Run, ...]] = contextvars.ContextVar(
+    "stopline_run_blocks", default=()
+)
 
 
 def _task_cancels() -> Callable[[], int] | None:
@@ -61,6 +79,8 @@ class RunScope:
         self._attach = attach
         self._scope = anyio.CancelScope()
         self._run: Run | None = None
+        self._enclosing: tuple[Run, ...] = ()  # the runs whose blocks are open around it
+        self._blocks: contextvars.Token[tuple[Run, ...]] | None = None
 
     async def __aenter__(self) -> Run:
         backend = self._core.backend
@@ -93,6 +113,8 @@ class RunScope:
         # blocks' scopes opened (what a delivery reads nesting from)
         self._core.register_run(run)
         self._scope.__enter__()
+        self._enclosing = _BLOCKS.get()
+        self._blocks = _BLOCKS.set((*self._enclosing, run))
         if not replaying and record.state not in (
             RunState.RUNNING,
             RunState.PAUSING,
@@ -119,7 +141,8 @@ class RunScope:
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         run = self._run
-        assert run is not None
+        assert run is not None and self._blocks is not None
+        _BLOCKS.reset(self._blocks)
         ours = only_cancels_of(exc, run.id)
         if ours:
             et, exc, tb = None, None, None
@@ -130,8 +153,48 @@ class RunScope:
         del self._core.runs[run.id]
         if not run.replaying:  # a replay ended long ago: nothing to record
             with anyio.CancelScope(shield=True):
-                await self._core.outbox.end_run(run, None if swallowed else exc)
+                if swallowed or not self._cut_by_others(run, exc) or not await self._held(run):
+                    await self._core.outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
+
+    def _cut_by_others(self, run: Run, exc: BaseException | None) -> bool:
+        """The block was interrupted by the cancel of a run whose block encloses it, a
+        cancel that did not reach its own run (not fenced: a shared run it let go)."""
+        return (
+            isinstance(exc, anyio.get_cancelled_exc_class())
+            and not run.cancel_requested
+            and any(outer.cancel_requested for outer in self._enclosing)
+        )
+
+    async def _held(self, run: Run) -> bool:
+        """Whether the run stays ``running`` for an owner still holding it: it is not
+        fenced nor ended, and a run owning it by a share (a link no cancel let go) is
+        running or paused, able to go on with it. Where the ledger cannot tell, the
+        block ends its run, as any block an outside cancellation interrupts."""
+        backend = self._core.backend
+        try:
+            owners = (await backend.owners_of([run.id])).get(run.id, {})
+            sharing = [owner for owner, alone in owners.items() if not alone]
+            found = await backend.get_runs([run.id, *sharing])
+        except Exception as exc:  # the end below is held and retried if it fails too
+            log.warning("run %s: its owners could not be read (%s): ended", run.id, exc)
+            return False
+        if run.id not in found or _stopped(found[run.id].state):
+            return False
+        holders = [o for o in sharing if o in found and not _stopped(found[o].state)]
+        if holders:
+            log.info(
+                "run %s: its block was interrupted by another run's cancel; the run goes on"
+                " for its owners %s",
+                run.id,
+                ", ".join(holders),
+            )
+        return bool(holders)
+
+
+def _stopped(state: RunState) -> bool:
+    """Nothing goes on in a run of this state without a resume: fenced or ended."""
+    return state.fenced or state.ended
 
 
 RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)

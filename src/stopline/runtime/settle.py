@@ -1,4 +1,4 @@
-"""After a cancel: ask providers, verify unknowns, settle the run.
+"""After a cancel: ask providers (``provider_asks``), verify unknowns, settle the run.
 
 ``advance`` moves a cancelled run along ``cancelling -> settling ->
 cancelled | needs_review`` as the evidence comes in; it is safe to call at
@@ -18,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from stopline.domain.lifecycle import SYSTEM
-from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline.domain.model import Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import FINAL_RUN_STATES, settle_move, settling_statuses
 from stopline.domain.vocab import (
-    Cancellable,
     EvidenceKind,
     NoteKind,
     OpEvent,
@@ -35,10 +34,11 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import UnknownRun, describe
-from stopline.ledger.backend import Note, OutcomeUpdate
+from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
+from stopline.runtime.provider_asks import ProviderAsks
 from stopline.runtime.readback import READS_AT_ONCE, VerifyBudget, ask, read_back_of
 from stopline.runtime.tool import ReadBack, Verdict
 
@@ -46,26 +46,6 @@ if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
 __all__ = ["Settler", "VerifyBudget"]
-
-
-def _answer_state(answer: object) -> CancelState:
-    """A canceller's return value as the answer it reports."""
-    if isinstance(answer, CancelState):
-        return CancelState.parse(answer.value)
-    if answer is True:
-        return CancelState.CONFIRMED
-    if answer is False:
-        return CancelState.REFUSED
-    return CancelState.ASKED  # asked; the provider gave no answer to tell
-
-
-def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str) -> Note:
-    """The note of a provider's answer (or of why it was not asked)."""
-    data: dict[str, Any] = {"answer": state.value, "detail": detail}
-    if channel:
-        data["channel"] = channel
-    kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported, asked
-    return Note(ctx.op_id, kind, data, cancel_state=state)
 
 
 _FINAL_KEPT = 4096
@@ -93,9 +73,7 @@ class Settler:
         # run id -> work under way that asks for the run's step when it ends (a provider's
         # answer awaited, the record of calls a cancel cut): no step reads it meanwhile
         self._held: dict[str, int] = {}
-        # answers known without asking, to write (their notes built by the writing task,
-        # after the cancel that found them has interrupted what it had to)
-        self._answers: list[tuple[CallContext, CancelState, str, str]] = []
+        self._asks = ProviderAsks(core, self)
         # runs this process ended (completed, failed; the latest _FINAL_KEPT) -> owner: no
         # step reads them again, but their owner's does (their calls are in its receipt)
         self._final: dict[str, str | None] = {}
@@ -148,116 +126,11 @@ class Settler:
 
     # -- providers ---------------------------------------------------------------
     def ask_provider_cancel(self, ctx: CallContext, *, cut: bool = False) -> anyio.Event | None:
-        """Deliver a cancel request to a call in flight, through whatever its interface
-        offers (its own ``cancel_via`` channel, else its tool's canceller); record what
-        was asked, how, and (in the background) what came back (R14). ``cut``: the
-        call's awaiting scope was cut, which by itself tells the provider when its
-        interface says so (``cut_sends``).
-
-        Returns, when the provider is asked, an event set once the request is recorded
-        and handed to the provider (or could not be): what ``cancel()`` waits for."""
-        tool = ctx.tool
-        never = tool.cancellable is Cancellable.NEVER or (
-            ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED
-        )
-        if cut and ctx.cut_sends and never:
-            # R14: the record says what was sent, although the policy says it cannot cancel
-            why = (
-                f"the call was cut here, and the cut sent its provider a cancel "
-                f"({ctx.cut_sends}); its policy says it cannot cancel it (R12)"
-            )
-            self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
-            return None
-        if tool.cancellable is Cancellable.NEVER:
-            why = "its policy says the provider cannot cancel it: never asked (R12)"
-            self._answered(ctx, CancelState.NOT_ASKED, why, "")
-            return None
-        if ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
-            why = "the provider accepted it and cancels only until then: not asked"
-            self._answered(ctx, CancelState.NOT_ASKED, why, "")
-            return None
-        if ctx.canceller is None and tool.cancel_fn is None:
-            why = "the call's interface offers no way to ask its provider to cancel"
-            self._answered(ctx, CancelState.NOT_SUPPORTED, why, "")
-            return None
-        sent = anyio.Event()
-        self._core.spawn(self._ask, ctx, sent)
-        return sent
-
-    def _answered(self, ctx: CallContext, state: CancelState, detail: str, channel: str) -> None:
-        """Record an answer known without asking. The answers one cancel delivers at once
-        (a tree's calls in flight) are written together, in one transaction."""
-        if not self._answers:
-            self._core.spawn(self._note_answers)  # starts after the caller's loop is done
-        self._answers.append((ctx, state, detail, channel))
-
-    async def _note_answers(self) -> None:
-        core = self._core
-        answers, self._answers = self._answers, []
-        await core.backend.note_many([_answer_note(*answer) for answer in answers])
-        for run_id in dict.fromkeys(ctx.run_id for ctx, *_ in answers):
-            core.changed(run_id)
-
-    async def _ask(self, ctx: CallContext, sent: anyio.Event) -> None:
-        """Ask, and hold the run's settlement until the provider has answered: its answer
-        (a confirmed or refused cancel) is part of the receipt, which must not change
-        after the run is called settled. ``sent`` is set once the request is recorded
-        and handed to the provider, or once it cannot be."""
-        release = self.hold_steps([ctx.run_id])
-        try:
-            async with self.working():
-                await self._ask_provider(ctx, sent)
-        finally:
-            sent.set()
-            release()
-        await self.advance(ctx.run_id)
-
-    async def _ask_provider(self, ctx: CallContext, sent: anyio.Event) -> None:
-        core = self._core
-        if ctx.canceller is not None:
-            channel, ask = ctx.canceller
-        else:
-            assert ctx.tool.cancel_fn is not None
-            channel, fn = "canceller", ctx.tool.cancel_fn
-
-            async def ask() -> object:
-                return await fn(ctx)
-
-        at = time.time()
-        data = {"channel": channel, "at": at}
-        await core.backend.note(
-            ctx.op_id, NoteKind.CANCEL_ASKED, data, cancel_state=CancelState.ASKED
-        )
-        core.changed(ctx.run_id)
-        answered, answer, detail = False, None, ""
-        try:
-            # a provider that never answers must not hold the run open forever
-            with anyio.move_on_after(core.cancel_answer_timeout):
-                sent.set()  # the request leaves in this same step: cancel() may return
-                answer = await ask()
-                answered = True
-        except Exception as exc:
-            answered, answer, detail = True, False, describe(exc)
-        state = _answer_state(answer) if answered else CancelState.UNANSWERED
-        if state is CancelState.CONFIRMED:
-            await core.outcomes.resolve(
-                ctx.op_id,
-                OutcomeUpdate(
-                    OpEvent.CANCEL_CONFIRMED,
-                    [Evidence(EvidenceKind.PROVIDER_RECEIPT, "cancel_confirmed", channel)],
-                    cancel_state=CancelState.CONFIRMED,
-                ),
-            )
-        elif state is CancelState.UNANSWERED:
-            data = {"channel": channel, "after_s": core.cancel_answer_timeout}
-            await core.backend.note(
-                ctx.op_id, NoteKind.CANCEL_UNANSWERED, data, cancel_state=CancelState.UNANSWERED
-            )
-            core.changed(ctx.run_id)  # the operation's own outcome (or read-back) decides
-        elif state is not CancelState.ASKED:
-            note = _answer_note(ctx, state, detail, channel)
-            await core.backend.note(note.op_id, note.kind, note.data, note.cancel_state)
-            core.changed(ctx.run_id)
+        """Deliver a cancel request to a call in flight (``ProviderAsks.ask``): what was
+        asked, how, and what came back recorded (R14); ``cut``: the call's awaiting
+        scope was cut. Returns, when the provider is asked, an event set once the
+        request is recorded and handed to it (or could not be)."""
+        return self._asks.ask(ctx, cut=cut)
 
     # -- verification (R5: reads only) -----------------------------------------------
     def can_verify_here(self, op: OperationRecord) -> bool:
@@ -430,6 +303,15 @@ class Settler:
             del self._final[next(iter(self._final))]
         return True
 
+    async def _owners(self, moved: list[str]) -> list[str]:
+        """The runs whose trees the cancelled runs ``moved`` are in now: their owners by
+        exclusive links, read (a shared run stopped by its last owner's cancel is that
+        owner's, not its parent's: ADR 0065). Read only for a cancelled run's move: a
+        run that ended on its own (completed, failed) is in no tree but its parent's,
+        as no last owner's cancel stopped it, so its step wakes its parent unread."""
+        found = await self._core.backend.owners_of(moved)
+        return [owner for held in found.values() for owner, alone in held.items() if alone]
+
     async def _step(self, run_ids: list[str]) -> list[Exception | None]:
         """One step of these runs: read them in one read, decide each run's move, write
         the moves in one transaction, then verify what is ``unknown``. Never two steps
@@ -481,9 +363,9 @@ class Settler:
         if moves:
             # an illegal move: another process moved the run first
             await core.backend.run_events(moves, by=SYSTEM.id)
-            # a run's owner waits for it (``unsettled_below``): it is stepped again
-            moved = {run_id for run_id, move in moves if move in _OWNER_WAKES}
-            owners.update(r.parent_id for r in stepped if r.id in moved)
+            # a run's owners wait for it (``unsettled_below``): they are stepped again
+            moved = sorted(run_id for run_id, move in moves if move in _OWNER_WAKES)
+            owners.update(await self._owners(moved) if moved else ())
         # an owner here not asked to cancel is not stepped: its cancel will step it
         woken = [o for o in owners if o and (o not in core.runs or core.runs[o].cancel_requested)]
         if woken:

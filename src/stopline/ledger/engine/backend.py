@@ -160,6 +160,11 @@ class SqlBackend(Backend):
             return {}
         return await self._execute(lambda db: settling.unsettled_below(db, run_ids), safe=True)
 
+    async def owners_of(self, run_ids: Sequence[str]) -> dict[str, dict[str, bool]]:
+        if not run_ids:
+            return {}
+        return await self._execute(lambda db: settling.owners_of(db, run_ids), safe=True)
+
     async def list_trees(
         self, *, state: RunState | None = None, owner: str | None = None, limit: int = 100
     ) -> list[tuple[RunRecord, list[OperationRecord]]]:

@@ -134,27 +134,28 @@ async def _children(
 async def _closure(
     db: Db, root: str, now: float, links: list[tuple[str, str, int]]
 ) -> tuple[list[str], list[str]]:
-    """The runs a cancel of ``root`` fences, and the shared children it lets go
-    (``links``: the root's own, read with its lock)."""
-    fenced, released = [root], []
-    seen = {root}  # membership in O(1): a tree of 10,000 children is a normal case
-    children = links
+    """What a cancel of ``root`` fences, and the shared runs it lets go (``links``: its own)."""
+    fenced, released, seen = [root], [], {root}  # seen: O(1) (10,000 children is normal)
+    children, lock = links, db.dialect.for_update
     while children:
         frontier = []
         for child, owner, exclusive in children:
             if child in seen:
                 continue
             if not exclusive:
-                await db.run(
-                    "UPDATE run_owners SET released_at = ? WHERE run_id = ? AND owner_run = ?",
-                    (now, child, owner),
-                )
-                released.append(child)
-                remaining = await db.one(
-                    "SELECT count(*) FROM run_owners WHERE run_id = ? AND released_at IS NULL",
+                state, live = await db.one(  # its live links: this one and its others'
+                    "SELECT state, (SELECT count(*) - count(released_at) FROM run_owners"
+                    f" WHERE run_id = runs.id) FROM runs WHERE id = ?{lock}",
                     (child,),
+                )  # its last owner's cancel that stops it keeps it, exclusive (ADR 0065)
+                kept, others = live == 1 and RunState(state) in CANCELLABLE, live > 1
+                await db.run(
+                    "UPDATE run_owners SET exclusive = ?, released_at = ?"
+                    " WHERE run_id = ? AND owner_run = ?",
+                    (int(kept), None if kept else now, child, owner),
                 )
-                if remaining[0]:
+                released += [] if kept else [child]
+                if others:
                     continue  # another owner still holds it
             seen.add(child)
             fenced.append(child)

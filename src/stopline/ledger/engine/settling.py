@@ -1,5 +1,5 @@
 """What a cancelled run's settle reads of the runs below it (R6, ADR 0058): a run is
-not settled before its tree is."""
+not settled before its tree is; and of the runs above a run, the owners it wakes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.guards import sql_values
 from stopline.ledger.engine.reads import chunks
 
-__all__ = ["unsettled_below"]
+__all__ = ["owners_of", "unsettled_below"]
 
 # ``transitions.awaits_review`` for ``o``, in SQL: an original being corrected whose
 # latest correction (in ledger order) waits for a reviewer counts as in review
@@ -67,3 +67,24 @@ async def unsettled_below(db: Db, run_ids: Sequence[str]) -> dict[str, set[RunSt
 
 
 _UNSETTLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_REVIEW})
+
+
+async def owners_of(db: Db, run_ids: Sequence[str]) -> dict[str, dict[str, bool]]:
+    """For each of ``run_ids`` with any, the runs that own it now (its links no cancel
+    let go), each with whether it owns it exclusively: the runs whose trees it is in
+    (ADR 0065: a shared run's last owner's cancel makes that owner's link exclusive,
+    so its owner now is not always its parent). Through the links' primary key: every
+    link of the runs read, the live ones kept here (``released_at IS NULL`` in the
+    condition had PostgreSQL, on a ledger it has not analyzed, walk the partial index
+    of every live link, ``run_owners_owner``)."""
+    which, params = db.dialect.in_list("run_id", sorted(set(run_ids)))
+    found = await db.all(
+        f"SELECT run_id, owner_run, exclusive, released_at FROM run_owners WHERE {which}"
+        " ORDER BY run_id, owner_run",
+        params,
+    )
+    owners: dict[str, dict[str, bool]] = {}
+    for run_id, owner, exclusive, released in found:
+        if released is None:
+            owners.setdefault(run_id, {})[owner] = bool(exclusive)
+    return owners
