@@ -160,7 +160,11 @@ class Resumed:
             if (self.expired_approvals)
             else ""
         )
-        return f"Resumed run {self.run.id}: continue from {where}{expired}."
+        return (
+            f"Resumed run {self.run.id}: a workflow still waiting at its gate goes on by "
+            f"itself; else re-enter the run with the same run id, from {where} (completed "
+            f"actions are returned from the ledger, not repeated){expired}."
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
