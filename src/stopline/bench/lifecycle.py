@@ -9,8 +9,8 @@ Both windows start on a quiet heap (``figures.quiet_heap``).
 
 ``pause_ms`` and ``resume_to_call_ms``: an idle run paused (``pause()`` to its
 receipt, the pause durable), then a call made, which waits at the gate, and
-the run resumed (``resume()`` to that call's tool invoked); p50 of each beside
-one bare durable transaction measured in the same run.
+the run resumed (``resume()`` to that call's tool invoked), a fresh run each
+round; p50 of each beside one bare durable transaction measured in the same run.
 """
 
 from __future__ import annotations
@@ -132,44 +132,42 @@ async def _bare(children: int) -> tuple[float, float]:
 
 
 async def pause_resume_samples(url: str, n: int) -> tuple[list[float], list[float]]:
-    """``n`` rounds on one run: ``pause()`` of the idle run, then a call that waits at
-    its gate, and ``resume()`` to that call's tool invoked (seconds of each)."""
-    called: list[anyio.Event] = []
-    send, receive = anyio.create_memory_object_stream[int](1)
+    """``n`` rounds, each on a run of its own (a run's receipt reads its operations: one
+    run through every round would make a later pause dearer than the first):
+    ``pause()`` of the idle run, then a call that waits at its gate, and ``resume()``
+    to that call's tool invoked (seconds of each)."""
+    called = anyio.Event()
 
     @stopline.tool
-    async def step(ctx: stopline.CallContext, n: int) -> int:
-        called[n].set()
-        return n
+    async def step(ctx: stopline.CallContext) -> None:
+        called.set()
 
     pauses: list[float] = []
     resumes: list[float] = []
-    async with stopline.open(url) as ledger, send, anyio.create_task_group() as tg:
-        ready = anyio.Event()
-        run_ids: list[str] = []
+    async with stopline.open(url) as ledger:
 
-        async def worker() -> None:
+        async def worker(ready: anyio.Event, go: anyio.Event, run_ids: list[str]) -> None:
             async with ledger.run("pause-bench", owner="bench") as run:
                 run_ids.append(run.id)
                 ready.set()
-                async with receive:
-                    async for i in receive:
-                        await run.call(step, i, key=f"step-{i}")
+                await go.wait()
+                await run.call(step, key="step")
 
-        tg.start_soon(worker)
-        await ready.wait()
-        for i in range(n):
-            called.append(anyio.Event())
-            start = time.perf_counter()
-            await ledger.pause(run_ids[0], by="bench")
-            pauses.append(time.perf_counter() - start)
-            await send.send(i)
-            await anyio.sleep(0.002)  # outside the window: the call reaches the gate, waits
-            start = time.perf_counter()
-            await ledger.resume(run_ids[0], by="bench")
-            await called[i].wait()
-            resumes.append(time.perf_counter() - start)
-        send.close()  # the worker's run ends
+        for _ in range(n):
+            called, ready, go = anyio.Event(), anyio.Event(), anyio.Event()
+            run_ids: list[str] = []
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker, ready, go, run_ids)
+                await ready.wait()
+                start = time.perf_counter()
+                await ledger.pause(run_ids[0], by="bench")
+                pauses.append(time.perf_counter() - start)
+                go.set()
+                await anyio.sleep(0.002)  # outside the window: the call reaches the gate
+                start = time.perf_counter()
+                await ledger.resume(run_ids[0], by="bench")
+                await called.wait()
+                resumes.append(time.perf_counter() - start)
     return pauses, resumes
 
 
