@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+import jinja2
 from starlette.applications import Starlette
 from starlette.datastructures import URL
 from starlette.requests import Request
@@ -36,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import stopline
 from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import CLI_TERMS, fmt_age, fmt_seconds, fmt_time, timeline
+from stopline.console.shown import finalize, shown
 from stopline.console.svg import run_timeline, settle_chart
 from stopline.domain.advice import Do, Terms, reviewing
 from stopline.domain.guidance import correct_in_application
@@ -61,7 +63,16 @@ __all__ = ["LOCAL_HOSTS", "ConsoleConfig", "HostGuard", "check_principal", "crea
 
 COOKIE = "stopline_console"
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-_TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+# stored text reads as stored (ADR 0070): ``| shown`` in a page's text, ``finalize``
+# for every other value printed (attributes, the <title>)
+_TEMPLATES = Jinja2Templates(
+    env=jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=jinja2.select_autoescape(),
+        finalize=finalize,
+    )
+)
+_TEMPLATES.env.filters["shown"] = shown
 _TEMPLATES.env.globals.update(fmt_time=fmt_time, fmt_age=fmt_age, fmt_seconds=fmt_seconds)
 # an id in a URL path: `?`, `#`, `%` and `/` escaped (the routes take the decoded id back)
 _TEMPLATES.env.filters["q"] = lambda value: quote(str(value), safe="")
@@ -341,9 +352,8 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         ledger = the_ledger(request)
         items = await ledger.review_items()
         elsewhere = {item.op.id: correct_elsewhere(ledger, item.op) for item in items}
-        return render(
-            request, "review.html", items=items, elsewhere=elsewhere, live=False, partial=False
-        )
+        # live as the runs page: a queue gains items and loses them to other reviewers
+        return render(request, "review.html", items=items, elsewhere=elsewhere, live=True)
 
     async def resolve_action(request: Request) -> Response:
         ledger = the_ledger(request)

@@ -6,7 +6,8 @@ coloured by its status, each ledger event a dot with its words), the cancel
 and the settle marked as vertical lines. ``settle_chart``: how long cancelled
 runs took from the cancel to settled, as a histogram with p50 and p99 marked.
 
-Every value drawn comes from the ledger's events; every text is escaped.
+Every value drawn comes from the ledger's events; every text is escaped, its
+bidirectional controls drawn by name (``shown.visible``: an SVG label holds no ``<bdi>``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from markupsafe import Markup, escape
 
 from stopline.cli.views import TimelineEntry, fmt_seconds
+from stopline.console.shown import visible
 from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import LogKind, OpStatus, RunEvent
 
@@ -48,25 +50,27 @@ _GRID = 'stroke="#e3e7eb" stroke-width="1"'
 _SETTLE_KINDS: dict[str, str] = {RunEvent.SETTLED: "settled", RunEvent.ESCALATE: "needs review"}
 
 
+def _esc(text: str) -> Markup:
+    return escape(visible(text))
+
+
 def _svg(height: int, testid: str, title: str, body: list[str]) -> Markup:
     return Markup(
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" data-testid="{testid}" '
-        f'viewBox="0 0 {WIDTH} {height}" width="100%" aria-label="{escape(title)}">'
-        f"<title>{escape(title)}</title>{''.join(body)}</svg>"
+        f'viewBox="0 0 {WIDTH} {height}" width="100%" aria-label="{_esc(title)}">'
+        f"<title>{_esc(title)}</title>{''.join(body)}</svg>"
     )
 
 
 def _text(x: float, y: float, text: str, cls: str = "lbl", anchor: str = "start") -> str:
-    return (
-        f'<text {_TEXT[cls]} x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}">{escape(text)}</text>'
-    )
+    return f'<text {_TEXT[cls]} x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}">{_esc(text)}</text>'
 
 
 def _mark(name: str, x: float, top: float, bottom: float, title: str) -> str:
     return (
         f'<line data-mark="{name}" stroke="{_MARK[name]}" stroke-width="2" '
         f'stroke-dasharray="5 3" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}">'
-        f"<title>{escape(title)}</title></line>"
+        f"<title>{_esc(title)}</title></line>"
     )
 
 
@@ -114,9 +118,9 @@ def run_timeline(entries: Sequence[TimelineEntry], ops: Sequence[OperationRecord
         name = entry.detail.split(" ", 1)[0] or "phase"
         left, w = x(entry.at), max(x(end) - x(entry.at), 2.0)
         body.append(
-            f'<rect fill="#d7e6f3" stroke="#8fb3d3" data-phase="{escape(name)}" '
+            f'<rect fill="#d7e6f3" stroke="#8fb3d3" data-phase="{_esc(name)}" '
             f'x="{left:.1f}" y="{top + 4}" '
-            f'width="{w:.1f}" height="{ROW - 8}"><title>{escape(entry.detail)}</title></rect>'
+            f'width="{w:.1f}" height="{ROW - 8}"><title>{_esc(entry.detail)}</title></rect>'
         )
         body.append(_text(left + 4, top + 17, _clip(name, max(4, int(w / 7)))))
     # operations: a bar from the gate to the event that resolved it
@@ -133,15 +137,15 @@ def run_timeline(entries: Sequence[TimelineEntry], ops: Sequence[OperationRecord
         fill = _STATUS_FILL.get(op.status, "#e0a43a")
         body.append(_text(8, y + 17, _clip(op.description or op.tool)))
         body.append(
-            f'<rect fill="{fill}" data-op="{escape(op.id)}" data-status="{op.status.value}" '
+            f'<rect fill="{fill}" data-op="{_esc(op.id)}" data-status="{op.status.value}" '
             f'x="{x(own[0].at):.1f}" y="{y + 6}" width="{max(x(done) - x(own[0].at), 3.0):.1f}" '
-            f'height="{ROW - 12}"><title>{escape(op.description or op.tool)}: '
+            f'height="{ROW - 12}"><title>{_esc(op.description or op.tool)}: '
             f"{op.status.value}</title></rect>"
         )
         for e in own:
             body.append(
                 f'<circle fill="#1d2329" cx="{x(e.at):.1f}" cy="{y + ROW / 2:.1f}" r="3">'
-                f"<title>{escape(e.words)}</title></circle>"
+                f"<title>{_esc(e.words)}</title></circle>"
             )
     # the cancel and the settle, across every row
     for e in entries:
