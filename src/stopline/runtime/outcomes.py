@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
 __all__ = ["INTERRUPTED", "Outcomes", "lost_update"]
+
+log = logging.getLogger("stopline.background")
 
 INTERRUPTED = "local abort: the call was interrupted"
 
@@ -83,7 +87,34 @@ class Outcomes:
 
     # -- recording -------------------------------------------------------------------
     async def resolve(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
-        """Record an outcome; agreeing repeats become evidence, contradictions go to review."""
+        """Record an outcome; agreeing repeats become evidence, contradictions go to review.
+
+        The write and what follows it (``after_change``: an ``unknown`` queued for its
+        read-back, the run moved on) go to their end whoever stops waiting. A scope's
+        cancel (anyio's, trio's) is held by the callers' shields; asyncio's own
+        ``Task.cancel`` is not (a framework cancelling the task it runs a tool in, again
+        while it unwinds: LangGraph's runner, a ``gather``). It cut the wait once the
+        write had landed, and the ``unknown`` was never read back nor sent to review
+        (ADR 0071). On asyncio, in a task being cancelled (the cut that made an outcome
+        ``unknown`` is such a cancel), they run in a task of their own that a further
+        cancel does not reach; a cancelled caller waits for its end, as the ledger holds
+        one for its write, then its cancel goes on up. Otherwise inline: a task of its
+        own cost the write a turn of the loop (a provider's confirmation of a cancel,
+        recorded in the same step, missed the receipt ``cancel()`` returns)."""
+        if not _asked_to_cancel():  # the common case, inline: its write queued at once
+            return await self._resolved(op_id, update)
+        task = asyncio.ensure_future(self._resolved(op_id, update))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_unawaited)  # its error, if any, is nobody's: logged
+            with anyio.CancelScope(shield=True):  # a scope's cancel waits; asyncio's own:
+                while not task.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait((task,))  # ... each delivered once, taken here
+            raise
+
+    async def _resolved(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         try:
             op = await self._core.backend.record(op_id, update)
         except IllegalTransition:
@@ -342,6 +373,13 @@ class Outcomes:
                 core.spawn(self.settle_pause, run_id)
         if moving:
             core.spawn(core.settler.advance_many, moving)
+
+
+def _unawaited(task: asyncio.Future[OperationRecord]) -> None:
+    """An outcome's write whose caller was cancelled meanwhile has ended: its error, kept
+    in the log (the caller's cancel goes on up in its place)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("an outcome recorded after its caller was cancelled failed: %s", describe(exc))
 
 
 def _asked_to_cancel() -> bool:
