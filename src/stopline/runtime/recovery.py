@@ -8,13 +8,19 @@ open-operations index, never resolved history) and declares one dead when:
 
 - its lease expired (it stopped renewing, or closed: closing retires it), or
 - it runs on this host and its process no longer exists (a SIGKILL is seen
-  at once, without waiting for the lease), or
+  at once, without waiting for the lease; a process that took its pid since
+  is not the worker's), or
 - it never registered and its operations have not moved for a lease period.
 
 The dead worker's in-flight operations become ``unknown`` (cause ``crash``)
-in one transaction and are queued for verification. Nothing is re-sent: a
-write is retried only by a workflow that still holds ``initiate``, with the
-same id, after a read-back proved it did not happen (R5).
+and are queued for verification. Nothing is re-sent: a write is retried only
+by a workflow that still holds ``initiate``, with the same id, after a
+read-back proved it did not happen (R5).
+
+Their evidence says what recovery saw, no more (R8, ADR 0069): only a process
+gone from this host is a proven death. A lapsed lease proves that the worker
+stopped renewing it: its process may still exist here (stopped, stalled) or
+elsewhere (a partition), with a request in flight that may still land.
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ from stopline.domain.model import Evidence, OperationRecord
 from stopline.domain.vocab import OpStatus
 from stopline.errors import StoplineError
 from stopline.ledger.leases import WorkerLease
-from stopline.runtime.readback import no_read_back
+from stopline.runtime.readback import CRASH, LEASE_LAPSED, no_read_back
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
 
-__all__ = ["RecoveryReport", "Workers", "is_dead", "pid_alive"]
+__all__ = ["RecoveryReport", "Workers", "death_of", "is_dead", "pid_alive", "process_gone"]
 
 DEFAULT_LEASE = 30.0
+# a process that started this long after a worker's calls last moved is not the worker's
+_REUSE_MARGIN = 5.0
 
 
 def pid_alive(pid: int) -> bool:
@@ -59,6 +67,31 @@ def pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+def _started_at(pid: int) -> float | None:
+    """When the process ``pid`` started (epoch seconds, to about a second), if told."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as system:
+            boot = next(int(line.split()[1]) for line in system if line.startswith(b"btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def process_gone(lease: WorkerLease, host: str) -> bool | None:
+    """Whether the worker's process is gone from this host: no process by its pid, a
+    zombie, or a process that started after the worker's last move (its pid reused).
+    None: it cannot be told from here (another host, no pid recorded)."""
+    if lease.host != host or lease.pid is None:
+        return None
+    if not pid_alive(lease.pid):
+        return True
+    started = _started_at(lease.pid)
+    # the margin: btime counts whole seconds, and hosts' clocks differ a little
+    return started is not None and started > lease.last_activity + _REUSE_MARGIN
+
+
 def is_dead(lease: WorkerLease, *, now: float, host: str, me: str, lease_seconds: float) -> bool:
     """The rule above, for one worker holding operations in flight."""
     if lease.worker == me:
@@ -67,7 +100,30 @@ def is_dead(lease: WorkerLease, *, now: float, host: str, me: str, lease_seconds
         return lease.last_activity < now - lease_seconds
     if lease.lease_until < now:
         return True
-    return lease.host == host and lease.pid is not None and not pid_alive(lease.pid)
+    return process_gone(lease, host) is True
+
+
+def death_of(lease: WorkerLease, host: str) -> list[Evidence]:
+    """What recovery saw of a worker it takes for dead, as evidence: a death only where
+    this host shows its process gone (or it closed); a lapsed lease, or a worker never
+    registered, with ``LEASE_LAPSED`` saying where its process may be (R8, R13)."""
+    who = f"worker {lease.worker} left this call in flight"
+    if lease.lease_until is None:
+        saw, where = "it never registered", "its process was never recorded"
+    elif process_gone(lease, host):
+        return [Evidence.local(CRASH, f"{who}: its process (pid {lease.pid}) died")]
+    elif lease.lease_until <= 0:
+        return [Evidence.local(CRASH, f"{who}: it closed before recording its outcome")]
+    elif lease.host == host:
+        saw = "its lease lapsed"
+        where = f"its process (pid {lease.pid}) still exists on this host, stopped or stalled"
+    else:
+        saw = "its lease lapsed"
+        where = f"its process on host {lease.host or '(unrecorded)'} cannot be seen from here"
+    return [
+        Evidence.local(CRASH, f"{who}: {saw}"),
+        Evidence.local(LEASE_LAPSED, f"{where}: a request it sent may still land"),
+    ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,17 +179,15 @@ class Workers:
         """Find dead workers holding in-flight operations; mark those unknown."""
         backend = self._core.backend
         now = time.time()
-        dead = [
-            lease.worker
-            for lease in await backend.in_flight_workers()
-            if is_dead(
-                lease, now=now, host=self.host, me=self._core.worker_id, lease_seconds=self.lease
-            )
-        ]
-        if not dead:
-            return [], []
-        evidence = [Evidence.local("crash", f"worker(s) {', '.join(dead)} died with it in flight")]
-        return dead, await backend.recover_orphans(dead, evidence)
+        seen: list[tuple[WorkerLease, list[Evidence]]] = []
+        for lease in await backend.in_flight_workers():
+            me = self._core.worker_id
+            if is_dead(lease, now=now, host=self.host, me=me, lease_seconds=self.lease):
+                seen.append((lease, death_of(lease, self.host)))
+        recovered: list[OperationRecord] = []
+        for lease, evidence in seen:  # each with what was seen of its own worker
+            recovered += await backend.recover_orphans([lease.worker], evidence)
+        return [lease.worker for lease, _ in seen], recovered
 
     async def recover(self) -> RecoveryReport:
         """Register, sweep, and queue every unknown operation for verification."""
