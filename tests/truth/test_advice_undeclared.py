@@ -80,3 +80,34 @@ async def test_an_undeclared_tool_accepted_is_not_said_to_be_uncancellable(
     # the CLI shows the same line
     assert f"- post: accepted by the provider; not finished yet; {UNDECLARED}" in shown.stdout
     assert "the provider cannot cancel it; " not in shown.stdout
+
+
+async def test_the_note_of_a_cancel_not_asked_says_what_the_record_holds(
+    ledger_url: str,
+) -> None:
+    """The cancel's note for an undeclared tool's call (shown in `stopline show`'s
+    timeline) said "its policy says the provider cannot cancel it": it says that no way
+    to cancel was declared, so none was asked."""
+    sent, finish = anyio.Event(), anyio.Event()
+
+    @stopline.tool(name="post")
+    async def post(ctx: stopline.CallContext) -> str:
+        sent.set()
+        await finish.wait()
+        return "posted"
+
+    async with stopline.open(ledger_url) as ledger:
+        async with anyio.create_task_group() as tg:
+
+            async def work() -> None:
+                async with ledger.run("job", owner="user:1", run_id="n") as run:
+                    await run.call(post, key="post")
+
+            tg.start_soon(work)
+            await sent.wait()
+            await ledger.cancel("n", by="user:1")
+            finish.set()
+        events = await ledger.backend.events("n")
+    (note,) = [e for e in events if e.kind == "cancel_not_asked"]
+    assert note.data is not None and note.data["detail"].startswith(UNDECLARED)
+    assert "cannot cancel" not in note.data["detail"]

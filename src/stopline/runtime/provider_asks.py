@@ -73,15 +73,16 @@ class ProviderAsks:
             ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED
         )
         if cut and ctx.cut_sends and never:
-            # R14: the record says what was sent, although the policy says it cannot cancel
+            # R14: the record says what was sent, although its policy says not to ask
             why = (
                 f"the call was cut here, and the cut sent its provider a cancel "
-                f"({ctx.cut_sends}); its policy says it cannot cancel it (R12)"
+                f"({ctx.cut_sends}); its tool is not declared cancellable (R12)"
             )
             self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
             return None
         if tool.cancellable is Cancellable.NEVER:
-            why = "its policy says the provider cannot cancel it: never asked (R12)"
+            # the record cannot tell a declared ``never`` from the default (ADR 0066)
+            why = "not declared cancellable: its provider is not asked to cancel it (R12)"
             self._answered(ctx, CancelState.NOT_ASKED, why, "")
             return None
         if ctx.is_accepted and tool.cancellable is Cancellable.UNTIL_ACCEPTED:
