@@ -15,6 +15,7 @@ import stopline
 from stopline.cli import EXIT_OK
 from stopline.console import ConsoleConfig, create_app
 from stopline.domain.lifecycle import operator
+from stopline.domain.limits import BIDI_CONTROLS
 from tests.surfaces.test_cli import as_json, stopline_cli
 
 MARKED = "run_[red]1"  # valid rich style tags: they were eaten, and `run_1` listed
@@ -183,3 +184,32 @@ def test_stats_counts_each_run_under_its_own_receipts_headline(tmp_path: Path) -
     outcomes = page.text.split('data-testid="outcomes"', 1)[1].split("</table>", 1)[0]
     rows = re.findall(r"<tr><td>(\w+)</td><td>(\d+)</td></tr>", outcomes)
     assert {headline: int(n) for headline, n in rows} == by_receipt
+
+
+async def _bidi_ledger(url: str) -> None:
+    @stopline.tool(description="refund \u202e0001\u202c EUR")
+    async def refund(ctx: stopline.CallContext) -> str:
+        return "refunded"
+
+    async with (
+        stopline.open(url) as ledger,
+        ledger.run("pay \u2067back\u2069", owner="user:1", run_id="run_bidi") as run,
+    ):
+        await run.call(refund)
+
+
+def test_a_bidirectional_control_prints_as_its_code_point(tmp_path: Path) -> None:
+    """A stored U+202E made the terminal draw "refund 0001 EUR" as "refund 1000 EUR", as
+    the console did (ADR 0070): each is printed as its code point; JSON keeps the text."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    anyio.run(_bidi_ledger, url)
+    for args in (("runs",), ("show", "run_bidi")):
+        done = stopline_cli(*args, ledger=url, env=WIDE)
+        assert done.returncode == EXIT_OK, (args, done.stderr)
+        printed = done.stdout + done.stderr
+        assert not BIDI_CONTROLS.search(printed), args
+        assert "<U+2067>back<U+2069>" in printed, args
+        if args[0] == "show":
+            assert "refund <U+202E>0001<U+202C> EUR" in printed
+    shown = as_json(stopline_cli("show", "run_bidi", "--json", ledger=url))
+    assert shown["run"]["name"] == "pay \u2067back\u2069"  # the data as stored

@@ -22,7 +22,7 @@ from rich.text import Text
 
 import stopline
 from stopline.cli.views import CLI_TERMS
-from stopline.domain.limits import sanitise
+from stopline.domain.limits import shown_whole
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline
 from stopline.errors import LedgerUnavailable, SchemaTooOld, StoplineError
@@ -65,9 +65,10 @@ EXIT_NOTHING_TO_DO = 5  # resume of a run that is not paused or cancelled: nothi
 def printable(value: object) -> str:
     """``value`` as a terminal may show it: every control character but newline and tab
     replaced by U+FFFD (``sanitise``'s rule), so no text from a ledger, an exception or a
-    server can move the cursor, retitle the window or clear the screen. Nothing is cut
-    off."""
-    return sanitise(value, at_most=None)
+    server can move the cursor, retitle the window or clear the screen; and each
+    bidirectional control written as its code point (``<U+202E>``), so that none
+    reorders what is shown (ADR 0070). Nothing is cut off."""
+    return shown_whole(value)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

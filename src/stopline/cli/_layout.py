@@ -24,7 +24,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from stopline.domain.limits import sanitise
+from stopline.domain.limits import shown_whole
 
 __all__ = ["Grid"]
 
@@ -46,7 +46,7 @@ class Grid:
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         # made printable here (control characters replaced), so widths are measured
         # on what the terminal will show
-        self.rows.append(tuple(sanitise("" if v is None else v, at_most=None) for v in cells))
+        self.rows.append(tuple(shown_whole("" if v is None else v) for v in cells))
 
     def print(self, console: Console) -> None:
         """Print it on ``console``, laid out for its width (see the module's doc)."""

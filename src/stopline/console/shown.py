@@ -17,24 +17,19 @@ templates' ``finalize`` applies it to every other value, so a value left without
 
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from markupsafe import Markup, escape
 
+from stopline.domain.limits import BIDI_CONTROLS, bidi_name, with_bidi_shown
+
 __all__ = ["BIDI_CONTROLS", "finalize", "shown", "visible"]
-
-# Unicode's Bidi_Control property: the characters that only steer the direction of text
-BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _name(char: str) -> str:
-    return f"<U+{ord(char):04X}>"
 
 
 def visible(text: str) -> str:
-    """``text`` with each bidirectional control replaced by its code point, ``<U+202E>``."""
-    return BIDI_CONTROLS.sub(lambda match: _name(match[0]), text)
+    """``text`` with each bidirectional control replaced by its code point, ``<U+202E>``
+    (``limits.with_bidi_shown``, the CLI's rule too)."""
+    return with_bidi_shown(text)
 
 
 def shown(value: object) -> Markup:
@@ -48,7 +43,7 @@ def shown(value: object) -> Markup:
         parts.append(escape(text[last : match.start()]))
         title = unicodedata.name(char, "bidirectional control")
         parts.append(
-            Markup('<span class="ctl" title="{}">{}</span>').format(title.lower(), _name(char))
+            Markup('<span class="ctl" title="{}">{}</span>').format(title.lower(), bidi_name(char))
         )
         last = match.end()
     parts.append(escape(text[last:]))

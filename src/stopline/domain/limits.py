@@ -16,10 +16,12 @@ import re
 from stopline.errors import InvalidInput
 
 __all__ = [
+    "BIDI_CONTROLS",
     "MAX_ID_CHARS",
     "MAX_REASON_CHARS",
     "MAX_RESULT_CHARS",
     "MAX_ROWS",
+    "bidi_name",
     "check_backoff",
     "check_id",
     "check_limit",
@@ -28,7 +30,9 @@ __all__ = [
     "fitted",
     "replace_unusable",
     "sanitise",
+    "shown_whole",
     "storable",
+    "with_bidi_shown",
 ]
 
 MAX_ID_CHARS = 1024
@@ -120,6 +124,28 @@ _UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 def storable(text: object) -> bool:
     """Whether ``sanitise`` would give ``text`` back as it is (a check in C, no copy)."""
     return type(text) is str and len(text) <= MAX_REASON_CHARS and not _UNSTORABLE.search(text)
+
+
+# Unicode's Bidi_Control property: the characters that only steer the direction of text
+# (U+202E RIGHT-TO-LEFT OVERRIDE made "refund 0001 EUR" read "refund 1000 EUR")
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def bidi_name(char: str) -> str:
+    return f"<U+{ord(char):04X}>"
+
+
+def with_bidi_shown(text: str) -> str:
+    """``text`` with each bidirectional control written as its code point, ``<U+202E>``:
+    stored text as every surface shows it, reading in its stored order (ADR 0070)."""
+    return BIDI_CONTROLS.sub(lambda match: bidi_name(match[0]), text)
+
+
+def shown_whole(value: object) -> str:
+    """``value`` as a reader's screen shows it, whole: ``sanitise``'s control characters
+    replaced, each bidirectional control written as its code point (a terminal's cells
+    and lines, ADR 0051, ADR 0070)."""
+    return with_bidi_shown(sanitise(value, at_most=None))
 
 
 def replace_unusable(text: str, by: str) -> str:
