@@ -25,6 +25,7 @@ __all__ = [
     "Principal",
     "is_system",
     "operator",
+    "tenant_of",
 ]
 
 
@@ -94,6 +95,11 @@ class Action(enum.StrEnum):
 DEFAULT_TENANT = "default"  # a run's tenant when none is given; a bare principal's tenant
 
 
+def tenant_of(run: RunRecord) -> str:
+    """The run's tenant (``DEFAULT_TENANT`` for a run written with none)."""
+    return run.tenant or DEFAULT_TENANT
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Principal:
     """Who acts. A bare string ``"user:42"`` is a principal with no tenant and no roles:
@@ -139,7 +145,7 @@ class AccessPolicy:
         if principal.id == SYSTEM.id and not is_system(principal):
             return False  # a forged "stopline" sees nothing
         tenant = DEFAULT_TENANT if principal.tenant is None else principal.tenant
-        return tenant in ((run.tenant or DEFAULT_TENANT), "*")
+        return tenant in (tenant_of(run), "*")
 
 
 class OwnerOrTenantAdmin(AccessPolicy):

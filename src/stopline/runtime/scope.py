@@ -33,7 +33,7 @@ import anyio
 import sniffio
 
 from stopline.domain.guidance import what_to_do
-from stopline.domain.lifecycle import DEFAULT_TENANT
+from stopline.domain.lifecycle import tenant_of
 from stopline.domain.vocab import RunState
 from stopline.errors import AlreadyAttached, InvalidInput, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
@@ -134,7 +134,7 @@ class RunScope:
             if parent is not None
             else await self._core.backend.get_run(spec.parent_id)
         )
-        if (above.tenant or DEFAULT_TENANT) != spec.tenant:
+        if tenant_of(above) != spec.tenant:
             raise InvalidInput("tenant", "a child run must be of its parent run's tenant")
 
     async def __aexit__(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from stopline.domain.lifecycle import DEFAULT_TENANT, Action, Principal
+from stopline.domain.lifecycle import Action, Principal, tenant_of
 from stopline.domain.limits import check_id
 from stopline.domain.model import RunRecord
 from stopline.errors import InvalidInput
@@ -39,7 +39,7 @@ async def share(
     check_id("run_id", run_id)
     principal, shared = await authorize(by, Action.SHARE, run_id)
     _, owner = await authorize(principal, Action.SHARE, with_owner)
-    if (shared.tenant or DEFAULT_TENANT) != (owner.tenant or DEFAULT_TENANT):
+    if tenant_of(shared) != tenant_of(owner):
         raise InvalidInput(
             "with_owner", f"run {with_owner!r} is not of run {run_id!r}'s tenant: it cannot own it"
         )
