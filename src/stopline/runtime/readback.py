@@ -6,9 +6,10 @@ any more (R13). The horizon a tool declares or a call states bounds that (the
 settler's ``not_yet``); with none, the effect ends with the local call. Of a call
 crash recovery took from a worker whose process it did not see gone (its lease
 lapsed: stopped, stalled, partitioned, ``LEASE_LAPSED`` in its evidence), that end
-is not known: there, "not found" is no answer, the call stays ``unknown`` and goes
-to review when the budget is spent, and a found effect still proves it happened
-(ADR 0069). Else a re-entry sent it again while the first request could still land.
+is not known (``sender_may_still_send``): the settler's ``not_yet`` reads "not
+found" there as no answer, the call stays ``unknown`` and goes to review when the
+budget is spent, and a found effect still proves it happened (ADR 0069). Else a
+re-entry sent it again while the first request could still land.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "CRASH",
     "LEASE_LAPSED",
     "READS_AT_ONCE",
+    "STILL_SENDING",
     "VerifyBudget",
     "ask",
     "sender_may_still_send",
@@ -48,6 +50,8 @@ __all__ = [
 # not seen gone): a request that worker sent may still land
 CRASH = "crash"
 LEASE_LAPSED = "lease_lapsed"
+# what a read-back that found nothing for such a call says beside what it found
+STILL_SENDING = "its worker's lease lapsed with it in flight: it may still land"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,43 +97,23 @@ def read_back_of(
 ) -> tuple[Tool[Any] | None, Verifier | None]:
     """The operation's tool here and its read-back (a correction's own for a correction):
     ``(None, None)`` when its tool is not registered here; with ``op.can_verify`` false,
-    no process can read it back (R5: it goes to review). For a call whose sender may
-    still send it and that no horizon bounds, a read-back that cannot say "not
-    committed" (above)."""
+    no process can read it back (R5: it goes to review)."""
     tool = tools.get(op.tool)
     if tool is None:
         return None, None
-    verify = tool.compensation_verify_fn if op.compensates else tool.verify_fn
-    unbounded = op.horizon is None and tool.settles_within is None
-    if verify is not None and unbounded and sender_may_still_send(op):
-        return tool, _finding_nothing_proves_nothing(verify)
-    return tool, verify
+    return tool, tool.compensation_verify_fn if op.compensates else tool.verify_fn
 
 
 def sender_may_still_send(op: OperationRecord) -> bool:
     """Whether crash recovery last took ``op`` from a worker it did not see die (its lease
-    lapsed, its process not seen gone): a request that worker sent may still land."""
+    lapsed, its process not seen gone): a request that worker sent may still land, and
+    nothing says until when but a horizon."""
     if op.cause is not Cause.CRASH:
         return False
     for item in reversed(op.evidence):
         if item.kind is EvidenceKind.LOCAL and item.ref in (LEASE_LAPSED, CRASH):
             return item.ref == LEASE_LAPSED
     return False
-
-
-def _finding_nothing_proves_nothing(verify: Verifier) -> Verifier:
-    """``verify``, its "not found" said as no answer (a provider's own word that the
-    request ended, ``ended=True``, still proves it)."""
-
-    async def read(ctx: CallContext) -> ReadBack:
-        found = ReadBack.of(await verify(ctx))
-        if found.verdict is not Verdict.NOT_COMMITTED or found.ended:
-            return found
-        why = found.detail or "nothing found"
-        detail = f"{why}; its worker's lease lapsed with it in flight: it may still land"
-        return ReadBack(Verdict.UNKNOWN, found.ref, detail)
-
-    return read
 
 
 def no_read_back(tools: Mapping[str, Tool[Any]], op: OperationRecord) -> bool:

@@ -39,7 +39,14 @@ from stopline.runtime.batches import Batches
 from stopline.runtime.compensate import context_for
 from stopline.runtime.context import CallContext
 from stopline.runtime.provider_asks import ProviderAsks
-from stopline.runtime.readback import READS_AT_ONCE, VerifyBudget, ask, read_back_of
+from stopline.runtime.readback import (
+    READS_AT_ONCE,
+    STILL_SENDING,
+    VerifyBudget,
+    ask,
+    read_back_of,
+    sender_may_still_send,
+)
 from stopline.runtime.tool import ReadBack, Verdict
 
 if TYPE_CHECKING:
@@ -207,14 +214,16 @@ class Settler:
 
     def not_yet(self, op: OperationRecord, read: ReadBack, *, in_flight: bool = False) -> bool:
         """R13: a read-back that found nothing proves nothing while the effect can still
-        land: before the horizon, unless the provider said the request ended. A call
-        still ``in_flight`` (accepted, its worker waiting on it) has no horizon but a
-        stated or declared one: its local call has not ended."""
+        land: before the horizon, unless the provider said the request ended. With no
+        horizon stated or declared, the effect ends with the local call, unless that
+        call is still ``in_flight`` (accepted, its worker waiting on it) or its sender
+        may still send it (a worker crash recovery took for dead on a lapsed lease,
+        ADR 0069): then no read-back can say "not committed"."""
         if read.verdict is not Verdict.NOT_COMMITTED or read.ended:
             return False
         horizon = self.horizon_of(op)
         if horizon is None:
-            return in_flight
+            return in_flight or sender_may_still_send(op)
         return horizon > time.time()
 
     async def read_back(
@@ -254,6 +263,12 @@ class Settler:
                 op.id, NoteKind.VERIFY_UNKNOWN, {"evidence": [looked.to_json()]}
             )
         if self.not_yet(op, read):
+            if self.horizon_of(op) is None:  # no end to wait for: kept as evidence, as no answer
+                why = f"{read.detail or 'nothing found'}; {STILL_SENDING}"
+                looked = Evidence(EvidenceKind.READ_BACK, read.ref or "read-back", why)
+                return await core.backend.note(
+                    op.id, NoteKind.VERIFY_UNKNOWN, {"evidence": [looked.to_json()]}
+                )
             self._not_yet.add(op.id)
             return await self._reads.one(op.id)
         committed = read.verdict is Verdict.COMMITTED
