@@ -37,6 +37,7 @@ EXPECTED = {
     "LedgerIOError",
     "LedgerLocked",
     "LedgerReadOnly",
+    "LedgerRefused",
     "LedgerUnavailable",
     "NoAnswer",
     "NotFound",

@@ -23,6 +23,7 @@
     ├── RunPaused                      re-entering a paused run before it is resumed
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
+        ├── LedgerRefused              a constraint or trigger refuses the write, and would again
         ├── LedgerLocked
         ├── LedgerUnavailable          unreadable, missing directory, refused
         │   ├── LedgerFull             the disk (or the file size limit) is full
@@ -72,6 +73,7 @@ __all__ = [
     "LedgerIOError",
     "LedgerLocked",
     "LedgerReadOnly",
+    "LedgerRefused",
     "LedgerUnavailable",
     "NoAnswer",
     "NoRun",
@@ -343,6 +345,13 @@ class LedgerError(StoplineError):
 
 class LedgerCorrupt(LedgerError):
     pass
+
+
+class LedgerRefused(LedgerError):
+    """The ledger's database refused this write, and would refuse it again: a constraint
+    or a trigger (an operator's, a migration's), a value it cannot store. Nothing of the
+    write landed; no wait clears it, so nothing retries it: an outcome the outbox holds
+    is recorded as refused at once, a background step stops at it (ADR 0079)."""
 
 
 class LedgerLocked(LedgerError):

@@ -48,6 +48,7 @@ SAMPLES: dict[str, BaseException] = {
     "RunPaused": errors.RunPaused("run-1"),
     "LedgerError": errors.LedgerError("sqlite:///l.db", "broken"),
     "LedgerCorrupt": errors.LedgerCorrupt("sqlite:///l.db", "not a database"),
+    "LedgerRefused": errors.LedgerRefused("sqlite:///l.db", "CHECK constraint failed"),
     "LedgerLocked": errors.LedgerLocked("sqlite:///l.db", "locked"),
     "RowHeld": errors.RowHeld("postgresql://h/db", "lock timeout", doubt=True),
     "NotInReview": errors.NotInReview("run-1/k", OpStatus.COMMITTED, OpEvent.REVIEWED_COMMITTED),

@@ -62,6 +62,8 @@ async def test_an_answer_the_ledger_refuses_for_ever_becomes_unknown_and_is_read
     assert {item["kind"] for item in lost.data["evidence"]} >= {EvidenceKind.RESPONSE_DIGEST}
     assert effects(destination) == ["run_r/k", "run_r/other"]  # nothing sent again (R5)
     assert drain.failures - drain.retries == 1  # reported once, as not retried
+    # the engine says "refused" (ADR 0079): taken so at once, not after six tries
+    assert drain.retries == 0 and drain.last_error.startswith("LedgerRefused")
     assert not degraded and held == {}
 
 

@@ -22,6 +22,7 @@ from stopline.errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerLocked,
+    LedgerRefused,
     LedgerUnavailable,
 )
 from stopline.ledger import redact, tables_gone
@@ -42,6 +43,17 @@ __all__ = [
 # short one (the tests', an impatient caller's) is about retrying, not about how long a
 # busy server may take to answer a small statement (ADR 0061)
 ANSWER_FLOOR = 5.0
+
+# what the server refuses and would refuse again: a constraint (not a unique one, which
+# two sessions writing one row at once also meet: a retry reads the row), a value it
+# cannot store, one past its limits (class 54, which psycopg files as operational: an
+# index row too big, a NUL in text), an operator's or a migration's trigger (P0001)
+_REFUSED = (
+    psycopg.errors.IntegrityError,
+    psycopg.errors.DataError,
+    psycopg.errors.ProgramLimitExceeded,
+    psycopg.errors.RaiseException,
+)
 
 _UNAVAILABLE = (
     psycopg.OperationalError,
@@ -65,6 +77,8 @@ def map_error(location: str, exc: BaseException, *, retried_for: float) -> BaseE
         err = LedgerCorrupt(location, message)
     elif isinstance(exc, psycopg.errors.UndefinedTable):
         err = tables_gone(location, exc.diag.message_primary or message)
+    elif isinstance(exc, _REFUSED) and not isinstance(exc, psycopg.errors.UniqueViolation):
+        err = LedgerRefused(location, message)
     elif isinstance(exc, _UNAVAILABLE):
         err = LedgerUnavailable(location, message)
     else:
@@ -74,14 +88,15 @@ def map_error(location: str, exc: BaseException, *, retried_for: float) -> BaseE
 
 
 def transient(exc: BaseException) -> bool:
-    """Connection loss, failover, pool exhaustion, serialization failure: worth a retry."""
+    """Connection loss, failover, pool exhaustion, serialization failure: worth a retry
+    (not a statement past the server's limits, which psycopg files as operational)."""
     return isinstance(
         exc,
         psycopg.OperationalError
         | psycopg.errors.SerializationFailure
         | psycopg.errors.DeadlockDetected
         | OSError,
-    )
+    ) and not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
 
 
 def connection_lost(exc: BaseException) -> bool:

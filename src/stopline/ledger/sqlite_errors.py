@@ -13,6 +13,7 @@ from stopline.errors import (
     LedgerIOError,
     LedgerLocked,
     LedgerReadOnly,
+    LedgerRefused,
     LedgerUnavailable,
 )
 from stopline.ledger import tables_gone
@@ -28,6 +29,9 @@ _BY_CODE: dict[int, type[LedgerError]] = {
     11: LedgerCorrupt,  # SQLITE_CORRUPT
     13: LedgerFull,  # SQLITE_FULL
     14: LedgerUnavailable,  # SQLITE_CANTOPEN
+    18: LedgerRefused,  # SQLITE_TOOBIG
+    19: LedgerRefused,  # SQLITE_CONSTRAINT (a trigger's RAISE(ABORT) too)
+    20: LedgerRefused,  # SQLITE_MISMATCH
     26: LedgerCorrupt,  # SQLITE_NOTADB
 }
 OS_ERRORS: dict[int, type[LedgerError]] = {
@@ -60,6 +64,8 @@ def sqlite_error(location: str, exc: sqlite3.Error) -> LedgerError:
             kind = LedgerIOError
         elif "unable to open" in message:
             kind = LedgerUnavailable
+        elif "constraint failed" in message or "too big" in message or "mismatch" in message:
+            kind = LedgerRefused
         else:
             kind = LedgerError
     if kind is LedgerLocked:

@@ -31,6 +31,7 @@ from opentelemetry.trace import Status, StatusCode
 from stopline.errors import (
     LedgerCorrupt,
     LedgerError,
+    LedgerRefused,
     RunFenced,
     SchemaTooNew,
     StoplineError,
@@ -60,8 +61,9 @@ class Backoff:
 
 
 def retryable(exc: BaseException) -> bool:
-    """A fault that may clear by itself: storage or transport, not a bug or a bad file."""
-    if isinstance(exc, (SchemaTooNew, LedgerCorrupt)):
+    """A fault that may clear by itself: storage or transport, not a bug, a bad file or a
+    write the ledger refuses for good."""
+    if isinstance(exc, (SchemaTooNew, LedgerCorrupt, LedgerRefused)):
         return False
     return isinstance(exc, (LedgerError, OSError, TimeoutError))
 

@@ -30,7 +30,7 @@ import anyio
 
 from stopline.domain.model import Evidence
 from stopline.domain.vocab import Cause, OpEvent
-from stopline.errors import LedgerError, StoplineError, describe
+from stopline.errors import LedgerError, LedgerRefused, StoplineError, describe
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.boundary import retryable
 
@@ -48,11 +48,11 @@ UNCLASSIFIED_TRIES = 6
 
 
 def refused(exc: BaseException, tries: int) -> bool:
-    """Whether the ledger refuses a write for ever: an error no wait clears, other than
-    the ledger's own being broken, or one the engine could not classify, met ``tries``
-    times (``UNCLASSIFIED_TRIES`` or more)."""
-    if not retryable(exc):
-        return not isinstance(exc, LedgerError)  # a LedgerError no wait clears: broken
+    """Whether the ledger refuses a write for ever: the engine says so (``LedgerRefused``),
+    an error no wait clears other than the ledger's own being broken, or one the engine
+    could not classify, met ``tries`` times (``UNCLASSIFIED_TRIES`` or more)."""
+    if not retryable(exc):  # a LedgerError no wait clears (but a refusal): broken
+        return not isinstance(exc, LedgerError) or isinstance(exc, LedgerRefused)
     return type(exc) is LedgerError and tries >= UNCLASSIFIED_TRIES
 
 
@@ -64,7 +64,9 @@ class Outbox:
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> None:
         """Record the outcome now, or hold it if the ledger cannot take it yet. One the
-        ledger refuses for ever raises its error, and is recorded as refused behind it."""
+        ledger's database refuses (``LedgerRefused``) is recorded as refused behind it,
+        as a storage fault is held: the call's answer is not lost with it. Any other
+        error no wait clears (a bug) raises, and is recorded as refused behind it."""
         queue = self.held.get(op_id)
         if queue is not None:  # an earlier outcome of this operation waits: keep the order
             queue.append(update)
@@ -77,7 +79,7 @@ class Outbox:
                 self.held[op_id] = [update]
                 self._tries[op_id] = 1
                 self._core.spawn(self.drain, op_id)
-            if not again:
+            if not again and not isinstance(exc, LedgerRefused):
                 raise
 
     async def drain(self, op_id: str) -> None:
