@@ -3,36 +3,23 @@
     async with stopline.open(url, observers=[Telemetry()]) as ledger:
         ...
 
-``Telemetry`` is an observer: it wraps the ledger's backend (the narrow
-storage seam) and turns every write that reached the ledger into spans and
-metrics, so a trace never shows more than the ledger proves. Only
-``opentelemetry-api`` is needed; with no SDK configured the spans are no-ops,
-and with one they export as usual.
-
-Spans (all carry ``stopline.run_id``; operation spans ``stopline.op_id``):
-
-    stopline.run            create_run .. the run ends or settles (headline)
-    stopline.phase          one per phase entered, until the next one or the end
-    stopline.operation      the gate .. the operation's resolved status
-      stopline.dispatch     the gate's one transaction (verdict)
-      stopline.verify       unknown .. verified, escalated or settled otherwise
-      stopline.compensate   compensation started .. compensated or failed
-    stopline.cancel         the fence write, a child of the caller's span
-      stopline.settle       the run settled after that cancel (headline)
-    stopline.outcome        a run's headline changed after its span ended (a review,
-                            a read-back, a late answer, a correction): under the run
-
-The first resolved outcome of an operation carries a ``span`` evidence
-pointer ``<trace_id>:<span_id>``, so the receipt links into the trace.
-Metrics are the figures of ``stopline stats``; see docs/telemetry.md.
+``Telemetry`` is an observer: it wraps the ledger's backend (the narrow storage seam)
+and turns every write that reached the ledger into spans and metrics, so a trace never
+shows more than the ledger proves. Only ``opentelemetry-api`` is needed (no SDK: no-ops).
+The spans (``stopline.run``, ``.phase``, ``.operation``, ``.dispatch``, ``.verify``,
+``.compensate``, ``.cancel``, ``.settle``, ``.outcome``), their attributes and the
+metrics (the figures of ``stopline stats``): docs/telemetry.md. The first resolved
+outcome of an operation carries a ``span`` evidence pointer ``<trace_id>:<span_id>``.
+Telemetry never fails what it observes: a span processor or metric hook that raises
+(the SDK runs them inline) is logged, and the write, its call and its run stand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from time import time_ns
 from typing import Any
 
@@ -41,6 +28,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from stopline.domain.lifecycle import CancelResult
+from stopline.domain.limits import sanitise
 from stopline.domain.model import Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.receipt import headline_for
 from stopline.domain.vocab import (
@@ -53,14 +41,7 @@ from stopline.domain.vocab import (
     RunState,
 )
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
-from stopline.ledger.backend import (
-    Backend,
-    GateResult,
-    GateVerdict,
-    Note,
-    OutcomeUpdate,
-    RunSpec,
-)
+from stopline.ledger.backend import Backend, GateResult, GateVerdict, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.forwarding import ForwardingBackend, seeing_the_commit
 
 __all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
@@ -77,6 +58,22 @@ _HEADLINE_EVENTS = _RUN_END_EVENTS | {RunEvent.REVIEWED}
 _VERIFY_EVENTS = frozenset({OpEvent.VERIFIED_COMMITTED, OpEvent.VERIFIED_NOT_COMMITTED})
 _REVIEW_EVENTS = frozenset({OpEvent.REVIEWED_COMMITTED, OpEvent.REVIEWED_NOT_COMMITTED})
 _TROUBLE = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+_log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _quietly(what: str) -> Iterator[None]:
+    """A span's start and end (its processors) and a measurement (its exemplar filter) run
+    a user's code inline: what it raises is logged, never raised into the ledger's write."""
+    try:
+        yield
+    except Exception:
+        _log.warning("telemetry: %s raised; the ledger's write stands", what, exc_info=True)
+
+
+def _finish(span: Span, end_time: int | None = None) -> None:
+    with _quietly(f"ending span {getattr(span, 'name', '')!r}"):
+        span.end(end_time=end_time)
 
 
 def _may_change(run: RunRecord, ops: Sequence[OperationRecord]) -> bool:
@@ -97,10 +94,8 @@ def resolved_by(event: OpEvent) -> str:
 
 
 class Telemetry:
-    """An observer for ``stopline.open(url, observers=[Telemetry()])``.
-
-    Providers default to the globally configured ones (no-ops without an SDK).
-    """
+    """An observer for ``stopline.open(url, observers=[Telemetry()])``; providers default
+    to the globally configured ones (no-ops without an SDK)."""
 
     def __init__(
         self,
@@ -177,7 +172,7 @@ class TracedBackend(ForwardingBackend):
     def _op_span(self, op_id: str, run_id: str, tool: str) -> Span:
         span = self._ops.get(op_id)
         if span is None:
-            span = self._ops[op_id] = self._t.tracer.start_span(
+            span = self._ops[op_id] = self._start(
                 f"stopline.operation {tool}",
                 context=self._under_run(run_id),
                 kind=SpanKind.CLIENT,
@@ -186,8 +181,19 @@ class TracedBackend(ForwardingBackend):
         return span
 
     def _child(self, name: str, parent: Span, attributes: dict[str, Any]) -> Span:
-        context = trace.set_span_in_context(parent)
-        return self._t.tracer.start_span(name, context=context, attributes=attributes)
+        return self._start(name, trace.set_span_in_context(parent), attributes=attributes)
+
+    def _start(self, name: str, context: Context | None = None, **options: Any) -> Span:
+        """A span started, or a non-recording one if starting it raised."""
+        with _quietly(f"starting span {name!r}"):
+            return self._t.tracer.start_span(name, context=context, **options)
+        return trace.INVALID_SPAN
+
+    @staticmethod
+    def _measure(record: Callable[[float, dict[str, str]], None], value: float, **by: str) -> None:
+        """One measurement (``add`` or ``record``), its attributes ``stopline.<key>``."""
+        with _quietly(f"measuring {getattr(getattr(record, '__self__', None), 'name', '')}"):
+            record(value, {f"stopline.{key}": v for key, v in by.items()})
 
     @staticmethod
     def _end(
@@ -200,22 +206,22 @@ class TracedBackend(ForwardingBackend):
             span.set_attribute(f"stopline.{key}", value)
         if status in _TROUBLE:
             span.set_status(Status(StatusCode.ERROR, status))
-        span.end(end_time=end_time)
+        _finish(span, end_time)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _errors_on(self, span: Span) -> Iterator[None]:
         try:
             yield
         except Exception as exc:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            span.end()
+            _finish(span)  # the backend's own error is the one raised
             raise
 
     # -- runs ----------------------------------------------------------------------
     async def create_run(self, spec: RunSpec) -> RunRecord:
         run = await self.inner.create_run(spec)
-        self._runs[run.id] = self._t.tracer.start_span(
+        self._runs[run.id] = self._start(
             f"stopline.run {run.name}",
             attributes={
                 ATTR_RUN_ID: run.id,
@@ -258,9 +264,10 @@ class TracedBackend(ForwardingBackend):
         return results
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
-        span = self._t.tracer.start_span(
+        said = sanitise(reason)  # the reason as the ledger stores it (the fence's write)
+        span = self._start(
             "stopline.cancel",
-            attributes={ATTR_RUN_ID: run_id, "stopline.by": by, "stopline.reason": reason},
+            attributes={ATTR_RUN_ID: run_id, "stopline.by": by, "stopline.reason": said},
             links=[trace.Link(s.get_span_context()) for s in [self._runs.get(run_id)] if s],
         )
         committed: list[int] = []  # the span ends at the fence's commit (ADR 0043)
@@ -291,13 +298,12 @@ class TracedBackend(ForwardingBackend):
         headline = headline_for(run, ops).value
         if run_span is not None and _may_change(run, ops):
             self._open_outcomes[run.id] = (run_span.get_span_context(), headline)
-        self._t.outcomes.add(1, {"stopline.headline": headline})
+        self._measure(self._t.outcomes.add, 1, headline=headline)
         cancel = self._cancels.pop(run.id, None)
         if event in _SETTLING_EVENTS and run.cancelled_at is not None:
-            self._t.settle_time.record(
-                max(0.0, run.updated_at - run.cancelled_at), {"stopline.headline": headline}
-            )
-            settle = self._t.tracer.start_span(
+            waited = max(0.0, run.updated_at - run.cancelled_at)
+            self._measure(self._t.settle_time.record, waited, headline=headline)
+            settle = self._start(
                 "stopline.settle", context=cancel, attributes={ATTR_RUN_ID: run.id}
             )
             self._end(settle, run.state.value, headline=headline)
@@ -318,8 +324,8 @@ class TracedBackend(ForwardingBackend):
             self._open_outcomes[run.id] = (context, headline)
         if headline == before:
             return
-        self._t.revised.add(1, {"stopline.headline": headline, "stopline.previous": before})
-        span = self._t.tracer.start_span(
+        self._measure(self._t.revised.add, 1, headline=headline, previous=before)
+        span = self._start(
             "stopline.outcome",
             context=trace.set_span_in_context(NonRecordingSpan(context)),
             attributes={ATTR_RUN_ID: run.id, "stopline.previous": before},
@@ -336,7 +342,7 @@ class TracedBackend(ForwardingBackend):
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         run = await self.inner.set_phase(run_id, kind, policy)
         self._end(self._phases.pop(run_id, None), "left")
-        self._phases[run_id] = self._t.tracer.start_span(
+        self._phases[run_id] = self._start(
             f"stopline.phase {kind.value}",
             context=self._under_run(run_id),
             attributes={ATTR_RUN_ID: run_id, "stopline.policy": policy.value},
@@ -350,14 +356,14 @@ class TracedBackend(ForwardingBackend):
         with self._errors_on(dispatch):
             result = await self.inner.gate(spec)
         verdict = result.verdict.value
-        self._t.gate_decisions.add(1, {"stopline.gate": verdict})
+        self._measure(self._t.gate_decisions.add, 1, gate=verdict)
         dispatch.set_attribute("stopline.gate", verdict)
         dispatch.set_attribute("stopline.fence", result.fence)
-        dispatch.end()
+        _finish(dispatch)
         if result.verdict is GateVerdict.PASSED:
             op_span.set_attribute(ATTR_STATUS, OpStatus.REQUESTED.value)
         elif result.verdict is GateVerdict.PREVENTED:
-            self._t.op_outcomes.add(1, {ATTR_STATUS: OpStatus.PREVENTED.value})
+            self._measure(self._t.op_outcomes.add, 1, status=OpStatus.PREVENTED.value)
             self._end(self._ops.pop(spec.id, None), OpStatus.PREVENTED.value)
         else:  # paused (asked again later) or a replay of a recorded operation
             status = result.operation.status.value if result.operation else verdict
@@ -442,9 +448,9 @@ class TracedBackend(ForwardingBackend):
             self._end(self._compensate.pop(op.id), op.status.value)
         if op.id in self._doubted and op.status in (OpStatus.COMMITTED, OpStatus.NOT_COMMITTED):
             self._doubted.discard(op.id)
-            self._t.unknowns.add(1, {"stopline.resolved_by": resolved_by(event)})
+            self._measure(self._t.unknowns.add, 1, resolved_by=resolved_by(event))
         if op.status.resolved and op.status is not OpStatus.NEEDS_REVIEW:
-            self._t.op_outcomes.add(1, {ATTR_STATUS: op.status.value})
+            self._measure(self._t.op_outcomes.add, 1, status=op.status.value)
             self._end(self._ops.pop(op.id, None), op.status.value, late=late)
             self._linked.discard(op.id)  # per-operation state ends with the operation
         elif op.status is OpStatus.NEEDS_REVIEW:

@@ -24,7 +24,7 @@ import anyio
 
 from stopline.bench.figures import Figure
 from stopline.bench.machine import CpuTimes, cpu_times
-from stopline.bench.options import check_json_path, check_server
+from stopline.bench.options import check_installed, check_json_path, check_server
 from stopline.errors import InvalidInput
 
 __all__ = ["SUITES", "Figure", "main", "median_round", "run_suites", "steal_figure", "with_steal"]
@@ -103,6 +103,7 @@ def main(
     if postgres:
         check_server(postgres)
     only = (*SUITES, "peers") if peers else SUITES
+    check_installed(only)
     runs: list[list[Figure]] = []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="stopline-bench-") as tmp:

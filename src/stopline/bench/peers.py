@@ -24,6 +24,7 @@ import json
 import sqlite3
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ import anyio
 
 from stopline.bench import core
 from stopline.bench.figures import Figure, median
+from stopline.ledger import redact
 
-__all__ = ["measure"]
+__all__ = ["database_url", "measure"]
 
 
 def _sqlite3_samples(path: Path, n: int) -> list[float]:
@@ -87,21 +89,46 @@ def _dbos_main(url: str, n: int) -> None:
 
 
 async def _dbos_samples(url: str, n: int) -> list[float]:
+    """DBOS's step times from its child process; a child that fails is a one-line error
+    naming DBOS, its database (no password) and the child's last words, not a traceback
+    of the command line (which held the URL, password and all)."""
     cmd = [sys.executable, "-m", "stopline.bench.peers", "dbos", url, str(n)]
-    done = await anyio.run_process(cmd, check=True)
+    done = await anyio.run_process(cmd, check=False)
+    if done.returncode != 0:
+        raise ChildProcessError(
+            f"peer DBOS on {redact(url)} failed (exit {done.returncode}): "
+            f"{_last_error(done.stderr.decode(errors='replace'), url)}"
+        )
     samples: list[float] = json.loads(done.stdout.decode().strip().splitlines()[-1])
     return samples
+
+
+def _last_error(stderr: str, url: str) -> str:
+    """The line naming the exception a child died of (the first unindented line after its
+    last traceback's frames), else its last line; the URL's password masked."""
+    lines = [line for line in stderr.splitlines() if line.strip()] or ["no output"]
+    last = max((i for i, line in enumerate(lines) if line.startswith("Traceback")), default=-1)
+    said = next((line for line in lines[last + 1 :] if not line[0].isspace()), lines[-1])
+    password = urllib.parse.urlsplit(url).password
+    return said.replace(password, "***") if password else said
+
+
+def database_url(server: str, name: str) -> str:
+    """The server's URL for its database ``name``: address, user and options kept (the
+    text after the last ``/`` was taken for the database: of a URL naming none, that is
+    its address, and of one with options, they were dropped)."""
+    scheme, netloc, _path, query, fragment = urllib.parse.urlsplit(server)
+    return urllib.parse.urlunsplit((scheme, netloc, f"/{name}", query, fragment))
 
 
 async def _dbos_postgres_samples(postgres: str, n: int) -> list[float]:
     import psycopg
 
     name = f"stopline_bench_dbos_{uuid.uuid4().hex[:10]}"
-    base = postgres.rsplit("/", 1)[0]
     async with await psycopg.AsyncConnection.connect(postgres, autocommit=True) as conn:
         await conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        return await _dbos_samples(f"{base}/{name}", n)
+        return await _dbos_samples(database_url(postgres, name), n)
     finally:
         async with await psycopg.AsyncConnection.connect(postgres, autocommit=True) as conn:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
