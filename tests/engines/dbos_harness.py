@@ -9,12 +9,30 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pytest
 from dbos import DBOS
 
 import stopline
 from tests.conftest import FAST_VERIFY
 from tests.engines import dbos_app
 from tests.engines.provider import FileProvider
+
+# the marks of a DBOS test module: both engines, and (as test_dbos.py says) a psycopg
+# connection of the pool's collected unclosed, tolerated by name
+MARKS = [
+    pytest.mark.parametrize("backend", ["sqlite", "postgres"]),
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function BaseConnection.__del__"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+async def status(workflow_id: str) -> str:
+    """DBOS's status of the workflow (it must exist)."""
+    found = await DBOS.get_workflow_status_async(workflow_id)
+    assert found is not None
+    return str(found.status)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """A DBOS process with the gate bound (the crash test): starts one workflow and dies.
 
-python -m tests.engines.dbos_worker SYSTEM_URL SCHEMA LEDGER_URL EFFECTS_FILE WORKFLOW_ID
+python -m tests.engines.dbos_worker SYSTEM_URL SCHEMA LEDGER_URL EFFECTS_FILE WORKFLOW_ID [POINT]
 
 It says ``committed KEY`` after each effect and holds every response forever:
-the test kills it there.
+the test kills it there. With ``POINT`` (``received``: before any effect) it says
+``reached POINT KEY`` and holds the first call there forever instead.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ def say(line: str) -> None:
 
 
 async def main(*argv: str) -> None:
-    system_url, schema, ledger_url, effects, workflow_id = argv
+    system_url, schema, ledger_url, effects, workflow_id, *point = argv
     provider = FileProvider(Path(effects), announce=say)
-    provider.barriers.hold("responding")  # never released: the response never leaves
+    if point:
+        provider.barriers.on_reach = lambda at, key: say(f"reached {at} {key}")
+    provider.barriers.hold(point[0] if point else "responding")  # never released
     async with running(Databases(system_url, schema, ledger_url), provider):
         with SetWorkflowID(workflow_id):
             await DBOS.start_workflow_async(dbos_app.pipeline, ["upload", "notify"])
@@ -34,4 +37,4 @@ async def main(*argv: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:6])
+    anyio.run(main, *sys.argv[1:7])

@@ -34,7 +34,7 @@ from stopline.domain.lifecycle import operator
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
-from stopline.errors import NoAnswer, UnknownRun
+from stopline.errors import NoAnswer, NotPermitted, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -235,7 +235,9 @@ class EngineGate:
     async def open_run(
         self, run_id: str, workflow: str, *, parent_id: str | None = None, shared: bool = False
     ) -> RunRecord:
-        """The workflow's run: created at its first start, attached on every re-run."""
+        """The workflow's run: created at its first start, attached on every re-run.
+        ``NotPermitted`` when a run of that id exists and is not one of this engine's
+        workflows (ADR 0072)."""
         record = self._records.get(run_id)
         if record is not None:
             return record
@@ -258,6 +260,13 @@ class EngineGate:
                     record = await backend.get_run(run_id)
                 except UnknownRun:
                     raise exc from None
+        if not self.owns(record):
+            # another's run under the same id (an agent's, another engine's): joined, its
+            # operations would be this workflow's and the workflow's end would end it
+            raise NotPermitted(
+                f"run {run_id!r} is not a {self.engine} workflow's (it is {record.name!r}): "
+                f"a {self.engine} workflow does not join it; give the workflow another id"
+            )
         self._records[run_id] = record
         return record
 

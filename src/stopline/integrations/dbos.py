@@ -31,6 +31,10 @@ What it promises:
   step's watcher, or as a step DBOS does not preempt ends); a stopline
   cancel (API, CLI, console) cancels the DBOS workflow and the child
   workflows the run owns exclusively, never a shared one.
+- **Forks and rewinds.** A fork (``DBOS.fork_workflow``) does not send again a
+  step its original did whose result DBOS never recorded (it returns the
+  original's); a rewind (``DBOS.rewind_workflow``) of a workflow whose run
+  ended on its own raises ``RunEnded`` and is not cancelled in DBOS (ADR 0072).
 - **Policies.** DBOS never interrupts a running step unless it is declared
   ``preemptible``; then the step's ``policy`` decides: ``immediate`` (the
   default) cuts the call and records it ``unknown`` until evidence (R3);
@@ -51,6 +55,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
 
@@ -59,11 +64,18 @@ from dbos._context import get_local_dbos_context
 from dbos._error import DBOSWorkflowCancelledError, DBOSWorkflowConflictIDError
 from dbos._sys_db import WorkflowStatusString
 
+from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_seconds
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunFenced
-from stopline.integrations._engines import EngineGate, call_context, cancel_collecting
+from stopline.errors import NotReplayable, OperationInDoubt, RunEnded, RunFenced, UnknownOperation
+from stopline.integrations._engines import (
+    ENDED_ON_ITS_OWN,
+    EngineGate,
+    call_context,
+    cancel_collecting,
+    find_run,
+)
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, Verifier
@@ -124,6 +136,8 @@ class StoplineDBOS:
         self.tenant = tenant
         self._tools: list[Tool[Any]] = []
         self._gate: EngineGate | None = None
+        # the workflow each running fork was forked from (None: not a fork), read once
+        self._origins: dict[str, str | None] = {}
 
     @contextlib.contextmanager
     def bound(self, ledger: Ledger) -> Iterator[EngineGate]:
@@ -186,18 +200,25 @@ class StoplineDBOS:
                 run_id, step_id = DBOS.workflow_id, DBOS.step_id
                 if run_id is None or step_id is None:
                     return await fn(*args, **kwargs)  # called outside a workflow: not a step
-                gate = self.gate
+                gate, key = self.gate, f"{step_id}:{declared.name}"
+                done, result = await self._done_before_the_fork(run_id, step_id, key)
+                if done:
+                    return result  # type: ignore[no-any-return]
                 try:
                     return await gate.call(
                         run_id,
                         "workflow",  # the run exists already: its workflow opened it
-                        f"{step_id}:{declared.name}",
+                        key,
                         gate.tool(declared.name),
                         lambda: fn(*args, **kwargs),
                         [list(args), kwargs],
                         policy=policy,
                     )
                 except RunFenced as exc:  # refused at the gate: DBOS stops the workflow
+                    run = await find_run(gate.ledger, run_id)
+                    if run is not None and run.state in ENDED_ON_ITS_OWN:
+                        # DBOS.rewind_workflow of a finished workflow: nobody cancelled it
+                        raise RunEnded(run_id, run.state, _REWOUND) from None
                     await _cancel_in_dbos(run_id, str(exc))
                     raise DBOSWorkflowCancelledError(str(exc)) from None
 
@@ -222,24 +243,76 @@ class StoplineDBOS:
                 try:
                     result = await fn(*args, **kwargs)
                 except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
-                    await gate.fence(run_id, "DBOS.cancel_workflow")
+                    await gate.fence(run_id, _why_cancelled())
                     raise
                 except DBOSWorkflowConflictIDError:
                     # this execution lost the workflow: DBOS.cancel_workflow during a step
                     # it does not preempt (seen when the step's result is written), or a
                     # hand-off (resume, recovery) whose new owner goes on with the run
                     if await _cancelled_in_dbos(run_id):
-                        await gate.fence(run_id, "DBOS.cancel_workflow")
+                        await gate.fence(run_id, _why_cancelled())
                     raise
                 except Exception as exc:
                     await gate.end_run(run_id, exc)
                     raise
+                finally:
+                    self._origins.pop(run_id, None)
                 await gate.end_run(run_id)
                 return result
 
             return run
 
         return wrap
+
+    async def _done_before_the_fork(self, run_id: str, step_id: int, key: str) -> tuple[bool, Any]:
+        """In a fork (``DBOS.fork_workflow``), a step its original ran whose result DBOS
+        did not record (a cancel took the workflow before the step's checkpoint): DBOS
+        runs it again in the fork, under the fork's id, though the original's operation
+        says it happened. Its recorded result is returned instead (nothing is sent); one
+        in doubt raises ``OperationInDoubt`` (settle the original's first). A step DBOS
+        recorded in the original runs in the fork only when the fork starts at or before
+        it: asked for, it is the fork's own (ADR 0072)."""
+        if run_id not in self._origins:
+            status = await _outside_workflow(DBOS.get_workflow_status_async(run_id))
+            if len(self._origins) >= _REMEMBER_ORIGINS:  # steps of ungated workflows
+                del self._origins[next(iter(self._origins))]
+            self._origins[run_id] = status.forked_from if status is not None else None
+        origin = self._origins[run_id]
+        if origin is None:
+            return False, None
+        try:
+            op = await self.gate.ledger.backend.get_operation(f"{origin}/{key}")
+        except UnknownOperation:
+            return False, None
+        then = on_resume(op.status)
+        if then is OnResume.SENT:
+            return False, None  # it never happened: the fork sends its own
+        steps = await _outside_workflow(DBOS.list_workflow_steps_async(origin))
+        if any(s["function_id"] == step_id for s in steps):
+            return False, None  # DBOS recorded it: the fork was asked to run it again
+        if then is OnResume.REPLAYED:
+            if op.result_not_kept is not None:
+                raise NotReplayable(op.id, op.result_not_kept)
+            return True, op.result
+        raise OperationInDoubt(op.id, op.status)
+
+
+_REMEMBER_ORIGINS = 10_000
+# what a rewound workflow whose run ended on its own is told (ADR 0072)
+_REWOUND = (
+    "DBOS.rewind_workflow does not reopen a finished run: DBOS.fork_workflow runs it "
+    "again as a new workflow (a step that happened is not sent again)"
+)
+
+
+def _why_cancelled() -> str:
+    """What cancelled the workflow in DBOS, as far as DBOS's context says: its timeout
+    once its deadline has passed, else a cancel (``DBOS.cancel_workflow``)."""
+    ctx = get_local_dbos_context()
+    deadline = ctx.workflow_deadline_epoch_ms if ctx is not None else None
+    if deadline is not None and time.time() * 1000 >= deadline:
+        return "DBOS workflow timeout"
+    return "DBOS.cancel_workflow"
 
 
 async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
