@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import uuid
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ import stopline
 from stopline.integrations.temporal import StoplinePlugin, call_context
 from stopline.integrations.temporal_server import TemporalDevServer, temporal_dev_server
 from tests.conftest import FAST_VERIFY
+from tests.engines import subprocess_worker
 from tests.engines.provider import FileProvider
-from tests.engines.temporal_workflows import Pipeline, Plan
+from tests.engines.temporal_workflows import Chain, Pipeline, Plan, Updatable
 
 
 def activities(provider: FileProvider) -> list[Any]:
@@ -41,13 +42,20 @@ def activities(provider: FileProvider) -> list[Any]:
     return [report, upload, notify]
 
 
-def plugin(ledger: stopline.Ledger, provider: FileProvider, acts: list[Any]) -> StoplinePlugin:
+def plugin(
+    ledger: stopline.Ledger,
+    provider: FileProvider,
+    acts: list[Any],
+    *extra: stopline.Tool[Any],
+) -> StoplinePlugin:
+    """The plugin with the three activities' tools, and ``extra`` ones."""
     report, upload, notify = acts
     read: stopline.Tool[Any] = stopline.Tool(report, name="report", effects=False)
     tools = [
         read,
         provider.tool("upload", upload, "upload the report"),
         provider.tool("notify", notify, "notify the channel"),
+        *extra,
     ]
     return StoplinePlugin(ledger, tools=tools, owner="user:42")
 
@@ -91,15 +99,42 @@ async def harness(
         if not worker:
             yield h
             return
-        acts = activities(provider)
-        async with Worker(
-            client,
-            task_queue=queue,
-            workflows=[Pipeline],
-            activities=acts,
-            plugins=[plugin(ledger, provider, acts)],
-        ):
+        async with worker_for(h):
             yield h
+
+
+def worker_for(h: Harness, *extra: Any, tools: Sequence[stopline.Tool[Any]] = ()) -> Worker:
+    """A worker on the harness's queue: its workflows, activities (and ``extra`` ones,
+    with their ``tools``) and plugin, on its ledger."""
+    acts = activities(h.provider)
+    return Worker(
+        h.client,
+        task_queue=h.task_queue,
+        workflows=[Pipeline, Chain, Updatable],
+        activities=[*acts, *extra],
+        plugins=[plugin(h.ledger, h.provider, acts, *tools)],
+    )
+
+
+async def killed_after_commit(
+    server: TemporalDevServer, h: Harness, plan: Plan
+) -> tuple[WorkflowHandle[Any, Any], str]:
+    """The workflow started on a worker of a process of its own, SIGKILLed once its
+    provider committed the first effect (before it answered): the handle and its key."""
+    child = await subprocess_worker.start(
+        "tests.engines.temporal_worker",
+        server.address,
+        h.task_queue,
+        h.ledger_url,
+        str(h.provider.path),
+    )
+    try:
+        await child.expect("ready")
+        handle = await h.start(plan)
+        committed = await child.expect("committed ")
+    finally:
+        await child.kill()
+    return handle, committed.split(" ", 1)[1]
 
 
 class TemporalSession:

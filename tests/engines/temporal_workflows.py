@@ -27,16 +27,20 @@ class Plan:
     children: list[str] = dataclasses.field(default_factory=list)  # "exclusive" / "shared"
     child_activities: list[str] = dataclasses.field(default_factory=list)
     fail_first_attempt: bool = False  # the workflow's code fails its first attempt
+    hold_after: bool = False  # wait for "go" again after the activities
+    start_to_close: float = 30.0
 
 
 @workflow.defn
 class Pipeline:
     def __init__(self) -> None:
         self._go = False
+        self._gos = 0  # how many "go" signals came
 
     @workflow.signal
     def go(self) -> None:
         self._go = True
+        self._gos += 1
 
     @workflow.run
     async def run(self, plan: Plan) -> list[Any]:
@@ -66,7 +70,7 @@ class Pipeline:
             result = await workflow.execute_activity(
                 name,
                 args=[f"{name} of {workflow.info().workflow_id}"],
-                start_to_close_timeout=timedelta(seconds=30),
+                start_to_close_timeout=timedelta(seconds=plan.start_to_close),
                 heartbeat_timeout=timedelta(seconds=plan.heartbeat_timeout),
                 cancellation_type=ActivityCancellationType[plan.cancellation],
                 retry_policy=RetryPolicy(
@@ -76,7 +80,9 @@ class Pipeline:
                 ),
             )
             out.append(result)
-        if plan.children:
+        if plan.hold_after:  # a "go" of its own, after the one it may have waited for
+            await workflow.wait_condition(lambda: self._gos > plan.wait_for_go)
+        elif plan.children:
             await workflow.wait_condition(lambda: self._go)
         return out
 
@@ -107,3 +113,57 @@ class GiveUp:
         except ActivityError:  # cancelled, as asked
             return "gave up"
         return "it finished first"
+
+
+@workflow.defn
+class Chain:
+    """``upload`` once per execution, ``rounds`` executions joined by continue-as-new;
+    the last waits for "go". Returns each execution's (run id, original run id)."""
+
+    def __init__(self) -> None:
+        self._go = False
+
+    @workflow.signal
+    def go(self) -> None:
+        self._go = True
+
+    @workflow.run
+    async def run(self, rounds: int, seen: list[list[str]]) -> list[list[str]]:
+        info = workflow.info()
+        await workflow.execute_activity(
+            "upload",
+            args=[f"upload {len(seen)} of {info.workflow_id}"],
+            start_to_close_timeout=timedelta(seconds=30),
+            heartbeat_timeout=timedelta(seconds=1),
+        )
+        seen = [*seen, [info.run_id, info.original_execution_run_id]]
+        if rounds > 1:
+            workflow.continue_as_new(args=[rounds - 1, seen])
+        await workflow.wait_condition(lambda: self._go)
+        return seen
+
+
+@workflow.defn
+class Updatable:
+    """``upload`` (WAIT_CANCELLATION_COMPLETED: the workflow stays open while it ends);
+    the update ``send`` runs ``notify`` when asked, whatever the workflow is doing."""
+
+    @workflow.update
+    async def send(self, text: str) -> Any:
+        return await workflow.execute_activity(
+            "notify",
+            args=[text],
+            start_to_close_timeout=timedelta(seconds=30),
+            heartbeat_timeout=timedelta(seconds=1),
+            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=50)),
+        )
+
+    @workflow.run
+    async def run(self) -> Any:
+        return await workflow.execute_activity(
+            "upload",
+            args=[f"upload of {workflow.info().workflow_id}"],
+            start_to_close_timeout=timedelta(seconds=30),
+            heartbeat_timeout=timedelta(seconds=1),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        )

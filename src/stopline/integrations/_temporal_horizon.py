@@ -5,16 +5,17 @@
   ``schedule_to_close_timeout``); a tool that declares no ``settles_within``
   has that bound as the horizon of its call, so a read-back that finds nothing
   before it proves nothing ("not yet"), and one after it decides.
-- **Why it was cut** when its run is not fenced: a timeout, a worker shutdown,
-  an activity Temporal no longer knows (its workflow closed under it), or the
-  workflow's own code cancelling it.
+- **Why it was cut** when its run is not fenced: a timeout (the worker's own,
+  or an attempt Temporal no longer knows once its bound has passed), a worker
+  shutdown, an activity Temporal no longer knows (its workflow closed under
+  it), or the workflow's own code cancelling it.
 - **A workflow closed under it** (terminated, timed out): Temporal runs none
   of the workflow's code then, so the integration fences the run itself.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import temporalio.client
 from temporalio import activity
@@ -47,15 +48,29 @@ def attempt_bound(info: activity.Info) -> float | None:
     return min(bounds) if bounds else None
 
 
+def _past_its_bound(info: activity.Info) -> bool:
+    bound = attempt_bound(info)
+    if bound is None:
+        return False
+    return datetime.now(UTC) >= info.started_time + timedelta(seconds=bound)
+
+
 def _positive(timeout: timedelta | None) -> bool:
     return timeout is not None and timeout > timedelta(0)
 
 
 def why_cut() -> NoAnswer:
-    """Why Temporal cut an activity whose run is not fenced: never a user's cancel."""
+    """Why Temporal cut an activity whose run is not fenced: never a user's cancel. An
+    attempt Temporal no longer knows once its bound has passed was timed out: that is
+    how a worker hears of a start-to-close or schedule-to-close timeout (the server
+    answers its next heartbeat "not found"; ``timed_out`` is the worker's own)."""
     details = activity.cancellation_details()
     if details is not None and details.timed_out:
         return NoAnswer(Cause.TIMEOUT, "Temporal timed the activity out")
+    if details is not None and details.not_found and _past_its_bound(activity.info()):
+        return NoAnswer(
+            Cause.TIMEOUT, "Temporal timed the activity's attempt out (its timeout had passed)"
+        )
     if details is not None and details.worker_shutdown:
         return NoAnswer(Cause.LOCAL_ERROR, "the worker shut down")
     if details is not None and details.not_found:

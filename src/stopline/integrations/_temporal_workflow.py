@@ -9,7 +9,9 @@ only through three local activities (the worker side, ``temporal.py``):
   workflow's run is a child of its parent's, shared when the child is started
   with ``ParentClosePolicy.ABANDON`` (it outlives its parent by design, R6).
   It answers the run's id (ADR 0050): the workflow id's run, or a run of this
-  execution's own when the workflow id's run ended on its own before;
+  execution's own when the workflow id's run ended on its own before; and the
+  execution its activities' keys name: a reset execution names the one it was
+  reset from (``original_execution_run_id``, ADR 0073);
 - ``stopline.fence_run`` when Temporal delivers a workflow cancel (client, UI,
   CLI): the fence is committed *before* the workflow's code hears of the
   cancel, so nothing it does afterwards passes the gate (R1); it opens the
@@ -98,10 +100,12 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
             _header(input, SHARED_HEADER, bool, False),
             "" if parent else _header(input, RUN_HEADER, str, ""),
         )
+        # the execution a reset one was reset from (ADR 0073): its own unless reset
+        original = info.original_execution_run_id or info.run_id
         outbound = self._outbound
 
         async def opened_then_run() -> Any:
-            opened = await _ledger(OPEN_RUN, *execution)
+            opened = await _ledger(OPEN_RUN, *execution, original)
             # a history recorded before open_run answered: the run was the workflow id's;
             # before it answered with the execution the keys name: this one
             if isinstance(opened, list) and len(opened) == 2:
@@ -122,7 +126,7 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
                     raise
                 # R1: fence first (opening the run if the cancel came before it was
                 # opened), then let the workflow's code hear of the cancel
-                await _ledger(FENCE_RUN, *execution, reason or "workflow cancel")
+                await _ledger(FENCE_RUN, *execution, reason or "workflow cancel", original)
                 main.cancel()
                 result = await main
         except FailureError as exc:  # the workflow fails (a plain exception retries its task)

@@ -10,7 +10,8 @@ The plugin adds an interceptor and three local activities (``_temporal_workflow`
   recorded result returned; in doubt, read back first and re-sent only if that
   proves it never happened (R5); unprovable, ``OperationInDoubt`` (no retry),
   in review. A re-entry after a resume reaches the cancelled execution's
-  (ADR 0056); a retry after the fence is refused (``RunFenced``, no retry).
+  (ADR 0056), a reset the one it was reset from (ADR 0073, ``_temporal_runs``);
+  a retry after the fence is refused (``RunFenced``, no retry).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
   run before the workflow's code hears of it; a stopline cancel (API, CLI,
   console) requests the Temporal cancel of the run and of the child workflows
@@ -51,7 +52,6 @@ from temporalio.worker import (
 from temporalio.workflow import ActivityCancellationType
 
 from stopline.domain.limits import check_wait, fitted
-from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import OpStatus, Policy
 from stopline.errors import (
@@ -70,9 +70,15 @@ from stopline.integrations._engines import (
     call_context,
     cancel_collecting,
     find_run,
-    resumed_after_cancel,
 )
 from stopline.integrations._temporal_horizon import attempt_bound, closed_under, why_cut
+from stopline.integrations._temporal_runs import (
+    ACTIVITY_ROOM,
+    RUN_ROOM,
+    execution_run,
+    own_run,
+    run_id_of,
+)
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -113,76 +119,10 @@ _FOR_GOOD = (
     IllegalTransition,
     UnknownRun,
 )
-# an operation's id is ``RUN/EXECUTION:ACTIVITY`` in at most 1024 characters (MAX_ID_CHARS):
-# a run's id takes at most _RUN_ROOM of them, an activity id at most _ACTIVITY_ROOM, and
-# the rest is the execution's run id (a UUID) and the separators
-_RUN_ROOM = 890
-_ACTIVITY_ROOM = 96
-_EXECUTION = "@run:"
 # Temporal gave no answer (the service down, restarting or overloaded): nothing was decided
 _UNANSWERED = frozenset(
     {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
 )
-
-
-def run_id_of(workflow_id: str, execution: str = "") -> str:
-    """The stopline run of a workflow id (ADR 0050): the id itself when it fits and
-    is printable, else its start and a digest (``fitted``); with ``execution`` (a
-    Temporal run id), the run of that execution of its own, ``WORKFLOW_ID@run:RUN_ID``,
-    which an execution gets when the workflow id's run had ended on its own."""
-    if not execution:
-        return fitted(workflow_id, _RUN_ROOM)
-    head = fitted(workflow_id, _RUN_ROOM - len(_EXECUTION) - len(execution))
-    return f"{head}{_EXECUTION}{execution}"
-
-
-async def _execution_run(
-    gate: EngineGate,
-    workflow_id: str,
-    execution: str,
-    workflow: str,
-    *,
-    parent_id: str | None = None,
-    shared: bool = False,
-    carried: str = "",
-) -> tuple[str, str]:
-    """The run a workflow execution opens (ADR 0050), and the execution its activities'
-    keys name (ADR 0056). The run: the run a continue-as-new goes on with; else the
-    workflow id's run unless it ended on its own (completed, failed), which nothing
-    reopens: then a run of this execution's own. A cancelled one is kept: its fence
-    refuses every later execution of the id (ADR 0024) until it is resumed."""
-    if carried:
-        record = await find_run(gate.ledger, carried)
-        if record is not None and record.state not in ENDED_ON_ITS_OWN:
-            return carried, execution
-    run_id = run_id_of(workflow_id)
-    record = await find_run(gate.ledger, run_id)
-    if record is not None and record.state in ENDED_ON_ITS_OWN:
-        run_id = run_id_of(workflow_id, execution)
-    opened = await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
-    gate.remember_engine_id(run_id, workflow_id)
-    return run_id, await _keyed_by(gate, opened, execution)
-
-
-async def _keyed_by(gate: EngineGate, run: RunRecord, execution: str) -> str:
-    """The execution an execution's activity keys name (ADR 0056): its own, except
-    when it re-enters a run resumed after a cancel: then that of the run's latest
-    operation, so that the re-entry reaches the operations of the execution that was
-    cancelled (a completed one returned from the ledger, one that never happened
-    sent), as the receipt's recovery line says."""
-    run = await gate.ledger.backend.get_run(run.id)  # a process's copy may predate the resume
-    if not resumed_after_cancel(run):
-        return execution
-    prefix = f"{run.id}/"
-    ops = [
-        op
-        for op in await gate.ledger.backend.operations(run.id)
-        if op.compensates is None and op.id.startswith(prefix) and ":" in op.id[len(prefix) :]
-    ]
-    if not ops:
-        return execution
-    latest = max(ops, key=lambda op: op.created_at)
-    return latest.id[len(prefix) :].split(":", 1)[0]
 
 
 @contextlib.contextmanager
@@ -228,7 +168,8 @@ async def cancel(
     if unreachable is not None and (root is None or root.state in ENDED_ON_ITS_OWN):
         raise unreachable  # which execution's run it is, Temporal alone can say
     if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
-        own = run_id_of(workflow_id, described.run_id)
+        original = await _original_execution(client, workflow_id, described.run_id)
+        own = await own_run(ledger, workflow_id, described.run_id, original)
         queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
         if queued or await find_run(ledger, own) is not None:
             run_id = own
@@ -238,7 +179,7 @@ async def cancel(
             temporalio.client.WorkflowExecutionStatus.RUNNING
         ):
             return None
-        name = f"temporal:{fitted(described.workflow_type, _RUN_ROOM)}"
+        name = f"temporal:{fitted(described.workflow_type, RUN_ROOM)}"
         return RunSpec(id=run_id, name=name, owner=owner or by, tenant=tenant)
 
     receipt, fenced = await cancel_collecting(
@@ -247,6 +188,20 @@ async def cancel(
     for fenced_id in fenced:
         await _request_cancel(client, workflow_id if fenced_id == run_id else fenced_id, reason)
     return receipt
+
+
+async def _original_execution(
+    client: temporalio.client.Client, workflow_id: str, execution: str
+) -> str:
+    """The execution a reset ``execution`` was reset from (ADR 0073; its own if none),
+    from its history's first event; ``""`` when Temporal cannot say."""
+    handle = client.get_workflow_handle(workflow_id, run_id=execution)
+    try:
+        async for event in handle.fetch_history_events():
+            return event.workflow_execution_started_event_attributes.original_execution_run_id
+    except RPCError:
+        pass
+    return ""
 
 
 async def _request_cancel(
@@ -318,20 +273,23 @@ class StoplinePlugin(SimplePlugin):
             parent_workflow: str,
             shared: bool,
             carried: str,
+            original: str = "",
         ) -> list[str]:
-            """The execution's run and the execution its keys name (``_execution_run``);
+            """The execution's run and the execution its keys name (``execution_run``);
             its parent's run is the header's, else (a parent started before the
-            header) its workflow id's."""
+            header) its workflow id's; ``original``: the execution a reset one was
+            reset from (none from a workflow that predates it)."""
             with _failing_for_good():
                 parent_id = parent_run or (run_id_of(parent_workflow) if parent_workflow else None)
-                run_id, keyed_by = await _execution_run(
+                run_id, keyed_by = await execution_run(
                     gate,
                     workflow_id,
                     execution,
-                    fitted(workflow, _RUN_ROOM),
+                    fitted(workflow, RUN_ROOM),
                     parent_id=parent_id,
                     shared=shared,
                     carried=carried,
+                    original=original,
                 )
                 return [run_id, keyed_by]
 
@@ -345,9 +303,17 @@ class StoplinePlugin(SimplePlugin):
             shared: bool,
             carried: str,
             reason: str,
+            original: str = "",
         ) -> None:
             run_id, _ = await open_run(
-                workflow_id, execution, workflow, parent_run, parent_workflow, shared, carried
+                workflow_id,
+                execution,
+                workflow,
+                parent_run,
+                parent_workflow,
+                shared,
+                carried,
+                original,
             )
             with _failing_for_good():
                 await gate.fence(run_id, f"temporal workflow cancel: {reason}")
@@ -401,7 +367,7 @@ class _GatedActivity(ActivityInboundInterceptor):
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
-        key = f"{_keyed_by_header(input, info)}:{fitted(info.activity_id, _ACTIVITY_ROOM)}"
+        key = f"{_keyed_by_header(input, info)}:{fitted(info.activity_id, ACTIVITY_ROOM)}"
         # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
         within = attempt_bound(info) if tool.settles_within is None else None
         try:

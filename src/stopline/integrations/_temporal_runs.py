@@ -1,0 +1,109 @@
+"""Which stopline run a Temporal workflow execution is in, and which execution its
+activities' keys name (ADRs 0050, 0056, 0073).
+
+- **The run**: the run a continue-as-new goes on with; else the workflow id's
+  run unless it ended on its own (completed, failed), which nothing reopens:
+  then a run of the execution's own, ``WORKFLOW_ID@run:RUN_ID``.
+- **A reset execution is the execution it was reset from** (ADR 0073):
+  Temporal's reset closes an execution and runs the workflow's code again in a
+  new one, from a point before which its history is kept; the new execution's
+  ``original_execution_run_id`` names the first execution of that history. Its
+  keys name that execution, so an activity it runs again reaches the operation
+  already recorded (committed: its recorded result, never sent again), and it
+  goes on in that execution's run while the run has not ended.
+"""
+
+from __future__ import annotations
+
+from stopline.domain.limits import fitted
+from stopline.domain.model import RunRecord
+from stopline.integrations._engines import (
+    ENDED_ON_ITS_OWN,
+    EngineGate,
+    find_run,
+    resumed_after_cancel,
+)
+from stopline.runtime.ledger import Ledger
+
+__all__ = ["ACTIVITY_ROOM", "RUN_ROOM", "execution_run", "own_run", "run_id_of"]
+
+# an operation's id is ``RUN/EXECUTION:ACTIVITY`` in at most 1024 characters (MAX_ID_CHARS):
+# a run's id takes at most RUN_ROOM of them, an activity id at most ACTIVITY_ROOM, and
+# the rest is the execution's run id (a UUID) and the separators
+RUN_ROOM = 890
+ACTIVITY_ROOM = 96
+_EXECUTION = "@run:"
+
+
+def run_id_of(workflow_id: str, execution: str = "") -> str:
+    """The stopline run of a workflow id (ADR 0050): the id itself when it fits and
+    is printable, else its start and a digest (``fitted``); with ``execution`` (a
+    Temporal run id), the run of that execution of its own, ``WORKFLOW_ID@run:RUN_ID``,
+    which an execution gets when the workflow id's run had ended on its own."""
+    if not execution:
+        return fitted(workflow_id, RUN_ROOM)
+    head = fitted(workflow_id, RUN_ROOM - len(_EXECUTION) - len(execution))
+    return f"{head}{_EXECUTION}{execution}"
+
+
+async def own_run(ledger: Ledger, workflow_id: str, execution: str, original: str) -> str:
+    """The run of an execution whose workflow id's run ended on its own: the run of
+    its ``original`` execution (a reset, ADR 0073) while that run has not ended, else
+    one of its own."""
+    if original and original != execution:
+        record = await find_run(ledger, run_id_of(workflow_id, original))
+        if record is not None and record.state not in ENDED_ON_ITS_OWN:
+            return record.id
+    return run_id_of(workflow_id, execution)
+
+
+async def execution_run(
+    gate: EngineGate,
+    workflow_id: str,
+    execution: str,
+    workflow: str,
+    *,
+    parent_id: str | None = None,
+    shared: bool = False,
+    carried: str = "",
+    original: str = "",
+) -> tuple[str, str]:
+    """The run a workflow execution opens, and the execution its activities' keys
+    name: its ``original`` (the same as its own unless it is a reset) in the run that
+    execution is in; its own in a run of its own. A cancelled run is kept: its fence
+    refuses every later execution of the id (ADR 0024) until it is resumed."""
+    original = original or execution
+    if carried:
+        record = await find_run(gate.ledger, carried)
+        if record is not None and record.state not in ENDED_ON_ITS_OWN:
+            return carried, original
+    run_id = run_id_of(workflow_id)
+    record = await find_run(gate.ledger, run_id)
+    if record is not None and record.state in ENDED_ON_ITS_OWN:
+        run_id = await own_run(gate.ledger, workflow_id, execution, original)
+        if run_id == run_id_of(workflow_id, execution):
+            original = execution
+    opened = await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
+    gate.remember_engine_id(run_id, workflow_id)
+    return run_id, await _keyed_by(gate, opened, original)
+
+
+async def _keyed_by(gate: EngineGate, run: RunRecord, execution: str) -> str:
+    """The execution an execution's activity keys name (ADR 0056): ``execution``,
+    except when it re-enters a run resumed after a cancel: then that of the run's
+    latest operation, so that the re-entry reaches the operations of the execution
+    that was cancelled (a completed one returned from the ledger, one that never
+    happened sent), as the receipt's recovery line says."""
+    run = await gate.ledger.backend.get_run(run.id)  # a process's copy may predate the resume
+    if not resumed_after_cancel(run):
+        return execution
+    prefix = f"{run.id}/"
+    ops = [
+        op
+        for op in await gate.ledger.backend.operations(run.id)
+        if op.compensates is None and op.id.startswith(prefix) and ":" in op.id[len(prefix) :]
+    ]
+    if not ops:
+        return execution
+    latest = max(ops, key=lambda op: op.created_at)
+    return latest.id[len(prefix) :].split(":", 1)[0]
