@@ -26,7 +26,8 @@ proves (see ``_call``). Around it:
   the server cannot cancel (``cancellable=never``: never asked);
 - ``stopline_verify``, when offered, is every tool's read-back (else ``verifiers=``);
 - a connection that ends ends its calls in flight at once (``unknown``,
-  transport) and is re-opened on next use by ``_keep``, with capped backoff
+  transport; a stdio server's output that ends drops it at once, in flight or
+  not: ``_client_transport``) and is re-opened on next use by ``_keep``, with capped backoff
   and jitter; a wait for it is bounded by the call's deadline (at most
   ``connect_timeout``): an effectful call that never got one was not sent.
   A Streamable HTTP session the server no longer has (404) is one that ended
@@ -48,7 +49,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.client import ClientExtension
-from mcp.client.stdio import stdio_client
 from mcp_types import Tool as McpTool
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
@@ -68,9 +68,10 @@ from stopline.integrations.mcp._call import (
     read_tool,
     verify_status,
 )
-from stopline.integrations.mcp._http import HttpRefusals, http_transport
+from stopline.integrations.mcp._client_transport import transport_for
+from stopline.integrations.mcp._http import HttpRefusals
 from stopline.integrations.mcp._listing import Listing, follow, list_all
-from stopline.integrations.mcp._stdio import on_bad_bytes, watched
+from stopline.integrations.mcp._stdio import on_bad_bytes
 from stopline.integrations.mcp._tools import declare, listed_check, routed
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
@@ -198,7 +199,7 @@ class StoplineMCP:
         while not self._closing:
             refusals = HttpRefusals()
             tap = LateResponseTap(
-                self._transport(refusals),
+                transport_for(self.target, refusals),
                 self._on_late,
                 on_request=self._sent,
                 on_cancel=self._told_stop,
@@ -250,11 +251,6 @@ class StoplineMCP:
                 delays = self.backoff.delays()  # it was up a good while: start afresh
             await self._wanted.wait()
             await anyio.sleep(next(delays))
-
-    def _transport(self, refusals: HttpRefusals) -> Any:
-        if isinstance(self.target, StdioServerParameters):
-            return stdio_client(watched(self.target))
-        return http_transport(self.target, refusals)
 
     def _lost(self, client: Client, why: str) -> None:
         """``client``'s connection ended: its calls in flight can get no answer (R3)."""

@@ -166,6 +166,8 @@ class TasksClient(ClientExtension):
                 await call.accepted(ref=f"task:{view.task_id}", detail="the server created a task")
             final = await self._until_terminal(session, view, era)
         except MCPError as exc:  # not found / expired: nobody knows its outcome
+            if exc.code == types.CONNECTION_CLOSED:
+                raise  # the connection's end, not the task's: the call says so (``_call``)
             raise NoAnswer(
                 Cause.SERVER_ERROR, f"task {view.task_id} vanished: {exc.message}"
             ) from exc
@@ -187,7 +189,15 @@ class TasksClient(ClientExtension):
                     f"task {view.task_id} passed its TTL ({view.ttl_ms} ms) still {view.status}",
                 )
             await anyio.sleep(self._interval(view))
-            view = parse_task(await self._send(session, "tasks/get", view.task_id))
+            view = await self._get(session, view.task_id)
+        return view
+
+    async def _get(self, session: ClientSession, task_id: str) -> TaskView:
+        """``tasks/get`` of ``task_id``; an answer for another task says nothing of this
+        one (``ValueError``), nor does its state or result."""
+        view = parse_task(await self._send(session, "tasks/get", task_id))
+        if view.task_id != task_id:
+            raise ValueError(f"tasks/get of {task_id} answered for task {view.task_id!r}")
         return view
 
     def _interval(self, view: TaskView) -> float:
@@ -250,7 +260,7 @@ class TasksClient(ClientExtension):
         with anyio.move_on_after(self.follow_timeout):
             try:
                 while True:
-                    view = parse_task(await self._send(session, "tasks/get", view.task_id))
+                    view = await self._get(session, view.task_id)
                     settled = view.terminal and (
                         era == MODERN or view.status != "cancelled" or view.outcome is not None
                     )
@@ -259,7 +269,8 @@ class TasksClient(ClientExtension):
                         break
                     await anyio.sleep(self._interval(view))
             except MCPError as exc:
-                outcome = TaskOutcome(None, f"task {view.task_id} vanished: {exc.message}")
+                gone = "the connection ended" if exc.code == types.CONNECTION_CLOSED else "vanished"
+                outcome = TaskOutcome(None, f"task {view.task_id} {gone}: {exc.message}")
             except ValueError as exc:  # an answer that is no task proves nothing
                 outcome = TaskOutcome(None, f"task {view.task_id}: {exc}")
         await self._on_final(call, outcome)
