@@ -268,6 +268,9 @@ class CellRunner(Generic[P]):
                 if ctx is not None and ctx.crashed:
                     await hooks.bury()
                 raise
+        finally:
+            if ctx is not None:
+                ctx.undo()  # what the action changed for this cell, its ledger closed
         await hooks.bury()  # the dead worker's ledger closed no further than its first write
         return await self._after_crash(url, run_id, sources, driven, ctx)
 

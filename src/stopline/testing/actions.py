@@ -22,7 +22,8 @@ import anyio
 from stopline.domain.model import CancelState
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, OpStatus, RunState
-from stopline.runtime.tool import Verdict
+from stopline.runtime.context import CallContext
+from stopline.runtime.tool import CompensateFn, Verdict
 from stopline.testing.barriers import Barrier
 from stopline.testing.providers import CancelBehaviour, FakeProvider
 
@@ -38,6 +39,7 @@ __all__ = [
     "Cancel",
     "CancelTwice",
     "Compensate",
+    "CompensateAgain",
     "CrashWorker",
     "DropConnection",
     "ExpireApproval",
@@ -109,11 +111,23 @@ class ActionContext:
         self.cancels: list[tuple[Receipt, frozenset[str]]] = []
         self.late: list[str] = []  # operation ids a late response was delivered for
         self.crashed = False
+        self._undo: list[Callable[[], None]] = []  # ``patch``es to put back, last first
 
     @property
     def provider(self) -> FakeProvider:
         """This cell's provider at the point (each cell has fresh ones), to inject a fault into."""
         return self.providers[self.point.source]
+
+    def patch(self, obj: object, name: str, value: object) -> None:
+        """Set ``obj.name`` to ``value`` for the rest of the cell (``undo`` puts it back)."""
+        before = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(partial(setattr, obj, name, before))
+
+    def undo(self) -> None:
+        """Put back what ``patch`` set, last first (the cell does, once it has ended)."""
+        while self._undo:
+            self._undo.pop()()
 
     def release(self) -> None:
         """Let the workflow go on from the held point."""
@@ -324,6 +338,37 @@ class Compensate(Action):
                 await ledger.compensate(op.id, by=BY)
 
 
+class CompensateAgain(Compensate):
+    """Cancel and correct, each correction sent twice under its own key, as a retry
+    after a lost answer sends it (R5): a compensator that is not idempotent corrects
+    twice, which ground truth shows (R3; a tool of your own lists its corrections'
+    keys, the compensator's ``ctx.key``, in ``ground_truth``).
+
+    For the cell, each tool the workflow registered has its compensator sent twice;
+    the cell puts the tool back as it was when it ends."""
+
+    name = "compensate_again"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        # before the cancel: a tool with ``compensation=always`` corrects on it
+        for tool in list(ctx.ledger.core.tools.values()):
+            fn = tool.compensate_fn
+            if fn is not None and not isinstance(fn, _SentTwice):  # another cell's, at once
+                ctx.patch(tool, "compensate_fn", _SentTwice(fn))
+        await ctx.cancel()
+
+
+class _SentTwice:
+    """A compensator sent twice, the same context (so the same key) each time."""
+
+    def __init__(self, compensate: CompensateFn) -> None:
+        self.compensate = compensate
+
+    async def __call__(self, call: CallContext) -> Any:
+        await self.compensate(call)  # its answer lost on the way back
+        return await self.compensate(call)  # the retry: the same request, the same key
+
+
 DEFAULT_ACTIONS: tuple[Action, ...] = (
     Cancel(),
     CancelTwice(),
@@ -334,6 +379,7 @@ DEFAULT_ACTIONS: tuple[Action, ...] = (
     PauseResume(),
     ExpireApproval(),
     Compensate(),
+    CompensateAgain(),
 )
 
 # The actions of the core runtime: no lifecycle or truth API needed.

@@ -12,7 +12,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 
-from stopline.domain.model import EventRecord, OperationRecord, RunRecord
+from stopline.domain.model import CancelState, EventRecord, OperationRecord, RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.receipt import headline_for as _headline_for
 from stopline.domain.vocab import Headline, NoteKind, OpEvent, OpStatus, RunEvent
@@ -96,6 +96,8 @@ class Observed:
                     detail = str(ev.get("detail", ""))
                     raised = e.kind == NoteKind.VERIFY_FAILED
                     said[e.op_id] = f"the read-back raised {detail}" if raised else detail
+            elif e.op_id and e.kind == OpEvent.CONFLICT and e.data.get("error"):
+                said[e.op_id] = f"evidence in conflict: {e.data['error']}"
         out = []
         for op in self.ops:
             if op.status is OpStatus.NEEDS_REVIEW:
@@ -189,8 +191,11 @@ def _r2(seen: Observed) -> Iterator[Violation]:
 def _r3_r4(seen: Observed) -> Iterator[Violation]:
     """The ledger agrees with the providers' ground truth; late answers are kept."""
     ops = {op.id: op for op in seen.ops}
+    corrections = _corrections(seen)
     for (who, key), n in Counter(seen.effects()).items():
-        if n > 1:
+        if n > 1 and key in corrections:  # a correction re-sent under its own key (R5)
+            yield Violation("R3", f"{who} applied the correction {key} {n} times")
+        elif n > 1:
             yield Violation("R3", f"{who} committed {key} {n} times")
     for who, key in dict.fromkeys(seen.effects()):
         op = ops.get(key)
@@ -198,7 +203,15 @@ def _r3_r4(seen: Observed) -> Iterator[Violation]:
             yield Violation("R3", f"{who} committed {key}; the ledger has no record")
         elif op.status in _SAYS_NOT:
             yield Violation("R3", f"{key} is {op.status.value} in the ledger; {who} committed it")
-    truths, corrections = seen.truths(), _corrections(seen)
+        if op is not None and op.cancel_state is CancelState.CONFIRMED:
+            # a confirmed cancel is evidence the effect never happened: the ledger may
+            # have caught the lie (the response came: review), the canceller still told it
+            yield Violation(
+                "R3",
+                f"{who} committed {key}, yet its canceller confirmed the cancel: a "
+                "canceller confirms only a cancel that stopped the effect",
+            )
+    truths = seen.truths()
     for op in seen.ops:
         truth = truths.get(op.tool) if op.id not in corrections else None
         if truth is None:
@@ -253,10 +266,12 @@ def _r8(seen: Observed) -> Iterator[Violation]:
             f"headline {seen.receipt.headline.value}; the evidence justifies {justified.value}",
         )
     effects = frozenset(key for _, key in seen.effects())
-    judged = [*((r, e) for r, e in seen.cancels), (seen.receipt, effects)]
-    for receipt, done in judged:
+    # which receipt said it: a cell's cancels and its final receipt read the same else
+    said = [f"cancel #{n} returned" for n in range(1, len(seen.cancels) + 1)]
+    judged = [*zip(said, seen.cancels, strict=True), ("the receipt says", (seen.receipt, effects))]
+    for who, (receipt, done) in judged:
         if receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION and done:
             yield Violation(
                 "R8",
-                f"'{receipt.message}' while effects were committed: {sorted(done)}",
+                f"{who} '{receipt.message}' while effects were committed: {sorted(done)}",
             )

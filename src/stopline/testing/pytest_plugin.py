@@ -46,6 +46,14 @@ def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
     calls = itertools.count(1)
 
     async def run(workflow: Any, providers: Any, **options: Any) -> Matrix:
+        if "ledger_url" not in options and "?" in str(tmp_path):
+            # a sqlite:/// URL's options start at "?": its ledgers went outside tmp_path
+            pytest.fail(
+                f"{request.node.name}: the test's tmp_path ({tmp_path}) holds '?', which a "
+                "sqlite:/// ledger URL cannot carry: give another --basetemp, or "
+                "stopline_explore(..., ledger_url='sqlite:///DIR/NAME.db')",
+                pytrace=False,
+            )
         options.setdefault("ledger_url", f"sqlite:///{tmp_path / f'explore-{next(calls)}.db'}")
         options.setdefault("out", None)
         matrix = await explore(workflow, providers, **options)
