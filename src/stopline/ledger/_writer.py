@@ -37,7 +37,7 @@ import anyio
 import sniffio
 
 from stopline.errors import LedgerIOError
-from stopline.ledger._redeliver import REARMED, redelivery, surface_rearmed
+from stopline.ledger._redeliver import REARMED, held_to_the_end, redelivery, surface_rearmed
 
 __all__ = ["Writer"]
 
@@ -129,8 +129,9 @@ class _Job(Generic[T]):
             await self._waiter
 
     async def result_when_done(self) -> T:
-        with anyio.CancelScope(shield=True):
-            await self.done()
+        """Its outcome once the thread is done with it, whoever cancels the wait (an
+        outcome that must not be cut: asyncio's own cancel is asked for again after)."""
+        await held_to_the_end(self.done)
         return self.outcome()
 
     def __await__(self) -> Generator[Any, None, T]:

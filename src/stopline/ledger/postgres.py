@@ -7,16 +7,15 @@ takes ``schema`` (created if missing; the ledger's tables live there), ``pool_mi
 failover, default 10) and ``group_commit_ms`` (how long a deferred outcome waits for a
 transaction to ride before committing alone, default 2).
 
-Gates and outcomes go through the group commit (``postgres_batch``): many
-callers' writes in one transaction, a lone caller's alone, on a connection
-of its own (no pool checkout); by default a call's outcome is deferred and
-rides the next transaction (ADR 0034).
+Gates and outcomes go through the group commit (``postgres_batch``): many callers'
+writes in one transaction, a lone caller's alone, on a connection of its own; by
+default a call's outcome is deferred and rides the next transaction (ADR 0034).
 
-Every public method is one of the engine's transaction bodies
-(``stopline.ledger.engine``) on a pooled connection (``postgres_txn.Tx``, in
-PostgreSQL's dialect, ``postgres_dialect``), run by ``_tx``, which maps
-storage errors at this boundary (``postgres_errors``) and decides what a
-failure means:
+Every public method is one of the engine's transaction bodies (``stopline.ledger.engine``)
+on a pooled connection (``postgres_txn.Tx``, in PostgreSQL's dialect), run by ``_tx``,
+which maps storage errors at this boundary (``postgres_errors``) and decides what a
+failure means (asyncio's own cancel cutting a statement is a connection lost, taken
+and asked for again once the write is done: ``cut_as_lost``):
 
 - a failure before any commit was sent (no connection, a statement failed, a
   serialization failure or deadlock) rolled back: retried until ``retry_for``;
@@ -59,8 +58,8 @@ from stopline.errors import (
     LeaseExpired,
     LedgerError,
     LedgerUnavailable,
-    RowHeld,
 )
+from stopline.ledger._redeliver import holding
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
 from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
 from stopline.ledger.engine import approvals as ap
@@ -69,21 +68,18 @@ from stopline.ledger.engine.reads import load_run
 from stopline.ledger.engine.record import record, record_params
 from stopline.ledger.engine.truth import begin_compensation
 from stopline.ledger.postgres_aside import GROUP_LOCK_WAIT
+from stopline.ledger.postgres_attempts import retried
 from stopline.ledger.postgres_batch import GroupCommit, Job
 from stopline.ledger.postgres_dialect import PostgresDialect, gate_forms, outcome_forms
 from stopline.ledger.postgres_errors import (
     ANSWER_FLOOR,
-    answered_within,
-    connection_lost,
     map_error,
     redact,
-    transient,
 )
 from stopline.ledger.postgres_listen import Listener, OwnCancels
 from stopline.ledger.postgres_open import start
 from stopline.ledger.postgres_reserved import Lease
 from stopline.ledger.postgres_settle import (
-    RETRY,
     Sessions,
     attempt_token,
     gate_landed,
@@ -100,7 +96,6 @@ from stopline.ledger.postgres_url import parse, session_options
 __all__ = ["CommitInDoubt", "GateInDoubt", "LeaseExpired", "PostgresBackend"]
 
 T = TypeVar("T")
-_NOT_YET = "the session of a write in doubt is there still: it may land yet"
 _RUNS_KEPT = 65_536  # operations whose run an outcome's group placement may look up
 
 
@@ -246,47 +241,11 @@ class PostgresBackend(SqlBackend):
         commit's own for its jobs, where a row another session holds is not waited
         for again: ``RowHeld`` sets the job aside). The wait is shielded, like
         SQLite's writer: a started transaction always finishes and its caller
-        learns how.
+        learns how; asyncio's own cancels, taken meanwhile, are asked for again.
         """
-        lease = self._pool.connection if connection is None else connection
-        with anyio.CancelScope(shield=True):
-            if deadline is None:
-                deadline = time.monotonic() + self.retry_for
-            delay = 0.005
-            while True:
-                tx: Tx | None = None
-                try:
-                    with answered_within(self.answer_wait):
-                        async with lease() as conn:
-                            tx = Tx(conn, self.location, self.dialect)
-                            if self._doubts:
-                                await self.settle_gate_doubts(tx)
-                            if doubt and settle is not None:
-                                if self.sessions and not await self.sessions.gone(tx):
-                                    raise psycopg.OperationalError(_NOT_YET)
-                                landed = await settle(tx)
-                                if landed is not RETRY:
-                                    return landed  # type: ignore[no-any-return]
-                            doubt = False
-                            return await body(tx)
-                except (psycopg.Error, OSError) as exc:
-                    now_in_doubt = tx is not None and tx.in_doubt and connection_lost(exc)
-                    if now_in_doubt and not safe and settle is None:
-                        raise CommitInDoubt(self.location, f"commit in doubt: {exc}") from exc
-                    if now_in_doubt and tx is not None:
-                        self.sessions.lost(tx)
-                    doubt = doubt or now_in_doubt
-                    if connection is not None and isinstance(exc, psycopg.errors.LockNotAvailable):
-                        # the group's connection: the job is set aside
-                        raise RowHeld(self.location, str(exc), doubt=doubt) from exc
-                    if not transient(exc) or time.monotonic() >= deadline:
-                        if doubt and (not safe or in_doubt is not None):
-                            raise (in_doubt() if in_doubt else CommitInDoubt(
-                                self.location, f"commit in doubt: {exc}"
-                            )) from exc  # fmt: skip
-                        raise self.map_error(exc) from exc
-                await anyio.sleep(delay)  # back off before the next attempt
-                delay = min(delay * 2, 0.25)
+        with holding() as held, anyio.CancelScope(shield=True):
+            args = (connection, body, safe, settle, in_doubt, doubt, deadline, held)
+            return await retried(self, *args)
         raise AssertionError("unreachable: a shielded scope swallows nothing")
 
     async def settle_gate_doubts(self, tx: Tx) -> None:

@@ -1,16 +1,14 @@
 """Group commit for the PostgreSQL ledger: many calls' intents and outcomes, one commit.
 
 Gates and outcomes of one process queue here in the order they are asked for.
-Whoever finds no transaction running leads one: it takes what is queued (its
-own job first among them) and commits it as one transaction, one round trip
-(``Tx.implicit``, one pipeline: one statement per stretch of jobs of one kind,
-committed by the pipeline's ``Sync``, no ``BEGIN`` or ``COMMIT`` sent; a
-failure with no error reply from the server, the client's own included, is
-a commit in doubt: each job is one statement, so each lands whole or not at
-all); the jobs queued meanwhile wait, and the first caller
-among them leads the next. A lone caller finds nothing queued and runs its job
-alone, exactly as without the queue (one statement, one commit), with no
-task in between.
+Whoever finds no transaction running leads one: it takes what is queued and
+commits it as one transaction, one round trip (``Tx.implicit``, one pipeline:
+one statement per stretch of jobs of one kind, committed by its ``Sync``; a
+failure with no error reply from the server, the client's own included, is a
+commit in doubt: each job is one statement, so each lands whole or not at
+all); the jobs queued meanwhile wait, and the first caller among them leads
+the next. A lone caller finds nothing queued and runs its job alone, exactly
+as without the queue (one statement, one commit), with no task in between.
 
 Every group transaction, and a lone caller's job, runs on the group's own
 connection (``postgres_reserved``): one transaction runs at a time, so the
@@ -23,17 +21,14 @@ commits it alone. ``barrier`` waits until every outcome deferred so far has
 committed: every other transaction of the process waits on it first, so
 nothing the process reads or writes later misses one.
 
-Within a transaction each run's records keep their queue order, and the
-records of many runs go in one statement per kind (``_stretches``: a job joins
-the last stretch of its kind unless its run has a later one); a duplicate
-operation id ends the batch (the next one takes it). When the transaction
-fails, nothing of it landed unless its commit was in doubt: each job then
-runs alone, in order, through the backend's own retries (a gate settles its
-doubt by its attempt token, an outcome by reading its status back), so each
-caller gets its own answer or its own typed error, within one ``retry_for``
-for the whole batch. A job that waits for a row another session holds is set
-aside (``postgres_aside``): its run's writes go on alone, in order, and the
-other runs' in the group.
+Within a transaction each run's records keep their queue order, the records of
+many runs in one statement per kind (``_stretches``); a duplicate operation id
+ends the batch. When the transaction fails, nothing of it landed unless its
+commit was in doubt: each job then runs alone, in order, through the backend's
+own retries (a gate settles its doubt by its attempt token, an outcome by its
+status), so each caller gets its own answer or typed error, within one
+``retry_for`` for the batch. A job that waits for a row another session holds
+is set aside (``postgres_aside``): its run's writes go on alone, in order.
 """
 
 from __future__ import annotations
@@ -49,13 +44,14 @@ import anyio
 import psycopg
 
 from stopline.errors import RowHeld
+from stopline.ledger._redeliver import held_to_the_end, holding, redelivery
 from stopline.ledger.backend import GateResult, GateVerdict
 from stopline.ledger.engine.record import recorded
 from stopline.ledger.postgres_aside import Aside, Outcome
 from stopline.ledger.postgres_aside import error_of as _error
 from stopline.ledger.postgres_aside import value_of as _value
 from stopline.ledger.postgres_dialect import Forms, many_rows
-from stopline.ledger.postgres_errors import answered_within, connection_lost
+from stopline.ledger.postgres_errors import answered_within, connection_lost, cut_as_lost
 from stopline.ledger.postgres_reserved import Lease, Reserved
 from stopline.ledger.postgres_txn import Tx
 
@@ -141,6 +137,7 @@ class GroupCommit:
         self.reserved = Reserved(backend.connect_group)
         self.aside = Aside(self._deadline)  # jobs waiting for a row another session holds
         self.unsettled = 0  # deferred outcomes queued or being committed
+        self._held: list[BaseException] = []  # the leader's task's cancels (``_lead``)
         self.transactions = 0  # group transactions committed (the tests count them)
         # testing hook: awaited with the server pid of a group transaction's connection
         self.before_batch: Callable[[int], Awaitable[None]] | None = None
@@ -173,12 +170,13 @@ class GroupCommit:
         if job.outcome is None:
             try:
                 await self._wait(job)
-            except anyio.get_cancelled_exc_class():
-                # a started write finishes: the rest of the wait is shielded (as if the
-                # whole of it were; a scope on every wait cost each gate ~2 us of CPU),
-                # and the cancel reaches the caller at its next checkpoint
-                with anyio.CancelScope(shield=True):
-                    await self._wait(job)
+            except anyio.get_cancelled_exc_class() as cancel:
+                # a started write finishes: the rest of the wait is held (a scope on every
+                # wait cost each gate ~2 us), the cancel reaches the caller at its next
+                # await (asyncio's own asked again: it was lost, the caller went on)
+                again = redelivery(cancel)
+                await held_to_the_end(lambda: self._wait(job))
+                again()
         outcome = job.outcome
         assert outcome is not None
         return outcome()
@@ -236,14 +234,18 @@ class GroupCommit:
     # finding none, the timer) and stays set when the leader hands over to a waiting
     # caller, so no caller arriving in between leads a second transaction beside it.
     async def _lead(self) -> None:
-        """Run one transaction of what is queued; ``_leading`` is set already."""
+        """Run one transaction of what is queued (``_leading`` set already). asyncio's own
+        cancel of the leader's task cut it mid-transaction, and every caller of its group
+        waited for ever: it is taken wherever it lands (``holding``, ``cut_as_lost``) and
+        asked for again once the transaction and its jobs are done."""
         assert self._leading
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         try:
-            batch = self._take()
-            await self._run(batch)
+            with holding() as self._held:
+                batch = self._take()
+                await self._run(batch)
         finally:
             self._hand_over()
 
@@ -389,18 +391,28 @@ class GroupCommit:
     async def _send(self, statements: list[tuple[str, Any]]) -> list[list[Any]]:
         """The group's statements as one transaction on the reserved connection: each job
         one statement, its Sync the commit, no BEGIN or COMMIT. A server that stops
-        answering drops the connection, as lost (ADR 0061)."""
-        backend = self._backend
+        answering drops the connection, as lost (ADR 0061), as asyncio's own cancel does
+        that cuts a statement (``cut_as_lost``); one elsewhere fails the group (each job
+        alone) or, once its results are in, leaves them standing."""
+        backend, held = self._backend, self._held
         tx: Tx | None = None
+        got: list[list[list[Any]]] = []
         try:
-            with answered_within(backend.answer_wait):
+            with answered_within(backend.answer_wait) as answering:
                 async with self.reserved.lease() as conn:
                     tx = Tx(conn, backend.location, backend.dialect)
-                    if backend.doubts:
-                        await backend.settle_gate_doubts(tx)
-                    if self.before_batch is not None:
-                        await self.before_batch(conn.info.backend_pid)
-                    return await tx.implicit(statements)
+                    async with cut_as_lost(conn, answering, held):
+                        if backend.doubts:
+                            await backend.settle_gate_doubts(tx)
+                        if self.before_batch is not None:
+                            await self.before_batch(conn.info.backend_pid)
+                        got.append(await tx.implicit(statements))
+            return got[0]
+        except anyio.get_cancelled_exc_class() as cancel:  # asyncio's own: kept, asked again
+            held.append(cancel)
+            if got:
+                return got[0]
+            raise self._failed(tx, False) from cancel
         except (psycopg.Error, OSError) as exc:
             # no error reply from the server: what was sent may have committed
             raise self._failed(tx, tx is not None and tx.in_doubt and connection_lost(exc)) from exc

@@ -9,7 +9,7 @@ and are re-exported here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import psycopg
@@ -34,6 +34,7 @@ __all__ = [
     "LeaseExpired",
     "answered_within",
     "connection_lost",
+    "cut_as_lost",
     "map_error",
     "redact",
     "transient",
@@ -109,7 +110,7 @@ def connection_lost(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def answered_within(seconds: float) -> Iterator[None]:
+def answered_within(seconds: float) -> Iterator[anyio.CancelScope]:
     """The block's statements answered within ``seconds``, or the connection dropped as lost.
 
     A server that stops answering without closing (frozen, its host paused, a network
@@ -122,8 +123,35 @@ def answered_within(seconds: float) -> Iterator[None]:
     and the attempt is retried on another connection as any loss is.
     """
     with anyio.CancelScope(deadline=anyio.current_time() + seconds) as scope:
-        yield
+        yield scope
     if scope.cancelled_caught:
         raise psycopg.OperationalError(
             f"no answer from the server within {seconds:g} s: connection dropped"
         )
+
+
+@contextlib.asynccontextmanager
+async def cut_as_lost(
+    conn: psycopg.AsyncConnection[object],
+    answering: anyio.CancelScope,
+    held: list[BaseException],
+) -> AsyncIterator[None]:
+    """A statement on ``conn``, in a shield, cut by asyncio's own ``Task.cancel`` (which
+    reaches into a shield: a framework cancelling the task it runs a tool in) is a lost
+    connection. psycopg asked the server to cancel it and waited for its end, so it
+    landed or not, and which is unknown when it was a commit: the connection is closed
+    here, before anyone else may take it (its session ends, so the doubt is settled as
+    any lost connection's), ``OperationalError`` raised with no SQLSTATE
+    (``connection_lost``), and the cancel kept in ``held``, asked for again once the
+    write is done (``ask_again``). ``answering``'s own deadline is no such cancel."""
+    try:
+        yield
+    except anyio.get_cancelled_exc_class() as cancel:
+        if answering.cancel_called:
+            raise
+        held.append(cancel)
+        with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
+        raise psycopg.OperationalError(
+            "asyncio's own cancel cut the statement: connection dropped"
+        ) from cancel
