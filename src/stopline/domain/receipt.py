@@ -176,6 +176,9 @@ def _status_words(op: OperationRecord) -> str:
     return words
 
 
+_CORRECTION_FAILED = "a reviewer decides: committed, not committed, or correct it again"
+
+
 def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
     """What follows for ``op``; ``related`` is its latest correction (for an operation
     being corrected), or the operation it corrected (for a correction)."""
@@ -194,13 +197,16 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
             return f"its provider may still complete it; then {then}"
         return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:
+        failed = related is not None and related.status is OpStatus.NOT_COMMITTED
+        if failed and op.compensates is None:  # its latest correction failed
+            return _CORRECTION_FAILED
         return "a reviewer decides committed or not committed"
     if op.status is OpStatus.COMMITTED and op.can_compensate and op.compensates is None:
         return "can be corrected by its compensation"
     if op.status is OpStatus.COMPENSATING:
         return _correcting(related)
     if op.status is OpStatus.COMPENSATION_FAILED:
-        return "a reviewer decides: committed, not committed, or correct it again"
+        return _CORRECTION_FAILED
     if (
         op.compensates is not None
         and op.status is OpStatus.COMMITTED

@@ -43,6 +43,7 @@ from stopline.errors import (
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
 from stopline.runtime.outcomes import lost_update
+from stopline.runtime.review import escalation
 from stopline.runtime.tool import Compensation, NoAnswer, Rejected, Tool
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class Compensator:
     def __init__(self, core: Core) -> None:
         self._core = core
         self._scopes: dict[str, anyio.CancelScope] = {}  # original id -> its running correction
+        self._corrects: dict[str, str] = {}  # a running correction's id -> the original's
         self._done: dict[str, anyio.Event] = {}
         self._proposed: set[str] = set()
         self._links: dict[str, anyio.Lock] = {}
@@ -100,6 +102,14 @@ class Compensator:
                 f"operation {op.id!r}: tool {op.tool!r} is not registered in this process; "
                 "pass it with stopline.open(url, tools=[...]) or ledger.register_tool()"
             )
+        return tool
+
+    async def may_start(self, op: OperationRecord) -> Tool[Any]:
+        """``tool_for``, and a refusal while the run is paused (its gate passes nothing):
+        what a review's ``compensate`` checks before it records its decision."""
+        tool = self.tool_for(op)
+        if (await self._core.backend.get_run(op.run_id)).state.paused:
+            raise _paused(op)
         return tool
 
     async def start(self, op_id: str, *, by: str, reason: str = "") -> OperationRecord:
@@ -134,17 +144,18 @@ class Compensator:
             now = exc.state if isinstance(exc.state, OpStatus) else op.status
             raise await self.refusal(op_id, now) from exc
         if gate.verdict is GateVerdict.PAUSED:
-            raise NotPermitted(f"run {op.run_id!r} is paused; resume it to correct {op_id!r}")
+            raise _paused(op)
         if gate.verdict is not GateVerdict.PASSED:
             raise NotPermitted(
                 f"run {op.run_id!r} may not compensate (gate: {gate.verdict.value}); "
                 f"{op_id!r} stays committed"
             )
         core.changed(op.run_id)
-        self._done[op_id] = anyio.Event()
-        self._scopes[op_id] = anyio.CancelScope()
+        done = self._done[op_id] = anyio.Event()
+        scope = self._scopes[op_id] = anyio.CancelScope()
+        self._corrects[comp_id] = op_id
         comp = await core.backend.get_operation(comp_id)
-        core.spawn(self._run, op, comp, tool)
+        core.spawn(self._run, op, comp, tool, scope, done)
         return comp
 
     async def refusal(self, op_id: str, status: OpStatus) -> NotCorrectable:
@@ -162,17 +173,25 @@ class Compensator:
             await done.wait()
 
     def stop(self, op_id: str) -> bool:
-        """Interrupt the correction of ``op_id`` running here; its outcome becomes unknown."""
-        scope = self._scopes.get(op_id)
+        """Interrupt the correction of ``op_id`` running here (``op_id`` names the operation
+        corrected, or the correction itself: its receipt line's id); its outcome becomes
+        unknown."""
+        scope = self._scopes.get(self._corrects.get(op_id, op_id))
         if scope is None:
             return False
         scope.cancel()
         return True
 
-    async def _run(self, original: OperationRecord, comp: OperationRecord, tool: Tool[Any]) -> None:
+    async def _run(
+        self,
+        original: OperationRecord,
+        comp: OperationRecord,
+        tool: Tool[Any],
+        scope: anyio.CancelScope,
+        done: anyio.Event,
+    ) -> None:
         core = self._core
         settler = core.settler
-        scope = self._scopes[original.id]
         ctx = CompensationContext(core, original, comp.id, tool)
         try:
             async with settler.working():
@@ -187,11 +206,14 @@ class Compensator:
                     stopped = lost_update(ctx, Cause.USER_CANCEL, "stopped on request")
                     await core.outcomes.resolve(comp.id, stopped)
                 await self.link(await core.backend.get_operation(comp.id))
-        finally:
-            self._scopes.pop(original.id, None)
-            done = self._done.pop(original.id, None)
-            if done is not None:
-                done.set()
+        finally:  # its own only: a next correction may be registered already (its link
+            # sent the original to review, where a reviewer asked to correct it again)
+            if self._scopes.get(original.id) is scope:
+                del self._scopes[original.id]
+            if self._done.get(original.id) is done:
+                del self._done[original.id]
+            self._corrects.pop(comp.id, None)
+            done.set()
 
     async def _closed(self, ctx: CompensationContext) -> None:
         """The ledger closes under a running correction: its answer is lost, not a crash's
@@ -247,9 +269,7 @@ class Compensator:
                     OpEvent.COMPENSATION_FAILED, [linked], error=comp.error or "correction failed"
                 )
                 await core.outcomes.resolve(original.id, failed)
-                escalate = Evidence.local("compensation_failed", "a reviewer decides what now")
-                escalated = OutcomeUpdate(OpEvent.ESCALATED, [escalate])
-                await core.outcomes.resolve(original.id, escalated)
+                await core.outcomes.resolve(original.id, escalation())
 
     # -- the per-tool policy on cancel ---------------------------------------------
     async def on_cancel(self, ops: list[OperationRecord]) -> bool:
@@ -279,3 +299,7 @@ class Compensator:
                 self._proposed.add(op.id)
                 await core.backend.note(op.id, NoteKind.COMPENSATION_PROPOSED, {"policy": "ask"})
         return queued
+
+
+def _paused(op: OperationRecord) -> NotPermitted:
+    return NotPermitted(f"run {op.run_id!r} is paused; resume it to correct {op.id!r}")

@@ -27,6 +27,7 @@ import anyio
 from stopline.domain.model import Evidence, OperationRecord
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
 from stopline.ledger.backend import OutcomeUpdate
+from stopline.runtime.boundary import typed
 from stopline.runtime.compensate import context_for
 from stopline.runtime.readback import ask
 from stopline.runtime.tool import Tool, Verdict
@@ -122,9 +123,15 @@ class Reconciler:
                 if on_progress is not None:
                     on_progress(len(finals), total)
 
-            async with anyio.create_task_group() as tg:
-                for op in [*unknown, *accepted]:
-                    tg.start_soon(one, op)
+            try:
+                async with anyio.create_task_group() as tg:
+                    for op in [*unknown, *accepted]:
+                        tg.start_soon(one, op)
+            except BaseExceptionGroup as group:  # the ledger failed under the reads: typed
+                error = typed(group)
+                if error is group:
+                    raise
+                raise error from group
             for run_id in {op.run_id for op in finals.values()}:
                 await settler.advance(run_id)
         return _summary(recovered, finals, settler.can_verify_here)

@@ -17,6 +17,7 @@ contradiction stays corrected when the reviewer finds it happened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import time
@@ -27,7 +28,13 @@ from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRec
 from stopline.domain.receipt import horizon_words
 from stopline.domain.transitions import REVIEW_OPS, later_evidence_settles
 from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus
-from stopline.errors import NotCorrectable, NotInReview, NotPermitted
+from stopline.errors import (
+    IllegalTransition,
+    InvalidInput,
+    NotCorrectable,
+    NotInReview,
+    NotPermitted,
+)
 from stopline.ledger.backend import OutcomeUpdate
 
 if TYPE_CHECKING:
@@ -38,6 +45,7 @@ __all__ = [
     "ReviewCase",
     "ReviewItem",
     "ReviewVerdict",
+    "escalation",
     "evidence_settles",
     "inspect",
     "items",
@@ -57,7 +65,7 @@ class ReviewVerdict(enum.StrEnum):
             return cls(value)
         except ValueError:
             allowed = ", ".join(v.value for v in cls)
-            raise ValueError(f"review verdict {value!r} is not one of: {allowed}") from None
+            raise InvalidInput("verdict", f"{value!r} is not one of: {allowed}") from None
 
 
 # the event a decision records (for a decision refused: the move it would have been)
@@ -149,14 +157,14 @@ async def resolve(
     op = await core.backend.get_operation(op_id)
     if op.status not in REVIEW_STATUSES:  # before what a decision would need: it needs none
         raise NotInReview(op_id, op.status, _REVIEW_EVENTS[verdict])
-    if verdict is ReviewVerdict.COMPENSATE:
-        core.compensator.tool_for(op)  # refuse before writing anything
+    if verdict is ReviewVerdict.COMPENSATE:  # refuse before writing anything
+        await core.compensator.may_start(op)
     if verdict is ReviewVerdict.NOT_COMMITTED:
         _may_not_have_happened(core, op)
     corrected = await _corrected(core, op_id, verdict)
     if op.status is OpStatus.COMPENSATION_FAILED:  # escalation interrupted: finish it first
-        escalated = Evidence.local("compensation_failed", "a reviewer decides what now")
-        op = await core.backend.record(op_id, OutcomeUpdate(OpEvent.ESCALATED, [escalated]))
+        with contextlib.suppress(IllegalTransition):  # escalated meanwhile (its link, a peer)
+            await core.backend.record(op_id, escalation())
     if verdict is ReviewVerdict.NOT_COMMITTED:
         event = OpEvent.REVIEWED_NOT_COMMITTED
     elif corrected:  # it happened, and its correction stands: corrected, as before
@@ -164,8 +172,11 @@ async def resolve(
     else:
         event = OpEvent.REVIEWED_COMMITTED
     decision = Evidence(EvidenceKind.REVIEW, by, f"{verdict.value}: {note}" if note else verdict)
-    # IllegalTransition (nothing written) unless the item is still in review
-    op = await core.backend.record(op_id, OutcomeUpdate(event, [decision]))
+    try:  # compare-and-set: refused, nothing written, unless the item is still in review
+        op = await core.backend.record(op_id, OutcomeUpdate(event, [decision]))
+    except IllegalTransition as exc:  # decided meanwhile (another reviewer, its evidence)
+        now = (await core.backend.get_operation(op_id)).status
+        raise NotInReview(op_id, now, event) from exc
     if verdict is ReviewVerdict.COMPENSATE:  # started before a settling step can see it
         try:
             await core.compensator.start(op_id, by=by, reason=f"review: {note}".rstrip(": "))
@@ -174,10 +185,25 @@ async def resolve(
                 raise
             # the tool's compensation=always started the same correction first (a cancelled
             # run's step, in another task or process): what the reviewer asked is under way
+        except NotPermitted as exc:  # paused since the check above: the decision stands
+            raise NotPermitted(
+                f"the decision is recorded ({op_id!r} happened) but its correction did not "
+                f"start: {exc}; then correct it with ledger.compensate({op_id!r}, by=...)"
+            ) from exc
         op = await core.backend.get_operation(op_id)
+    if op.compensates is not None:  # a decided correction settles its link now: the
+        await core.compensator.link(op)  # receipt returned says what the original is
     core.outcomes.after_change(op)
     await core.settler.advance(op.run_id)
     return op
+
+
+def escalation() -> OutcomeUpdate:
+    """A failed correction's original, to review: its link's step, or a reviewer's who
+    finds the link interrupted between ``compensation_failed`` and review."""
+    return OutcomeUpdate(
+        OpEvent.ESCALATED, [Evidence.local("compensation_failed", "a reviewer decides what now")]
+    )
 
 
 def _may_not_have_happened(core: Core, op: OperationRecord) -> None:
