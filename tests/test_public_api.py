@@ -31,6 +31,7 @@ EXPECTED = {
     "IdempotencyConflict",
     "IllegalTransition",
     "Ledger",
+    "LedgerClosed",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -75,6 +76,7 @@ EXPECTED = {
     "Verdict",
     "Verifier",  # the one verifier signature: async (ctx: CallContext) -> ReadBack | Verdict
     "VerifyBudget",
+    "WrongEventLoop",
     "__version__",
     "open",
     "operator",

@@ -37,6 +37,7 @@ from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
+    LedgerClosed,
     LedgerCorrupt,
     LedgerError,
     LedgerFull,
@@ -58,6 +59,7 @@ from stopline.errors import (
     StoplineError,
     UnknownOperation,
     UnknownRun,
+    WrongEventLoop,
 )
 from stopline.runtime.compensate import CompensationContext
 from stopline.runtime.context import CallContext
@@ -105,6 +107,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidInput",
     "Ledger",
+    "LedgerClosed",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -151,6 +154,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "VerifyBudget",
+    "WrongEventLoop",
     "__version__",
     "open",
     "operator",

@@ -21,6 +21,8 @@
     ├── PlanError                      a `stopline check-mcp` plan it cannot run
     ├── RunEnded                       entering or resuming a run that has ended: what to do
     ├── RunPaused                      re-entering a paused run before it is resumed
+    ├── LedgerClosed (also RuntimeError) a ledger used before it is open or once closed
+    ├── WrongEventLoop (also RuntimeError) a run entered or called off its ledger's loop
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerRefused              a constraint or trigger refuses the write, and would again
@@ -67,6 +69,7 @@ __all__ = [
     "IllegalTransition",
     "InvalidInput",
     "LeaseExpired",
+    "LedgerClosed",
     "LedgerCorrupt",
     "LedgerError",
     "LedgerFull",
@@ -97,6 +100,7 @@ __all__ = [
     "UnknownRun",
     "UnknownTool",
     "UnstableValue",
+    "WrongEventLoop",
     "describe",
 ]
 
@@ -474,3 +478,20 @@ class RunFenced(_Rebuilt, BaseException):
 # Deprecated aliases (0.2, removed in 0.3): the old names are also Pydantic AI's.
 RunCancelled = RunFenced
 ApprovalRequired = ApprovalNeeded
+
+
+class LedgerClosed(StoplineError, RuntimeError):
+    """A ledger used before ``async with stopline.open(...)`` or once closed (it opens
+    once): one answer on every engine, before anything is tried (ADR 0078)."""
+
+    def __init__(self, location: str, why: str) -> None:
+        self.location, self.why = location, why
+        super().__init__(f"ledger {location} {why}")
+
+
+class WrongEventLoop(StoplineError, RuntimeError):
+    """A run entered, or its call made, off the thread whose loop opened the ledger."""
+
+    def __init__(self, location: str, what: str) -> None:
+        self.location, self.what = location, what
+        super().__init__(f"ledger {location} is open in another thread's event loop: {what}")

@@ -63,6 +63,8 @@ SAMPLES: dict[str, BaseException] = {
     "CommitInDoubt": errors.CommitInDoubt("postgresql://h/db", "reply lost"),
     "GateInDoubt": errors.GateInDoubt("postgresql://h/db", "run-1/k"),
     "RunFenced": errors.RunFenced("run-1", "run-1/k"),
+    "LedgerClosed": errors.LedgerClosed("sqlite:///l.db", "is closed"),
+    "WrongEventLoop": errors.WrongEventLoop("sqlite:///l.db", "enter a run"),
 }
 
 

@@ -174,7 +174,10 @@ async def test_temporal_error_no_retry_can_fix_fails_the_activity_at_once(
         spec = RunSpec(id=handle.id, name="temporal:Pipeline", owner="user:42", tenant="default")
         await h.ledger.backend.create_run(spec)
         tool: stopline.Tool[Charge] = stopline.Tool(charged, name="upload")
-        await h.ledger.dispatch(handle.id, tool, *args, key=f"{handle.result_run_id}:2")
+        # seeded by another process's ledger: in this one "upload" is the worker's tool
+        # (one tool per name, ADR 0078)
+        async with stopline.open(h.ledger_url) as seeding:
+            await seeding.dispatch(handle.id, tool, *args, key=f"{handle.result_run_id}:2")
         async with await _worker(h):
             with anyio.fail_after(60), pytest.raises(WorkflowFailureError) as failed:
                 await handle.result()

@@ -161,7 +161,7 @@ async def test_an_effect_that_may_still_land_after_the_kill_is_not_yet_then_prov
         await until_effect(plan.destination, "run_x/k2")
         proven = await b.verify("run_x/k2")
         assert proven.status is OpStatus.COMMITTED
-        answers, doubt = await reenter(b, plan)
+        answers, doubt = await reenter(b, b_plan)  # the tool B declared (one per name)
         assert doubt is None and len(answers) == 3
     assert Counter(effects(plan.destination)) == dict.fromkeys(
         ["run_x/k1", "run_x/k2", "run_x/k3"], 1

@@ -67,10 +67,19 @@ def args_digest(value: Any) -> str:
 
     Sets are sorted, tuples are lists, enums their values, dataclasses their
     fields; an object that has only the default ``repr`` (its memory address)
-    or a structure that refers to itself raises ``UnstableValue`` naming where.
+    or a structure that refers to itself raises ``UnstableValue`` naming where; so do
+    arguments it cannot write at all (nested past Python's recursion limit, an integer
+    past its digits limit), which raised ``RecursionError`` or ``ValueError`` (ADR 0078).
     """
-    plain = value if _plain(value, 4) else _canonical(value, "args", set())
-    return _sha(jsontext.canonical(plain))
+    try:
+        plain = value if _plain(value, 4) else _canonical(value, "args", set())
+        return _sha(jsontext.canonical(plain))
+    except RecursionError:
+        raise UnstableValue("args", "nested too deeply to be digested") from None
+    except ValueError as exc:
+        if isinstance(exc, UnstableValue):
+            raise
+        raise UnstableValue("args", f"cannot be written as text: {exc}") from None
 
 
 _SCALARS = frozenset({str, int, bool, type(None)})

@@ -17,18 +17,24 @@ core's or the other's; none reads another object's private attributes
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
+import sniffio
 from anyio.abc import TaskGroup
 
 from stopline.domain.lifecycle import AccessPolicy
 from stopline.domain.limits import check_wait
+from stopline.errors import InvalidInput, LedgerClosed, WrongEventLoop
+from stopline.ledger import redact
 from stopline.ledger.backend import Backend
 from stopline.runtime.boundary import Boundary, Health
 from stopline.runtime.tool import Tool
@@ -60,7 +66,7 @@ class Core:
         verify_budget: VerifyBudget,
         durable_outcomes: bool,
         backend: Backend | None,
-        tools: dict[str, Tool[Any]],
+        tools: Iterable[Tool[Any]],
     ) -> None:
         self.url = url
         # R11: who may cancel, pause, resume, approve and resolve
@@ -82,11 +88,16 @@ class Core:
         self._backend = backend
         self._tg: TaskGroup | None = None
         self._closing = False
+        self._closed = False  # its backend closed (``close``): a ledger opens once
+        self._home: int | None = None  # the thread whose event loop opened it (``start``)
+        self._home_loop: anyio.lowlevel.EventLoopToken | None = None
         # the runs of this process with their block open, by id
         self.runs: dict[str, Run] = {}
         self._opened = itertools.count()  # the order in which their blocks opened
         # known tools by name: verifiable and cancellable from this process
-        self.tools = tools
+        self.tools: dict[str, Tool[Any]] = {}
+        for tool in tools:
+            self.register_tool(tool)
         self._adopted: dict[Callable[..., Any], Tool[Any]] = {}
         self._changes: dict[str, anyio.Event] = {}
         # runs a call waits on at the gate while they are paused: how many calls each
@@ -103,8 +114,16 @@ class Core:
     # -- the backend ---------------------------------------------------------------
     @property
     def backend(self) -> Backend:
+        """The open backend, else ``LedgerClosed`` (not opened yet, or closed: the same
+        answer on every engine, where SQLite's was a bare ``RuntimeError`` and
+        PostgreSQL's a ``LedgerUnavailable``, a fault a caller waits out)."""
         if self._backend is None:
-            raise RuntimeError("the ledger is not open: use 'async with stopline.open(...)'")
+            raise LedgerClosed(redact(self.url), "is not open: use 'async with stopline.open(...)'")
+        if self._closed:
+            raise LedgerClosed(
+                redact(self.url),
+                "is closed: a ledger opens once; open it again with stopline.open(url)",
+            )
         return self._backend
 
     @property
@@ -115,10 +134,43 @@ class Core:
     def use_backend(self, backend: Backend) -> None:
         self._backend = backend
 
+    async def close(self) -> None:
+        """Close the backend; from now on the ledger is closed (``backend``)."""
+        backend = self.backend
+        self._closed = True
+        await backend.close()
+
     # -- background work -------------------------------------------------------------
     def start(self, tg: TaskGroup) -> None:
         """Background work runs in ``tg`` from now on (the ledger's, while it is open)."""
         self._tg = tg
+        self._home, self._home_loop = threading.get_ident(), anyio.lowlevel.current_token()
+
+    def at_home(self, what: str) -> None:
+        """``WrongEventLoop`` unless called in the thread whose event loop opened the
+        ledger: a run's block and its calls live there (its cancels are delivered there,
+        and a cancel scope is not cancelled from another thread). A block entered from
+        another thread's loop worked until a cancel: the cancel escaped it as a bare
+        ``CancelledError`` and left its run settling (ADR 0078)."""
+        if not self.at_home_now:
+            how = "open one in each loop, or hand the work to its loop (anyio.from_thread.run)"
+            raise WrongEventLoop(redact(self.url), f"{what} there: {how}")
+
+    @property
+    def at_home_now(self) -> bool:
+        """Whether this is the thread whose event loop opened the ledger (or it is not
+        open): where this process's runs are interrupted."""
+        return self._home is None or threading.get_ident() == self._home
+
+    def at_home_soon(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` called soon in the event loop that opened the ledger, from another
+        thread's, without waiting for it (that loop may be waiting for this thread: a
+        test's ``TestClient`` call blocks it), sniffio told the loop's library."""
+        assert self._home_loop is not None
+        native: Any = self._home_loop.native_token  # asyncio's loop, or trio's token
+        library = "asyncio" if hasattr(native, "call_soon_threadsafe") else "trio"
+        soon = getattr(native, "call_soon_threadsafe", None) or native.run_sync_soon
+        soon(functools.partial(_told, library, fn, *args))
 
     def stop(self) -> TaskGroup | None:
         """No new background work; returns the task group to close."""
@@ -135,7 +187,7 @@ class Core:
         if self._tg is None:
             if self._closing:
                 return  # closing: background work stops with the ledger
-            raise RuntimeError("the ledger is not open")
+            raise LedgerClosed(redact(self.url), "is not open: use 'async with stopline.open(...)'")
         self._tg.start_soon(self._boundary.run, fn, *args)
 
     def register_run(self, run: Run) -> None:
@@ -146,10 +198,27 @@ class Core:
 
     # -- tools -----------------------------------------------------------------------
     def register_tool(self, tool: Tool[Any]) -> None:
-        self.tools.setdefault(tool.name, tool)
+        """``tool`` known by its name from now on: the ledger records a call's tool by
+        name, and reads back, cancels and corrects its operations with the tool known
+        by that name. The same tool again, or one declaring the same (``declares_as``),
+        is fine; another under a known name is ``InvalidInput``: its operations would
+        have been read back and corrected by the first one's functions (ADR 0078)."""
+        known = self.tools.setdefault(tool.name, tool)
+        if known is not tool and not known.declares_as(tool):
+            raise InvalidInput(
+                "tool",
+                f"{tool.name!r} names another tool in this ledger already, declared "
+                "otherwise (its verifier, canceller, compensator, policy or horizon): a "
+                "name is one tool, by which its operations are read back, cancelled and "
+                "corrected; give this one its own name (stopline.tool(name=...)) or use "
+                "the one declared",
+            )
 
     def adopt(self, fn: Callable[..., Awaitable[Any]]) -> Tool[Any]:
-        tool = self._adopted.get(fn)
+        try:
+            tool = self._adopted.get(fn)
+        except TypeError:  # unhashable: made a tool each time (refused there if unusable)
+            return Tool(fn)
         if tool is None:
             tool = self._adopted[fn] = Tool(fn)
         return tool
@@ -237,3 +306,11 @@ class Core:
     def waiting_runs(self) -> int:
         """Runs someone in this process waits on a change of (bounded: see above)."""
         return len(self._changes)
+
+
+def _told(library: str, fn: Callable[..., object], *args: Any) -> None:
+    token = sniffio.current_async_library_cvar.set(library)
+    try:
+        fn(*args)
+    finally:
+        sniffio.current_async_library_cvar.reset(token)

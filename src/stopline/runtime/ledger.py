@@ -82,7 +82,7 @@ class Ledger:
             verify_budget=verify or VerifyBudget(),
             durable_outcomes=durable_outcomes,
             backend=backend,
-            tools={t.name: t for t in reversed(tools)},
+            tools=tools,
         )
         # the components, each over the core; those others call are set on it
         core.outcomes = Outcomes(core)
@@ -191,7 +191,7 @@ class Ledger:
             with anyio.CancelScope(shield=True):
                 await self._core.outbox.flush()
                 await self._truth.retire()
-                await self.backend.close()
+                await self._core.close()
 
     def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         """Start background work that outlives the caller's scope."""

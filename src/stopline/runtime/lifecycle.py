@@ -278,9 +278,11 @@ class Lifecycle:
         asks to cancel have been asked (the request recorded and sent, not answered)."""
         core = self._core
         principal, _ = await self.authorize(by, Action.CANCEL, check_id("run_id", run_id))
-        asyncio_loop = sniffio.current_async_library() == "asyncio"
-        with _EarlyCut(self._cut, self._follow, armed=asyncio_loop) as early:
+        asyncio_loop, home = sniffio.current_async_library() == "asyncio", core.at_home_now
+        with _EarlyCut(self._cut, self._follow, armed=asyncio_loop and home) as early:
             result = await core.backend.cancel(run_id, by=principal.id, reason=reason)
+        if not home:  # delivered in the ledger's own loop, as a notification (ADR 0078)
+            return core.at_home_soon(self.on_remote_cancel, list(result.fenced))
         cut = early.taken()
         if cut is None:  # the backend made no cut as it committed
             cut = await self._cut_first(result.fenced, asyncio_loop=asyncio_loop)

@@ -25,7 +25,7 @@ import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import Principal
-from stopline.domain.limits import check_id, check_seconds
+from stopline.domain.limits import check_id, check_new_id, check_seconds
 from stopline.domain.model import (
     Evidence,
     OperationRecord,
@@ -230,6 +230,7 @@ class Run:
         retry: Retry | None = None,
     ) -> R:
         """``call`` with the tool's arguments passed apart from stopline's options."""
+        self._core.at_home("a run's calls are made")
         t: Tool[R] = tool if isinstance(tool, Tool) else self._core.adopt(tool)
         args, kwargs = tuple(args), dict(kwargs or {})
         if t.check_arguments is not None:
@@ -237,7 +238,7 @@ class Run:
         if not t.effects:
             return await t.fn(*args, **kwargs)
         if key is not None:
-            check_id("key", key)
+            check_new_id("key", key)
         timeout = check_seconds("timeout", timeout)
         if retry is not None and not isinstance(retry, Retry):
             raise InvalidInput("retry", f"must be a stopline.Retry, not {type(retry).__name__}")
@@ -247,9 +248,9 @@ class Run:
             if key is None:
                 raise InvalidInput("arguments", f"{exc.path}: {exc.why}") from exc
             arguments = f"unstable:{exc.path}"
+        self._core.register_tool(t)  # another tool by this name: refused, nothing written
         self._seq += 1
         op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
-        self._core.register_tool(t)
         spec = OperationSpec(
             id=op_id,
             run_id=self.id,

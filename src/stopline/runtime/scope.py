@@ -34,6 +34,7 @@ import sniffio
 
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import tenant_of
+from stopline.domain.limits import check_new_id
 from stopline.domain.vocab import RunState
 from stopline.errors import AlreadyAttached, InvalidInput, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
@@ -84,6 +85,7 @@ class RunScope:
 
     async def __aenter__(self) -> Run:
         backend = self._core.backend
+        self._core.at_home("a run's block is entered")
         if self._spec.id in self._core.runs:
             raise AlreadyAttached(self._spec.id)
         record = None
@@ -97,6 +99,7 @@ class RunScope:
             parent = self._core.runs.get(self._spec.parent_id or "")
             if parent is not None and parent.replaying:  # new work under an ended child
                 raise RunEnded(parent.id, parent.record.state, "new work goes in another child")
+            self._new_ids()
             if self._spec.parent_id is not None:
                 await self._of_parents_tenant(parent)
             record = await backend.create_run(self._spec)
@@ -122,6 +125,15 @@ class RunScope:
         ):
             run.cancel_requested = True
         return run
+
+    def _new_ids(self) -> None:
+        """The ids a run is created with, as ids being made (``check_new_id``: no
+        bidirectional nor C1 control); a run created before the rule is entered by its
+        id as it is. Its name is a label, as a description is (a name in Hebrew may
+        need a mark): shown with its controls escaped (ADR 0070, ADR 0078)."""
+        spec = self._spec
+        for what, value in (("run_id", spec.id), ("owner", spec.owner), ("tenant", spec.tenant)):
+            check_new_id(what, value)
 
     async def _of_parents_tenant(self, parent: Run | None) -> None:
         """R11: a child run is of its parent's tenant, else ``InvalidInput`` and nothing

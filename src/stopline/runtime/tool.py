@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
+import types
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
-from stopline.domain.limits import check_id, check_seconds
+from stopline.domain.limits import check_new_id, check_seconds
 from stopline.domain.vocab import Cancellable
-from stopline.errors import InvalidInput, NoAnswer, Rejected
+from stopline.errors import InvalidInput, NoAnswer, NoRun, Rejected
 
 if TYPE_CHECKING:
     from stopline.domain.model import CancelState
@@ -122,7 +124,7 @@ class Tool(Generic[R]):
     ) -> None:
         # the name is part of each call's key: a name no key may hold is refused here,
         # by its own name, not at the first call as the key derived from it
-        self.name: str = check_id("tool", name or str(getattr(fn, "__name__", "tool")))
+        self.name: str = check_new_id("tool", name or str(getattr(fn, "__name__", "tool")))
         self.fn = _awaitable(fn, name)
         self.description = description or self.name.replace("_", " ")
         self.effects = effects
@@ -168,8 +170,81 @@ class Tool(Generic[R]):
         self.compensation_verify_fn = fn
         return fn
 
+    if not TYPE_CHECKING:  # at run time only: typed, a tool is no callable (``run.call``'s R)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+            """A tool is called through a run's gate, never directly: ``NoRun`` (it was
+            ``TypeError: 'Tool' object is not callable``), and nothing is sent."""
+            raise NoRun(
+                f"tool {self.name!r} is called through a run: `await run.call({self.name},"
+                " ...)` inside `async with ledger.run(...) as run` (its function is not called)"
+            )
+
+    def declares_as(self, other: Tool[Any]) -> bool:
+        """Whether ``other`` declares what this tool declares, for the ledger's tools by
+        name (``Core.register_tool``): what a call of either records and how its
+        operations are read back, cancelled and corrected. The callable itself is not
+        compared (an integration binds a new one to each call of one declared tool);
+        each capability is the same function, or a ``functools.partial`` of the same
+        function with equal arguments (one made again for each framework agent)."""
+        return other is self or (
+            _declared(self) == _declared(other)
+            and all(map(_same_function, _capabilities(self), _capabilities(other)))
+        )
+
     def __repr__(self) -> str:
         return f"<Tool {self.name} effects={self.effects} cancellable={self.cancellable.value}>"
+
+
+def _declared(t: Tool[Any]) -> tuple[object, ...]:
+    return (t.effects, t.cancellable, t.compensation, t.settles_within)
+
+
+def _capabilities(t: Tool[Any]) -> tuple[object, ...]:
+    return (t.cancel_fn, t.verify_fn, t.compensate_fn, t.compensation_verify_fn)
+
+
+def _same_function(a: object, b: object, seen: frozenset[tuple[int, int]] = frozenset()) -> bool:
+    """Whether two capabilities are one function: the same object; or made again from
+    one declaration, as integrations make a tool for each call of a framework tool: a
+    ``functools.partial`` of the same function with the same arguments, a closure of
+    the same code over the same values, a method of one class bound to its instance of
+    each call (ADR 0078)."""
+    if _same_value(a, b) or (id(a), id(b)) in seen:  # a closure over itself: compared
+        return True
+    seen |= {(id(a), id(b))}
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return (
+            _same_function(a.func, b.func, seen)
+            and len(a.args) == len(b.args)
+            and all(_same_function(x, y, seen) for x, y in zip(a.args, b.args, strict=True))
+            and a.keywords.keys() == b.keywords.keys()
+            and all(_same_function(v, b.keywords[k], seen) for k, v in a.keywords.items())
+        )
+    if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
+        return a.__func__ is b.__func__ and type(a.__self__) is type(b.__self__)
+    if isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType):
+        cells = (a.__closure__ or (), b.__closure__ or ())
+        return (
+            a.__code__ is b.__code__
+            and len(cells[0]) == len(cells[1])
+            and all(_same_cell(x, y, seen) for x, y in zip(*cells, strict=True))
+        )
+    return False
+
+
+def _same_cell(a: types.CellType, b: types.CellType, seen: frozenset[tuple[int, int]]) -> bool:
+    try:
+        return _same_function(a.cell_contents, b.cell_contents, seen)
+    except ValueError:  # an empty cell (a name not bound yet)
+        return False
+
+
+def _same_value(a: object, b: object) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # an ``==`` that cannot answer: not shown to be the same
+        return False
 
 
 def _first_param_is_context(fn: Callable[..., Any]) -> bool:
@@ -191,6 +266,10 @@ def _awaitable(fn: Callable[..., Awaitable[R]], name: str | None) -> Callable[..
     its effect ran and then awaiting its answer failed, an untyped error and an
     operation in doubt."""
     what = name or getattr(fn, "__name__", repr(fn))
+    if isinstance(fn, Tool):  # its call raises NoRun: after the gate, a call in doubt
+        raise InvalidInput("tool", f"{fn!r} is a tool already: call it with run.call(tool)")
+    if not callable(fn):  # it would pass the gate and fail there: a call in doubt
+        raise InvalidInput("tool", f"{fn!r} is not callable: a tool is an async function")
     if inspect.isasyncgenfunction(fn):
         why = "is an async generator: a tool is an async function that returns its answer"
     elif inspect.isroutine(fn) and not inspect.iscoroutinefunction(fn):
