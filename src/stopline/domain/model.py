@@ -106,11 +106,19 @@ def result_digest(value: Any) -> tuple[str, str | None]:
     """``digest(value)``, and why a replay cannot return the value (``None``: it can;
     the ledger keeps it): it is not JSON, or its JSON is longer than the ledger keeps.
 
-    Raises ``ValueError`` as ``digest`` does."""
+    Never raises: an answer came, and it proves its call happened whatever it holds.
+    One that cannot be written out at all (nested past Python's recursion limit, an
+    integer past its digits limit) is digested by its type alone, said so."""
+    kind = type(value).__name__
     try:
         text = jsontext.canonical(value)
     except TypeError:  # not JSON: digested through repr, not replayable
-        return digest(value), f"a {type(value).__name__} is not JSON: a replay cannot return it"
+        try:
+            return digest(value), f"a {kind} is not JSON: a replay cannot return it"
+        except Exception as exc:  # its repr fails too (or is past the limits)
+            return _unwritable(kind, exc)
+    except (RecursionError, ValueError) as exc:
+        return _unwritable(kind, exc)
     if len(text) > MAX_RESULT_CHARS:
         return _sha(text), (
             f"the result is {len(text):,} characters of JSON and the ledger keeps at most"
@@ -119,12 +127,20 @@ def result_digest(value: Any) -> tuple[str, str | None]:
     return _sha(text), None
 
 
+def _unwritable(kind: str, exc: BaseException) -> tuple[str, str]:
+    why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+    return _sha(f"unwritable {kind}"), (
+        f"the result ({kind}) cannot be written out ({why}): a replay cannot return it,"
+        " and its digest names its type only"
+    )
+
+
 NOT_REPLAYABLE = "result_not_replayable"  # evidence ref: the result was not kept
 
 
 def committed_evidence(result: Any, detail: str = "") -> tuple[list[Evidence], bool]:
     """The evidence a response proves a commit with, and whether the ledger keeps the
-    result to return on a replay (if not, the evidence says why). Raises as ``digest``."""
+    result to return on a replay (if not, the evidence says why)."""
     response, not_kept = result_digest(result)
     evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, response, detail)]
     if not_kept:  # refused now, at record time, rather than a None on replay

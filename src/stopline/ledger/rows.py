@@ -196,7 +196,7 @@ def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
         return None, False
     try:
         text = jsontext.compact(result)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # nested too deeply: not kept either
         return None, False
     return (text, True) if len(text) <= MAX_RESULT_CHARS else (None, False)
 

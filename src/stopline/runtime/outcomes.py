@@ -31,8 +31,8 @@ from stopline.domain.model import (
     OperationRecord,
     OperationSpec,
     committed_evidence,
-    digest,
     horizon_evidence,
+    result_digest,
 )
 from stopline.domain.transitions import CONTRADICTS
 from stopline.domain.vocab import Cause, EvidenceKind, NoteKind, OpEvent, OpStatus, RunEvent
@@ -303,7 +303,8 @@ class Outcomes:
         if kept:  # a result the ledger cannot keep is said so, as an answer in time is
             evidence, kept = committed_evidence(result, detail or "late")
         else:
-            evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, digest(result), detail or "late")]
+            said = result_digest(result)[0]  # as an answer's, whatever it holds
+            evidence = [Evidence(EvidenceKind.RESPONSE_DIGEST, said, detail or "late")]
         if ref:
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ref))
         if verdict is not Verdict.UNKNOWN and await self._disputed(op_id):

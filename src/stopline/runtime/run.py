@@ -383,13 +383,7 @@ class Run:
             await _record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
             raise
         ctx.answered = True
-        try:
-            evidence, kept = committed_evidence(result)
-        except Exception as exc:  # an answer came that cannot be written down: in doubt
-            with anyio.CancelScope(shield=True):
-                detail = f"the result could not be digested: {describe(exc)}"
-                await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, detail)
-            return result
+        evidence, kept = committed_evidence(result)  # an answer: it happened, whatever it holds
         if ctx.provider_ref and not ctx.is_accepted:  # else recorded at acceptance already
             evidence.insert(0, Evidence(EvidenceKind.PROVIDER_RECEIPT, ctx.provider_ref))
         update = OutcomeUpdate(
