@@ -43,6 +43,7 @@ from stopline.domain.vocab import (
 from stopline.errors import IllegalTransition, UnknownOperation, UnknownRun
 from stopline.ledger.backend import Backend, GateResult, GateVerdict, Note, OutcomeUpdate, RunSpec
 from stopline.ledger.forwarding import ForwardingBackend, seeing_the_commit
+from stopline.runtime.boundary import quietly
 
 __all__ = ["ATTR_OP_ID", "ATTR_RUN_ID", "ATTR_STATUS", "Telemetry", "TracedBackend"]
 
@@ -61,14 +62,8 @@ _TROUBLE = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
 _log = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def _quietly(what: str) -> Iterator[None]:
-    """A span's start and end (its processors) and a measurement (its exemplar filter) run
-    a user's code inline: what it raises is logged, never raised into the ledger's write."""
-    try:
-        yield
-    except Exception:
-        _log.warning("telemetry: %s raised; the ledger's write stands", what, exc_info=True)
+def _quietly(what: str) -> contextlib.AbstractContextManager[None]:
+    return quietly(what, _log)  # the rule, once (runtime.boundary)
 
 
 def _finish(span: Span, end_time: int | None = None) -> None:

@@ -17,6 +17,7 @@ ledger corrupt, its tables gone), shown by ``ledger.health``, the console and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -38,10 +39,54 @@ from stopline.errors import (
     describe,
 )
 
-__all__ = ["Backoff", "Boundary", "Health", "StepHealth", "only_cancels_of", "retryable", "typed"]
+__all__ = [
+    "Backoff",
+    "Boundary",
+    "Health",
+    "StepHealth",
+    "only_cancels_of",
+    "quietly",
+    "retryable",
+    "span_quietly",
+    "typed",
+]
 
 log = logging.getLogger("stopline.background")
 _tracer = trace.get_tracer("stopline")
+
+
+@contextlib.contextmanager
+def quietly(what: str, logger: logging.Logger) -> Iterator[None]:
+    """An observer's code run inline (an OpenTelemetry SDK runs its span processors and
+    exemplar filters so) that raises: logged on ``logger``, never raised into the work
+    it observes (ADR 0077). Telemetry never fails what it observes."""
+    try:
+        yield
+    except Exception:
+        logger.warning("%s raised; the work it observes goes on", what, exc_info=True)
+
+
+@contextlib.contextmanager
+def span_quietly(
+    tracer: trace.Tracer, name: str, logger: logging.Logger, **options: Any
+) -> Iterator[trace.Span]:
+    """``tracer.start_as_current_span(name, **options)`` around the block, its start and
+    its end ``quietly``: the block's own errors go on up as they are."""
+    manager = tracer.start_as_current_span(name, **options)
+    span: trace.Span | None = None
+    with quietly(f"starting span {name!r}", logger):
+        span = manager.__enter__()
+    if span is None:
+        yield trace.INVALID_SPAN
+        return
+    try:
+        yield span
+    except BaseException as exc:
+        with quietly(f"ending span {name!r}", logger):
+            manager.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    with quietly(f"ending span {name!r}", logger):
+        manager.__exit__(None, None, None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,7 +168,12 @@ class Health:
         level = logging.WARNING if retrying else logging.ERROR
         log.log(level, "background step %s failed (%s)%s", step, health.last_error,
                 "; retrying" if retrying else "", exc_info=not retrying)  # fmt: skip
-        with _tracer.start_as_current_span("stopline.background") as span:
+        # a span processor that raised here escaped the boundary into the ledger's task
+        # group, which cancelled every run of the process
+        with (
+            quietly("the stopline.background span", log),
+            _tracer.start_as_current_span("stopline.background") as span,
+        ):
             span.set_attribute("stopline.step", step)
             span.set_attribute("stopline.retrying", retrying)
             span.record_exception(exc)

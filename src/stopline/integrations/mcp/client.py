@@ -80,7 +80,7 @@ from stopline.integrations.mcp.tasks_client import (
     TaskOutcome,
     TasksClient,
 )
-from stopline.runtime.boundary import Backoff
+from stopline.runtime.boundary import Backoff, span_quietly
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import Retry
 from stopline.runtime.outcomes import Outcomes
@@ -414,8 +414,12 @@ class StoplineMCP:
         token = CURRENT_CALL.set(ctx)
         # The span is current while the SDK sends: its own "MCP send" span nests under it
         # and every request of this call (tools/call, tasks/*) carries its traceparent.
-        with self._tracer.start_as_current_span(
-            f"tools/call {name}", kind=SpanKind.CLIENT, attributes=call.attributes
+        with span_quietly(  # a raising span processor fails no call (ADR 0077)
+            self._tracer,
+            f"tools/call {name}",
+            logger,
+            kind=SpanKind.CLIENT,
+            attributes=call.attributes,
         ) as span:
             self._spans[ctx.op_id] = span
             try:
