@@ -176,3 +176,21 @@ def test_a_lines_evidence_names_each_reference_once() -> None:
         "[evidence: local:gate, response_digest:sha256:1, local:run_x/0~compensate]"
     )
     assert len(line.to_json()["evidence"]) == 4
+
+
+def test_a_correction_of_a_completed_run_promises_nothing_of_the_run_closing() -> None:
+    """A run that completed, one of its actions being corrected after it: its line said
+    the correction's outcome "is verified before this run closes", of a run closed
+    already. It says what settles a correction, whatever the run's state."""
+    original = op(OpStatus.COMPENSATING, n=1)
+    correction = dataclasses.replace(
+        op(OpStatus.REQUESTED, n=2), compensates=original.id, id=f"{original.id}~compensate"
+    )
+    for state in (RunState.COMPLETED, RunState.CANCELLED, RunState.RUNNING):
+        receipt = build_receipt(run_record(state), [original, correction])
+        line = next(line for line in receipt.lines if line.op_id == original.id)
+        assert (
+            line.recovery
+            == "correction queued; its outcome is recorded when it answers, else read back"
+        )
+        assert "closes" not in receipt.text()

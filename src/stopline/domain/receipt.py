@@ -224,7 +224,8 @@ def _correcting(correction: OperationRecord | None) -> str:
         return "its correction waits for human review: a reviewer decides whether it happened"
     if status is OpStatus.UNKNOWN and correction is not None and not correction.can_verify:
         return "its correction's answer was lost and it has no read-back: it goes to human review"
-    return "correction queued; its outcome is verified before this run closes"
+    # not "before this run closes": a correction of a run that completed runs after it
+    return "correction queued; its outcome is recorded when it answers, else read back"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
