@@ -26,6 +26,7 @@ import pytest
 from dbos import DBOS, SetWorkflowID, SetWorkflowTimeout
 
 from stopline import Headline, OpStatus, RunState
+from stopline.ledger.backend import RunSpec
 from tests.engines import dbos_app, subprocess_worker
 from tests.engines.dbos_harness import MARKS, databases, harness, running, status
 from tests.engines.provider import FileProvider
@@ -149,6 +150,25 @@ async def test_p3_d_a_workflow_does_not_join_another_s_run_of_its_id(
     assert ops == []
     assert h.provider.effects() == []
     assert dbos_says == "ERROR"
+
+
+async def test_p3_d2_a_workflow_does_not_join_another_tenant_s_run_of_its_id(
+    backend: str, tmp_path: Path
+) -> None:
+    """Two apps of two tenants on one ledger: a DBOS workflow's run of tenant ``acme``
+    exists; this app (tenant ``default``) starts a workflow with the same id. It is
+    refused before any step, naming both tenants: it would have joined acme's run."""
+    async with harness(backend, tmp_path) as h:
+        run_id = f"wf-{uuid.uuid4().hex[:8]}"
+        spec = RunSpec(id=run_id, name="dbos:pipeline", owner="dbos:acme", tenant="acme")
+        await h.ledger.backend.create_run(spec)
+        with SetWorkflowID(run_id):
+            handle = await DBOS.start_workflow_async(dbos_app.pipeline, ["upload"])
+        with anyio.fail_after(30), pytest.raises(Exception, match="tenant 'acme'"):
+            await handle.get_result()  # old: it ran, in acme's run
+        ops = await h.ledger.backend.operations(run_id)
+    assert ops == []
+    assert h.provider.effects() == []
 
 
 async def test_p3_e_sigkilled_before_the_effect_recovery_sends_it_once(

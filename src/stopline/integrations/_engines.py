@@ -30,7 +30,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from stopline.domain.lifecycle import operator
+from stopline.domain.lifecycle import operator, tenant_of
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
@@ -237,7 +237,7 @@ class EngineGate:
     ) -> RunRecord:
         """The workflow's run: created at its first start, attached on every re-run.
         ``NotPermitted`` when a run of that id exists and is not one of this engine's
-        workflows (ADR 0072)."""
+        workflows, or is another tenant's (ADR 0072)."""
         record = self._records.get(run_id)
         if record is not None:
             return record
@@ -260,12 +260,15 @@ class EngineGate:
                     record = await backend.get_run(run_id)
                 except UnknownRun:
                     raise exc from None
-        if not self.owns(record):
-            # another's run under the same id (an agent's, another engine's): joined, its
-            # operations would be this workflow's and the workflow's end would end it
+        if not self.owns(record) or tenant_of(record) != self.tenant:
+            # another's run under the same id (an agent's, another engine's, another
+            # tenant's app on one ledger): joined, its operations would be this workflow's
+            # and the workflow's end would end it
+            whose = record.name if self.owns(record) else f"{record.name!r}"
             raise NotPermitted(
-                f"run {run_id!r} is not a {self.engine} workflow's (it is {record.name!r}): "
-                f"a {self.engine} workflow does not join it; give the workflow another id"
+                f"run {run_id!r} is not a {self.engine} workflow's of tenant {self.tenant!r}"
+                f" (it is {whose}, tenant {tenant_of(record)!r}): a {self.engine} workflow"
+                " does not join it; give the workflow another id"
             )
         self._records[run_id] = record
         return record
