@@ -15,9 +15,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span, SpanProcessor, TracerProvider
 
 import stopline
-from stopline import Cancellable, Policy
-from stopline.testing import FakeProvider
-from tests.faults.test_background import write_locked
+from tests.faults.test_background import held_outcome_beside_a_run
 
 
 class Raising(SpanProcessor):
@@ -36,35 +34,13 @@ async def main(tmp: Path) -> dict[str, object]:
     provider.add_span_processor(raising)
     trace.set_tracer_provider(provider)
     path = tmp / "ledger.db"
-    slow = FakeProvider("slow", cancellable=Cancellable.NEVER)
-    other = FakeProvider("other")
-    responding = slow.hold("responding")
-    fault_cleared = anyio.Event()
     async with stopline.open(f"sqlite:///{path}?busy_timeout=0.05") as ledger:
 
-        async def run_a() -> None:
-            async with ledger.run("a", owner="u", run_id="run_a", policy=Policy.AT_BOUNDARY) as a:
-                await a.call(slow.tool, "x", key="x")
-                a.boundary()
+        async def failing() -> None:  # a background step failed: its span was started
+            while not ledger.health.failures:
+                await ledger.health.changed()
 
-        async def run_b() -> None:
-            async with ledger.run("b", owner="u", run_id="run_b") as b:
-                await b.call(other.tool, "1", key="1")
-                await fault_cleared.wait()  # untouched by the fault, its span and a's cancel
-                await b.call(other.tool, "2", key="2")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_a)
-            tg.start_soon(run_b)
-            await responding.reached.wait()
-            await ledger.cancel("run_a", by="u")
-            with write_locked(path):
-                responding.release()  # the outcome cannot be written: a step fails
-                while not ledger.health.failures:
-                    await ledger.health.changed()
-            fault_cleared.set()
-        a = await ledger.wait_settled("run_a", timeout=30)
-        b = await ledger.wait_settled("run_b", timeout=30)
+        a, b = await held_outcome_beside_a_run(ledger, path, failing)
         failures = ledger.health.failures
     return {
         "a": a.run_state.value,

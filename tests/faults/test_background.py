@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 
 import stopline
-from stopline import Cancellable, Policy, RunState
+from stopline import Cancellable, Policy, Receipt, RunState
 from stopline.testing import FakeProvider
 from tests.faults.disk import integrity
 
@@ -28,43 +28,57 @@ def write_locked(path: Path) -> Iterator[None]:
         conn.close()
 
 
+async def held_outcome_beside_a_run(
+    ledger: stopline.Ledger, path: Path, while_held: Callable[[], Awaitable[None]]
+) -> tuple[Receipt, Receipt]:
+    """Run ``run_a`` (cancelled, its outcome's write held by another process's lock, a
+    background step failing until it is let go: ``while_held`` runs meanwhile) beside
+    ``run_b``, which nothing cancels; their receipts once settled."""
+    slow = FakeProvider("slow", cancellable=Cancellable.NEVER)
+    other = FakeProvider("other")
+    responding = slow.hold("responding")
+    fault_cleared = anyio.Event()
+
+    async def run_a() -> None:
+        async with ledger.run("a", owner="u", run_id="run_a", policy=Policy.AT_BOUNDARY) as a:
+            await a.call(slow.tool, "x", key="x")
+            a.boundary()
+
+    async def run_b() -> None:
+        async with ledger.run("b", owner="u", run_id="run_b") as b:
+            await b.call(other.tool, "1", key="1")
+            await fault_cleared.wait()  # untouched by the fault and by a's cancel
+            await b.call(other.tool, "2", key="2")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_a)
+        tg.start_soon(run_b)
+        await responding.reached.wait()
+        await ledger.cancel("run_a", by="u")
+        with write_locked(path):
+            responding.release()  # the outcome cannot be written: it is held
+            await while_held()
+        fault_cleared.set()
+    a = await ledger.wait_settled("run_a", timeout=30)
+    b = await ledger.wait_settled("run_b", timeout=30)
+    return a, b
+
+
 @pytest.mark.parametrize("durable_outcomes", [True, False])
 async def test_a_fault_in_background_work_cancels_no_run(
     tmp_path: Path, durable_outcomes: bool
 ) -> None:
     path = tmp_path / "ledger.db"
-    slow = FakeProvider("slow", cancellable=Cancellable.NEVER)
-    other = FakeProvider("other")
-    responding = slow.hold("responding")
-    fault_cleared = anyio.Event()
     url = f"sqlite:///{path}?busy_timeout=0.05"
     async with stopline.open(url, durable_outcomes=durable_outcomes) as ledger:
 
-        async def run_a() -> None:
-            async with ledger.run("a", owner="u", run_id="run_a", policy=Policy.AT_BOUNDARY) as a:
-                await a.call(slow.tool, "x", key="x")
-                a.boundary()
+        async def degraded() -> None:
+            while not ledger.health.degraded:
+                await ledger.health.changed()
+            recording = ledger.core.outcomes.in_hand()
+            assert "run_a/x" in recording  # in hand, not durable: the receipt says so
 
-        async def run_b() -> None:
-            async with ledger.run("b", owner="u", run_id="run_b") as b:
-                await b.call(other.tool, "1", key="1")
-                await fault_cleared.wait()  # untouched by the fault and by a's cancel
-                await b.call(other.tool, "2", key="2")
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run_a)
-            tg.start_soon(run_b)
-            await responding.reached.wait()
-            await ledger.cancel("run_a", by="u")
-            with write_locked(path):
-                responding.release()  # the outcome cannot be written: it is held
-                while not ledger.health.degraded:
-                    await ledger.health.changed()
-                recording = ledger.core.outcomes.in_hand()
-                assert "run_a/x" in recording  # in hand, not durable: the receipt says so
-            fault_cleared.set()
-        a = await ledger.wait_settled("run_a", timeout=30)
-        b = await ledger.wait_settled("run_b", timeout=30)
+        a, b = await held_outcome_beside_a_run(ledger, path, degraded)
         with anyio.fail_after(30):
             while ledger.health.degraded:  # the retried steps finish once the fault clears
                 await ledger.health.changed()
