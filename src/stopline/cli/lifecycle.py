@@ -122,8 +122,9 @@ def reconcile(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     result = c.run_sync(
         go,
-        interrupted="interrupted; what was reconciled is in the ledger. `stopline reconcile` "
-        "goes on from there (a read-back never sends anything again)",
+        interrupted="interrupted; what was recovered and reconciled is in the ledger, and "
+        "what went to review is not reported again: `stopline review list` shows it. "
+        "`stopline reconcile` goes on from there (a read-back never sends anything again)",
     )
     _show(result, as_json)
     if result.needs_review:

@@ -43,7 +43,7 @@ def runs(
 ) -> None:
     """List runs, newest first, with their state and receipt headline."""
     url = c.options(ctx).url
-    age = parse_age(since) if since else None
+    age = None if since is None else parse_age(since)
 
     async def go() -> list[tuple[Any, Receipt]]:
         async with c.reading(url) as ledger:

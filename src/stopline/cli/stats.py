@@ -156,7 +156,7 @@ def stats(
 ) -> None:
     """Outcomes by headline, time from cancel to settled (p50/p99), how unknowns resolved."""
     url = c.options(ctx).url
-    age = parse_age(since) if since else None
+    age = None if since is None else parse_age(since)
 
     async def go() -> Stats:
         async with c.reading(url) as ledger:

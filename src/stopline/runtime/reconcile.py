@@ -99,7 +99,9 @@ class Reconciler:
         for tool in tools:
             core.register_tool(tool)
         async with settler.working():
-            _, recovered = await self._workers.sweep()
+            earlier = self._workers.take_unreported()  # the open's recovery took them
+            _, swept = await self._workers.sweep()
+            recovered = [*earlier, *swept]
             open_ops = await core.backend.unresolved(limit)
             for op in recovered:
                 core.changed(op.run_id)
@@ -132,6 +134,9 @@ class Reconciler:
                 if error is group:
                     raise
                 raise error from group
+            for op in earlier:  # resolved since (a review), or still open: as it is now
+                if op.id not in finals:
+                    finals[op.id] = await core.backend.get_operation(op.id)
             for run_id in {op.run_id for op in finals.values()}:
                 await settler.advance(run_id)
         return _summary(recovered, finals, settler.can_verify_here)

@@ -154,6 +154,8 @@ class Workers:
         self.pid = os.getpid()
         self.registered = False
         self._renewed_at = 0.0  # monotonic time of the last lease renewal that committed
+        # what the open's recovery took, until a reconcile reports it (ADR 0082)
+        self._unreported: list[OperationRecord] = []
 
     async def register(self) -> None:
         await self._core.backend.heartbeat(
@@ -196,11 +198,18 @@ class Workers:
         dead, recovered = await self.sweep()
         unknown = await core.backend.unresolved(statuses={OpStatus.UNKNOWN})
         queued = await self.settle_unknown(unknown, recovered)
+        self._unreported += recovered
         for op in recovered:
             core.changed(op.run_id)
         if recovered:  # their runs together, in one step
             core.spawn(core.settler.advance_many, sorted({op.run_id for op in recovered}))
         return RecoveryReport(core.worker_id, tuple(dead), tuple(op.id for op in recovered), queued)
+
+    def take_unreported(self) -> list[OperationRecord]:
+        """The operations ``recover`` took that no reconcile has reported yet, once: the
+        open's recovery runs before any pass, and may send them to review (ADR 0082)."""
+        taken, self._unreported = self._unreported, []
+        return taken
 
     async def settle_unknown(
         self, ops: Sequence[OperationRecord], recovered: Sequence[OperationRecord]
