@@ -6,6 +6,13 @@ async with stopline.open("sqlite:///agent.db") as ledger:
     receipt = await ledger.cancel(run.id, by="user:42")
 """
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
 from stopline.domain.lifecycle import (
     AccessPolicy,
     Action,
@@ -160,3 +167,59 @@ __all__ = [
     "operator",
     "tool",
 ]
+
+# Which extra (pyproject.toml) provides each optional module stopline imports: the
+# one table (ADR 0016). A command whose module is missing names the extra from it,
+# and so does importing one of the modules below without it (ADR 0081).
+EXTRA_OF_MODULE: dict[str, str] = {
+    "jinja2": "console",
+    "starlette": "console",
+    "uvicorn": "console",
+    "python_multipart": "console",
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "langgraph": "langgraph",
+    "langchain_core": "langgraph",
+    "pydantic_ai": "pydantic-ai",
+    "fastmcp": "pydantic-ai",  # pydantic-ai-slim's MCP toolsets need its client
+    "agents": "openai-agents",
+    "temporalio": "temporal",
+    "dbos": "dbos",
+}
+# stopline's modules that need an extra, with the optional modules each imports
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "stopline.console": ("jinja2", "starlette", "uvicorn", "python_multipart"),
+    "stopline.integrations.temporal": ("temporalio",),
+    "stopline.integrations.dbos": ("dbos",),
+    "stopline.integrations.langgraph": ("langgraph", "langchain_core"),
+    "stopline.integrations.openai_agents": ("agents",),
+    "stopline.integrations.pydantic_ai": ("pydantic_ai", "fastmcp"),
+}
+
+
+def _importable(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+class _ExtraFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: before one of ``_NEEDS`` loads, it checks the modules it
+    needs and raises ``ModuleNotFoundError`` naming the extra of the first missing."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        for module in _NEEDS.get(fullname, ()):
+            if not _importable(module):
+                extra = EXTRA_OF_MODULE[module]
+                raise ModuleNotFoundError(
+                    f"{fullname} needs the '{extra}' extra (module {module!r} is not "
+                    f"installed): pip install 'stopline[{extra}]'",
+                    name=module,
+                )
+        return None
+
+
+if not any(type(finder).__name__ == "_ExtraFinder" for finder in sys.meta_path):
+    sys.meta_path.insert(0, _ExtraFinder())

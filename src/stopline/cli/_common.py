@@ -126,18 +126,9 @@ err = Terminal(stderr=True)
 T = TypeVar("T")
 
 
-# The optional extra that provides each module a command may import (pyproject.toml).
-EXTRA_OF_MODULE = {
-    "jinja2": "console",
-    "psycopg": "postgres",
-    "psycopg_pool": "postgres",
-    "langgraph": "langgraph",
-    "langchain_core": "langgraph",
-    "pydantic_ai": "pydantic-ai",
-    "agents": "openai-agents",
-    "temporalio": "temporal",
-    "dbos": "dbos",
-}
+# The optional extra that provides each module a command may import (pyproject.toml):
+# the package's one table, which its imports use too (ADR 0081).
+EXTRA_OF_MODULE = stopline.EXTRA_OF_MODULE
 
 
 class MissingExtra(StoplineError):
