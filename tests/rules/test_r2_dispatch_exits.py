@@ -50,7 +50,11 @@ async def test_r2_a_base_exception_leaves_an_outcome_and_the_run_settles(
     assert receipt.settled
 
 
-async def test_r2_a_result_that_cannot_be_digested_is_unknown(ledger: stopline.Ledger) -> None:
+async def test_r2_a_result_that_cannot_be_digested_is_committed_not_kept(
+    ledger: stopline.Ledger,
+) -> None:
+    """The answer came: the call happened, whatever it holds (it was recorded
+    ``unknown``, then review, though its caller had the answer: ADR 0049 amended)."""
     loop: list[Any] = []
     loop.append(loop)  # refers to itself: no digest, no JSON
 
@@ -60,8 +64,8 @@ async def test_r2_a_result_that_cannot_be_digested_is_unknown(ledger: stopline.L
     async with ledger.run("job", owner="user:1", run_id="run-loop") as run:
         assert await run.call(stopline.Tool(send), key="k") is loop
     op = await ledger.backend.get_operation("run-loop/k")
-    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
-    assert "could not be digested" in op.evidence[1].detail
+    assert op.status is OpStatus.COMMITTED and op.result is None
+    assert "cannot be written out" in (op.result_not_kept or "")
     assert (await ledger.wait_settled("run-loop", timeout=10)).settled
 
 
