@@ -20,26 +20,13 @@ from stopline import Headline, OpStatus
 from stopline.cli import main as cli
 from tests.conftest import FAST_VERIFY
 from tests.engines import dbos_app, subprocess_worker
-from tests.engines.dbos_harness import Harness, databases, harness, running
+from tests.engines.dbos_harness import MARKS, Harness, databases, harness, running
+from tests.engines.dbos_harness import status as _status
 from tests.engines.provider import FileProvider
 
-pytestmark = [
-    pytest.mark.parametrize("backend", ["sqlite", "postgres"]),
-    # Seen twice in ~30 runs on PostgreSQL, never reproduced alone: a psycopg
-    # AsyncConnection of a short-lived ledger collected unclosed (the pool's or the
-    # listener's, not this integration's: it opens none). Tolerated here, named
-    # exactly, and reported; every other warning still fails the test.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <function BaseConnection.__del__"
-        ":pytest.PytestUnraisableExceptionWarning"
-    ),
-]
-
-
-async def _status(workflow_id: str) -> str:
-    status = await DBOS.get_workflow_status_async(workflow_id)
-    assert status is not None
-    return str(status.status)
+# both engines; a psycopg connection of a short-lived ledger collected unclosed, seen
+# twice in ~30 runs on PostgreSQL and never alone, tolerated by name (the harness's)
+pytestmark = MARKS
 
 
 async def _opened(h: Harness, *run_ids: str) -> None:
