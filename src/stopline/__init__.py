@@ -6,12 +6,12 @@ async with stopline.open("sqlite:///agent.db") as ledger:
     receipt = await ledger.cancel(run.id, by="user:42")
 """
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-from collections.abc import Sequence
-from types import ModuleType
+import importlib.abc as _abc
+import importlib.machinery as _machinery
+import importlib.util as _util
+import sys as _sys
+from collections.abc import Sequence as _Sequence
+from types import ModuleType as _ModuleType
 
 from stopline.domain.lifecycle import (
     AccessPolicy,
@@ -198,18 +198,18 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 
 
 def _importable(module: str) -> bool:
-    if module in sys.modules:
-        return sys.modules[module] is not None
-    return importlib.util.find_spec(module) is not None
+    if module in _sys.modules:
+        return _sys.modules[module] is not None
+    return _util.find_spec(module) is not None
 
 
-class _ExtraFinder(importlib.abc.MetaPathFinder):
+class _ExtraFinder(_abc.MetaPathFinder):
     """Finds nothing itself: before one of ``_NEEDS`` loads, it checks the modules it
     needs and raises ``ModuleNotFoundError`` naming the extra of the first missing."""
 
     def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+        self, fullname: str, path: _Sequence[str] | None, target: _ModuleType | None = None
+    ) -> _machinery.ModuleSpec | None:
         for module in _NEEDS.get(fullname, ()):
             if not _importable(module):
                 extra = EXTRA_OF_MODULE[module]
@@ -221,5 +221,5 @@ class _ExtraFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-if not any(type(finder).__name__ == "_ExtraFinder" for finder in sys.meta_path):
-    sys.meta_path.insert(0, _ExtraFinder())
+if not any(type(finder).__name__ == "_ExtraFinder" for finder in _sys.meta_path):
+    _sys.meta_path.insert(0, _ExtraFinder())
