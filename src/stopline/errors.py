@@ -19,7 +19,7 @@
     ├── NoAnswer                       raised by a provider: the answer was lost, and why
     ├── NoRun                          a gated framework tool called outside a run
     ├── PlanError                      a `stopline check-mcp` plan it cannot run
-    ├── RunEnded                       entering or resuming a run that has ended: what to do
+    ├── RunEnded                       entering, resuming or pausing a run that has ended
     ├── RunPaused                      re-entering a paused run before it is resumed
     ├── LedgerClosed (also RuntimeError) a ledger used before it is open or once closed
     ├── WrongEventLoop (also RuntimeError) a run entered or called off its ledger's loop
@@ -313,8 +313,8 @@ class PlanError(StoplineError):
 
 class RunEnded(StoplineError):
     """``ledger.run(..., run_id=...)`` of a run that has ended (nothing would run in it),
-    or ``ledger.resume`` of one that cannot resume yet; ``what_to_do`` says how to go on
-    (R14)."""
+    ``ledger.resume`` of one that cannot resume yet, or ``ledger.pause`` of one with
+    nothing to pause; ``what_to_do`` says how to go on (R14)."""
 
     def __init__(self, run_id: str, state: enum.Enum, what_to_do: str | None = None) -> None:
         self.run_id = run_id

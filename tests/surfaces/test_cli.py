@@ -14,7 +14,14 @@ import anyio
 import pytest
 
 import stopline
-from stopline.cli import EXIT_ERROR, EXIT_NEEDS_REVIEW, EXIT_OK, EXIT_PENDING, EXIT_USAGE
+from stopline.cli import (
+    EXIT_ERROR,
+    EXIT_NEEDS_REVIEW,
+    EXIT_NOTHING_TO_DO,
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_USAGE,
+)
 from stopline.domain.model import Evidence, OperationSpec
 from stopline.domain.vocab import Cancellable, Cause, OpEvent
 from stopline.ledger.backend import OutcomeUpdate, RunSpec
@@ -389,3 +396,17 @@ async def test_an_empty_ledger_url_is_refused_by_the_library(tmp_path: Path) -> 
     with pytest.raises(stopline.InvalidInput, match="ledger URL"):
         async with stopline.open("   "):
             pass
+
+
+def test_pause_of_a_run_that_ended_has_nothing_to_pause(seeded: tuple[str, Seeded]) -> None:
+    """It said "error: illegal transition: event 'pause' in state 'completed'", exit 1."""
+    url, ids = seeded
+    before = as_json(stopline_cli("show", ids.completed, "--json", ledger=url))
+    done = stopline_cli("pause", ids.completed, ledger=url)
+    assert done.returncode == EXIT_NOTHING_TO_DO, done.stderr
+    assert done.stdout.strip() == f"nothing to pause: run {ids.completed} is completed"
+    assert done.stderr == ""
+    said = as_json(stopline_cli("pause", ids.completed, "--json", ledger=url))
+    assert said == {"run_id": ids.completed, "run_state": "completed", "paused": False}
+    assert as_json(stopline_cli("show", ids.completed, "--json", ledger=url)) == before
+

@@ -59,7 +59,7 @@ EXIT_ERROR = 1  # unknown run, bad ledger URL, corrupt file, feature not availab
 EXIT_USAGE = 2  # bad arguments, or an optional extra the command needs is missing
 EXIT_PENDING = 3  # still verifying or awaiting confirmation (or Ctrl-C while waiting)
 EXIT_NEEDS_REVIEW = 4  # a human must decide an outcome
-EXIT_NOTHING_TO_DO = 5  # resume of a run that is not paused or cancelled: nothing happened
+EXIT_NOTHING_TO_DO = 5  # resume or pause with nothing to act on: nothing happened
 
 
 def printable(value: object) -> str:

@@ -56,14 +56,28 @@ def pause(
     by: ByOpt = "cli:operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """Pause a run: dispatch stops at the next boundary, initiate is suspended (R9)."""
+    """Pause a run: dispatch stops at the next boundary, initiate is suspended (R9).
+
+    Exit code 0 once paused; 3 while pausing (a call in flight finishes first); 5 when
+    there is nothing to pause (it ended, or a cancel stopped it).
+    """
     url = c.options(ctx).url
 
-    async def go() -> Receipt:
+    async def go() -> Receipt | RunEnded:
         async with c.opened(url) as ledger:
-            return await ledger.pause(run_id, by=operator(by), reason=reason)
+            try:
+                return await ledger.pause(run_id, by=operator(by), reason=reason)
+            except RunEnded as exc:  # ended, or stopped by a cancel: nothing was written
+                return exc
 
     result = c.run_sync(go, interrupted=_unanswered("pause", run_id, "pausing again is safe"))
+    if isinstance(result, RunEnded):
+        state = result.state.value
+        if as_json:
+            c.print_json({"run_id": run_id, "run_state": state, "paused": False})
+        else:
+            c.out.print(f"nothing to pause: run {run_id} is {state}")
+        raise typer.Exit(c.EXIT_NOTHING_TO_DO)
     _show(result, as_json)
     # 0 once paused; 3 while pausing (a call in flight finishes first)
     paused = isinstance(result, Receipt) and result.run_state is RunState.PAUSED

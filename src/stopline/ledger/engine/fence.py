@@ -19,7 +19,7 @@ from stopline.domain.limits import sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
-from stopline.errors import InvalidInput, NotPermitted
+from stopline.errors import InvalidInput, NotPermitted, RunEnded
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.dialect import Dialect
@@ -317,7 +317,8 @@ async def pause(db: Db, run_id: str, by: str, reason: str) -> list[str]:
         root = await load_run(db, run_id, lock=db.dialect.for_update)
         if root.state in PAUSE_STATES:  # idempotent, as a cancel is: a retry finds it done
             return []
-        apply(RUN_TABLE, root.state, RunEvent.PAUSE)
+        if (root.state, RunEvent.PAUSE) not in RUN_TABLE:  # ended, or stopped by a cancel
+            raise RunEnded(run_id, root.state, "nothing runs in it to pause")
         subtree, frontier = [run_id], [run_id]
         while frontier:
             frontier = [r[0] for r in await _children(db, frontier, exclusive_only=True)]
