@@ -410,3 +410,12 @@ def test_pause_of_a_run_that_ended_has_nothing_to_pause(seeded: tuple[str, Seede
     assert said == {"run_id": ids.completed, "run_state": "completed", "paused": False}
     assert as_json(stopline_cli("show", ids.completed, "--json", ledger=url)) == before
 
+
+def test_version_names_the_release_and_the_ledger_schema() -> None:
+    """``stopline --version`` did not exist ("No such option"); it needs no ledger, even
+    when STOPLINE_LEDGER names one that cannot be opened."""
+    from stopline.ledger.schema import SCHEMA_VERSION
+
+    done = stopline_cli("--version", ledger="postgresql://nobody@127.0.0.1:1/none")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert done.stdout == f"stopline {stopline.__version__} (ledger schema {SCHEMA_VERSION})\n"

@@ -28,6 +28,17 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    """``--version``: the release and the newest ledger schema it writes (a ledger
+    written by a newer release is refused as ``SchemaTooNew`` naming that number)."""
+    if value:
+        from stopline import __version__
+        from stopline.ledger.schema import SCHEMA_VERSION
+
+        c.out.print(f"stopline {__version__} (ledger schema {SCHEMA_VERSION})", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global(
     ctx: typer.Context,
@@ -40,6 +51,15 @@ def _global(
             show_envvar=True,
         ),
     ] = None,
+    _: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Show the release and the ledger schema it writes, and exit.",
+        ),
+    ] = False,
 ) -> None:
     if ledger is not None and not ledger.strip():  # it opened the default ledger instead
         c.fail("--ledger is empty: name a ledger, or leave it out", c.EXIT_USAGE)
