@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from stopline.domain.advice import Do, Step, Terms, reviewing
+from stopline.domain.advice import Do, Step, Terms, reading_back, reviewing
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import REVIEW_OPS
 from stopline.domain.vocab import LogKind, NoteKind, OpEvent, RunEvent
@@ -75,6 +75,11 @@ CLI_TERMS: Terms = {
     Do.WAIT: lambda step: (
         f"wait until it settles (`{shell_command('cancel', [step.run_id], '--wait')}` waits "
         "for it; the run is cancelled already, so nothing more is cancelled)"
+        + reading_back(
+            step,
+            "a worker of your application opened with it, or `ledger.reconcile(tools=[...])` "
+            "in one; not this command",
+        )
     ),
     Do.REVIEW: _review,
     Do.RESUME: lambda step: f"resume with `{shell_command('resume', [step.run_id])}`",

@@ -39,7 +39,7 @@ from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import CLI_TERMS, fmt_age, fmt_seconds, fmt_time, timeline
 from stopline.console.shown import finalize, shown
 from stopline.console.svg import run_timeline, settle_chart
-from stopline.domain.advice import Do, Terms, reviewing
+from stopline.domain.advice import Do, Terms, reading_back, reviewing
 from stopline.domain.guidance import correct_in_application
 from stopline.domain.lifecycle import SYSTEM, operator
 from stopline.domain.limits import check_id
@@ -124,7 +124,10 @@ _TEMPLATES.env.globals["awaits_review"] = awaits_review
 # re-entry is the application's, as from a shell.
 CONSOLE_TERMS: Terms = {
     **CLI_TERMS,
-    Do.WAIT: lambda step: "wait until it settles (this page follows it)",
+    Do.WAIT: lambda step: (
+        "wait until it settles (this page follows it)"
+        + reading_back(step, "a worker of your application opened with it; not the console")
+    ),
     Do.REVIEW: lambda step: f"{reviewing(step)} (on the Review queue page)",
     Do.RESUME: lambda step: f"{CLI_TERMS[Do.RESUME](step)} (the console does not resume runs)",
 }

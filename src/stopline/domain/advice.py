@@ -23,6 +23,7 @@ __all__ = [
     "Do",
     "Step",
     "Terms",
+    "reading_back",
     "reviewing",
 ]
 
@@ -40,7 +41,9 @@ class Do(enum.StrEnum):
 class Step:
     do: Do
     run_id: str
-    op_ids: tuple[str, ...] = ()  # the operations it is about (a review's), if known
+    # the operations it is about, if known: a review's; a wait's that only a read-back
+    # settles (in doubt, their tool declared a verifier)
+    op_ids: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"do": self.do.value, "run_id": self.run_id, "op_ids": list(self.op_ids)}
@@ -67,13 +70,29 @@ def reviewing(step: Step) -> str:
     return f"a reviewer decides {_count(len(step.op_ids), 'operation', 'operations')} in review"
 
 
+def reading_back(step: Step, how: str) -> str:
+    """What a wait waits for when it is for calls in doubt (``Step.op_ids``), in every
+    surface's words: their read-back, which only a process with their tool registered
+    makes (ADR 0087); ``how``: who that is for the surface's reader. "" otherwise."""
+    if step.do is not Do.WAIT or not step.op_ids:
+        return ""
+    one = len(step.op_ids) == 1
+    return (
+        f"; {_names(step.op_ids)} {'is' if one else 'are'} read back only by a process "
+        f"that has {'its tool' if one else 'their tools'} registered: {how}"
+    )
+
+
 def _library_review(step: Step) -> str:
     calls = "ledger.resolve_review" if step.op_ids else "ledger.review_items, ledger.resolve_review"
     return f"{reviewing(step)} ({calls})"
 
 
 LIBRARY_TERMS: Terms = {
-    Do.WAIT: lambda step: "wait until it settles (ledger.wait_settled)",
+    Do.WAIT: lambda step: (
+        "wait until it settles (ledger.wait_settled)"
+        + reading_back(step, "a ledger opened with it (a worker, or ledger.reconcile(tools=[...]))")
+    ),
     Do.REVIEW: _library_review,
     Do.RESUME: lambda step: "resume with ledger.resume(run_id, by=...)",
     Do.REENTER: lambda step: "re-enter the run with the same run id",

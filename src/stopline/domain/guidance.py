@@ -125,7 +125,7 @@ def advice_for(
     if not paused and (blocks or run.state in (RunState.CANCELLING, RunState.SETTLING)):
         # a person is what it waits for when any operation, a correction too, is in review
         review = tuple(op.id for op in blocks if op.status in _IN_REVIEW)
-        first = Step(Do.REVIEW, run.id, review) if review else Step(Do.WAIT, run.id)
+        first = Step(Do.REVIEW, run.id, review) if review else Step(Do.WAIT, run.id, _read(blocks))
         return Advice(steps=(first,), refused=True)
     tree = runs or {}
     replayed: list[str] = []
@@ -164,6 +164,13 @@ def resume_rule(
 ) -> str:
     """The receipt's recovery line for the run, in the library's terms (``advice_for``)."""
     return advice_for(run, ops, runs).say()
+
+
+def _read(ops: Sequence[OperationRecord]) -> tuple[str, ...]:
+    """Of the operations a wait is for, those only a read-back settles, which only a
+    process with their tool registered makes (ADR 0087): a wait for them ends when
+    such a process runs, not by waiting alone."""
+    return tuple(op.id for op in ops if op.status is OpStatus.UNKNOWN and op.can_verify)
 
 
 def _ids(runs: Iterable[RunRecord]) -> tuple[str, ...]:
