@@ -380,14 +380,9 @@ async def test_an_audit_is_logged_once_after_its_connection_dies(
     assert [e.kind for e in await backend.events("run_d")] == ["run_created", "denied"]
 
 
-async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
-    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An owner added (a link made or made again, and its event) commits, and the server
-    ends the connection before the reply: the link is there, and one ``owner_added``
-    event, not a second from the retry."""
-    await backend.create_run(run_spec("run_o"))
-    await backend.create_run(run_spec("run_c"))
+def commit_reply_lost_once(backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The next explicit transaction commits, then the server ends its connection before
+    the reply: the returned list holds that session's pid once it has."""
     original = Tx.transaction
     ended: list[int] = []
 
@@ -402,7 +397,19 @@ async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
             raise psycopg.OperationalError("simulated: server closed the connection unexpectedly")
 
     monkeypatch.setattr(Tx, "transaction", transaction)
-    await backend.add_owner("run_c", "run_o", exclusive=True)
+    return ended
+
+
+async def test_an_owner_added_is_logged_once_after_its_commit_reply_is_lost(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner added (a link made or made again, and its event) commits, and the server
+    ends the connection before the reply: the link is there, and one ``owner_added``
+    event, not a second from the retry."""
+    await backend.create_run(run_spec("run_o"))
+    await backend.create_run(run_spec("run_c"))
+    ended = commit_reply_lost_once(backend, monkeypatch)
+    await backend.add_owner("run_c", "run_o", exclusive=True, by="u")
     assert ended
     kinds = [e.kind for e in await backend.events("run_c")]
     assert kinds == ["run_created", "owner_added"]

@@ -446,7 +446,7 @@ class LedgerContract:
         await backend.create_run(run_spec("child", parent_id="root"))
         await backend.create_run(run_spec("grandchild", parent_id="child"))
         await backend.create_run(run_spec("shared", parent_id="other", shared=True))
-        await backend.add_owner("shared", "root", exclusive=False)
+        await backend.add_owner("shared", "root", exclusive=False, by="u")
         for op_id, run_id in [
             ("grandchild/1", "grandchild"),
             ("root/1", "root"),

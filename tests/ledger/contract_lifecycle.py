@@ -47,7 +47,7 @@ class LifecycleContract:
         await backend.create_run(run_spec("a"))
         await backend.create_run(run_spec("b"))
         await backend.create_run(run_spec("refresh", parent_id="a", shared=True))
-        await backend.add_owner("refresh", "b", exclusive=False)
+        await backend.add_owner("refresh", "b", exclusive=False, by="u")
         first = await backend.cancel("a", by="u")
         assert "refresh" not in first.fenced and first.released == ("refresh",)
         assert (await backend.get_run("refresh")).state is RunState.RUNNING
@@ -192,7 +192,7 @@ class LifecycleContract:
         await backend.create_run(run_spec("done", parent_id="root"))
         await backend.create_run(run_spec("other"))
         await backend.create_run(run_spec("shared", parent_id="root", shared=True))
-        await backend.add_owner("shared", "other", exclusive=False)
+        await backend.add_owner("shared", "other", exclusive=False, by="u")
         asked = {
             "root": "ap_root",
             "grandchild": "ap_gc",
@@ -285,7 +285,7 @@ class LifecycleContract:
         await backend.create_run(run_spec("grand", parent_id="idle"))
         await backend.create_run(run_spec("other"))
         await backend.create_run(run_spec("shared", parent_id="other"))
-        await backend.add_owner("shared", "root", exclusive=False)
+        await backend.add_owner("shared", "root", exclusive=False, by="u")
         await backend.gate(op_spec("busy/1:send", "busy"))  # in flight
         await backend.run_event("done", RunEvent.COMPLETE, by="stopline")
         await backend.request_approval("ap1", "grand", "grand/pay", approver="b", requested_by="u")

@@ -5,8 +5,8 @@ Anyone could make any run an owner of any other, across tenants: Mallory's run b
 an owner of Acme's run, and Acme's cancel of its own run no longer stopped it (a shared
 run is fenced only with its last owner), while Mallory's cancel now did. Now a share
 names who makes it (``by=``, as every governed call), which must be allowed
-``Action.SHARE`` on both runs; both runs are of one tenant; the allowed share is
-audited; a refused one writes its denial at most.
+``Action.SHARE`` on both runs; both runs are of one tenant; the allowed share's link
+names who made it; a refused one writes its denial at most.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 import stopline
 from stopline import Principal, RunState, operator
+from stopline.domain.vocab import LogKind
 from stopline.errors import InvalidInput, NotPermitted, UnknownRun
 
 ALICE = Principal("alice", tenant="acme")
@@ -119,23 +120,21 @@ async def test_an_owner_run_is_of_the_shared_runs_tenant(ledger: stopline.Ledger
 async def test_an_allowed_share_is_audited_and_goes_on_past_the_first_owner(
     ledger: stopline.Ledger,
 ) -> None:
-    """The owner's share lands, and its audit event says who made it with which owner;
-    the first owner's cancel then lets the run go on, the second's fences it (R6)."""
+    """The owner's share lands, and its link's own event says who made it with which
+    owner (no second event: ADR 0065, 5); the first owner's cancel then lets the run go
+    on, the second's fences it (R6)."""
     async with (
         ledger.run("a", owner="alice", tenant="acme", run_id="owner-a") as a,
         ledger.run("b", owner="alice", tenant="acme", run_id="owner-b") as b,
         ledger.run("s", owner="alice", tenant="acme", run_id="s", parent_id=a.id, shared=True),
     ):
         await ledger.share("s", with_owner=b.id, by=ALICE)
-        events = await ledger.backend.events("s")
-        added, audit = events[-2:]
-        assert (added.kind, added.data["owner"]) == ("owner_added", b.id)
-        assert audit.kind == "audit"
-        assert {k: audit.data[k] for k in ("principal", "action", "allowed", "detail")} == {
-            "principal": "alice",
-            "action": "share",
-            "allowed": True,
-            "detail": f"with owner {b.id}",
+        added = (await ledger.backend.events("s"))[-1]
+        assert added.kind == LogKind.OWNER_ADDED
+        assert {k: added.data[k] for k in ("owner", "exclusive", "by")} == {
+            "owner": b.id,
+            "exclusive": False,
+            "by": "alice",
         }
         await ledger.cancel(a.id, by=ALICE)
         assert (await ledger.reads.run("s")).state is RunState.RUNNING

@@ -27,7 +27,7 @@ import pytest
 
 import stopline
 from stopline.errors import InvalidInput, LedgerLocked
-from stopline.ledger.engine import fence, run_sync
+from stopline.ledger.engine import owners, run_sync
 from stopline.ledger.postgres_dialect import PostgresDialect
 from stopline.ledger.postgres_txn import Tx
 from stopline.ledger.sqlite import SQLiteDb
@@ -75,7 +75,7 @@ async def _race_on_postgres(
 
     async def link(tx: Tx, child: str, owner: str) -> None:
         try:
-            await fence.add_owner(tx, child, owner, False)
+            await owners.add_owner(tx, child, owner, False, "alice")
             outcome.append(None)
         except Exception as exc:  # the second link's answer, asserted by the caller
             outcome.append(exc)
@@ -89,7 +89,7 @@ async def _race_on_postgres(
         anyio.create_task_group() as tg,
     ):
         async with held.transaction():
-            await fence.add_owner(held, *first, False)  # made, not committed
+            await owners.add_owner(held, *first, False, "alice")  # made, not committed
             tg.start_soon(link, other, *second)
             blocked = "SELECT count(*) FROM pg_stat_activity WHERE ? = ANY(pg_blocking_pids(pid))"
             while not done.is_set():  # until it has landed, or waits on the held session
@@ -143,7 +143,7 @@ def _link_held_open(path: Path, child: str, owner: str) -> Iterator[Callable[[],
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        run_sync(fence.add_owner(SQLiteDb(conn, "held"), child, owner, False))
+        run_sync(owners.add_owner(SQLiteDb(conn, "held"), child, owner, False, "alice"))
         yield lambda: conn.execute("COMMIT")
         if conn.in_transaction:
             conn.execute("ROLLBACK")

@@ -15,7 +15,6 @@ owner that can go on holds it, or when the ledger cannot say.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -169,7 +168,7 @@ async def test_the_applications_own_cancellation_ends_it_as_before(
 
 
 class OwnersUnreadable(ForwardingBackend):
-    async def owners_of(self, run_ids: Sequence[str]) -> dict[str, dict[str, bool]]:
+    async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
         raise LedgerIOError(self.location, "the owners' read failed (injected)")
 
 

@@ -169,6 +169,9 @@ class LogKind(enum.StrEnum):
     PHASE = "phase"
     OWNER_ADDED = "owner_added"
     OWNER_RELEASED = "owner_released"
+    # a block cut by an enclosing run's cancel that did not end its run: it goes on for
+    # the owners holding it by a share (R6, ADR 0065)
+    LEFT_TO_OWNERS = "left_to_owners"
     APPROVAL_REQUESTED = "approval_requested"
     APPROVAL_GRANTED = "approval_granted"
     APPROVAL_DENIED = "approval_denied"

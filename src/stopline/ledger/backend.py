@@ -263,7 +263,16 @@ class RunControl(abc.ABC):
         """Fence the run and every run it owns exclusively, in one transaction (R1, R6)."""
 
     @abc.abstractmethod
-    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None: ...
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool, by: str) -> None:
+        """``owner_run`` owns ``run_id`` from now; its ``owner_added`` event names the
+        principal ``by`` who made the link, in the link's own transaction (R11)."""
+
+    @abc.abstractmethod
+    async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
+        """The run's block was cut by the cancel of ``cut_by``, a run whose block is open
+        around it: the runs owning it by a share that can go on with it, its
+        ``left_to_owners`` event naming them written in the same transaction; none (and
+        nothing written) if it is fenced or ended, or no such owner holds it (R6)."""
 
     @abc.abstractmethod
     async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:

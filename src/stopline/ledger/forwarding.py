@@ -138,8 +138,11 @@ class ForwardingBackend(Backend):
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
         return await self.inner.cancel(run_id, by=by, reason=reason)
 
-    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
-        await self.inner.add_owner(run_id, owner_run, exclusive=exclusive)
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool, by: str) -> None:
+        await self.inner.add_owner(run_id, owner_run, exclusive=exclusive, by=by)
+
+    async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
+        return await self.inner.leave_to_owners(run_id, cut_by=cut_by)
 
     async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:
         return await self.inner.pause(run_id, by=by, reason=reason)

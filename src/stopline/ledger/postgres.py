@@ -61,7 +61,7 @@ from stopline.errors import (
 )
 from stopline.ledger._redeliver import holding
 from stopline.ledger.backend import GateResult, OutcomeUpdate, RunSpec
-from stopline.ledger.engine import Db, SqlBackend, fence, reads, runs
+from stopline.ledger.engine import Db, SqlBackend, fence, owners, reads, runs
 from stopline.ledger.engine import approvals as ap
 from stopline.ledger.engine.gate import gate, gate_params, intent_sql
 from stopline.ledger.engine.reads import load_run
@@ -358,11 +358,20 @@ class PostgresBackend(SqlBackend):
 
     # each logs an event that a second run would log again: a lost reply is settled by
     # reading back whether the event of this very attempt (its token) is in the log
-    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool, by: str) -> None:
         token = attempt_token()
         await self.attempts(
-            lambda db: fence.add_owner(db, run_id, owner_run, exclusive, token),
+            lambda db: owners.add_owner(db, run_id, owner_run, exclusive, by, token),
             settle=logged(run_id, LogKind.OWNER_ADDED, token, nothing),
+        )
+
+    async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
+        token = attempt_token()  # none left to: nothing logged, and run again is a read
+        return await self.attempts(
+            lambda db: owners.leave_to_owners(db, run_id, cut_by, token),
+            settle=logged(
+                run_id, LogKind.LEFT_TO_OWNERS, token, lambda tx: owners.left_to(tx, run_id, token)
+            ),
         )
 
     async def audit(

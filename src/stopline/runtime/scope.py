@@ -15,9 +15,10 @@ without ending its run when a run holding it by a share can still go on with
 it (R6, ADR 0065): the run stays ``running`` for that owner, which may re-enter
 it by its id, and is fenced with its last owner. Its interrupted calls keep
 their records (``unknown``, read back; their providers are not asked: the run
-was not cancelled). Nothing else is written: the cancel's ``owner_released``
-says whose cancel let it go. With no such owner left, it ends as any block an
-outside cancellation interrupts (``failed``).
+was not cancelled). Its ``left_to_owners`` event says why it is still running:
+which run's cancel cut its block, and the owners it goes on for (the cancel's
+``owner_released`` says whose cancel let it go). With no such owner left, it ends
+as any block an outside cancellation interrupts (``failed``).
 """
 
 from __future__ import annotations
@@ -165,48 +166,40 @@ class RunScope:
         del self._core.runs[run.id]
         if not run.replaying:  # a replay ended long ago: nothing to record
             with anyio.CancelScope(shield=True):
-                if swallowed or not self._cut_by_others(run, exc) or not await self._held(run):
+                cut_by = None if swallowed else self._cut_by_others(run, exc)
+                if cut_by is None or not await self._held(run, cut_by):
                     await self._core.outbox.end_run(run, None if swallowed else exc)
         return ours or swallowed
 
-    def _cut_by_others(self, run: Run, exc: BaseException | None) -> bool:
-        """The block was interrupted by the cancel of a run whose block encloses it, a
-        cancel that did not reach its own run (not fenced: a shared run it let go)."""
-        return (
-            isinstance(exc, anyio.get_cancelled_exc_class())
-            and not run.cancel_requested
-            and any(outer.cancel_requested for outer in self._enclosing)
-        )
+    def _cut_by_others(self, run: Run, exc: BaseException | None) -> str | None:
+        """The run whose cancel interrupted the block, if that is how it ended: a run
+        whose block encloses it (the innermost cancelled), a cancel that did not reach
+        its own run (not fenced: a shared run it let go)."""
+        if not isinstance(exc, anyio.get_cancelled_exc_class()) or run.cancel_requested:
+            return None
+        return next((o.id for o in reversed(self._enclosing) if o.cancel_requested), None)
 
-    async def _held(self, run: Run) -> bool:
+    async def _held(self, run: Run, cut_by: str) -> bool:
         """Whether the run stays ``running`` for an owner still holding it: it is not
         fenced nor ended, and a run owning it by a share (a link no cancel let go) is
-        running or paused, able to go on with it. Where the ledger cannot tell, the
-        block ends its run, as any block an outside cancellation interrupts."""
-        backend = self._core.backend
+        running or paused, able to go on with it; its ``left_to_owners`` event, naming
+        them and ``cut_by``, is written with that reading (``Backend.leave_to_owners``).
+        Where the ledger cannot tell, the block ends its run, as any block an outside
+        cancellation interrupts."""
         try:
-            owners = (await backend.owners_of([run.id])).get(run.id, {})
-            sharing = [owner for owner, alone in owners.items() if not alone]
-            found = await backend.get_runs([run.id, *sharing])
+            holders = await self._core.backend.leave_to_owners(run.id, cut_by=cut_by)
         except Exception as exc:  # the end below is held and retried if it fails too
             log.warning("run %s: its owners could not be read (%s): ended", run.id, exc)
             return False
-        if run.id not in found or _stopped(found[run.id].state):
-            return False
-        holders = [o for o in sharing if o in found and not _stopped(found[o].state)]
         if holders:
             log.info(
-                "run %s: its block was interrupted by another run's cancel; the run goes on"
+                "run %s: its block was interrupted by run %s's cancel; the run goes on"
                 " for its owners %s",
                 run.id,
+                cut_by,
                 ", ".join(holders),
             )
         return bool(holders)
-
-
-def _stopped(state: RunState) -> bool:
-    """Nothing goes on in a run of this state without a resume: fenced or ended."""
-    return state.fenced or state.ended
 
 
 RunContext = RunScope  # deprecated alias (0.2, removed in 0.3)

@@ -1,8 +1,9 @@
 """The contract's transactions, written once for every SQL engine.
 
 ``gate`` (R1), ``record`` (the operation table), ``fence`` (cancel, pause,
-resume, ownership), ``approvals`` (approvals, checkpoints, audit), ``truth``
-(leases, orphan recovery, compensation links) and ``reads``, each an
+resume), ``owners`` (a share's link, a run left to its owners), ``approvals``
+(approvals, checkpoints, audit), ``truth`` (leases, orphan recovery,
+compensation links) and ``reads``, each an
 ``async def body(db)`` over the ``Db`` seam (``db``), with status guards
 generated from the domain (``guards``) and the spellings that differ in a
 ``Dialect`` (``dialect``). ``SqlBackend`` serves the ``Backend`` seam with them.

@@ -38,7 +38,7 @@ from stopline.ledger.backend import (
     RunSpec,
 )
 from stopline.ledger.engine import approvals as ap
-from stopline.ledger.engine import fence, reads, runs, settling, truth
+from stopline.ledger.engine import fence, owners, reads, runs, settling, truth
 from stopline.ledger.engine.db import Db
 from stopline.ledger.engine.gate import gate
 from stopline.ledger.engine.record import record, record_many
@@ -199,8 +199,13 @@ class SqlBackend(Backend):
             committed=FENCE_COMMITTED.get(),
         )
 
-    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool) -> None:
-        await self._execute(lambda db: fence.add_owner(db, run_id, owner_run, exclusive), safe=True)
+    async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool, by: str) -> None:
+        await self._execute(
+            lambda db: owners.add_owner(db, run_id, owner_run, exclusive, by), safe=True
+        )
+
+    async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
+        return await self._execute(lambda db: owners.leave_to_owners(db, run_id, cut_by))
 
     async def pause(self, run_id: str, *, by: str, reason: str = "") -> list[str]:
         return await self._execute(lambda db: fence.pause(db, run_id, by, reason))

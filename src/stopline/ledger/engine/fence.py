@@ -1,4 +1,4 @@
-"""The subtree fence (cancel, R1, R6, R7), pause and resume, and ownership.
+"""The subtree fence (cancel, R1, R6, R7), pause and resume (a share's link: ``owners``).
 
 A cancel computes its closure and fences it set-wise in one transaction, so
 no descendant can slip a dispatch in between two fences: exclusive children
@@ -19,7 +19,7 @@ from stopline.domain.limits import sanitise
 from stopline.domain.model import RunRecord
 from stopline.domain.transitions import RUN_TABLE, apply
 from stopline.domain.vocab import Grant, LogKind, RunEvent, RunState
-from stopline.errors import InvalidInput, NotPermitted, RunEnded
+from stopline.errors import NotPermitted, RunEnded
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.dialect import Dialect
@@ -31,7 +31,6 @@ from stopline.ledger.engine.guards import (
     sql_values,
 )
 from stopline.ledger.engine.reads import (
-    attempt,
     event_statement,
     first_unsettled,
     found_run,
@@ -39,71 +38,12 @@ from stopline.ledger.engine.reads import (
     run_query,
 )
 
-__all__ = ["add_owner", "cancel", "pause", "resume", "settle_pause"]
+__all__ = ["cancel", "pause", "resume", "settle_pause"]
 
 _CANCELLING = apply(RUN_TABLE, RunState.RUNNING, RunEvent.CANCEL)
 _LIVE_APPROVALS = sql_values({ApprovalStatus.PENDING, ApprovalStatus.GRANTED})
 _CANCELLABLE = sql_values(CANCELLABLE)
 _GRANTS_LEFT = int(~Grant.INITIATE & Grant.all())  # a fenced run initiates nothing more
-
-
-# A link that may close a loop is made one at a time per ledger (ADR 0065): two links
-# whose rows are locked ``FOR SHARE`` both passed the loop check, each blind to the other
-# (a->b and b->a, or a->b and c->d with b owned by c and d by a). PostgreSQL: an advisory
-# lock of the transaction (two-key space, the schema's), before any row; SQLite's one
-# writer is that lock. Cancels and new children (a new run owns nothing) never take it.
-_ONE_LINK_AT_A_TIME = {
-    "postgresql": "SELECT pg_advisory_xact_lock("
-    "hashtext('stopline:run_owners'), hashtext(current_schema()))",
-}
-
-
-async def add_owner(
-    db: Db, run_id: str, owner_run: str, exclusive: bool, token: str | None = None
-) -> None:
-    """``owner_run`` owns ``run_id`` from now (again, if it had let it go); ``token``
-    marks the attempt in the event (read back after a lost reply). A link that would
-    close a loop is ``InvalidInput``, even against one made at the same moment."""
-    serial, lock = _ONE_LINK_AT_A_TIME.get(db.dialect.name), db.dialect.for_share
-    async with db.transaction():
-        *_, owner_found, child_found = await db.batch(
-            [
-                *([(serial, ())] if serial else []),
-                run_query(owner_run, lock),
-                run_query(run_id, lock),
-            ]
-        )
-        owner, child = found_run(owner_found, owner_run), found_run(child_found, run_id)
-        if await _owns(db, child.id, owner.id):  # a loop: a child's cancel fenced its owner
-            raise InvalidInput("with_owner", _loop(child.id, owner.id))
-        now = time.time()
-        await db.run(
-            "INSERT INTO run_owners (run_id, owner_run, exclusive, created_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (run_id, owner_run) DO UPDATE SET released_at = NULL",
-            (child.id, owner.id, int(exclusive), now),
-        )
-        data = attempt({"owner": owner.id, "exclusive": exclusive}, token)
-        await db.run(*event_statement(now, child.id, None, LogKind.OWNER_ADDED, None, None, data))
-
-
-def _loop(run_id: str, owner: str) -> str:
-    if run_id == owner:  # it could never lose its last owner: no cancel fenced it
-        return f"run {run_id!r} cannot own itself"
-    return f"run {owner!r} is owned by run {run_id!r} (at some depth): it cannot own it"
-
-
-async def _owns(db: Db, run_id: str, other: str) -> bool:
-    """Whether ``other`` is ``run_id`` or a run it owns, at any depth (its owners read up
-    from ``other``: a few levels, where the tree below ``run_id`` may be thousands)."""
-    seen, frontier = {other}, [other]
-    while frontier and run_id not in seen:
-        which, params = db.dialect.in_list("run_id", frontier)
-        up = await db.all(
-            f"SELECT owner_run FROM run_owners WHERE {which} AND released_at IS NULL", params
-        )
-        frontier = [r for (r,) in up if r not in seen]
-        seen.update(frontier)
-    return run_id in seen
 
 
 def _links(dialect: Dialect, parents: list[str], *, exclusive_only: bool) -> tuple[str, Params]:
