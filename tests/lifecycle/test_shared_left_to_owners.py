@@ -57,9 +57,11 @@ async def test_a_block_left_to_its_owners_says_why_in_its_log(
         )
         assert shown.returncode == 0, shown.stderr
         entries = json.loads(shown.stdout)["timeline"]
-        assert [e["words"] for e in entries if e["kind"] == LogKind.LEFT_TO_OWNERS] == [
-            "left to owners"
-        ]
+        said = [(e["words"], e["detail"]) for e in entries if e["kind"] == LogKind.LEFT_TO_OWNERS]
+        assert said == [("left to owners", "cut by: A; owners: B")]
+        # the link B holds it by: which owner, and who made it (one event, ADR 0065)
+        linked = [e["detail"] for e in entries if e["kind"] == LogKind.OWNER_ADDED]
+        assert linked == ["owner: B; by: u"]
         await ledger.cancel(b.id, by="u")
 
 

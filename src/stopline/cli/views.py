@@ -223,10 +223,13 @@ def _detail(event: EventRecord) -> str:
     parts = []
     if event.kind == LogKind.PHASE:
         parts.append(f"{data.get('phase')} ({data.get('policy')})")
-    for key in ("by", "reason", "cause", "error", "detail", "message"):
+    for key in ("owner", "cut_by", "by", "reason", "cause", "error", "detail", "message"):
         value = data.get(key)
         if value:
-            parts.append(f"{key}: {value}")
+            parts.append(f"{key.replace('_', ' ')}: {value}")
+    owners = data.get("owners")  # a run left to its owners (R6): which
+    if isinstance(owners, list) and owners:
+        parts.append("owners: " + ", ".join(str(owner) for owner in owners))
     if data.get("late"):
         parts.append("late")
     if data.get("retry"):
