@@ -63,6 +63,17 @@ _ENDS = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED})
 _OWNER_WAKES = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED, RunEvent.ESCALATE})
 
 
+def _owners_unread(ended: RunRecord) -> bool:
+    """A run that ended on its own wakes its parent unread if no cancel ever fenced it:
+    the common path (a one-call run whose outcome lands after its block), which reads
+    nothing. An owner other than its parent holds a run exclusively only by a last
+    owner's cancel that fenced it (``fence._closure`` keeps that link, exclusive, in the
+    fence's transaction; ADR 0065), and a fence is never taken back (a resume keeps the
+    generation). A run fenced before, resumed since, may be such an owner's tree: its
+    owners are read, as a cancelled run's are."""
+    return ended.fence == 0
+
+
 class Settler:
     def __init__(self, core: Core) -> None:
         self._core = core
@@ -81,9 +92,9 @@ class Settler:
         # answer awaited, the record of calls a cancel cut): no step reads it meanwhile
         self._held: dict[str, int] = {}
         self._asks = ProviderAsks(core, self)
-        # runs this process ended (completed, failed; the latest _FINAL_KEPT) -> owner: no
-        # step reads them again, but their owner's does (their calls are in its receipt)
-        self._final: dict[str, str | None] = {}
+        # runs this process ended (completed, failed; the latest _FINAL_KEPT): no step reads
+        # them again, but their owners' does (their calls are in its receipt)
+        self._final: dict[str, RunRecord] = {}
         self.busy = 0  # background steps running now
         self._idle = anyio.Event()  # set while ``busy`` is 0
         self._idle.set()
@@ -313,18 +324,16 @@ class Settler:
         reads it again."""
         if run.state not in FINAL_RUN_STATES:
             return False
-        self._final[run.id] = run.parent_id
+        self._final[run.id] = run
         if len(self._final) > _FINAL_KEPT:
             del self._final[next(iter(self._final))]
         return True
 
-    async def _owners(self, moved: list[str]) -> list[str]:
-        """The runs whose trees the cancelled runs ``moved`` are in now: their owners by
-        exclusive links, read (a shared run stopped by its last owner's cancel is that
-        owner's, not its parent's: ADR 0065). Read only for a cancelled run's move: a
-        run that ended on its own (completed, failed) is in no tree but its parent's,
-        as no last owner's cancel stopped it, so its step wakes its parent unread."""
-        found = await self._core.backend.owners_of(moved)
+    async def _owners(self, run_ids: list[str]) -> list[str]:
+        """The runs whose trees ``run_ids`` are in now: their owners by exclusive links,
+        read (a shared run stopped by its last owner's cancel is that owner's, not its
+        parent's: ADR 0065)."""
+        found = await self._core.backend.owners_of(run_ids)
         return [owner for held in found.values() for owner, alone in held.items() if alone]
 
     async def _step(self, run_ids: list[str]) -> list[Exception | None]:
@@ -334,10 +343,19 @@ class Settler:
         core = self._core
         self._wanted.difference_update(run_ids)  # from here on, what happens next is read
         errors: dict[str, Exception] = {}
-        ready, owners = [], set()  # owners: of runs that ended by themselves, stepped again
+        # the owners stepped again: of runs that ended by themselves (``owners``, unread;
+        # ``read``: theirs read) and of cancelled runs whose move they wait for
+        ready, owners, read = [], set(), []
+
+        def wake(ended: RunRecord) -> None:
+            if _owners_unread(ended):
+                owners.add(ended.parent_id)
+            else:
+                read.append(ended.id)
+
         for run_id in run_ids:
-            if run_id in self._final:  # it ended here, in a state nothing leaves
-                owners.add(self._final[run_id])
+            if (ended := self._final.get(run_id)) is not None:  # in a state nothing leaves
+                wake(ended)
                 continue
             local = core.runs.get(run_id)
             if local is not None and local.in_flight:
@@ -356,7 +374,7 @@ class Settler:
                 continue
             run, ops = got
             if run.state in FINAL_RUN_STATES:
-                owners.add(run.parent_id)
+                wake(run)
             if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
                 continue
             # the cancel's compensation policy, in review too: an outcome a reviewer or
@@ -379,8 +397,9 @@ class Settler:
             # an illegal move: another process moved the run first
             await core.backend.run_events(moves, by=SYSTEM.id)
             # a run's owners wait for it (``unsettled_below``): they are stepped again
-            moved = sorted(run_id for run_id, move in moves if move in _OWNER_WAKES)
-            owners.update(await self._owners(moved) if moved else ())
+            read.extend(run_id for run_id, move in moves if move in _OWNER_WAKES)
+        if read:  # one read for every run of the step whose owners are not its parent
+            owners.update(await self._owners(sorted(read)))
         # an owner here not asked to cancel is not stepped: its cancel will step it
         woken = [o for o in owners if o and (o not in core.runs or core.runs[o].cancel_requested)]
         if woken:
