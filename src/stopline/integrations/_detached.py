@@ -7,6 +7,12 @@ is cancelled the operation is recorded ``unknown`` (R3), and the work's
 eventual answer is attached with ``ledger.late_response`` (R4). Its verifier
 is the work itself: it waits for the answer.
 
+An adapter makes such a tool for each call (or each agent) of one framework tool,
+and the ledger keeps the first of a name (``Core.register_tool``): the calls in
+flight are the ledger's (``_in_flight``), so any tool made from one declaration
+reads back any of its calls, and two are equal (one declaration, ADR 0086) when
+they fall back on the same read-back.
+
 Whatever the work raises is its call's own answer, a ``BaseException`` too
 (``SystemExit``, ``KeyboardInterrupt``): it is handed to the awaiting caller
 (the gate records it as it records an async tool's), never to the ledger's
@@ -16,6 +22,7 @@ kept only until what it proves is delivered or recorded.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +30,11 @@ import anyio
 
 from stopline.domain.vocab import Cancellable
 from stopline.runtime.context import CallContext
-from stopline.runtime.outcomes import Outcomes
-from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, Verifier
+from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict, Verifier, same_function
 
 if TYPE_CHECKING:
     from stopline.integrations._frameworks import ToolSpec
+    from stopline.runtime.core import Core
 
 __all__ = ["Work", "detached_tool"]
 
@@ -71,6 +78,16 @@ class _Outcome:
         self.error: BaseException | None = None
 
 
+# the calls of a ledger's detached tools whose answer is not yet delivered to their
+# caller nor recorded late, by operation key: the ledger's, not one tool's, as the
+# ledger reads an operation back with the first tool of its name
+_IN_FLIGHT: weakref.WeakKeyDictionary[Core, dict[str, _Outcome]] = weakref.WeakKeyDictionary()
+
+
+def _in_flight(core: Core) -> dict[str, _Outcome]:
+    return _IN_FLIGHT.setdefault(core, {})
+
+
 class _Detached:
     """Calls that finish, and are recorded, whoever stops waiting for them."""
 
@@ -81,30 +98,38 @@ class _Detached:
     ) -> None:
         self.start = start
         self.user_verify = verify
-        # the calls whose answer is not yet delivered to their caller nor recorded late
-        self.calls: dict[str, _Outcome] = {}
+
+    def __eq__(self, other: object) -> bool:
+        """One declaration: each reads back every call in flight (the ledger's), and
+        falls back on the same read-back (``same_function``)."""
+        if not isinstance(other, _Detached):
+            return NotImplemented
+        return same_function(self.user_verify, other.user_verify)
+
+    def __hash__(self) -> int:
+        return hash(_Detached)  # equal ones are made again from one declaration
 
     async def call(self, ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
         core = ctx.core
-        outcome = self.calls[ctx.key] = _Outcome()
+        outcome = _in_flight(core)[ctx.key] = _Outcome()
         work = self.start(ctx, args, kwargs)
-        core.spawn(self._work, core.outcomes, ctx.key, outcome, work)
+        core.spawn(self._work, core, ctx.key, outcome, work)
         try:
             await outcome.done.wait()
         except anyio.get_cancelled_exc_class():
             # the framework stopped waiting: the thread goes on; its answer is kept (R4)
             outcome.abandoned = True
             if outcome.done.is_set():
-                core.spawn(self._report, core.outcomes, ctx.key, outcome)
+                core.spawn(self._report, core, ctx.key, outcome)
             raise
         # delivered: the gate records it from here; nothing more to hold
-        self._forget(ctx.key, outcome)
+        _forget(core, ctx.key, outcome)
         outcome.settled.set()
         if outcome.error is not None:
             raise outcome.error
         return outcome.result
 
-    async def _work(self, outcomes: Outcomes, key: str, outcome: _Outcome, work: Work) -> None:
+    async def _work(self, core: Core, key: str, outcome: _Outcome, work: Work) -> None:
         with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
             try:
                 outcome.result = await work()
@@ -112,10 +137,11 @@ class _Detached:
                 outcome.error = exc
             outcome.done.set()
             if outcome.abandoned:
-                await self._report(outcomes, key, outcome)
+                await self._report(core, key, outcome)
 
-    async def _report(self, outcomes: Outcomes, key: str, outcome: _Outcome) -> None:
+    async def _report(self, core: Core, key: str, outcome: _Outcome) -> None:
         """Attach the late answer to its operation: committed, refused, or kept only."""
+        outcomes = core.outcomes
         try:
             if outcome.error is None:
                 await outcomes.late_response(
@@ -129,16 +155,12 @@ class _Detached:
                 detail = f"late: {type(outcome.error).__name__}: {outcome.error}"
                 await outcomes.late_response(key, Verdict.UNKNOWN, detail=detail)
         finally:
-            self._forget(key, outcome)  # recorded: a verifier waiting now holds it already
+            _forget(core, key, outcome)  # recorded: a verifier waiting now holds it already
             outcome.settled.set()
-
-    def _forget(self, key: str, outcome: _Outcome) -> None:
-        if self.calls.get(key) is outcome:
-            del self.calls[key]
 
     async def verify(self, ctx: CallContext) -> ReadBack | Verdict:
         """The thread is this process's ground truth: wait for it to answer."""
-        outcome = self.calls.get(ctx.key)
+        outcome = _in_flight(ctx.core).get(ctx.key)
         if outcome is None:  # not run here (before a restart), or its answer is recorded
             if self.user_verify is not None:
                 return await self.user_verify(ctx)
@@ -154,3 +176,9 @@ class _Detached:
         if self.user_verify is not None:
             return await self.user_verify(ctx)
         return ReadBack(Verdict.UNKNOWN, detail=f"{type(outcome.error).__name__}")
+
+
+def _forget(core: Core, key: str, outcome: _Outcome) -> None:
+    calls = _in_flight(core)
+    if calls.get(key) is outcome:
+        del calls[key]

@@ -17,9 +17,11 @@ core's or the other's; none reads another object's private attributes
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import math
+import sys
 import threading
 import time
 import uuid
@@ -36,6 +38,7 @@ from stopline.domain.limits import check_wait
 from stopline.errors import InvalidInput, LedgerClosed, WrongEventLoop
 from stopline.ledger import redact
 from stopline.ledger.backend import Backend
+from stopline.ledger.forwarding import ForwardingBackend
 from stopline.runtime.boundary import Boundary, Health
 from stopline.runtime.tool import Tool
 
@@ -91,6 +94,10 @@ class Core:
         self._closed = False  # its backend closed (``close``): a ledger opens once
         self._home: int | None = None  # the thread whose event loop opened it (``start``)
         self._home_loop: anyio.lowlevel.EventLoopToken | None = None
+        # its backend's connections belong to that loop (PostgreSQL's): used from another
+        # thread's loop, a read waited out its answer timeout, or cost this worker its
+        # lease; refused there (``backend``, ADR 0086)
+        self._loop_bound = False
         # the runs of this process with their block open, by id
         self.runs: dict[str, Run] = {}
         self._opened = itertools.count()  # the order in which their blocks opened
@@ -116,13 +123,23 @@ class Core:
     def backend(self) -> Backend:
         """The open backend, else ``LedgerClosed`` (not opened yet, or closed: the same
         answer on every engine, where SQLite's was a bare ``RuntimeError`` and
-        PostgreSQL's a ``LedgerUnavailable``, a fault a caller waits out)."""
+        PostgreSQL's a ``LedgerUnavailable``, a fault a caller waits out). A backend
+        bound to its loop (PostgreSQL's), asked for in another thread's running loop,
+        is ``WrongEventLoop`` before anything is tried (ADR 0086)."""
         if self._backend is None:
             raise LedgerClosed(redact(self.url), "is not open: use 'async with stopline.open(...)'")
         if self._closed:
             raise LedgerClosed(
                 redact(self.url),
                 "is closed: a ledger opens once; open it again with stopline.open(url)",
+            )
+        if self._loop_bound and not self.at_home_now and _in_a_loop():
+            raise WrongEventLoop(
+                redact(self.url),
+                "a PostgreSQL ledger is used in the loop that opened it (its connections "
+                "are that loop's): open one in this loop (stopline.open(url), as another "
+                "process would), or hand the call to that loop "
+                "(asyncio.run_coroutine_threadsafe(coro, loop))",
             )
         return self._backend
 
@@ -145,6 +162,7 @@ class Core:
         """Background work runs in ``tg`` from now on (the ledger's, while it is open)."""
         self._tg = tg
         self._home, self._home_loop = threading.get_ident(), anyio.lowlevel.current_token()
+        self._loop_bound = _bound_to_its_loop(self.backend)
 
     def at_home(self, what: str) -> None:
         """``WrongEventLoop`` unless called in the thread whose event loop opened the
@@ -314,3 +332,21 @@ def _told(library: str, fn: Callable[..., object], *args: Any) -> None:
         fn(*args)
     finally:
         sniffio.current_async_library_cvar.reset(token)
+
+
+def _bound_to_its_loop(backend: Backend) -> bool:
+    """Whether ``backend`` (under its observers) is PostgreSQL's, whose pool, group commit
+    and listener live in the event loop that opened it (psycopg's async driver)."""
+    while isinstance(backend, ForwardingBackend):
+        backend = backend.inner
+    postgres = sys.modules.get("stopline.ledger.postgres")  # loaded if it is one
+    return postgres is not None and isinstance(backend, postgres.PostgresBackend)
+
+
+def _in_a_loop() -> bool:
+    """Whether this thread runs an event loop (asyncio's: PostgreSQL's is asyncio only)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

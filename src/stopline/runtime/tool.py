@@ -106,6 +106,7 @@ CancelFn = Callable[["CallContext"], Awaitable["bool | CancelState | None"]]
 Verifier = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
 VerifyFn = Verifier  # deprecated alias (0.2, removed in 0.3)
 CompensateFn = Callable[["CallContext"], Awaitable[Any]]
+ArgumentsCheck = Callable[[tuple[Any, ...], dict[str, Any]], None]
 
 
 class Tool(Generic[R]):
@@ -139,9 +140,8 @@ class Tool(Generic[R]):
         # a horizon itself (``CallContext.settles_by``)
         self.settles_within = check_seconds("settles_within", settles_within)
         self.wants_context = effects and _first_param_is_context(fn)
-        # checks a call's arguments before anything is done (the gate, a read): raises
-        # InvalidInput for arguments the tool could never send (an MCP tool's: JSON)
-        self.check_arguments: Callable[[tuple[Any, ...], dict[str, Any]], None] | None = None
+        self._check_arguments: ArgumentsCheck | None = None  # ``check_arguments``
+        self._signature: tuple[object, inspect.Signature | None] = (None, None)
 
     def canceller(self, fn: CancelFn) -> CancelFn:
         """Register how to ask the provider to cancel.
@@ -180,16 +180,44 @@ class Tool(Generic[R]):
                 " ...)` inside `async with ledger.run(...) as run` (its function is not called)"
             )
 
+    @property
+    def check_arguments(self) -> ArgumentsCheck:
+        """Checks a call's arguments before anything is done (the gate, a read): raises
+        ``InvalidInput`` for arguments the tool could never send (an MCP tool's: JSON).
+        By default, arguments its function cannot take (``arguments_fit``)."""
+        return self._check_arguments or self.arguments_fit
+
+    @check_arguments.setter
+    def check_arguments(self, check: ArgumentsCheck | None) -> None:
+        self._check_arguments = check
+
+    def arguments_fit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """``InvalidInput`` naming ``arguments`` unless the tool's function takes these
+        (after its context): a call its function could not take failed after the gate,
+        an operation in doubt for a call that never ran (ADR 0086)."""
+        fn, signature = self._signature
+        if fn is not self.fn:  # read once for each function (an integration sets its own)
+            try:
+                signature = inspect.signature(self.fn)
+            except (TypeError, ValueError):  # no signature to read: the call will tell
+                signature = None
+            self._signature = (self.fn, signature)
+        if signature is None:
+            return
+        try:
+            signature.bind(*((None,) if self.wants_context else ()), *args, **kwargs)
+        except TypeError as exc:
+            raise InvalidInput("arguments", f"tool {self.name!r} cannot take them: {exc}") from None
+
     def declares_as(self, other: Tool[Any]) -> bool:
         """Whether ``other`` declares what this tool declares, for the ledger's tools by
         name (``Core.register_tool``): what a call of either records and how its
         operations are read back, cancelled and corrected. The callable itself is not
         compared (an integration binds a new one to each call of one declared tool);
-        each capability is the same function, or a ``functools.partial`` of the same
-        function with equal arguments (one made again for each framework agent)."""
+        each capability is the same function (``same_function``)."""
         return other is self or (
             _declared(self) == _declared(other)
-            and all(map(_same_function, _capabilities(self), _capabilities(other)))
+            and all(map(same_function, _capabilities(self), _capabilities(other)))
         )
 
     def __repr__(self) -> str:
@@ -204,25 +232,31 @@ def _capabilities(t: Tool[Any]) -> tuple[object, ...]:
     return (t.cancel_fn, t.verify_fn, t.compensate_fn, t.compensation_verify_fn)
 
 
-def _same_function(a: object, b: object, seen: frozenset[tuple[int, int]] = frozenset()) -> bool:
-    """Whether two capabilities are one function: the same object; or made again from
-    one declaration, as integrations make a tool for each call of a framework tool: a
-    ``functools.partial`` of the same function with the same arguments, a closure of
-    the same code over the same values, a method of one class bound to its instance of
-    each call (ADR 0078)."""
+def same_function(a: object, b: object, seen: frozenset[tuple[int, int]] = frozenset()) -> bool:
+    """Whether two capabilities are one function: the same object (or equal ones); or
+    made again from one declaration, as integrations make a tool for each call of a
+    framework tool: a ``functools.partial`` of the same function with the same
+    arguments, a closure of the same code over the same values.
+
+    A method is the same function bound to the same object, or to an equal one: two
+    instances of one class configured for two destinations are two declarations (the
+    second's calls were read back with the first's ``verify``, ADR 0086). An
+    integration that binds a capability to an object it makes for each call declares
+    that object's equality: equal when it reads back, cancels and corrects the same.
+    """
     if _same_value(a, b) or (id(a), id(b)) in seen:  # a closure over itself: compared
         return True
     seen |= {(id(a), id(b))}
     if isinstance(a, functools.partial) and isinstance(b, functools.partial):
         return (
-            _same_function(a.func, b.func, seen)
+            same_function(a.func, b.func, seen)
             and len(a.args) == len(b.args)
-            and all(_same_function(x, y, seen) for x, y in zip(a.args, b.args, strict=True))
+            and all(same_function(x, y, seen) for x, y in zip(a.args, b.args, strict=True))
             and a.keywords.keys() == b.keywords.keys()
-            and all(_same_function(v, b.keywords[k], seen) for k, v in a.keywords.items())
+            and all(same_function(v, b.keywords[k], seen) for k, v in a.keywords.items())
         )
     if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
-        return a.__func__ is b.__func__ and type(a.__self__) is type(b.__self__)
+        return a.__func__ is b.__func__ and _same_value(a.__self__, b.__self__)
     if isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType):
         cells = (a.__closure__ or (), b.__closure__ or ())
         return (
@@ -235,7 +269,7 @@ def _same_function(a: object, b: object, seen: frozenset[tuple[int, int]] = froz
 
 def _same_cell(a: types.CellType, b: types.CellType, seen: frozenset[tuple[int, int]]) -> bool:
     try:
-        return _same_function(a.cell_contents, b.cell_contents, seen)
+        return same_function(a.cell_contents, b.cell_contents, seen)
     except ValueError:  # an empty cell (a name not bound yet)
         return False
 
