@@ -9,8 +9,9 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
-from dbos import DBOS
+from dbos import DBOS, SetWorkflowID
 
 import stopline
 from tests.conftest import FAST_VERIFY
@@ -33,6 +34,14 @@ async def status(workflow_id: str) -> str:
     found = await DBOS.get_workflow_status_async(workflow_id)
     assert found is not None
     return str(found.status)
+
+
+async def until_status(workflow_id: str, wanted: str) -> None:
+    """Until DBOS has the workflow in the ``wanted`` status."""
+    with anyio.fail_after(30):
+        # DBOS offers nothing to await for a status: look until it changes
+        while await status(workflow_id) != wanted:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,3 +115,20 @@ async def harness(backend: str, tmp_path: Path) -> AsyncIterator[Harness]:
     with databases(backend, tmp_path) as dbs:
         async with running(dbs, FileProvider(tmp_path / "effects.jsonl")) as h:
             yield h
+
+
+async def cancelled_in_flight(h: Harness, steps: list[str]) -> str:
+    """A ``pipeline`` of ``steps`` cancelled by stopline while its first step is at the
+    provider: DBOS has it cancelled, the step let go, the run settled. Its id."""
+    hold = h.provider.barriers.hold("received")
+    workflow_id = f"wf-{uuid.uuid4().hex[:12]}"
+    with SetWorkflowID(workflow_id):
+        handle = await DBOS.start_workflow_async(dbos_app.pipeline, steps)
+    await hold.reached.wait()
+    await h.ledger.cancel(workflow_id, by="user:42", reason="pressed stop")
+    await until_status(workflow_id, "CANCELLED")
+    hold.release()
+    with pytest.raises(BaseException, match="cancelled"):  # DBOS: awaited, cancelled
+        await handle.get_result()
+    await h.ledger.wait_settled(workflow_id, timeout=15)
+    return workflow_id

@@ -116,11 +116,9 @@ def worker_for(h: Harness, *extra: Any, tools: Sequence[stopline.Tool[Any]] = ()
     )
 
 
-async def killed_after_commit(
-    server: TemporalDevServer, h: Harness, plan: Plan
-) -> tuple[WorkflowHandle[Any, Any], str]:
-    """The workflow started on a worker of a process of its own, SIGKILLed once its
-    provider committed the first effect (before it answered): the handle and its key."""
+async def worker_process(server: TemporalDevServer, h: Harness) -> subprocess_worker.Child:
+    """A worker on the harness's queue and ledger in a process of its own
+    (``temporal_worker``), polling: it holds every response once committed."""
     child = await subprocess_worker.start(
         "tests.engines.temporal_worker",
         server.address,
@@ -130,6 +128,19 @@ async def killed_after_commit(
     )
     try:
         await child.expect("ready")
+    except BaseException:
+        await child.kill()
+        raise
+    return child
+
+
+async def killed_after_commit(
+    server: TemporalDevServer, h: Harness, plan: Plan
+) -> tuple[WorkflowHandle[Any, Any], str]:
+    """The workflow started on a worker of a process of its own, SIGKILLed once its
+    provider committed the first effect (before it answered): the handle and its key."""
+    child = await worker_process(server, h)
+    try:
         handle = await h.start(plan)
         committed = await child.expect("committed ")
     finally:

@@ -18,22 +18,10 @@ from stopline import Headline, OpStatus
 from stopline.domain.model import EventRecord
 from stopline.integrations.temporal_server import TemporalDevServer
 from tests.engines import dbos_app
+from tests.engines.dbos_harness import cancelled_in_flight
 from tests.engines.dbos_harness import harness as dbos_harness
 from tests.engines.temporal_harness import harness as temporal_harness
 from tests.engines.temporal_workflows import Plan
-
-
-async def _dbos_status(workflow_id: str) -> str:
-    status = await DBOS.get_workflow_status_async(workflow_id)
-    assert status is not None
-    return str(status.status)
-
-
-async def _until_dbos_status(workflow_id: str, wanted: str) -> None:
-    with anyio.fail_after(30):
-        # DBOS offers nothing to await for a status: look until it changes
-        while await _dbos_status(workflow_id) != wanted:  # noqa: ASYNC110
-            await anyio.sleep(0.05)
 
 
 def _since_resume(events: list[EventRecord]) -> list[EventRecord]:
@@ -74,17 +62,7 @@ async def test_f4_dbos_calls_after_a_resume_are_not_late_answers(
     ``DBOS.resume_workflow`` the steps it sends are the resumed run's own calls,
     not completions "after the cancel"."""
     async with dbos_harness(backend, tmp_path) as h:
-        hold = h.provider.barriers.hold("received")
-        workflow_id = f"wf-{uuid.uuid4().hex[:12]}"
-        with SetWorkflowID(workflow_id):
-            handle = await DBOS.start_workflow_async(dbos_app.pipeline, ["upload", "notify"])
-        await hold.reached.wait()
-        await h.ledger.cancel(workflow_id, by="user:42", reason="pressed stop")
-        await _until_dbos_status(workflow_id, "CANCELLED")
-        hold.release()
-        with pytest.raises(BaseException, match="cancelled"):  # DBOS: awaited, cancelled
-            await handle.get_result()
-        await h.ledger.wait_settled(workflow_id, timeout=15)
+        workflow_id = await cancelled_in_flight(h, ["upload", "notify"])
         await h.ledger.resume(workflow_id, by="user:42")
         again = await DBOS.resume_workflow_async(workflow_id)
         with anyio.fail_after(30):

@@ -20,8 +20,7 @@ from stopline import Headline, OpStatus
 from stopline.cli import main as cli
 from stopline.integrations.temporal_server import TemporalDevServer
 from tests.conftest import FAST_VERIFY
-from tests.engines import subprocess_worker
-from tests.engines.temporal_harness import Harness, harness
+from tests.engines.temporal_harness import Harness, harness, worker_process
 from tests.engines.temporal_workflows import Pipeline, Plan
 
 CLOSED_UNSUCCESSFULLY = (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.FAILED)
@@ -258,15 +257,8 @@ async def test_s17_temporal_worker_sigkilled_mid_activity_no_duplicate_effect(
     """The worker commits, then dies before answering; Temporal retries on a new worker,
     which reads the effect back instead of sending it again."""
     async with harness(temporal_server, tmp_path, worker=False) as h:
-        child = await subprocess_worker.start(
-            "tests.engines.temporal_worker",
-            temporal_server.address,
-            h.task_queue,
-            h.ledger_url,
-            str(h.provider.path),
-        )
+        child = await worker_process(temporal_server, h)
         try:
-            await child.expect("ready")
             handle = await h.start(Plan(["upload", "notify"]))
             committed = await child.expect("committed ")
         finally:

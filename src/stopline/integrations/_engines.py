@@ -20,6 +20,11 @@ engine onto the contract the same way:
   ``at_boundary``: the provider is asked to cancel when it can and the body
   finishes, its outcome recorded. A completion that lands after the run was
   fenced is kept as late evidence (R4).
+- **One rule for an engine's ids** (ADRs 0050, 0085): a workflow id is the run's id
+  when it fits and is printable, else its start and a digest (``engine_run_id``);
+  a step's or activity's name or id in an operation's key likewise (``engine_key``).
+  An engine accepts ids the ledger cannot keep as they are; its workflow runs, never
+  refused for its id.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from stopline.domain.lifecycle import operator, tenant_of
+from stopline.domain.limits import fitted
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy, RunState
@@ -43,12 +49,16 @@ from stopline.runtime.tool import Tool, Verdict
 
 __all__ = [
     "ENDED_ON_ITS_OWN",
+    "KEY_ROOM",
+    "RUN_ROOM",
     "EngineCancel",
     "EngineCut",
     "EngineGate",
     "Unstarted",
     "call_context",
     "cancel_collecting",
+    "engine_key",
+    "engine_run_id",
     "find_run",
     "resumed_after_cancel",
 ]
@@ -58,10 +68,34 @@ R = TypeVar("R")
 EngineCancel = Callable[[str, str], Awaitable[None]]
 # why the engine cut a call when its run was not fenced (a timeout, the workflow's own
 # cancel of the activity): the ``NoAnswer`` its operation is recorded ``unknown`` with
-EngineCut = Callable[[], NoAnswer]
+# (it may ask the engine: a timeout the engine's server decided is in its records)
+EngineCut = Callable[[], Awaitable[NoAnswer]]
 # the run a cancel creates, already fenced, for a workflow the engine holds but has not
 # started yet (queued): ``None`` when the engine knows no such workflow either
 Unstarted = Callable[[], Awaitable[RunSpec | None]]
+
+# an operation's id is ``RUN/EXECUTION:KEY`` (Temporal: the execution's run id, a UUID;
+# DBOS: the step's function id) in at most 1024 characters (MAX_ID_CHARS): a run's id
+# takes at most RUN_ROOM of them, an activity's id or a step's name at most KEY_ROOM,
+# and the rest is the execution and the separators
+RUN_ROOM = 890
+KEY_ROOM = 96
+
+
+def engine_run_id(workflow_id: str) -> str:
+    """The stopline run of an engine's workflow id (ADRs 0050, 0085): the id itself when
+    it has at most ``RUN_ROOM`` characters, no control character and no marker of a
+    derived id, else its printable start and the SHA-256 of all of it
+    (``HEAD#sha256:HEX``): stable across processes and releases, so that every worker
+    and ``stopline show`` find the same run. Never a refusal: the engine runs the id."""
+    return fitted(workflow_id, RUN_ROOM)
+
+
+def engine_key(name: str) -> str:
+    """An activity's id or a step's name as it is in an operation's key: itself when it
+    fits ``KEY_ROOM`` and is printable, else derived as ``engine_run_id`` derives."""
+    return fitted(name, KEY_ROOM)
+
 
 # the states of a run whose workflow ended by itself (no cancel): nothing in it will run
 ENDED_ON_ITS_OWN = frozenset({RunState.COMPLETED, RunState.FAILED})
@@ -363,7 +397,7 @@ class EngineGate:
             if cut is None or await self.is_fenced(run.id):
                 run.cancel_requested = True  # the body's abort is recorded as the cancel's
             else:
-                why.append(cut())  # the body leaves with it: ``unknown``, by that cause (R3)
+                why.append(await cut())  # the body leaves with it: ``unknown``, by that cause (R3)
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

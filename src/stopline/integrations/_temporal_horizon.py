@@ -6,9 +6,11 @@
   has that bound as the horizon of its call, so a read-back that finds nothing
   before it proves nothing ("not yet"), and one after it decides.
 - **Why it was cut** when its run is not fenced: a timeout (the worker's own,
-  or an attempt Temporal no longer knows once its bound has passed), a worker
-  shutdown, an activity Temporal no longer knows (its workflow closed under
-  it), or the workflow's own code cancelling it.
+  one the server decided, which the worker hears of as "not found" at its next
+  heartbeat: Temporal's record of the attempt names it, ADR 0085; or an attempt
+  Temporal no longer knows once its bound has passed), a worker shutdown, an
+  activity Temporal no longer knows (its workflow closed under it), or the
+  workflow's own code cancelling it.
 - **A workflow closed under it** (terminated, timed out): Temporal runs none
   of the workflow's code then, so the integration fences the run itself.
 """
@@ -19,12 +21,14 @@ from datetime import UTC, datetime, timedelta
 
 import temporalio.client
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.failure.v1 import Failure
 from temporalio.service import RPCError
 
 from stopline.domain.vocab import Cause
 from stopline.errors import NoAnswer
 
-__all__ = ["attempt_bound", "closed_under", "why_cut"]
+__all__ = ["attempt_bound", "closed_under", "server_timeout", "why_cut"]
 
 # a workflow Temporal closed without running its code again: the reason its run is fenced with
 _CLOSED_WITHOUT_CLEANUP = {
@@ -59,15 +63,39 @@ def _positive(timeout: timedelta | None) -> bool:
     return timeout is not None and timeout > timedelta(0)
 
 
-def why_cut() -> NoAnswer:
-    """Why Temporal cut an activity whose run is not fenced: never a user's cancel. An
-    attempt Temporal no longer knows once its bound has passed was timed out: that is
-    how a worker hears of a start-to-close or schedule-to-close timeout (the server
-    answers its next heartbeat "not found"; ``timed_out`` is the worker's own)."""
+# how long the cut's record waits for Temporal to say why (then: it cannot say)
+_ASK = timedelta(seconds=5)
+# what Temporal's timeout types are called in a receipt
+_TIMEOUTS = {
+    TimeoutType.TIMEOUT_TYPE_HEARTBEAT: "heartbeat timeout: no heartbeat reached Temporal"
+    " within the activity's heartbeat_timeout",
+    TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE: "start-to-close timeout",
+    TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_CLOSE: "schedule-to-close timeout",
+    TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START: "schedule-to-start timeout",
+}
+
+
+async def why_cut(client: temporalio.client.Client | None) -> NoAnswer:
+    """Why Temporal cut an activity whose run is not fenced: never a user's cancel.
+
+    A timeout the server decided (a heartbeat timeout above all: the worker's process
+    froze, or its heartbeats were lost) is heard of as "not found" at the worker's next
+    heartbeat, while the attempt's code may have run on until then: Temporal's record
+    of the attempt (``server_timeout``) names it; failing that, an attempt Temporal no
+    longer knows once its bound has passed was timed out too. ``timed_out`` is the
+    worker's own timeout."""
     details = activity.cancellation_details()
     if details is not None and details.timed_out:
         return NoAnswer(Cause.TIMEOUT, "Temporal timed the activity out")
-    if details is not None and details.not_found and _past_its_bound(activity.info()):
+    info = activity.info()
+    timeout = await server_timeout(client, info) if details and details.not_found else None
+    if timeout is not None:
+        return NoAnswer(
+            Cause.TIMEOUT,
+            f"Temporal timed attempt {info.attempt} of the activity out ({timeout}); its"
+            " code ran on in the worker until its next heartbeat heard of it",
+        )
+    if details is not None and details.not_found and _past_its_bound(info):
         return NoAnswer(
             Cause.TIMEOUT, "Temporal timed the activity's attempt out (its timeout had passed)"
         )
@@ -81,6 +109,50 @@ def why_cut() -> NoAnswer:
     return NoAnswer(
         Cause.LOCAL_ERROR, "Temporal cancelled the activity (the workflow's code, not the run)"
     )
+
+
+async def server_timeout(
+    client: temporalio.client.Client | None, info: activity.Info
+) -> str | None:
+    """The timeout Temporal ended this attempt with, as Temporal recorded it: the
+    failure of the attempt that followed it (a pending activity's ``last_failure``,
+    or, once it ended, its ``ActivityTaskStarted``'s), else the activity's
+    ``ActivityTaskTimedOut`` of this attempt (its last) in the history; ``None`` when
+    it was not a timeout or Temporal cannot say."""
+    if client is None or not info.workflow_id:
+        return None
+    handle = client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+    try:
+        described = await handle.describe(rpc_timeout=_ASK)
+        for pending in described.raw_description.pending_activities:
+            if pending.activity_id == info.activity_id:  # retried: its last failure is ours
+                ours = pending.attempt == info.attempt + 1
+                return _timeout(pending.last_failure) if ours else None
+        scheduled: set[int] = set()
+        async for event in handle.fetch_history_events(rpc_timeout=_ASK):
+            kind = event.event_type
+            if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                if event.activity_task_scheduled_event_attributes.activity_id == info.activity_id:
+                    scheduled.add(event.event_id)
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                started = event.activity_task_started_event_attributes
+                if started.scheduled_event_id in scheduled and started.attempt > info.attempt:
+                    ours = started.attempt == info.attempt + 1  # its last failure is ours
+                    return _timeout(started.last_failure) if ours else None
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                timed_out = event.activity_task_timed_out_event_attributes
+                if timed_out.scheduled_event_id in scheduled:  # no later attempt started
+                    return _timeout(timed_out.failure)
+    except RPCError:
+        pass
+    return None
+
+
+def _timeout(failure: Failure) -> str | None:
+    """The timeout ``failure`` is, if it is one."""
+    if not failure.HasField("timeout_failure_info"):
+        return None
+    return _TIMEOUTS.get(failure.timeout_failure_info.timeout_type, "timeout")
 
 
 async def closed_under(client: temporalio.client.Client | None, info: activity.Info) -> str:

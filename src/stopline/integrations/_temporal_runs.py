@@ -19,29 +19,26 @@ from stopline.domain.limits import fitted
 from stopline.domain.model import RunRecord
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
+    RUN_ROOM,
     EngineGate,
+    engine_run_id,
     find_run,
     resumed_after_cancel,
 )
 from stopline.runtime.ledger import Ledger
 
-__all__ = ["ACTIVITY_ROOM", "RUN_ROOM", "execution_run", "own_run", "run_id_of"]
+__all__ = ["execution_run", "own_run", "run_id_of"]
 
-# an operation's id is ``RUN/EXECUTION:ACTIVITY`` in at most 1024 characters (MAX_ID_CHARS):
-# a run's id takes at most RUN_ROOM of them, an activity id at most ACTIVITY_ROOM, and
-# the rest is the execution's run id (a UUID) and the separators
-RUN_ROOM = 890
-ACTIVITY_ROOM = 96
 _EXECUTION = "@run:"
 
 
 def run_id_of(workflow_id: str, execution: str = "") -> str:
-    """The stopline run of a workflow id (ADR 0050): the id itself when it fits and
-    is printable, else its start and a digest (``fitted``); with ``execution`` (a
+    """The stopline run of a workflow id (ADRs 0050, 0085): the id itself when it fits
+    and is printable, else its start and a digest (``engine_run_id``); with ``execution`` (a
     Temporal run id), the run of that execution of its own, ``WORKFLOW_ID@run:RUN_ID``,
     which an execution gets when the workflow id's run had ended on its own."""
     if not execution:
-        return fitted(workflow_id, RUN_ROOM)
+        return engine_run_id(workflow_id)
     head = fitted(workflow_id, RUN_ROOM - len(_EXECUTION) - len(execution))
     return f"{head}{_EXECUTION}{execution}"
 

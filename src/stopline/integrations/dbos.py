@@ -55,6 +55,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import logging
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
@@ -66,6 +67,7 @@ from dbos._sys_db import WorkflowStatusString
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_seconds
+from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import NotReplayable, OperationInDoubt, RunEnded, RunFenced, UnknownOperation
@@ -74,14 +76,17 @@ from stopline.integrations._engines import (
     EngineGate,
     call_context,
     cancel_collecting,
+    engine_key,
+    engine_run_id,
     find_run,
 )
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, CompensateFn, Tool, Verifier
 
-__all__ = ["StoplineDBOS", "call_context", "cancel"]
+__all__ = ["StoplineDBOS", "call_context", "cancel", "run_id_of"]
 
+log = logging.getLogger("stopline.integrations.dbos")
 P = ParamSpec("P")
 R = TypeVar("R")
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
@@ -94,6 +99,13 @@ _NOT_STARTED = frozenset(
         WorkflowStatusString.PENDING,
     )
 )
+
+
+def run_id_of(workflow_id: str) -> str:
+    """The stopline run of a DBOS workflow id: the id itself when it has at most 890
+    characters and no control character (the usual case), else its printable start and
+    a digest, ``HEAD#sha256:HEX`` (ADR 0085): ``stopline show`` takes it."""
+    return engine_run_id(workflow_id)
 
 
 async def cancel(
@@ -112,20 +124,34 @@ async def cancel(
     fenced at once (its ``owner`` the canceller unless given): DBOS
     cancels it, and were it to start it would do nothing. ``UnknownRun`` when
     neither the ledger nor DBOS knows the workflow."""
+    run_id = run_id_of(workflow_id)
 
     async def unstarted() -> RunSpec | None:
         status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
         if status is None or str(status.status) not in _NOT_STARTED:
             return None
         name = f"dbos:{status.name or 'workflow'}"
-        return RunSpec(id=workflow_id, name=name, owner=owner or by, tenant=tenant)
+        return RunSpec(id=run_id, name=name, owner=owner or by, tenant=tenant)
 
     receipt, fenced = await cancel_collecting(
-        ledger, workflow_id, by=by, reason=reason, unstarted=unstarted
+        ledger, run_id, by=by, reason=reason, unstarted=unstarted
     )
-    for run_id in fenced:
-        await _cancel_in_dbos(run_id, reason)
+    for workflow in await _workflows_of(workflow_id, run_id, fenced):
+        await _cancel_in_dbos(workflow, reason)
     return receipt
+
+
+async def _workflows_of(workflow_id: str, run_id: str, fenced: list[str]) -> list[str]:
+    """The DBOS workflows of the ``fenced`` runs: ``workflow_id`` (of ``run_id``) and its
+    descendants', found through DBOS's parent links (a derived run id is not its
+    workflow's id)."""
+    found = {run_id: workflow_id}
+    parents = [workflow_id]
+    while parents and len(found) < len(fenced):
+        children = await _outside_workflow(DBOS.list_workflows_async(parent_workflow_id=parents))
+        parents = [c.workflow_id for c in children if run_id_of(c.workflow_id) not in found]
+        found.update((run_id_of(child), child) for child in parents)
+    return [found.get(fenced_id, fenced_id) for fenced_id in fenced]
 
 
 class StoplineDBOS:
@@ -197,11 +223,12 @@ class StoplineDBOS:
 
             @functools.wraps(fn)
             async def gated(*args: P.args, **kwargs: P.kwargs) -> R:
-                run_id, step_id = DBOS.workflow_id, DBOS.step_id
-                if run_id is None or step_id is None:
+                workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
+                if workflow_id is None or step_id is None:
                     return await fn(*args, **kwargs)  # called outside a workflow: not a step
-                gate, key = self.gate, f"{step_id}:{declared.name}"
-                done, result = await self._done_before_the_fork(run_id, step_id, key)
+                run_id = run_id_of(workflow_id)
+                gate, key = self.gate, f"{step_id}:{engine_key(declared.name)}"
+                done, result = await self._done_before_the_fork(workflow_id, step_id, key)
                 if done:
                     return result  # type: ignore[no-any-return]
                 try:
@@ -214,13 +241,15 @@ class StoplineDBOS:
                         [list(args), kwargs],
                         policy=policy,
                     )
-                except RunFenced as exc:  # refused at the gate: DBOS stops the workflow
+                except RunFenced:  # refused at the gate: DBOS stops the workflow
                     run = await find_run(gate.ledger, run_id)
                     if run is not None and run.state in ENDED_ON_ITS_OWN:
                         # DBOS.rewind_workflow of a finished workflow: nobody cancelled it
                         raise RunEnded(run_id, run.state, _REWOUND) from None
-                    await _cancel_in_dbos(run_id, str(exc))
-                    raise DBOSWorkflowCancelledError(str(exc)) from None
+                    why = _still_cancelled(workflow_id, key, run)
+                    log.warning("%s", why)
+                    await _cancel_in_dbos(workflow_id, why)
+                    raise DBOSWorkflowCancelledError(why) from None
 
             return gated
 
@@ -235,11 +264,12 @@ class StoplineDBOS:
 
             @functools.wraps(fn)
             async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-                run_id = DBOS.workflow_id
-                if run_id is None:
+                workflow_id = DBOS.workflow_id
+                if workflow_id is None:
                     return await fn(*args, **kwargs)
-                gate = self.gate
+                gate, run_id = self.gate, run_id_of(workflow_id)
                 await gate.open_run(run_id, fn.__name__, parent_id=_parent_id(), shared=shared)
+                gate.remember_engine_id(run_id, workflow_id)
                 try:
                     result = await fn(*args, **kwargs)
                 except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
@@ -249,14 +279,14 @@ class StoplineDBOS:
                     # this execution lost the workflow: DBOS.cancel_workflow during a step
                     # it does not preempt (seen when the step's result is written), or a
                     # hand-off (resume, recovery) whose new owner goes on with the run
-                    if await _cancelled_in_dbos(run_id):
+                    if await _cancelled_in_dbos(workflow_id):
                         await gate.fence(run_id, _why_cancelled())
                     raise
                 except Exception as exc:
                     await gate.end_run(run_id, exc)
                     raise
                 finally:
-                    self._origins.pop(run_id, None)
+                    self._origins.pop(workflow_id, None)
                 await gate.end_run(run_id)
                 return result
 
@@ -264,7 +294,9 @@ class StoplineDBOS:
 
         return wrap
 
-    async def _done_before_the_fork(self, run_id: str, step_id: int, key: str) -> tuple[bool, Any]:
+    async def _done_before_the_fork(
+        self, workflow_id: str, step_id: int, key: str
+    ) -> tuple[bool, Any]:
         """In a fork (``DBOS.fork_workflow``), a step its original ran whose result DBOS
         did not record (a cancel took the workflow before the step's checkpoint): DBOS
         runs it again in the fork, under the fork's id, though the original's operation
@@ -272,16 +304,16 @@ class StoplineDBOS:
         in doubt raises ``OperationInDoubt`` (settle the original's first). A step DBOS
         recorded in the original runs in the fork only when the fork starts at or before
         it: asked for, it is the fork's own (ADR 0072)."""
-        if run_id not in self._origins:
-            status = await _outside_workflow(DBOS.get_workflow_status_async(run_id))
+        if workflow_id not in self._origins:
+            status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
             if len(self._origins) >= _REMEMBER_ORIGINS:  # steps of ungated workflows
                 del self._origins[next(iter(self._origins))]
-            self._origins[run_id] = status.forked_from if status is not None else None
-        origin = self._origins[run_id]
+            self._origins[workflow_id] = status.forked_from if status is not None else None
+        origin = self._origins[workflow_id]
         if origin is None:
             return False, None
         try:
-            op = await self.gate.ledger.backend.get_operation(f"{origin}/{key}")
+            op = await self.gate.ledger.backend.get_operation(f"{run_id_of(origin)}/{key}")
         except UnknownOperation:
             return False, None
         then = on_resume(op.status)
@@ -303,6 +335,23 @@ _REWOUND = (
     "DBOS.rewind_workflow does not reopen a finished run: DBOS.fork_workflow runs it "
     "again as a new workflow (a step that happened is not sent again)"
 )
+
+
+def _still_cancelled(workflow_id: str, key: str, run: RunRecord | None) -> str:
+    """What a step refused at the gate of a cancelled run says (ADR 0085): a DBOS resume
+    (``DBOS.resume_workflow``) does not lift stopline's cancel, which names a principal
+    and is governed (R10, R11); a DBOS cancel can still be on its way. Either way the
+    workflow is cancelled in DBOS again, which keeps it resumable there."""
+    run_id = run_id_of(workflow_id)
+    by = f" by {run.cancelled_by}" if run is not None and run.cancelled_by else ""
+    reason = f" ({run.cancel_reason})" if run is not None and run.cancel_reason else ""
+    return (
+        f"DBOS workflow {workflow_id!r}: step {key!r} refused at the gate: its run "
+        f"{run_id!r} was cancelled{by}{reason} and is not resumed, so the workflow is "
+        "cancelled in DBOS again. DBOS.resume_workflow alone does not resume a run "
+        f"stopline cancelled: resume the run first (ledger.resume({run_id!r}, by=...), "
+        f"or 'stopline resume'), then DBOS.resume_workflow({workflow_id!r})"
+    )
 
 
 def _why_cancelled() -> str:
@@ -338,5 +387,7 @@ def _require_async(fn: Callable[..., Any]) -> None:
 
 
 def _parent_id() -> str | None:
+    """The run of the workflow's parent, if it has one."""
     ctx = get_local_dbos_context()
-    return (ctx.parent_workflow_id or None) if ctx is not None else None
+    parent = ctx.parent_workflow_id if ctx is not None else None
+    return run_id_of(parent) if parent else None

@@ -66,19 +66,15 @@ from stopline.errors import (
 )
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
+    RUN_ROOM,
     EngineGate,
     call_context,
     cancel_collecting,
+    engine_key,
     find_run,
 )
 from stopline.integrations._temporal_horizon import attempt_bound, closed_under, why_cut
-from stopline.integrations._temporal_runs import (
-    ACTIVITY_ROOM,
-    RUN_ROOM,
-    execution_run,
-    own_run,
-    run_id_of,
-)
+from stopline.integrations._temporal_runs import execution_run, own_run, run_id_of
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -367,7 +363,7 @@ class _GatedActivity(ActivityInboundInterceptor):
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
-        key = f"{_keyed_by_header(input, info)}:{fitted(info.activity_id, ACTIVITY_ROOM)}"
+        key = f"{_keyed_by_header(input, info)}:{engine_key(info.activity_id)}"
         # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
         within = attempt_bound(info) if tool.settles_within is None else None
         try:
@@ -381,7 +377,7 @@ class _GatedActivity(ActivityInboundInterceptor):
                         lambda: self.next.execute_activity(input),
                         input.args,
                         policy=policy,
-                        cut=why_cut,
+                        cut=lambda: why_cut(self._plugin.client),
                         settles_within=within,
                     )
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
