@@ -186,3 +186,20 @@ async def test_arguments_the_tool_cannot_take_are_refused_before_the_gate(
 
 def _partial_pay(pay: stopline.Tool[str]) -> Callable[..., Awaitable[str]]:
     return functools.partial(pay.fn, to="ann")
+
+
+def test_a_call_shape_taken_once_does_not_let_another_through() -> None:
+    """``arguments_fit`` remembers the shapes (positional count, keyword names) its
+    function took, so the gate's path binds nothing the second time: a shape taken
+    says nothing of another, and one refused is refused again."""
+
+    @stopline.tool
+    async def pay(ctx: stopline.CallContext, to: str, amount: int = 1, *, memo: str) -> str:
+        return f"{to}:{amount}:{memo}"
+
+    for _ in range(2):
+        pay.check_arguments(("bob",), {"memo": "m"})  # taken, then from the shapes kept
+        pay.check_arguments(("bob", 2), {"memo": "m"})
+        for args, kwargs in ((("bob",), {}), (("bob",), {"memo": "m", "to": "x"})):
+            with pytest.raises(InvalidInput, match="cannot take them"):
+                pay.check_arguments(args, kwargs)

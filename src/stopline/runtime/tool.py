@@ -107,6 +107,8 @@ Verifier = Callable[["CallContext"], Awaitable["ReadBack | Verdict"]]
 VerifyFn = Verifier  # deprecated alias (0.2, removed in 0.3)
 CompensateFn = Callable[["CallContext"], Awaitable[Any]]
 ArgumentsCheck = Callable[[tuple[Any, ...], dict[str, Any]], None]
+Shape = tuple[int, frozenset[str]]  # a call's positional count and keyword names
+_SHAPES_KEPT = 64  # call shapes a tool remembers as taken (a tool is called a few ways)
 
 
 class Tool(Generic[R]):
@@ -141,7 +143,8 @@ class Tool(Generic[R]):
         self.settles_within = check_seconds("settles_within", settles_within)
         self.wants_context = effects and _first_param_is_context(fn)
         self._check_arguments: ArgumentsCheck | None = None  # ``check_arguments``
-        self._signature: tuple[object, inspect.Signature | None] = (None, None)
+        # ``arguments_fit``'s: the function read, its signature, the call shapes it took
+        self._signature: tuple[object, inspect.Signature | None, set[Shape]] = (None, None, set())
 
     def canceller(self, fn: CancelFn) -> CancelFn:
         """Register how to ask the provider to cancel.
@@ -195,19 +198,24 @@ class Tool(Generic[R]):
         """``InvalidInput`` naming ``arguments`` unless the tool's function takes these
         (after its context): a call its function could not take failed after the gate,
         an operation in doubt for a call that never ran (ADR 0086)."""
-        fn, signature = self._signature
+        fn, signature, fits = self._signature
         if fn is not self.fn:  # read once for each function (an integration sets its own)
             try:
                 signature = inspect.signature(self.fn)
             except (TypeError, ValueError):  # no signature to read: the call will tell
                 signature = None
-            self._signature = (self.fn, signature)
-        if signature is None:
+            self._signature = (self.fn, signature, fits := set())
+        # whether arguments bind depends on how many are positional and the keywords'
+        # names only: a shape that bound once binds again (the gate's path: no bind)
+        shape = (len(args), frozenset(kwargs))
+        if signature is None or shape in fits:
             return
         try:
             signature.bind(*((None,) if self.wants_context else ()), *args, **kwargs)
         except TypeError as exc:
             raise InvalidInput("arguments", f"tool {self.name!r} cannot take them: {exc}") from None
+        if len(fits) < _SHAPES_KEPT:
+            fits.add(shape)
 
     def declares_as(self, other: Tool[Any]) -> bool:
         """Whether ``other`` declares what this tool declares, for the ledger's tools by
