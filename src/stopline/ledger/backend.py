@@ -265,7 +265,11 @@ class RunControl(abc.ABC):
     @abc.abstractmethod
     async def add_owner(self, run_id: str, owner_run: str, *, exclusive: bool, by: str) -> None:
         """``owner_run`` owns ``run_id`` from now; its ``owner_added`` event names the
-        principal ``by`` who made the link, in the link's own transaction (R11)."""
+        principal ``by`` who made the link, in the link's own transaction (R11).
+        ``exclusive`` is a share's ``False``: the library makes an exclusive link only
+        for a parent's own child, and keeps one by a last owner's cancel, which fences
+        the run (the settler relies on it: a run never fenced is its parent's, ADR
+        0065)."""
 
     @abc.abstractmethod
     async def leave_to_owners(self, run_id: str, *, cut_by: str) -> list[str]:
