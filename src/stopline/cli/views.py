@@ -177,6 +177,8 @@ _WORDS: dict[str, str] = {
     OpEvent.CANCEL_CONFIRMED: "provider confirmed the cancel",
     NoteKind.CANCEL_ASKED: "provider asked to cancel",
     NoteKind.CANCEL_REFUSED: "provider refused the cancel",
+    NoteKind.CANCEL_ERROR: "provider answered the cancel with an error",
+    NoteKind.TASK_CANCEL_REQUESTED: "tasks/cancel sent for the call's task",
     OpEvent.VERIFIED_COMMITTED: "read-back found it committed",
     OpEvent.VERIFIED_NOT_COMMITTED: "read-back found it did not happen",
     OpEvent.ESCALATED: "handed to human review",

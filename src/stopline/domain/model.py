@@ -304,6 +304,7 @@ class CancelState(enum.StrEnum):
     REFUSED = "refused"  # the provider answered that it will not cancel
     UNANSWERED = "unanswered"  # sent; no answer came within the wait
     NOT_SUPPORTED = "not_supported"  # the call's interface offers no way to ask
+    ERROR = "error"  # the provider answered with an error: no word on the work (ADR 0083)
 
     NONE = "none"  # stored by earlier versions for NOT_ASKED; read back as NOT_ASKED
 

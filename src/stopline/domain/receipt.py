@@ -125,6 +125,11 @@ _ANSWER_WORDS: dict[CancelState, str] = {
     CancelState.ASKED: "cancel asked; no answer from the provider yet",
     CancelState.UNANSWERED: "cancel asked; the provider did not answer",
     CancelState.NOT_SUPPORTED: "not asked to cancel: the call offers no way to ask",
+    # R14: an answer, neither a refusal (the work goes on) nor silence; it says nothing
+    # of the work, which is still read (ADR 0083)
+    CancelState.ERROR: (
+        "the provider answered the cancel with an error; that says nothing of the work"
+    ),
 }
 
 
@@ -185,16 +190,17 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
     if op.status is OpStatus.UNKNOWN:
         return "verify by reading the destination" if op.can_verify else "human review"
     if op.status.in_flight:
-        if _answer(op) is CancelState.ASKED:
+        answer = _answer(op)
+        if answer is CancelState.ASKED:
             return "waiting for the provider's answer to the cancel"
-        if op.provider_can_cancel:
+        if op.provider_can_cancel and answer is not CancelState.ERROR:
             return "waiting for the provider's answer"
         # R12: it will run to its end at the provider; say what happens then
         then = "verify by reading the destination" if op.can_verify else "human review if no answer"
         if op.can_compensate and op.compensates is None:
             then += "; if it completed, it can be corrected by its compensation"
-        if op.cancellable is Cancellable.NEVER:  # nothing declared it cannot stop (R14)
-            return f"its provider may still complete it; then {then}"
+        if op.cancellable is Cancellable.NEVER or answer is CancelState.ERROR:
+            return f"its provider may still complete it; then {then}"  # not "cannot stop"
         return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:
         failed = related is not None and related.status is OpStatus.NOT_COMMITTED

@@ -10,7 +10,9 @@ receipt). Split from ``settle`` (the settler's ``ask_provider_cancel``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,18 +27,35 @@ if TYPE_CHECKING:
     from stopline.runtime.core import Core
     from stopline.runtime.settle import Settler
 
-__all__ = ["ProviderAsks"]
+__all__ = ["CancelAnswer", "ProviderAsks"]
 
 
-def _answer_state(answer: object) -> CancelState:
-    """A canceller's return value as the answer it reports."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """A provider's answer to a cancel with its own words: what an integration's
+    ``cancel_via`` ask may return (an MCP ``tasks/cancel`` answered with an error:
+    ``CancelState.ERROR`` and the error), beside what a canceller returns."""
+
+    state: CancelState
+    detail: str = ""
+
+
+# answers that tell what the provider said of the cancel (not asked, asked, no answer:
+# they tell nothing a cut's own record does not)
+_TOLD = frozenset({CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR})
+
+
+def _answer_of(answer: object) -> tuple[CancelState, str]:
+    """A canceller's return value as the answer it reports, and its words."""
+    if isinstance(answer, CancelAnswer):
+        return CancelState.parse(answer.state.value), answer.detail
     if isinstance(answer, CancelState):
-        return CancelState.parse(answer.value)
+        return CancelState.parse(answer.value), ""
     if answer is True:
-        return CancelState.CONFIRMED
+        return CancelState.CONFIRMED, ""
     if answer is False:
-        return CancelState.REFUSED
-    return CancelState.ASKED  # asked; the provider gave no answer to tell
+        return CancelState.REFUSED, ""
+    return CancelState.ASKED, ""  # asked; the provider gave no answer to tell
 
 
 def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str) -> Note:
@@ -44,7 +63,7 @@ def _answer_note(ctx: CallContext, state: CancelState, detail: str, channel: str
     data: dict[str, Any] = {"answer": state.value, "detail": detail}
     if channel:
         data["channel"] = channel
-    kind = NoteKind(f"cancel_{state.value}")  # refused, not_asked, not_supported, asked
+    kind = NoteKind(f"cancel_{state.value}")  # refused, error, not_asked, not_supported, asked
     return Note(ctx.op_id, kind, data, cancel_state=state)
 
 
@@ -58,6 +77,7 @@ class ProviderAsks:
         # answers known without asking, to write (their notes built by the writing task,
         # after the cancel that found them has interrupted what it had to)
         self._answers: list[tuple[CallContext, CancelState, str, str]] = []
+        self._written = anyio.Event()  # set once those in ``_answers`` are written
 
     def ask(self, ctx: CallContext, *, cut: bool = False) -> anyio.Event | None:
         """Deliver a cancel request to a call in flight, through whatever its interface
@@ -78,7 +98,9 @@ class ProviderAsks:
                 f"the call was cut here, and the cut sent its provider a cancel "
                 f"({ctx.cut_sends}); its tool is not declared cancellable (R12)"
             )
-            self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
+            written = self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
+            if ctx.canceller is not None:  # what the cut's cancel got back, when it answers
+                self._core.spawn(self._collect, ctx, written)
             return None
         if tool.cancellable is Cancellable.NEVER:
             # the record cannot tell a declared ``never`` from the default (ADR 0066)
@@ -97,19 +119,50 @@ class ProviderAsks:
         self._core.spawn(self._ask, ctx, sent)
         return sent
 
-    def _answered(self, ctx: CallContext, state: CancelState, detail: str, channel: str) -> None:
+    def _answered(
+        self, ctx: CallContext, state: CancelState, detail: str, channel: str
+    ) -> anyio.Event:
         """Record an answer known without asking. The answers one cancel delivers at once
-        (a tree's calls in flight) are written together, in one transaction."""
+        (a tree's calls in flight) are written together, in one transaction: the event
+        returned is set once they are (or could not be)."""
         if not self._answers:
+            self._written = anyio.Event()
             self._core.spawn(self._note_answers)  # starts after the caller's loop is done
         self._answers.append((ctx, state, detail, channel))
+        return self._written
 
     async def _note_answers(self) -> None:
         core = self._core
         answers, self._answers = self._answers, []
-        await core.backend.note_many([_answer_note(*answer) for answer in answers])
+        written = self._written
+        try:
+            await core.backend.note_many([_answer_note(*answer) for answer in answers])
+        finally:
+            written.set()
         for run_id in dict.fromkeys(ctx.run_id for ctx, *_ in answers):
             core.changed(run_id)
+
+    async def _collect(self, ctx: CallContext, written: anyio.Event) -> None:
+        """A cut sent its call's provider a cancel (``cut_sends``) that its policy would
+        not have asked: what that cancel got back (an MCP ``tasks/cancel`` is a request,
+        answered), recorded after the cut's own record of it (R14). The call's own ask
+        collects the answer and sends nothing more; the run settles after it."""
+        assert ctx.canceller is not None
+        channel, ask = ctx.canceller
+        settler = self._settler
+        release = settler.hold_steps([ctx.run_id])
+        try:
+            async with settler.working():
+                state, detail = CancelState.ASKED, ""
+                # an ask that raises or outlasts the wait tells nothing: the cut's record stands
+                with anyio.move_on_after(self._core.cancel_answer_timeout), suppress(Exception):
+                    state, detail = _answer_of(await ask())
+                await written.wait()
+                if state in _TOLD:
+                    await self._record(ctx, state, detail, channel)
+        finally:
+            release()
+        await settler.advance(ctx.run_id)
 
     async def _ask(self, ctx: CallContext, sent: anyio.Event) -> None:
         """Ask, and hold the run's settlement until the provider has answered: its answer
@@ -152,7 +205,14 @@ class ProviderAsks:
                 answered = True
         except Exception as exc:
             answered, answer, detail = True, False, describe(exc)
-        state = _answer_state(answer) if answered else CancelState.UNANSWERED
+        state, said = _answer_of(answer) if answered else (CancelState.UNANSWERED, "")
+        await self._record(ctx, state, detail or said, channel)
+
+    async def _record(
+        self, ctx: CallContext, state: CancelState, detail: str, channel: str
+    ) -> None:
+        """The provider's answer (through ``channel``) as the operation's cancel state."""
+        core = self._core
         if state is CancelState.CONFIRMED:
             await core.outcomes.resolve(
                 ctx.op_id,

@@ -20,7 +20,8 @@ proves (see ``_call``). Around it:
   ``policies={name: ToolPolicy(...)}`` overrides it;
 - a cancel of the run reaches every call in flight (issue 20): the SDK sends
   ``notifications/cancelled`` (stdio, 2025-era HTTP) or closes the request's
-  stream (2026 HTTP); the call stays tracked (late answers are kept, R4) and
+  stream (2026 HTTP), a task's call sends ``tasks/cancel`` (``tasks_client``,
+  each channel recorded); the call stays tracked (late answers are kept, R4) and
   its outcome comes from a read-back after its horizon (R13: the tool's
   ``settles_within``, else the call's progress cap), unless its policy says
   the server cannot cancel (``cancellable=never``: never asked);
@@ -75,15 +76,12 @@ from stopline.integrations.mcp._stdio import on_bad_bytes
 from stopline.integrations.mcp._tools import declare, listed_check, routed
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
-from stopline.integrations.mcp.tasks_client import (
-    CURRENT_CALL,
-    TaskOutcome,
-    TasksClient,
-)
+from stopline.integrations.mcp.tasks_client import CURRENT_CALL, TaskOutcome, TasksClient
 from stopline.runtime.boundary import Backoff, span_quietly
 from stopline.runtime.context import CallContext
 from stopline.runtime.lifecycle import Retry
 from stopline.runtime.outcomes import Outcomes
+from stopline.runtime.provider_asks import CancelAnswer
 from stopline.runtime.run import Run
 from stopline.runtime.tool import NoAnswer, Rejected, Tool, Verdict, Verifier
 
@@ -190,10 +188,8 @@ class StoplineMCP:
 
     async def _keep(self, *, task_status: TaskStatus[None]) -> None:
         """Holds the SDK client open in one task; re-opens it on demand after a break.
-
-        Attempts after a failure wait by ``backoff`` (capped, with jitter); a
-        connection that stayed up longer than the cap starts the backoff afresh.
-        """
+        Attempts after a failure wait by ``backoff`` (capped, with jitter); a connection
+        that stayed up longer than the cap starts the backoff afresh."""
         first = True
         delays = self.backoff.delays()
         while not self._closing:
@@ -431,21 +427,25 @@ class StoplineMCP:
                 del self._spans[ctx.op_id]
 
     # -- the provider's cancel and read-back ---------------------------------------------
-    async def _cancel(self, ctx: CallContext) -> CancelState | None:
+    async def _cancel(self, ctx: CallContext) -> CancelState | CancelAnswer | None:
         """Ask the server to cancel the call: what it answered, as far as it can tell us.
-        A server with stopline's helpers reports what it did (confirmed, refused); any
-        other server gives no answer to a cancel (the protocol has none): ``None``."""
+        A server with stopline's helpers reports what it did (confirmed, refused); a task's
+        ``tasks/cancel`` may get an error (ADR 0083); else there is no answer: ``None``."""
         told = self._told.pop(ctx.op_id, False) is None  # a cut already told it to stop
         call = self._calls.get(ctx.op_id)
+        task = self.tasks.cancel_of(ctx) if self.tasks is not None else None
         if call is None:  # it ended: asked if a cut sent the cancel, else it finished first
+            if task is not None and task.sent:  # its task's tasks/cancel: what came back
+                return await task.answered()
             return None if told else CancelState.NOT_ASKED
         call.ask_cancel()
+        answer = await task.answered() if task is not None else None
         if not self.offers_verify:
-            return None
+            return answer
         await call.decided.wait()
         if call.confirmed:
             return CancelState.CONFIRMED
-        return CancelState.REFUSED if call.refused else None
+        return CancelState.REFUSED if call.refused else answer
 
     async def status(self, key: str, *, wait_seconds: float = 0.0, tool: str | None = None) -> Any:
         """The server's ``stopline_verify`` answer (a dict) for ``key`` sent to ``tool``."""
@@ -473,7 +473,7 @@ class StoplineMCP:
 
     def _told_stop(self, key: str, request_id: Any) -> None:
         self._told[key] = None
-        while len(self._told) > 4096:
+        if len(self._told) > 4096:  # one in, one out
             self._told.popitem(last=False)
 
     def _sent(self, key: str, request_id: Any) -> None:

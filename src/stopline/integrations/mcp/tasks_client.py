@@ -10,16 +10,20 @@
 
 Either way: creating the task records ``accepted`` (ref ``task:<id>``); the
 client polls ``tasks/get`` at the server's ``pollIntervalMs``; a terminal task
-says what it proves (``TaskOutcome``). A cancel of the awaiting scope sends
-``tasks/cancel``, records it as a *request* (the ``task_cancel_requested``
-note: in 2026 an acknowledgement, in 2025 a status that proves nothing about
-the work), and keeps following the task in the background; its final state
-is attached to the operation (R4). A task the server no longer knows, or past
-its TTL, is ``unknown`` and goes to read-back: never "cancelled".
+says what it proves (``TaskOutcome``). From the task's creation its call's
+cancel goes by ``tasks/cancel`` (its channel in the record). A cancel of the
+awaiting scope sends ``tasks/cancel``, records it as a *request* (the
+``task_cancel_requested`` note: in 2026 an acknowledgement, in 2025 a status
+that proves nothing about the work; a JSON-RPC error is the provider's answer,
+``CancelState.ERROR``, kept in ``TaskCancel`` for the call's ask, ADR 0083),
+and keeps following the task in the background; its final state is attached
+to the operation (R4). A task the server no longer knows, or past its TTL, is
+``unknown`` and goes to read-back: never "cancelled".
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,16 +37,20 @@ from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from pydantic import BaseModel, ConfigDict
 
 from mcp import MCPError
+from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cause, NoteKind
 from stopline.integrations.mcp._task_state import RESULT_DATA, TaskIdParams
 from stopline.integrations.mcp._task_wire import LEGACY, MODERN, Era, TaskView, parse_task
 from stopline.integrations.mcp._vocab import OUTCOME_DATA, REJECTED_CODE, TASKS_EXTENSION
 from stopline.runtime.context import CallContext
+from stopline.runtime.provider_asks import CancelAnswer
 from stopline.runtime.tool import NoAnswer
 
 __all__ = [
     "CURRENT_CALL",
+    "TASK_CANCEL",
     "Raw",
+    "TaskCancel",
     "TaskOutcome",
     "TaskRequest",
     "TasksClient",
@@ -56,6 +64,26 @@ CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVa
 """The gated call a ``tools/call`` belongs to (set by the client wrapper around the call)."""
 
 FinalFn = Callable[[CallContext, "TaskOutcome"], Awaitable[None]]
+
+TASK_CANCEL = "tasks/cancel"
+"""The channel a task call's cancel takes, as the record names it."""
+
+
+class TaskCancel:
+    """One task call's ``tasks/cancel``: whether its call sent one, and the answer. The
+    answer is the provider's only when it is an error (``CancelState.ERROR``): an
+    acknowledgement (2026) or a ``cancelled`` status (2025) says nothing of the work,
+    and no answer is no answer (both ``None``: asked)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.answer: CancelAnswer | None = None
+        self.settled = anyio.Event()  # the call no longer follows its task: sent or never
+
+    async def answered(self) -> CancelAnswer | None:
+        """Once the call's following of the task ended: its ``tasks/cancel``'s answer."""
+        await self.settled.wait()
+        return self.answer
 
 
 class CreatedTask(types.Result):
@@ -127,6 +155,26 @@ class TasksClient(ClientExtension):
         self._on_final = on_final
         self.follow_timeout = follow_timeout  # how long a cancelled task is followed
         self.min_poll, self.max_poll = min_poll, max_poll
+        # each task call's tasks/cancel, by operation id and attempt (kept after the call:
+        # its ask may come after, as a cut's does)
+        self._cancels: collections.OrderedDict[tuple[str, int], TaskCancel]
+        self._cancels = collections.OrderedDict()
+
+    def cancel_of(self, call: CallContext) -> TaskCancel | None:
+        """The ``tasks/cancel`` of ``call``'s task, if its request became one."""
+        return self._cancels.get((call.op_id, call.attempt))
+
+    def _task_call(self, call: CallContext | None) -> TaskCancel:
+        """A call whose request became a task: from here its cancel goes by
+        ``tasks/cancel`` (the same ask, which a cut sends too), and is kept."""
+        cancel = TaskCancel()
+        if call is not None:
+            if call.canceller is not None:
+                call.cancel_via(TASK_CANCEL, call.canceller[1], on_cut=bool(call.cut_sends))
+            self._cancels[call.op_id, call.attempt] = cancel
+            while len(self._cancels) > 4096:
+                self._cancels.popitem(last=False)
+        return cancel
 
     def claims(self) -> list[ResultClaim[Any]]:
         return [ResultClaim(result_type="task", model=CreatedTask, resolve=self._resolve)]
@@ -159,6 +207,20 @@ class TasksClient(ClientExtension):
     # -- one task, from creation to its end ---------------------------------------------------
     async def drive(self, session: ClientSession, view: TaskView, era: Era) -> types.CallToolResult:
         call = CURRENT_CALL.get()
+        cancel = self._task_call(call)
+        try:
+            return await self._drive(session, view, era, call, cancel)
+        finally:
+            cancel.settled.set()
+
+    async def _drive(
+        self,
+        session: ClientSession,
+        view: TaskView,
+        era: Era,
+        call: CallContext | None,
+        cancel: TaskCancel,
+    ) -> types.CallToolResult:
         try:
             # the task exists from here on: a cancel that lands while its acceptance is
             # being recorded must still reach it (tasks/cancel), and it is still followed
@@ -175,7 +237,7 @@ class TasksClient(ClientExtension):
             raise NoAnswer(Cause.SERVER_ERROR, f"task {view.task_id}: {exc}") from exc
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await self._ask_cancel(session, view.task_id, era, call)
+                await self._ask_cancel(session, view.task_id, era, call, cancel)
             if call is not None:
                 self._spawn(self._follow, session, view, era, call)
             raise
@@ -236,17 +298,28 @@ class TasksClient(ClientExtension):
 
     # -- cancel: a request, then the truth --------------------------------------------------
     async def _ask_cancel(
-        self, session: ClientSession, task_id: str, era: Era, call: CallContext | None
+        self,
+        session: ClientSession,
+        task_id: str,
+        era: Era,
+        call: CallContext | None,
+        cancel: TaskCancel,
     ) -> None:
+        cancel.sent = True
         try:
-            raw = await self._send(session, "tasks/cancel", task_id)
+            raw = await self._send(session, TASK_CANCEL, task_id)
             detail = (
                 "acknowledged; cancellation is eventually consistent"
                 if era == MODERN
                 else f"status {raw.get('status')}; that alone proves nothing about the work"
             )
         except MCPError as exc:
-            detail = f"tasks/cancel failed: {exc.message}"
+            if exc.code == types.CONNECTION_CLOSED:  # no answer: the connection ended
+                detail = f"no answer: {exc.message}"
+            else:  # the provider's answer, an error: it proves nothing of the work (R14)
+                detail = f"answered with an error: MCP error {exc.code}: {exc.message}"
+                said = f"{TASK_CANCEL} of task {task_id}: MCP error {exc.code}: {exc.message}"
+                cancel.answer = CancelAnswer(CancelState.ERROR, said)
         if call is not None:  # a request, not an outcome
             await call.core.backend.note(
                 call.op_id, NoteKind.TASK_CANCEL_REQUESTED, {"task_id": task_id, "detail": detail}
