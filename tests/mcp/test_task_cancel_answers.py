@@ -46,7 +46,7 @@ pytestmark = pytest.mark.timeout(60)
 SERVER = "tests/mcp/raw_task_cancel_server.py"
 ERAS = {"2025": "2025-11-25", "2026": "2026-07-28"}
 CASES = ["stdio-2025", "stdio-2026", "http-2025", "http-2026"]
-WORDS = "the provider answered the cancel with an error"
+WORDS = "the cancel request ended in an error"
 
 
 @pytest.fixture

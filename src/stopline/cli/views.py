@@ -177,7 +177,7 @@ _WORDS: dict[str, str] = {
     OpEvent.CANCEL_CONFIRMED: "provider confirmed the cancel",
     NoteKind.CANCEL_ASKED: "provider asked to cancel",
     NoteKind.CANCEL_REFUSED: "provider refused the cancel",
-    NoteKind.CANCEL_ERROR: "provider answered the cancel with an error",
+    NoteKind.CANCEL_ERROR: "the cancel request ended in an error",
     NoteKind.TASK_CANCEL_REQUESTED: "tasks/cancel sent for the call's task",
     OpEvent.VERIFIED_COMMITTED: "read-back found it committed",
     OpEvent.VERIFIED_NOT_COMMITTED: "read-back found it did not happen",
@@ -225,7 +225,8 @@ def _detail(event: EventRecord) -> str:
     parts = []
     if event.kind == LogKind.PHASE:
         parts.append(f"{data.get('phase')} ({data.get('policy')})")
-    for key in ("owner", "cut_by", "by", "reason", "cause", "error", "detail", "message"):
+    keys = ("owner", "cut_by", "by", "channel", "reason", "cause", "error", "detail", "message")
+    for key in keys:
         value = data.get(key)
         if value:
             parts.append(f"{key.replace('_', ' ')}: {value}")

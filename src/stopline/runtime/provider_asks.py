@@ -203,8 +203,8 @@ class ProviderAsks:
                 sent.set()  # the request leaves in this same step: cancel() may return
                 answer = await ask()
                 answered = True
-        except Exception as exc:
-            answered, answer, detail = True, False, describe(exc)
+        except Exception as exc:  # an error is no refusal: it says nothing of the work
+            answered, answer = True, CancelAnswer(CancelState.ERROR, describe(exc))
         state, said = _answer_of(answer) if answered else (CancelState.UNANSWERED, "")
         await self._record(ctx, state, detail or said, channel)
 

@@ -51,7 +51,9 @@ __all__ = [
 
 BY = "explorer:user"
 # a provider's answer to a cancel request, in the ledger (None leaves it ASKED)
-_ANSWERED = frozenset({CancelState.CONFIRMED, CancelState.REFUSED, CancelState.UNANSWERED})
+_ANSWERED = frozenset(
+    {CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR, CancelState.UNANSWERED}
+)
 
 
 async def _either(*waits: Callable[[], Awaitable[object]]) -> None:
