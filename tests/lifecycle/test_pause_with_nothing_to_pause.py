@@ -7,29 +7,18 @@ Before: it raised ``IllegalTransition`` ("illegal transition: event 'pause' in s
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 import stopline
 from stopline import RunState
-from stopline.testing import FakeProvider
+from tests.lifecycle.test_probe_r10_pause_resume import ended_run
 
 
 @pytest.mark.parametrize("ending", ["completed", "failed", "cancelled"])
 async def test_a_pause_of_a_run_that_ended_raises_run_ended_and_writes_nothing(
     ledger: stopline.Ledger, ending: str
 ) -> None:
-    send = FakeProvider("send")
-    failing = pytest.raises(RuntimeError) if ending == "failed" else contextlib.nullcontext()
-    with failing:
-        async with ledger.run("job", owner="alice", run_id="ended") as run:
-            await run.call(send.tool, 1)
-            if ending == "failed":
-                raise RuntimeError("the workflow failed")
-            if ending == "cancelled":
-                await ledger.cancel("ended", by="alice")
-    await ledger.wait_settled("ended")
+    await ended_run(ledger, "ended", ending)
     before = await ledger.backend.events("ended")
     with pytest.raises(stopline.RunEnded) as raised:
         await ledger.pause("ended", by="alice", reason="lunch")

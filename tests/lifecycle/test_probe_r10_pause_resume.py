@@ -57,15 +57,24 @@ async def test_a_resume_of_a_run_that_ended_says_nothing_was_resumed(
 ) -> None:
     """A no-op, as a second resume is (a pause lets a run complete, and the resume that
     follows it must not fail), but never worded "Resumed ...: continue from ..."."""
-    send = FakeProvider("send")
-    failing = pytest.raises(RuntimeError) if ending == "failed" else contextlib.nullcontext()
-    with failing:
-        async with ledger.run("job", owner="alice", run_id="ended") as run:
-            await run.call(send.tool, 1)
-            if ending == "failed":
-                raise RuntimeError("the workflow failed")
+    await ended_run(ledger, "ended", ending)
     before = await ledger.backend.events("ended")
     resumed = await ledger.resume("ended", by="alice")
     assert str(resumed) == f"Run ended has ended ({ending}): nothing to resume."
     assert resumed.run.state is RunState(ending)
     assert await ledger.backend.events("ended") == before  # nothing written
+
+
+async def ended_run(ledger: stopline.Ledger, run_id: str, ending: str) -> None:
+    """A run of one call that ended ``ending``: completed, failed (its workflow raised),
+    or cancelled (by its owner, inside its block), settled."""
+    send = FakeProvider("send")
+    failing = pytest.raises(RuntimeError) if ending == "failed" else contextlib.nullcontext()
+    with failing:
+        async with ledger.run("job", owner="alice", run_id=run_id) as run:
+            await run.call(send.tool, 1)
+            if ending == "failed":
+                raise RuntimeError("the workflow failed")
+            if ending == "cancelled":
+                await ledger.cancel(run_id, by="alice")
+    await ledger.wait_settled(run_id)
