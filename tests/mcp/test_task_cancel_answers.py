@@ -185,8 +185,9 @@ async def test_a_fastmcp_task_calls_acknowledged_cancel_names_tasks_cancel(
     """Against FastMCP 4.1 with ``fastmcp-tasks`` (SEP-2663, an implementation we did not
     write): its ``stuck`` tool runs as a task until cancelled; the cut's ``tasks/cancel``
     is acknowledged. The record names ``tasks/cancel`` as the channel (before:
-    ``notifications/cancelled`` on stdio, ``stream_close`` on HTTP), and an
-    acknowledgement, which says nothing of the work, leaves the answer ``asked``."""
+    ``notifications/cancelled`` on stdio, ``stream_close`` on HTTP), and the
+    acknowledgement is recorded as one (it was ``asked``, "no answer from the
+    provider"), saying nothing of the work (ADR 0083, amendment)."""
     server = ["-m", "tests.support.fastmcp_tasks_server"]
     with contextlib.ExitStack() as stack:
         target: StdioServerParameters | str
@@ -216,5 +217,9 @@ async def test_a_fastmcp_task_calls_acknowledged_cancel_names_tasks_cancel(
     [requested] = [e for e in events if e.kind == "task_cancel_requested"]
     assert "acknowledged" in requested.data["detail"]
     op = (await ledger.backend.operations(run.id))[0]
-    assert op.cancel_state is CancelState.ASKED
-    assert "cancel asked" in receipt.lines[0].provider_cancel
+    assert op.cancel_state is CancelState.ACKNOWLEDGED
+    assert receipt.lines[0].provider_cancel == (
+        "the provider acknowledged the cancel; that says nothing of the work"
+    )
+    [acknowledged] = [e for e in events if e.kind == "cancel_acknowledged"]
+    assert acknowledged.data["channel"] == "tasks/cancel"

@@ -178,6 +178,7 @@ _WORDS: dict[str, str] = {
     NoteKind.CANCEL_ASKED: "provider asked to cancel",
     NoteKind.CANCEL_REFUSED: "provider refused the cancel",
     NoteKind.CANCEL_ERROR: "the cancel request ended in an error",
+    NoteKind.CANCEL_ACKNOWLEDGED: "provider acknowledged the cancel",
     NoteKind.TASK_CANCEL_REQUESTED: "tasks/cancel sent for the call's task",
     OpEvent.VERIFIED_COMMITTED: "read-back found it committed",
     OpEvent.VERIFIED_NOT_COMMITTED: "read-back found it did not happen",

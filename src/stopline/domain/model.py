@@ -305,6 +305,9 @@ class CancelState(enum.StrEnum):
     UNANSWERED = "unanswered"  # sent; no answer came within the wait
     NOT_SUPPORTED = "not_supported"  # the call's interface offers no way to ask
     ERROR = "error"  # the provider answered with an error: no word on the work (ADR 0083)
+    # the provider took the request and said no more (an MCP tasks/cancel answered):
+    # no word on the work either (ADR 0083, amendment)
+    ACKNOWLEDGED = "acknowledged"
 
     NONE = "none"  # stored by earlier versions for NOT_ASKED; read back as NOT_ASKED
 

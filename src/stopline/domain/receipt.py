@@ -128,6 +128,7 @@ _ANSWER_WORDS: dict[CancelState, str] = {
     # R14: an answer, neither a refusal (the work goes on) nor silence; it says nothing
     # of the work, which is still read (ADR 0083)
     CancelState.ERROR: ("the cancel request ended in an error; that says nothing of the work"),
+    CancelState.ACKNOWLEDGED: "the provider acknowledged the cancel; that says nothing of the work",
 }
 
 
@@ -135,6 +136,10 @@ _ANSWER_WORDS: dict[CancelState, str] = {
 # default) as much as one that declared it: the record proves only that no way to
 # cancel was declared, so no cancel is asked; what its provider could do is not known
 _NOT_DECLARED = "not declared cancellable: its provider is not asked to cancel it"
+
+
+# answers given that say nothing of the work: nothing more to wait for from the provider
+_NO_WORD = frozenset({CancelState.ERROR, CancelState.ACKNOWLEDGED})
 
 
 def _answer(op: OperationRecord) -> CancelState:
@@ -191,13 +196,13 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
         answer = _answer(op)
         if answer is CancelState.ASKED:
             return "waiting for the provider's answer to the cancel"
-        if op.provider_can_cancel and answer is not CancelState.ERROR:
+        if op.provider_can_cancel and answer not in _NO_WORD:
             return "waiting for the provider's answer"
         # R12: it will run to its end at the provider; say what happens then
         then = "verify by reading the destination" if op.can_verify else "human review if no answer"
         if op.can_compensate and op.compensates is None:
             then += "; if it completed, it can be corrected by its compensation"
-        if op.cancellable is Cancellable.NEVER or answer is CancelState.ERROR:
+        if op.cancellable is Cancellable.NEVER or answer in _NO_WORD:
             return f"its provider may still complete it; then {then}"  # not "cannot stop"
         return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:

@@ -192,6 +192,7 @@ class NoteKind(enum.StrEnum):
     CANCEL_NOT_ASKED = "cancel_not_asked"  # the tool's policy: never asked (R12)
     CANCEL_NOT_SUPPORTED = "cancel_not_supported"  # the interface offers no way to ask
     CANCEL_ERROR = "cancel_error"  # ... and the provider answered it with an error
+    CANCEL_ACKNOWLEDGED = "cancel_acknowledged"  # ... took it, saying nothing of the work
     LATE_RESPONSE = "late_response"  # an answer after the fact that proves nothing (R4)
     VERIFY_FAILED = "verify_failed"  # a read-back raised
     VERIFY_UNKNOWN = "verify_unknown"  # a read-back that could not tell, and why

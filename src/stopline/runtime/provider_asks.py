@@ -42,7 +42,9 @@ class CancelAnswer:
 
 # answers that tell what the provider said of the cancel (not asked, asked, no answer:
 # they tell nothing a cut's own record does not)
-_TOLD = frozenset({CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR})
+_TOLD = frozenset(
+    {CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR, CancelState.ACKNOWLEDGED}
+)
 
 
 def _answer_of(answer: object) -> tuple[CancelState, str]:

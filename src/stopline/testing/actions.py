@@ -52,7 +52,13 @@ __all__ = [
 BY = "explorer:user"
 # a provider's answer to a cancel request, in the ledger (None leaves it ASKED)
 _ANSWERED = frozenset(
-    {CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR, CancelState.UNANSWERED}
+    {
+        CancelState.CONFIRMED,
+        CancelState.REFUSED,
+        CancelState.ERROR,
+        CancelState.ACKNOWLEDGED,
+        CancelState.UNANSWERED,
+    }
 )
 
 

@@ -70,10 +70,10 @@ TASK_CANCEL = "tasks/cancel"
 
 
 class TaskCancel:
-    """One task call's ``tasks/cancel``: whether its call sent one, and the answer. The
-    answer is the provider's only when it is an error (``CancelState.ERROR``): an
-    acknowledgement (2026) or a ``cancelled`` status (2025) says nothing of the work,
-    and no answer is no answer (both ``None``: asked)."""
+    """One task call's ``tasks/cancel``: whether its call sent one, and the answer: an
+    error (``CancelState.ERROR``), or an acknowledgement (2026; a 2025 status,
+    ``cancelled`` or not: ``CancelState.ACKNOWLEDGED``), neither saying anything of
+    the work; no answer is no answer (``None``: asked)."""
 
     def __init__(self) -> None:
         self.sent = False
@@ -313,6 +313,9 @@ class TasksClient(ClientExtension):
                 if era == MODERN
                 else f"status {raw.get('status')}; that alone proves nothing about the work"
             )
+            # an answer, saying nothing of the work (ADR 0083, amendment): not "no answer"
+            said = f"{TASK_CANCEL} of task {task_id}: {detail}"
+            cancel.answer = CancelAnswer(CancelState.ACKNOWLEDGED, said)
         except MCPError as exc:
             if exc.code == types.CONNECTION_CLOSED:  # no answer: the connection ended
                 detail = f"no answer: {exc.message}"
