@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -21,6 +22,7 @@ import pytest
 
 import stopline
 from stopline import InvalidInput, ReadBack, RunState, Verdict, WrongEventLoop
+from stopline.telemetry import Telemetry
 from tests.rules.test_probe3_api import _in_another_loop
 
 pytestmark = pytest.mark.timeout(30)
@@ -144,6 +146,21 @@ async def test_a_postgres_ledger_read_or_cancelled_from_another_loop_is_refused_
         # a worker thread of the ledger's own loop runs no loop: it is not refused
         assert await anyio.to_thread.run_sync(lambda: ledger.backend.location)
         assert (await ledger.receipt("run-open")).run_state is RunState.COMPLETED
+
+
+async def test_a_postgres_ledger_under_an_observer_is_refused_from_another_loop(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The loop a ledger's connections belong to is its backend's own fact
+    (``Backend.bound_to_its_loop``), told through every observer that wraps it: a
+    PostgreSQL ledger opened with telemetry is refused from another thread's loop as a
+    bare one is, and a SQLite ledger (a file any thread's loop may read) is not."""
+    async with stopline.open(pg_url, observers=[Telemetry()]) as ledger:
+        refused = await anyio.to_thread.run_sync(_in_another_loop, lambda: ledger.reads.runs())
+        assert isinstance(refused, WrongEventLoop), refused
+    async with stopline.open(f"sqlite:///{tmp_path / 'any.db'}", observers=[Telemetry()]) as db:
+        listed = await anyio.to_thread.run_sync(_in_another_loop, lambda: db.reads.runs())
+        assert listed == [], listed
 
 
 async def test_arguments_the_tool_cannot_take_are_refused_before_the_gate(

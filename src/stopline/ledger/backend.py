@@ -175,6 +175,10 @@ class Journal(abc.ABC):
     # A backend whose writes from one process apply in order (one writer, FIFO) can take
     # an outcome without the caller waiting for its commit: see ``record_deferred``.
     defers_outcomes: bool = False
+    # A backend whose connections belong to the event loop that opened it (PostgreSQL's:
+    # psycopg's async pool, group commit and listener): used from another thread's loop
+    # it is refused (``Core.backend``, ADR 0086), where a read waited out its timeout.
+    bound_to_its_loop: bool = False
 
     @abc.abstractmethod
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:

@@ -68,6 +68,10 @@ class ForwardingBackend(Backend):
     def defers_outcomes(self) -> bool:  # type: ignore[override]
         return self._inner.defers_outcomes
 
+    @property
+    def bound_to_its_loop(self) -> bool:  # type: ignore[override]
+        return self._inner.bound_to_its_loop
+
     def __getattr__(self, name: str) -> Any:
         """A backend's own attributes beyond the seam (``path``, ``listener``, ...)."""
         if name == "_inner":  # not set yet (a copy being built): no recursion

@@ -303,6 +303,7 @@ class PostgresBackend(SqlBackend):
         return await self.group.submit(self._outcome_job(op_id, update))  # type: ignore[no-any-return]
 
     defers_outcomes = True  # one process's writes apply in order: the group commit's queue
+    bound_to_its_loop = True  # its pool, group commit and listener are the opening loop's
 
     def record_deferred(
         self,

@@ -21,7 +21,6 @@ import asyncio
 import functools
 import itertools
 import math
-import sys
 import threading
 import time
 import uuid
@@ -38,7 +37,6 @@ from stopline.domain.limits import check_wait
 from stopline.errors import InvalidInput, LedgerClosed, WrongEventLoop
 from stopline.ledger import redact
 from stopline.ledger.backend import Backend
-from stopline.ledger.forwarding import ForwardingBackend
 from stopline.runtime.boundary import Boundary, Health
 from stopline.runtime.tool import Tool
 
@@ -162,7 +160,7 @@ class Core:
         """Background work runs in ``tg`` from now on (the ledger's, while it is open)."""
         self._tg = tg
         self._home, self._home_loop = threading.get_ident(), anyio.lowlevel.current_token()
-        self._loop_bound = _bound_to_its_loop(self.backend)
+        self._loop_bound = self.backend.bound_to_its_loop
 
     def at_home(self, what: str) -> None:
         """``WrongEventLoop`` unless called in the thread whose event loop opened the
@@ -332,15 +330,6 @@ def _told(library: str, fn: Callable[..., object], *args: Any) -> None:
         fn(*args)
     finally:
         sniffio.current_async_library_cvar.reset(token)
-
-
-def _bound_to_its_loop(backend: Backend) -> bool:
-    """Whether ``backend`` (under its observers) is PostgreSQL's, whose pool, group commit
-    and listener live in the event loop that opened it (psycopg's async driver)."""
-    while isinstance(backend, ForwardingBackend):
-        backend = backend.inner
-    postgres = sys.modules.get("stopline.ledger.postgres")  # loaded if it is one
-    return postgres is not None and isinstance(backend, postgres.PostgresBackend)
 
 
 def _in_a_loop() -> bool:
