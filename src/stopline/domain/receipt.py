@@ -127,7 +127,7 @@ _ANSWER_WORDS: dict[CancelState, str] = {
     CancelState.NOT_SUPPORTED: "not asked to cancel: the call offers no way to ask",
     # R14: an answer, neither a refusal (the work goes on) nor silence; it says nothing
     # of the work, which is still read (ADR 0083)
-    CancelState.ERROR: ("the cancel request ended in an error; that says nothing of the work"),
+    CancelState.ERROR: "the cancel request ended in an error; that says nothing of the work",
     CancelState.ACKNOWLEDGED: "the provider acknowledged the cancel; that says nothing of the work",
 }
 
