@@ -113,7 +113,7 @@ class _Detached:
         core = ctx.core
         outcome = _in_flight(core)[ctx.key] = _Outcome()
         work = self.start(ctx, args, kwargs)
-        core.spawn(self._work, core, ctx.key, outcome, work)
+        core.spawn(self._work, core, ctx, outcome, work)
         try:
             await outcome.done.wait()
         except anyio.get_cancelled_exc_class():
@@ -129,15 +129,15 @@ class _Detached:
             raise outcome.error
         return outcome.result
 
-    async def _work(self, core: Core, key: str, outcome: _Outcome, work: Work) -> None:
+    async def _work(self, core: Core, ctx: CallContext, outcome: _Outcome, work: Work) -> None:
         with anyio.CancelScope(shield=True):  # closing the ledger waits for the work
-            try:
-                outcome.result = await work()
+            try:  # an awaitable is no answer, given in time or late (ADR 0089)
+                outcome.result = ctx.tool.answer(await work())
             except BaseException as exc:  # the call's answer, for its caller, never this group's
                 outcome.error = exc
             outcome.done.set()
             if outcome.abandoned:
-                await self._report(core, key, outcome)
+                await self._report(core, ctx.key, outcome)
 
     async def _report(self, core: Core, key: str, outcome: _Outcome) -> None:
         """Attach the late answer to its operation: committed, refused, or kept only."""

@@ -3,25 +3,22 @@
 ``Run.call`` is the dispatch gate's caller. For an effectful tool it records
 the intent through the gate (one durable transaction) before the tool's
 first byte leaves, then records what the call proved: ``committed`` on a
-response, ``not_committed`` only on a provider's refusal, and ``unknown`` on
-anything else (R3). A cancel reaches a call according to the phase policy:
-``immediate`` interrupts it, ``at_boundary`` and ``verify`` let it finish and
-stop the run right after (the provider is asked to cancel meanwhile when it
-can).
+response (an awaitable is none: ``Tool.answer``), ``not_committed`` only on a
+provider's refusal, and ``unknown`` on anything else (R3, ``exits``). A cancel
+reaches a call according to the phase policy: ``immediate`` interrupts it,
+``at_boundary`` and ``verify`` let it finish and stop the run right after (the
+provider is asked to cancel meanwhile when it can).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
-import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import Principal
@@ -35,10 +32,11 @@ from stopline.domain.model import (
     args_digest,
     committed_evidence,
 )
-from stopline.domain.vocab import Cause, EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
-from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced, describe
+from stopline.domain.vocab import EvidenceKind, OpEvent, OpStatus, PhaseKind, Policy
+from stopline.errors import InvalidInput, NotReplayable, OperationInDoubt, RunFenced
 from stopline.ledger.backend import GateVerdict, OutcomeUpdate
 from stopline.runtime.context import CallContext
+from stopline.runtime.exits import record_exit
 from stopline.runtime.lifecycle import ApprovalNeeded, Retry
 from stopline.runtime.outcomes import INTERRUPTED
 from stopline.runtime.replay import child_id, replay_gate
@@ -68,69 +66,26 @@ def _parameters(t: Tool[Any]) -> list[str]:
     return params[1:] if t.wants_context else params
 
 
-@types.coroutine
-def _next_turn(cancel: BaseException) -> Generator[None]:
-    """asyncio: one turn of the loop for a task unwinding with ``cancel`` (a bare yield:
-    the task is scheduled again, what ``asyncio.sleep(0)`` does without its own
-    coroutine). anyio's cancellation is level-triggered: its next pass throws the same
-    cancel in again at this yield, and that one is the cancel already going up, taken
-    here. Any other (another scope's, a native ``Task.cancel``) goes on up."""
-    try:
-        yield
-    except asyncio.CancelledError as again:
-        if again.args != cancel.args:
-            raise
-
-
-async def _record_exit(
-    core: Core, ctx: CallContext, exc: BaseException, timeout: float | None, *, cancelled: bool
-) -> None:
-    """What a tool's exception proves, recorded (shielded: the caller may be cancelled)."""
-    cancel_class = anyio.get_cancelled_exc_class()
-    if ctx.lost_recorded and isinstance(exc, cancel_class):
-        # Recorded already, by the cancel, in bulk with its tree: unwind on the next turn
-        # of the loop, so that every other call the same cancel interrupted sees its
-        # cancel first (a tree's last call is interrupted right after the delivery, not
-        # after the unwinding of all the others). One cancel: anyio's next pass of it
-        # throws nothing more out of this turn. The frames it came through inside the
-        # tool go first: kept through that turn, a tree's thousands of them were half
-        # the collector's work in its cancel's window. The cancel goes on up with the
-        # frames from here up (the workflow's own). Checked first, and the turn taken
-        # with as few objects as it can: each of a tree's interrupted calls holds them
-        # until it unwinds, and the collector scans them again and again in the
-        # cancel's window. On asyncio a bare yield that takes the cancel's next pass
-        # itself: a shield scope (made, entered, and walked by that pass) cost a
-        # 10,000-call tree a quarter of its window after the fence. trio keeps anyio's
-        # shielded checkpoint.
-        exc.__traceback__ = None
-        if cancel_class is asyncio.CancelledError:
-            await _next_turn(exc)
-        else:
-            with anyio.CancelScope(shield=True):
-                await anyio.lowlevel.checkpoint()
-        return
-    with anyio.CancelScope(shield=True):
-        if isinstance(exc, Rejected):
-            evidence = [Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)]
-            update = OutcomeUpdate(
-                OpEvent.REJECTED, evidence, cause=Cause.SERVER_ERROR, error=exc.reason
-            )
-            await core.outbox.record(ctx.op_id, update)
-        elif isinstance(exc, cancel_class):
-            cause = Cause.USER_CANCEL if cancelled else Cause.LOCAL_ERROR
-            await core.outcomes.lost(ctx, cause, INTERRUPTED)
-        elif isinstance(exc, NoAnswer):
-            await core.outcomes.lost(ctx, exc.cause, exc.detail)
-        elif isinstance(exc, TimeoutError):
-            await core.outcomes.lost(ctx, Cause.TIMEOUT, f"no answer within {timeout}s")
-        elif isinstance(exc, ConnectionError | OSError):
-            await core.outcomes.lost(ctx, Cause.TRANSPORT, describe(exc))
-        else:  # any other exception, or a BaseException (KeyboardInterrupt, SystemExit, ...)
-            await core.outcomes.lost(ctx, Cause.LOCAL_ERROR, describe(exc))
-
-
 class Run:
     """Handle on one run inside ``async with ledger.run(...) as run``."""
+
+    # its public attributes, declared on the class (set in ``__init__``): the scope that
+    # makes it names them too, to one who reaches them on it (``RunScope.__getattr__``)
+    id: str
+    name: str
+    owner: str
+    tenant: str
+    record: RunRecord
+    policy: Policy
+    phase_kind: PhaseKind | None
+    cancel_requested: bool
+    cancelled_caught: bool
+    block_task_cancels: Callable[[], int] | None
+    opened: int
+    covered: bool
+    pause_requested: bool
+    suspended: bool
+    replaying: bool
 
     def __init__(
         self,
@@ -236,7 +191,7 @@ class Run:
         if t.check_arguments is not None:
             t.check_arguments(args, kwargs)
         if not t.effects:
-            return await t.fn(*args, **kwargs)
+            return t.answer(await t.fn(*args, **kwargs))
         if key is not None:
             check_new_id("key", key)
         timeout = check_seconds("timeout", timeout)
@@ -374,13 +329,13 @@ class Run:
         call_args = (ctx, *args) if t.wants_context else args
         try:
             if timeout is None:
-                result = await t.fn(*call_args, **kwargs)
+                result = t.answer(await t.fn(*call_args, **kwargs))
             else:
                 with anyio.fail_after(timeout):
-                    result = await t.fn(*call_args, **kwargs)
+                    result = t.answer(await t.fn(*call_args, **kwargs))
         except BaseException as exc:
             ctx.answered = True
-            await _record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
+            await record_exit(core, ctx, exc, timeout, cancelled=self.cancel_requested)
             raise
         ctx.answered = True
         evidence, kept = committed_evidence(result)  # an answer: it happened, whatever it holds

@@ -28,7 +28,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import sniffio
@@ -37,7 +37,7 @@ from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import check_new_id
 from stopline.domain.vocab import RunState
-from stopline.errors import AlreadyAttached, InvalidInput, RunEnded, UnknownRun
+from stopline.errors import AlreadyAttached, InvalidInput, NoRun, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.replay import replays
@@ -57,6 +57,9 @@ _SETTLING = frozenset({RunState.CANCELLING, RunState.SETTLING})
 _BLOCKS: contextvars.ContextVar[tuple[Run, ...]] = contextvars.ContextVar(
     "stopline_run_blocks", default=()
 )
+# a run's public names (its methods, properties and declared attributes): reached on the
+# scope that makes it, not entered, each is ``NoRun`` naming the fix (ADR 0089)
+_OF_A_RUN = frozenset(n for n in (*dir(Run), *Run.__annotations__) if not n.startswith("_"))
 
 
 def _task_cancels() -> Callable[[], int] | None:
@@ -83,6 +86,22 @@ class RunScope:
         self._run: Run | None = None
         self._enclosing: tuple[Run, ...] = ()  # the runs whose blocks are open around it
         self._blocks: contextvars.Token[tuple[Run, ...]] | None = None
+
+    if not TYPE_CHECKING:  # typed, a scope has no ``call``: mypy says so, as it should
+
+        def __getattr__(self, name: str) -> NoReturn:
+            """A name the scope lacks (never on the entered path: ``run.call`` is the
+            run's). One of a run's is ``NoRun`` naming the fix: ``run = ledger.run(...)``
+            then ``run.call(...)`` was a bare ``AttributeError``; nothing is called."""
+            if name in _OF_A_RUN:
+                raise NoRun(
+                    f"`{name}` is a run's, and ledger.run(...) gives the scope that makes the"
+                    f" run: `async with ledger.run(...) as run:`, then `run.{name}` inside"
+                    " the block (nothing was called or written)"
+                )
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+            )
 
     async def __aenter__(self) -> Run:
         backend = self._core.backend

@@ -109,6 +109,9 @@ CompensateFn = Callable[["CallContext"], Awaitable[Any]]
 ArgumentsCheck = Callable[[tuple[Any, ...], dict[str, Any]], None]
 Shape = tuple[int, frozenset[str]]  # a call's positional count and keyword names
 _SHAPES_KEPT = 64  # call shapes a tool remembers as taken (a tool is called a few ways)
+# answers of these types are no awaitable, told without ``isawaitable``'s ABC check (the
+# gate's path: most answers are JSON's)
+_PLAIN = frozenset({str, int, float, bool, type(None), dict, list, tuple, bytes})
 
 
 class Tool(Generic[R]):
@@ -217,6 +220,17 @@ class Tool(Generic[R]):
         if len(fits) < _SHAPES_KEPT:
             fits.add(shape)
 
+    def answer(self, value: R) -> R:
+        """``value``, what this tool's function returned, as its answer; an awaitable is
+        none (ADR 0089): ``TypeError`` naming the tool and the fix, which the gate records
+        as any exception of the tool (``unknown``: its body may have acted before it
+        returned). A coroutine not started is closed: its work never runs, nor warns
+        later that it was never awaited. Another awaitable (a Future, a Task) is left as
+        it is: it may be shared, and what it does may still land (read back)."""
+        if type(value) in _PLAIN or not inspect.isawaitable(value):
+            return value
+        raise TypeError(_not_awaited(self.name, value))
+
     def declares_as(self, other: Tool[Any]) -> bool:
         """Whether ``other`` declares what this tool declares, for the ledger's tools by
         name (``Core.register_tool``): what a call of either records and how its
@@ -287,6 +301,26 @@ def _same_value(a: object, b: object) -> bool:
         return a is b or bool(a == b)
     except Exception:  # an ``==`` that cannot answer: not shown to be the same
         return False
+
+
+def _not_awaited(name: str, value: object) -> str:
+    """Why ``value``, an awaitable, is no answer of tool ``name``; a coroutine that has
+    not started is closed here (it will not run)."""
+    fix = "await it inside the tool (`return await ...`)"
+    if (
+        isinstance(value, types.CoroutineType)
+        and inspect.getcoroutinestate(value) == inspect.CORO_CREATED
+    ) or (
+        isinstance(value, types.GeneratorType)
+        and inspect.getgeneratorstate(value) == inspect.GEN_CREATED
+    ):
+        value.close()
+        what = getattr(value, "__qualname__", type(value).__name__)
+        return f"tool {name!r} returned an unawaited coroutine {what!r}: its work never ran; {fix}"
+    return (
+        f"tool {name!r} returned an awaitable ({type(value).__name__}) instead of its "
+        f"answer: it was not awaited, and what it does may still run; {fix}"
+    )
 
 
 def _first_param_is_context(fn: Callable[..., Any]) -> bool:
