@@ -303,3 +303,71 @@ async def test_a_run_used_without_async_with_is_no_run_naming_the_fix(
         assert await run.call(tool, key="k") == "sent"
     assert sent == ["run-forgot/k"]
     assert (await ledger.backend.get_run("run-forgot")).state is stopline.RunState.COMPLETED
+
+
+@pytest.mark.usefixtures("no_unawaited_warning")
+async def test_a_compensator_returning_an_unawaited_coroutine_is_not_compensated(
+    ledger: stopline.Ledger,
+) -> None:
+    """A compensator that forgot its ``await`` was recorded as a correction that
+    happened (``compensated``), its refund never sent. Its answer goes through the same
+    ``Tool.answer``: the correction is in doubt (``local_error``), in review, and the
+    coroutine is closed."""
+    dest = Destination()
+
+    async def charge(ctx: stopline.CallContext) -> str:
+        return await dest.post(ctx.key)
+
+    tool: stopline.Tool[str] = stopline.Tool(charge, name="charge")
+
+    @tool.compensator
+    async def refund(ctx: stopline.CallContext) -> str:
+        return dest.forgotten(f"refund:{ctx.key}")  # type: ignore[return-value]
+
+    async with ledger.run("job", owner="user:1", run_id="run-comp") as run:
+        await run.call(tool, key="k")
+    corrected = await ledger.compensate("run-comp/k", by="user:1", reason="refund it")
+    assert corrected.status is not OpStatus.COMPENSATED, corrected.status
+    assert len(dest.posted) == 1  # the charge; the refund never ran
+    assert [inspect.getcoroutinestate(c) for c in dest.made] == [inspect.CORO_CLOSED]
+    (correction,) = [
+        op for op in await ledger.backend.operations("run-comp") if op.compensates is not None
+    ]
+    assert correction.status is not OpStatus.COMMITTED and correction.cause is Cause.LOCAL_ERROR
+    assert any(
+        "the compensator of tool 'charge' returned an unawaited coroutine" in e.detail
+        for e in correction.evidence
+    ), [e.detail for e in correction.evidence]
+
+
+@pytest.mark.usefixtures("no_unawaited_warning")
+async def test_a_verifier_returning_an_unawaited_coroutine_decides_nothing(
+    ledger: stopline.Ledger,
+) -> None:
+    """A verifier that forgot its ``await`` was refused as no verdict, its coroutine left
+    to warn that it was never awaited. It is closed, and the refusal names the fix; the
+    operation stays in doubt."""
+    dest = Destination()
+    reached = anyio.Event()
+
+    async def send(ctx: stopline.CallContext) -> str:
+        raise stopline.NoAnswer(Cause.TRANSPORT, "the reply was lost")
+
+    async def look(ctx: stopline.CallContext) -> ReadBack:
+        reached.set()
+        return dest.verify(ctx)  # type: ignore[return-value]  # the bug probed
+
+    tool: stopline.Tool[str] = stopline.Tool(send, name="send")
+    tool.verifier(look)
+    with pytest.raises(stopline.NoAnswer):
+        async with ledger.run("job", owner="user:1", run_id="run-look") as run:
+            await run.call(tool, key="k")
+    with anyio.fail_after(BARRIER_LIMIT):
+        await reached.wait()
+    await ledger.wait_settled("run-look", timeout=10)
+    op = await op_of(ledger, "run-look/k")
+    assert op.status in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW), op.status
+    events = await ledger.backend.events("run-look")
+    said = " ".join(str(e.data) for e in events)
+    assert "a verifier returned an unawaited coroutine" in said, said
+    assert "await it inside the verifier" in said

@@ -226,7 +226,7 @@ class Compensator:
         core = self._core
         assert tool.compensate_fn is not None
         try:
-            result = await tool.compensate_fn(ctx)
+            result = tool.answer(await tool.compensate_fn(ctx), of="compensator")
         except Rejected as exc:
             refused = Evidence(EvidenceKind.PROVIDER_RECEIPT, exc.ref or "rejected", exc.reason)
             update = OutcomeUpdate(

@@ -96,6 +96,10 @@ def as_verdict(value: object) -> Verdict:
     try:
         return Verdict(value)  # type: ignore[arg-type]  # checked here
     except ValueError:
+        if type(value) not in _PLAIN and inspect.isawaitable(value):  # closed: it never runs
+            raise InvalidInput(
+                "verdict", _not_awaited("a verifier", "the verifier", value)
+            ) from None
         raise InvalidInput("verdict", f"{value!r}: one of {', '.join(Verdict)}") from None
 
 
@@ -220,16 +224,18 @@ class Tool(Generic[R]):
         if len(fits) < _SHAPES_KEPT:
             fits.add(shape)
 
-    def answer(self, value: R) -> R:
-        """``value``, what this tool's function returned, as its answer; an awaitable is
-        none (ADR 0089): ``TypeError`` naming the tool and the fix, which the gate records
-        as any exception of the tool (``unknown``: its body may have acted before it
-        returned). A coroutine not started is closed: its work never runs, nor warns
-        later that it was never awaited. Another awaitable (a Future, a Task) is left as
-        it is: it may be shared, and what it does may still land (read back)."""
+    def answer(self, value: R, *, of: str = "") -> R:
+        """``value``, what this tool's function returned (or its ``of``: "compensator"),
+        as its answer; an awaitable is none (ADR 0089): ``TypeError`` naming the tool and
+        the fix, which the gate records as any exception of the tool (``unknown``: its
+        body may have acted before it returned). A coroutine not started is closed: its
+        work never runs, nor warns later that it was never awaited. Another awaitable (a
+        Future, a Task) is left as it is: it may be shared, and what it does may still
+        land (read back)."""
         if type(value) in _PLAIN or not inspect.isawaitable(value):
             return value
-        raise TypeError(_not_awaited(self.name, value))
+        who = f"the {of} of tool {self.name!r}" if of else f"tool {self.name!r}"
+        raise TypeError(_not_awaited(who, f"the {of or 'tool'}", value))
 
     def declares_as(self, other: Tool[Any]) -> bool:
         """Whether ``other`` declares what this tool declares, for the ledger's tools by
@@ -303,10 +309,11 @@ def _same_value(a: object, b: object) -> bool:
         return False
 
 
-def _not_awaited(name: str, value: object) -> str:
-    """Why ``value``, an awaitable, is no answer of tool ``name``; a coroutine that has
-    not started is closed here (it will not run)."""
-    fix = "await it inside the tool (`return await ...`)"
+def _not_awaited(who: str, inside: str, value: object) -> str:
+    """Why ``value``, an awaitable, is no answer of ``who`` (a tool, a verifier), to be
+    awaited ``inside`` it; a coroutine that has not started is closed here (it will not
+    run)."""
+    fix = f"await it inside {inside} (`return await ...`)"
     if (
         isinstance(value, types.CoroutineType)
         and inspect.getcoroutinestate(value) == inspect.CORO_CREATED
@@ -316,9 +323,9 @@ def _not_awaited(name: str, value: object) -> str:
     ):
         value.close()
         what = getattr(value, "__qualname__", type(value).__name__)
-        return f"tool {name!r} returned an unawaited coroutine {what!r}: its work never ran; {fix}"
+        return f"{who} returned an unawaited coroutine {what!r}: its work never ran; {fix}"
     return (
-        f"tool {name!r} returned an awaitable ({type(value).__name__}) instead of its "
+        f"{who} returned an awaitable ({type(value).__name__}) instead of its "
         f"answer: it was not awaited, and what it does may still run; {fix}"
     )
 
