@@ -15,7 +15,7 @@ from dbos import DBOS, SetWorkflowID
 
 import stopline
 from tests.conftest import FAST_VERIFY
-from tests.engines import dbos_app
+from tests.engines import dbos_app, subprocess_worker
 from tests.engines.provider import FileProvider
 
 # the marks of a DBOS test module: both engines, and (as test_dbos.py says) a psycopg
@@ -79,14 +79,16 @@ def databases(backend: str, tmp_path: Path) -> Iterator[Databases]:
         drop_schema(schema)
 
 
-def launch(dbs: Databases) -> None:
+def launch(dbs: Databases, version: str = "stopline-tests") -> None:
+    """DBOS launched on ``dbs``; another ``version`` recovers none of the tests' workflows
+    (a process that only cancels)."""
     config: dict[str, object] = {
         "name": "stopline-tests",
         "system_database_url": dbs.system_url,
         # DBOS recovers only the workflows of its own version, by default a digest of the
         # workflows registered in the process: a test process that imported others
         # (the bench's) would never recover the crashed worker's workflow
-        "application_version": "stopline-tests",
+        "application_version": version,
     }
     if dbs.schema:
         config["dbos_system_schema"] = dbs.schema
@@ -132,3 +134,12 @@ async def cancelled_in_flight(h: Harness, steps: list[str]) -> str:
         await handle.get_result()
     await h.ledger.wait_settled(workflow_id, timeout=15)
     return workflow_id
+
+
+async def worker_process(
+    dbs: Databases, provider: FileProvider, workflow_id: str, *point: str
+) -> subprocess_worker.Child:
+    """A DBOS process with the gate bound (``dbos_worker``) that starts ``workflow_id``;
+    ``point`` as that module says."""
+    args = (dbs.system_url, dbs.schema, dbs.ledger_url, str(provider.path), workflow_id)
+    return await subprocess_worker.start("tests.engines.dbos_worker", *args, *point)

@@ -4,7 +4,9 @@ python -m tests.engines.dbos_worker SYSTEM_URL SCHEMA LEDGER_URL EFFECTS_FILE WO
 
 It says ``committed KEY`` after each effect and holds every response forever:
 the test kills it there. With ``POINT`` (``received``: before any effect) it says
-``reached POINT KEY`` and holds the first call there forever instead.
+``reached POINT KEY`` and holds the first call there forever instead. With
+``parent`` it starts ``parent`` instead (an exclusive child and a shared one, all
+three waiting for "go") and says ``started``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,18 @@ def say(line: str) -> None:
 
 async def main(*argv: str) -> None:
     system_url, schema, ledger_url, effects, workflow_id, *point = argv
+    parent = point == ["parent"]
     provider = FileProvider(Path(effects), announce=say)
-    if point:
+    if point and not parent:
         provider.barriers.on_reach = lambda at, key: say(f"reached {at} {key}")
-    provider.barriers.hold(point[0] if point else "responding")  # never released
+    provider.barriers.hold(point[0] if point and not parent else "responding")  # never released
     async with running(Databases(system_url, schema, ledger_url), provider):
         with SetWorkflowID(workflow_id):
-            await DBOS.start_workflow_async(dbos_app.pipeline, ["upload", "notify"])
+            if parent:
+                await DBOS.start_workflow_async(dbos_app.parent, ["upload"])
+                say("started")
+            else:
+                await DBOS.start_workflow_async(dbos_app.pipeline, ["upload", "notify"])
         await anyio.sleep_forever()
 
 

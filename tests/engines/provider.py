@@ -55,12 +55,19 @@ class FileProvider:
             return ReadBack(Verdict.COMMITTED, f"file:{ctx.key}", "found in the log", payload)
         return ReadBack(Verdict.NOT_COMMITTED, f"file:{ctx.key}", "not in the log")
 
-    def tool(self, name: str, fn: Callable[..., Any], description: str = "") -> Tool[Any]:
-        """What the activity or step ``name`` declares: verifiable by key."""
-        # in-process: nothing of it lands after its code stopped (a Temporal activity's
-        # horizon is otherwise its own timeout, R13)
+    def tool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        description: str = "",
+        settles_within: float | None = 0.0,
+    ) -> Tool[Any]:
+        """What the activity or step ``name`` declares: verifiable by key. By default
+        in-process: nothing of it lands after its code stopped; ``settles_within=None``
+        declares no horizon, as a remote provider's tool may (a Temporal activity's is
+        then its attempt's bound, R13)."""
         declared: Tool[Any] = Tool(
-            fn, name=name, description=description or name, settles_within=0.0
+            fn, name=name, description=description or name, settles_within=settles_within
         )
         declared.verify_fn = self.verify
         return declared

@@ -47,14 +47,16 @@ def plugin(
     provider: FileProvider,
     acts: list[Any],
     *extra: stopline.Tool[Any],
+    settles_within: float | None = 0.0,
 ) -> StoplinePlugin:
-    """The plugin with the three activities' tools, and ``extra`` ones."""
+    """The plugin with the three activities' tools (their horizon ``settles_within``:
+    ``None`` declares none, as a remote provider's tool may), and ``extra`` ones."""
     report, upload, notify = acts
     read: stopline.Tool[Any] = stopline.Tool(report, name="report", effects=False)
     tools = [
         read,
-        provider.tool("upload", upload, "upload the report"),
-        provider.tool("notify", notify, "notify the channel"),
+        provider.tool("upload", upload, "upload the report", settles_within),
+        provider.tool("notify", notify, "notify the channel", settles_within),
         *extra,
     ]
     return StoplinePlugin(ledger, tools=tools, owner="user:42")
@@ -116,15 +118,19 @@ def worker_for(h: Harness, *extra: Any, tools: Sequence[stopline.Tool[Any]] = ()
     )
 
 
-async def worker_process(server: TemporalDevServer, h: Harness) -> subprocess_worker.Child:
+async def worker_process(
+    server: TemporalDevServer, h: Harness, *mode: str
+) -> subprocess_worker.Child:
     """A worker on the harness's queue and ledger in a process of its own
-    (``temporal_worker``), polling: it holds every response once committed."""
+    (``temporal_worker``), polling: it holds every response once committed; with
+    ``"remote"``, every call before any effect, its tools declaring no horizon."""
     child = await subprocess_worker.start(
         "tests.engines.temporal_worker",
         server.address,
         h.task_queue,
         h.ledger_url,
         str(h.provider.path),
+        *mode,
     )
     try:
         await child.expect("ready")

@@ -1,9 +1,12 @@
 """A Temporal worker with the stopline plugin in a process of its own (the crash test).
 
-python -m tests.engines.temporal_worker ADDRESS TASK_QUEUE LEDGER_URL EFFECTS_FILE
+python -m tests.engines.temporal_worker ADDRESS TASK_QUEUE LEDGER_URL EFFECTS_FILE [remote]
 
 It says ``ready`` once polling and ``committed KEY`` after each effect, then
-holds every response forever: the test kills it there.
+holds every response forever: the test kills it there. With ``remote`` its tools
+declare no horizon (a remote provider's: an activity's is its attempt's bound), and
+it says ``reached received KEY`` and holds the first call there, before any effect
+(a request on its way).
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ def say(line: str) -> None:
 
 
 async def main(*argv: str) -> None:
-    address, queue, url, effects = argv
+    address, queue, url, effects, *mode = argv
+    remote = mode == ["remote"]
     provider = FileProvider(Path(effects), announce=say)
-    provider.barriers.hold("responding")  # never released: the response never leaves
+    if remote:
+        provider.barriers.on_reach = lambda at, key: say(f"reached {at} {key}")
+    # never released: the response never leaves (remote: nor the request's effect)
+    provider.barriers.hold("received" if remote else "responding")
     client = await Client.connect(address)
     async with stopline.open(url) as ledger:
         acts = activities(provider)
@@ -37,11 +44,11 @@ async def main(*argv: str) -> None:
             task_queue=queue,
             workflows=[Pipeline],
             activities=acts,
-            plugins=[plugin(ledger, provider, acts)],
+            plugins=[plugin(ledger, provider, acts, settles_within=None if remote else 0.0)],
         ):
             say("ready")
             await anyio.sleep_forever()
 
 
 if __name__ == "__main__":
-    anyio.run(main, *sys.argv[1:5])
+    anyio.run(main, *sys.argv[1:6])

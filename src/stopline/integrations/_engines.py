@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -358,7 +359,8 @@ class EngineGate:
         taken for a cancel of the run. ``settles_within``: the engine's bound, in seconds
         after dispatch, on when the call's effect lands or never will (its timeout),
         stated as the call's horizon (R13, ``CallContext.settles_by``); a provider may
-        state an earlier one.
+        state an earlier one. A call left without an answer after it has the moment it
+        left plus the bound instead (``_ran_past_its_bound``).
         """
         record = await self.open_run(run_id, workflow)
         run = Run(self.ledger, self.ledger.core, record)
@@ -416,6 +418,21 @@ class EngineGate:
             raise asyncio.CancelledError from exc
 
 
+def _ran_past_its_bound(ctx: CallContext, within: float | None) -> None:
+    """R13 for the engine's bound (ADR 0085, amendment): it is the horizon of a call
+    whose code ended within it. A call that left without an answer after it (a worker
+    frozen past its timeout, and cut when it went on) ran until now, and what it sent
+    until now may still land: its horizon is now plus the engine's bound, the allowance
+    an attempt had, counted from its cut. A horizon the provider stated earlier than the
+    engine's is the provider's promise and stays (ADR 0069)."""
+    stated = ctx.stated_horizon
+    if within is None or stated is None or stated < ctx.started_at + within:
+        return
+    now = time.time()
+    if now >= stated:
+        ctx.stated_horizon = now + within  # recorded with the call's ``unknown`` (R3)
+
+
 async def _never_called() -> None:  # pragma: no cover - the body is always bound
     raise AssertionError("an engine tool runs its bound body")
 
@@ -432,7 +449,8 @@ def _bound(
     declared horizon (``settles_within``) is the bound call's, so that a cut records it
     with the call's ``unknown`` (R13: the receipt says until when, and it holds in a
     process that does not declare the tool); the engine's bound is the call's stated
-    horizon (written in the background: it outlives a crash)."""
+    horizon (written in the background: it outlives a crash), unless the call's code ran
+    past it."""
 
     async def run_body(ctx: CallContext, *_args: Any) -> R:
         sent.append(True)
@@ -441,8 +459,9 @@ def _bound(
         token = _CALL.set(ctx)
         try:
             return await body()
-        except asyncio.CancelledError:
-            if why:
+        except BaseException as exc:  # no answer: its horizon is never before this moment
+            _ran_past_its_bound(ctx, settles_within)
+            if why and isinstance(exc, asyncio.CancelledError):
                 raise why[0] from None
             raise
         finally:

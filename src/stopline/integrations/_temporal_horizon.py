@@ -4,7 +4,9 @@
   waits for its attempt (``start_to_close_timeout``, and what is left of its
   ``schedule_to_close_timeout``); a tool that declares no ``settles_within``
   has that bound as the horizon of its call, so a read-back that finds nothing
-  before it proves nothing ("not yet"), and one after it decides.
+  before it proves nothing ("not yet"), and one after it decides. A call cut
+  after it (a worker frozen past it) ran until its cut: its horizon is the cut
+  plus the bound (``EngineGate``'s rule for an engine's bound, ADR 0085).
 - **Why it was cut** when its run is not fenced: a timeout (the worker's own,
   one the server decided, which the worker hears of as "not found" at its next
   heartbeat: Temporal's record of the attempt names it, ADR 0085; or an attempt

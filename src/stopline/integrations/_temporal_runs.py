@@ -11,12 +11,22 @@ activities' keys name (ADRs 0050, 0056, 0073).
   keys name that execution, so an activity it runs again reaches the operation
   already recorded (committed: its recorded result, never sent again), and it
   goes on in that execution's run while the run has not ended.
+- **The workflow of a run**, for a process that opened none (``temporal.cancel``
+  of a tree): a derived run id and an execution's own run are no workflow ids;
+  a fenced child's workflow is found among the pending children Temporal
+  records for its parent (``pending_children``, ``runs_of``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+import temporalio.client
+from temporalio.service import RPCError, RPCStatusCode
+
 from stopline.domain.limits import fitted
 from stopline.domain.model import RunRecord
+from stopline.integrations._engine_trees import Children
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
     RUN_ROOM,
@@ -27,7 +37,7 @@ from stopline.integrations._engines import (
 )
 from stopline.runtime.ledger import Ledger
 
-__all__ = ["execution_run", "own_run", "run_id_of"]
+__all__ = ["execution_run", "own_run", "pending_children", "run_id_of", "runs_of"]
 
 _EXECUTION = "@run:"
 
@@ -41,6 +51,38 @@ def run_id_of(workflow_id: str, execution: str = "") -> str:
         return engine_run_id(workflow_id)
     head = fitted(workflow_id, RUN_ROOM - len(_EXECUTION) - len(execution))
     return f"{head}{_EXECUTION}{execution}"
+
+
+def runs_of(workflow_id: str, runs: Collection[str]) -> list[str]:
+    """Those of ``runs`` that are runs of ``workflow_id``: its id's, and those of its
+    executions' own (``WORKFLOW_ID@run:RUN_ID``), whichever the execution (a reset's
+    original, a continue-as-new's first)."""
+    found = [run for run in (run_id_of(workflow_id),) if run in runs]
+    for run in runs:
+        head, marker, execution = run.rpartition(_EXECUTION)
+        if marker and head and run_id_of(workflow_id, execution) == run:
+            found.append(run)
+    return found
+
+
+def pending_children(client: temporalio.client.Client) -> Children:
+    """The child workflows still running of each workflow (its current execution), as
+    Temporal records them (``pending_children``); one Temporal no longer knows has none.
+    Raises Temporal's ``RPCError`` when it does not answer."""
+
+    async def children(parents: list[str]) -> list[str]:
+        found: list[str] = []
+        for parent in parents:
+            try:
+                described = await client.get_workflow_handle(parent).describe()
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                continue
+            found.extend(c.workflow_id for c in described.raw_description.pending_children)
+        return found
+
+    return children
 
 
 async def own_run(ledger: Ledger, workflow_id: str, execution: str, original: str) -> str:

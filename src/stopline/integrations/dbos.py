@@ -71,6 +71,7 @@ from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
 from stopline.errors import NotReplayable, OperationInDoubt, RunEnded, RunFenced, UnknownOperation
+from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
     EngineGate,
@@ -136,22 +137,15 @@ async def cancel(
     receipt, fenced = await cancel_collecting(
         ledger, run_id, by=by, reason=reason, unstarted=unstarted
     )
-    for workflow in await _workflows_of(workflow_id, run_id, fenced):
+    for workflow in await workflows_of(workflow_id, run_id, fenced, _children):
         await _cancel_in_dbos(workflow, reason)
     return receipt
 
 
-async def _workflows_of(workflow_id: str, run_id: str, fenced: list[str]) -> list[str]:
-    """The DBOS workflows of the ``fenced`` runs: ``workflow_id`` (of ``run_id``) and its
-    descendants', found through DBOS's parent links (a derived run id is not its
-    workflow's id)."""
-    found = {run_id: workflow_id}
-    parents = [workflow_id]
-    while parents and len(found) < len(fenced):
-        children = await _outside_workflow(DBOS.list_workflows_async(parent_workflow_id=parents))
-        parents = [c.workflow_id for c in children if run_id_of(c.workflow_id) not in found]
-        found.update((run_id_of(child), child) for child in parents)
-    return [found.get(fenced_id, fenced_id) for fenced_id in fenced]
+async def _children(parents: list[str]) -> list[str]:
+    """The DBOS workflows these workflows started: DBOS's parent links."""
+    found = await _outside_workflow(DBOS.list_workflows_async(parent_workflow_id=parents))
+    return [child.workflow_id for child in found]
 
 
 class StoplineDBOS:

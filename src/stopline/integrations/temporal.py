@@ -20,7 +20,8 @@ The plugin adds an interceptor and three local activities (``_temporal_workflow`
   the next heartbeat of a running activity or the next gate.
 - **Cancellation types as policies** (``POLICIES``): ``TRY_CANCEL`` cuts the
   activity, ``unknown`` until evidence ("not found" decides only after its
-  horizon: the tool's, else the activity's timeout, R13);
+  horizon: the tool's, else the activity's timeout, or the cut plus it for a
+  call cut after it, R13);
   ``WAIT_CANCELLATION_COMPLETED`` asks the provider and records the real
   outcome; ``ABANDON`` lets it run on and keeps its outcome.
 - **Heartbeats** (every third of ``heartbeat_timeout``, else ``heartbeat_every``)
@@ -64,6 +65,7 @@ from stopline.errors import (
     RunFenced,
     UnknownRun,
 )
+from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
     RUN_ROOM,
@@ -74,7 +76,13 @@ from stopline.integrations._engines import (
     find_run,
 )
 from stopline.integrations._temporal_horizon import attempt_bound, closed_under, why_cut
-from stopline.integrations._temporal_runs import execution_run, own_run, run_id_of
+from stopline.integrations._temporal_runs import (
+    execution_run,
+    own_run,
+    pending_children,
+    run_id_of,
+    runs_of,
+)
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -142,7 +150,9 @@ async def cancel(
     tenant: str = "default",
 ) -> Receipt:
     """Fence the workflow's run (durably, first), then request the Temporal cancel of
-    it and of the children it owns exclusively. For a process that runs no worker.
+    it and of the children it owns exclusively (each child's workflow found among the
+    pending children Temporal records: a run id may be derived, or an execution's
+    own). For a process that runs no worker.
 
     The run is that of the workflow's current execution (``run_id_of``). A workflow
     Temporal holds but no worker has started yet gets its run now, fenced at once
@@ -181,8 +191,11 @@ async def cancel(
     receipt, fenced = await cancel_collecting(
         ledger, run_id, by=by, reason=reason, unstarted=unstarted
     )
-    for fenced_id in fenced:
-        await _request_cancel(client, workflow_id if fenced_id == run_id else fenced_id, reason)
+    # a fenced child's workflow: among the pending children Temporal records (its run's
+    # id may be derived, or an execution's own: no workflow id)
+    children = pending_children(client)
+    for engine_id in await workflows_of(workflow_id, run_id, fenced, children, runs_of):
+        await _request_cancel(client, engine_id, reason)
     return receipt
 
 
