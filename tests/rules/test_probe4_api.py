@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
@@ -220,3 +221,42 @@ def test_a_call_shape_taken_once_does_not_let_another_through() -> None:
         for args, kwargs in ((("bob",), {}), (("bob",), {"memo": "m", "to": "x"})):
             with pytest.raises(InvalidInput, match="cannot take them"):
                 pay.check_arguments(args, kwargs)
+
+
+async def test_a_correction_or_a_decision_from_another_loop_is_refused(tmp_path: Path) -> None:
+    """A SQLite ledger may be read from another thread's loop, but a correction started
+    there ran its background work in that loop, and ended with it unfinished: its record
+    left ``compensating`` and the ledger's close waited for it for ever (a test of the
+    embedded console hung in teardown so). A correction, its stop and a review's
+    decision from another loop are ``WrongEventLoop`` naming the fix, nothing written;
+    the same from the ledger's loop correct it."""
+    refunded: list[str] = []
+
+    async def charge(ctx: stopline.CallContext) -> str:
+        return ctx.key
+
+    tool: stopline.Tool[str] = stopline.Tool(charge, name="charge")
+
+    @tool.compensator
+    async def refund(ctx: stopline.CallContext) -> str:
+        refunded.append(ctx.key)
+        return ctx.key
+
+    with anyio.fail_after(30):  # a guard against the hang, not a timing
+        async with stopline.open(f"sqlite:///{tmp_path / 'l.db'}", tools=[tool]) as ledger:
+            async with ledger.run("job", owner="user:1", run_id="run-1") as run:
+                await run.call(tool, key="k")
+            uses: dict[str, Callable[[], Awaitable[object]]] = {
+                "compensate": lambda: ledger.compensate("run-1/k", by="user:1", wait=False),
+                "stop": lambda: ledger.stop_compensation("run-1/k", by="user:1"),
+                "review": lambda: ledger.resolve_review("run-1/k", "compensate", by="user:1"),
+            }
+            for what, use in uses.items():
+                refused = await anyio.to_thread.run_sync(_in_another_loop, use)
+                assert isinstance(refused, WrongEventLoop), (what, refused)
+                assert "another thread's event loop" in str(refused), refused
+            assert await ledger.backend.compensations("run-1/k") == []
+            assert (await ledger.backend.events("run-1"))[-1].kind != "audit"
+            corrected = await ledger.compensate("run-1/k", by="user:1", wait=True)
+            assert corrected.status is stopline.OpStatus.COMPENSATED, corrected.status
+        assert len(refunded) == 1

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import anyio
+import httpx
 from starlette.testclient import TestClient
 
 import stopline
@@ -100,17 +101,24 @@ async def test_an_embedding_ledger_with_the_tool_offers_the_correction(tmp_path:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     charge = _charge()
     async with stopline.open(url, verify=FAST) as ledger:
-        _, op_id = await _in_review(ledger, charge)
+        run_id, op_id = await _in_review(ledger, charge)
         app = create_app(ConsoleConfig(url=url, token=TOKEN), ledger=ledger)
-        with TestClient(app, base_url="http://127.0.0.1") as client:
-            client.get(f"/?token={TOKEN}&name=lee")
-            queue = client.get("/review").text
+        # served in the ledger's own loop, as an application serves it beside its ledger
+        # (a correction is made in the loop that opened the ledger: ADR 0086)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client,
+        ):
+            await client.get(f"/?token={TOKEN}&name=lee")
+            queue = (await client.get("/review")).text
             assert 'value="compensate"' in queue and "correct-elsewhere" not in queue
             action, csrf = _form(queue)
-            done = client.post(action, data={"csrf": csrf, "decision": "compensate"})
-            assert done.status_code == 200
+            done = await client.post(action, data={"csrf": csrf, "decision": "compensate"})
+            assert done.status_code == 200, done.text
+        await ledger.wait_settled(run_id, timeout=20)
         corrected = await ledger.backend.get_operation(op_id)
-    assert corrected.status in (OpStatus.COMPENSATING, OpStatus.COMPENSATED)
+    assert corrected.status is OpStatus.COMPENSATED, corrected.status
 
 
 async def test_a_run_page_waiting_for_review_follows_the_decision(tmp_path: Path) -> None:

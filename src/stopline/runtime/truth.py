@@ -42,6 +42,10 @@ class Truth:
 
     # -- authority: the one place truth actions are checked (R11) -----------------
     async def _authorize(self, by: str | Principal, action: Action, op_id: str) -> str:
+        # a correction runs, and a decision settles, in the ledger's loop: its background
+        # work started from another thread's loop ended with that loop, unfinished (ADR
+        # 0086, amendment); refused there before anything is read or written
+        self._core.at_home(f"{action.value} of {op_id!r} is asked")
         op = await self._core.backend.get_operation(op_id)
         principal, _ = await self._lifecycle.authorize(by, action, op.run_id)
         return principal.id
