@@ -82,6 +82,7 @@ from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy, RunState
 from stopline.errors import (
     IdempotencyConflict,
+    InvalidInput,
     NoRun,
     NotFound,
     NotReplayable,
@@ -444,6 +445,8 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
     if isinstance(fn, Tool):
         return fn
     takes_ctx = wants_context(fn)
+    if not spec.effects:
+        return _read_tool(fn, name, spec, takes_ctx)
     if inspect.iscoroutinefunction(fn):
 
         async def call(ctx: CallContext, *args: Any, **kwargs: Any) -> Any:
@@ -466,3 +469,26 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
         return lambda: anyio.to_thread.run_sync(run)
 
     return detached_tool(name, spec, in_thread)
+
+
+def _read_tool(fn: Callable[..., Any], name: str, spec: ToolSpec, takes_ctx: bool) -> Tool[Any]:
+    """A framework tool declared without effects: nothing is recorded for its call, so
+    it has no call context (its arguments are the model's alone; a read given a context
+    took the model's first argument for it, and every call failed). It runs while it is
+    awaited: a ``def`` in a worker thread, its context variables copied."""
+    if takes_ctx:
+        raise InvalidInput(
+            "tool",
+            f"{name!r} is declared without effects: nothing is recorded for its calls, so "
+            "it has no call context; drop its ctx parameter, or declare its effects",
+        )
+    if inspect.iscoroutinefunction(fn):
+        body: Callable[..., Awaitable[Any]] = fn
+    else:
+
+        async def body(*args: Any, **kwargs: Any) -> Any:
+            run = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+            return await anyio.to_thread.run_sync(run)
+
+    description = spec.description or name.replace("_", " ")
+    return Tool(body, name=name, description=description, effects=False)

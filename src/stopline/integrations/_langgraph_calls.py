@@ -73,6 +73,8 @@ async def gated_message(
     ``digest`` is what the gate digests (``(args, kwargs)``). A ``def`` tool (any
     tool LangChain runs in an executor thread) runs to its end whoever stops
     waiting (R4)."""
+    if not spec.effects:  # a read: nothing to record, no context; it runs as it is
+        return await execute()
     ran: list[ToolMessage] = []  # the tool's own message, when it ran in this call
 
     def start(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
