@@ -9,8 +9,10 @@ refused ``stopline resume`` answered with ``ledger.review_items`` and
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -131,6 +133,15 @@ async def left_settling(url: str) -> str:
     return run_id
 
 
+def long_ago(url: str) -> None:
+    """The gone worker's calls last moved an hour ago. It never registered, so it is
+    taken for dead once its calls have not moved for a lease period (30 s): the test
+    waited that out in full before the open could recover its call."""
+    path = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE operations SET updated_at = updated_at - 3600")
+
+
 def refused_resume(url: str, run_id: str) -> list[str]:
     """``stopline resume`` of a run that cannot resume yet: the commands it names."""
     refused = stopline_cli("resume", run_id, ledger=url)
@@ -152,6 +163,7 @@ def test_the_wait_the_cli_names_is_a_command_that_waits(tmp_path: Path) -> None:
     assert receipt["advice"]["steps"] == [{"do": "wait", "run_id": run_id, "op_ids": []}]
     assert receipt["advice"]["refused"] is True
     (command,) = COMMAND.findall(line)
+    long_ago(url)
     waited = follow(command, url)  # its worker is gone: the read-write open recovers it
     assert waited.returncode == EXIT_NEEDS_REVIEW, waited.stderr
     assert "ledger." not in waited.stdout
