@@ -728,6 +728,21 @@ async def test_a_notification_whose_check_cannot_be_read_is_delivered(
     assert any("could not check" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_closed_backend_refuses_at_once_instead_of_retrying(pg_url: str) -> None:
+    """A pool the backend's close closed never opens again, but its ``PoolClosed`` was
+    taken for a lost connection and retried for the whole retry window (10 s: the
+    listener's check above waited it out after a close); here the window is ten minutes,
+    so a retry is a hang. Now refused at once, typed, naming the closed pool."""
+    backend = await PostgresBackend.open(pg_url)
+    await backend.close()
+    backend.retry_for = 600.0
+    with anyio.fail_after(60):  # a guard against the hang, not a timing
+        with pytest.raises(LedgerUnavailable, match="closed"):
+            await backend.get_run("run_x")
+        with pytest.raises(LedgerUnavailable, match="closed"):
+            await backend.fenced_among(["run_x"])
+
+
 async def test_the_fenced_check_goes_over_the_listen_connection(pg_url: str) -> None:
     """The listener checks which runs are still fenced over its own connection, not
     through the pool (no checkout, no queue behind the process's own calls): with the

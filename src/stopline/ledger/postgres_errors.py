@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import psycopg
 import psycopg.errors
+import psycopg_pool
 
 from stopline.errors import (
     CommitInDoubt,
@@ -90,14 +91,16 @@ def map_error(location: str, exc: BaseException, *, retried_for: float) -> BaseE
 
 def transient(exc: BaseException) -> bool:
     """Connection loss, failover, pool exhaustion, serialization failure: worth a retry
-    (not a statement past the server's limits, which psycopg files as operational)."""
+    (not a statement past the server's limits, which psycopg files as operational, nor
+    a pool closed by the backend's close: it never opens again, and a retry waited out
+    the whole retry window, 10 s, for nothing)."""
     return isinstance(
         exc,
         psycopg.OperationalError
         | psycopg.errors.SerializationFailure
         | psycopg.errors.DeadlockDetected
         | OSError,
-    ) and not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
+    ) and not isinstance(exc, psycopg.errors.ProgramLimitExceeded | psycopg_pool.PoolClosed)
 
 
 def connection_lost(exc: BaseException) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import psycopg
+import psycopg_pool
 from psycopg.pq import TransactionStatus
 
 __all__ = ["Lease", "Reserved"]
@@ -50,8 +51,8 @@ class Reserved(AbstractAsyncContextManager[Connection]):
 
     async def __aenter__(self) -> Connection:
         assert not self._leased, "the reserved connection has one user at a time"
-        if self._closed:  # as the pool's checkout once closed (``PoolClosed``)
-            raise psycopg.OperationalError("the ledger's reserved connection is closed")
+        if self._closed:  # as the pool's checkout once closed: never retried
+            raise psycopg_pool.PoolClosed("the ledger's reserved connection is closed")
         conn = self._conn
         if conn is None or conn.closed:
             self._conn = None
