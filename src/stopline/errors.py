@@ -17,12 +17,12 @@
     ├── ApprovalNeeded                 no granted, unexpired approval for the operation (S5)
     ├── Rejected                       raised by a provider: refused before any effect
     ├── NoAnswer                       raised by a provider: the answer was lost, and why
-    ├── NoRun                          a gated framework tool called outside a run
+    ├── NoRun                          no run to act in: a tool called bare, a scope not entered
     ├── PlanError                      a `stopline check-mcp` plan it cannot run
     ├── RunEnded                       entering, resuming or pausing a run that has ended
     ├── RunPaused                      re-entering a paused run before it is resumed
     ├── LedgerClosed (also RuntimeError) a ledger used before it is open or once closed
-    ├── WrongEventLoop (also RuntimeError) a run entered or called off its ledger's loop
+    ├── WrongEventLoop (also RuntimeError) a run, a correction, a decision off its loop
     └── LedgerError                    storage problems, always naming the ledger
         ├── LedgerCorrupt
         ├── LedgerRefused              a constraint or trigger refuses the write, and would again
@@ -304,7 +304,8 @@ class NoAnswer(StoplineError):
 
 
 class NoRun(StoplineError):
-    """A gated framework tool was called outside a bound stopline run."""
+    """No run to act in: a gated tool called outside a run, or a run's name reached on
+    the scope ``ledger.run(...)`` gives before ``async with`` enters it (ADR 0089)."""
 
 
 class PlanError(StoplineError):
@@ -490,7 +491,8 @@ class LedgerClosed(StoplineError, RuntimeError):
 
 
 class WrongEventLoop(StoplineError, RuntimeError):
-    """A run entered, or its call made, off the thread whose loop opened the ledger."""
+    """A run entered, its call made, or a correction or review decision asked, off the
+    thread whose loop opened the ledger (a PostgreSQL ledger: any use, ADR 0086)."""
 
     def __init__(self, location: str, what: str) -> None:
         self.location, self.what = location, what
