@@ -34,7 +34,9 @@ from stopline.domain.vocab import (
 from stopline.errors import LedgerCorrupt, UnstableValue, describe
 
 __all__ = [
+    "CANCEL_ANSWERS",
     "NOT_REPLAYABLE",
+    "SAYS_NOTHING_OF_THE_WORK",
     "CancelState",
     "EventRecord",
     "Evidence",
@@ -324,6 +326,15 @@ def _read_back(stored: str) -> CancelState:
 
 
 _cancel_state = by_value(CancelState, _read_back)
+
+# what a provider said of a cancel, recorded as its answer (not asked, asked, no answer:
+# they tell nothing a cut's own record does not)
+CANCEL_ANSWERS = frozenset(
+    {CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR, CancelState.ACKNOWLEDGED}
+)
+# answers that say nothing of the work: nothing more to wait for from the provider, and
+# the work is still read (ADR 0083)
+SAYS_NOTHING_OF_THE_WORK = frozenset({CancelState.ERROR, CancelState.ACKNOWLEDGED})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,7 +14,14 @@ from typing import Any
 
 from stopline.domain.advice import Advice, Terms
 from stopline.domain.guidance import advice_for
-from stopline.domain.model import CancelState, Evidence, LazyEvidence, OperationRecord, RunRecord
+from stopline.domain.model import (
+    SAYS_NOTHING_OF_THE_WORK,
+    CancelState,
+    Evidence,
+    LazyEvidence,
+    OperationRecord,
+    RunRecord,
+)
 from stopline.domain.transitions import awaits_review
 from stopline.domain.vocab import Cancellable, Headline, OpStatus, RunState
 
@@ -138,10 +145,6 @@ _ANSWER_WORDS: dict[CancelState, str] = {
 _NOT_DECLARED = "not declared cancellable: its provider is not asked to cancel it"
 
 
-# answers given that say nothing of the work: nothing more to wait for from the provider
-_NO_WORD = frozenset({CancelState.ERROR, CancelState.ACKNOWLEDGED})
-
-
 def _answer(op: OperationRecord) -> CancelState:
     return CancelState.parse(str(op.cancel_state))
 
@@ -196,13 +199,13 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
         answer = _answer(op)
         if answer is CancelState.ASKED:
             return "waiting for the provider's answer to the cancel"
-        if op.provider_can_cancel and answer not in _NO_WORD:
+        if op.provider_can_cancel and answer not in SAYS_NOTHING_OF_THE_WORK:
             return "waiting for the provider's answer"
         # R12: it will run to its end at the provider; say what happens then
         then = "verify by reading the destination" if op.can_verify else "human review if no answer"
         if op.can_compensate and op.compensates is None:
             then += "; if it completed, it can be corrected by its compensation"
-        if op.cancellable is Cancellable.NEVER or answer in _NO_WORD:
+        if op.cancellable is Cancellable.NEVER or answer in SAYS_NOTHING_OF_THE_WORK:
             return f"its provider may still complete it; then {then}"  # not "cannot stop"
         return f"it runs to completion at the provider; then {then}"
     if op.status is OpStatus.NEEDS_REVIEW:

@@ -464,9 +464,7 @@ def stopline_tool(fn: Callable[..., Any] | Tool[Any], name: str, spec: ToolSpec)
     sync_fn = fn
 
     def in_thread(ctx: CallContext, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
-        call_args = (ctx, *args) if takes_ctx else args
-        run = functools.partial(contextvars.copy_context().run, sync_fn, *call_args, **kwargs)
-        return lambda: anyio.to_thread.run_sync(run)
+        return _threaded(sync_fn, (ctx, *args) if takes_ctx else args, kwargs)
 
     return detached_tool(name, spec, in_thread)
 
@@ -487,8 +485,14 @@ def _read_tool(fn: Callable[..., Any], name: str, spec: ToolSpec, takes_ctx: boo
     else:
 
         async def body(*args: Any, **kwargs: Any) -> Any:
-            run = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-            return await anyio.to_thread.run_sync(run)
+            return await _threaded(fn, args, kwargs)()
 
     description = spec.description or name.replace("_", " ")
     return Tool(body, name=name, description=description, effects=False)
+
+
+def _threaded(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Work:
+    """``fn(*args, **kwargs)`` as work for a worker thread, with the caller's context
+    variables (copied now, where the call is made)."""
+    run = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return lambda: anyio.to_thread.run_sync(run)

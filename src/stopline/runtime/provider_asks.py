@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from stopline.domain.model import CancelState, Evidence
+from stopline.domain.model import CANCEL_ANSWERS, CancelState, Evidence
 from stopline.domain.vocab import Cancellable, EvidenceKind, NoteKind, OpEvent
 from stopline.errors import describe
 from stopline.ledger.backend import Note, OutcomeUpdate
@@ -38,13 +38,6 @@ class CancelAnswer:
 
     state: CancelState
     detail: str = ""
-
-
-# answers that tell what the provider said of the cancel (not asked, asked, no answer:
-# they tell nothing a cut's own record does not)
-_TOLD = frozenset(
-    {CancelState.CONFIRMED, CancelState.REFUSED, CancelState.ERROR, CancelState.ACKNOWLEDGED}
-)
 
 
 def _answer_of(answer: object) -> tuple[CancelState, str]:
@@ -160,7 +153,7 @@ class ProviderAsks:
                 with anyio.move_on_after(self._core.cancel_answer_timeout), suppress(Exception):
                     state, detail = _answer_of(await ask())
                 await written.wait()
-                if state in _TOLD:
+                if state in CANCEL_ANSWERS:
                     await self._record(ctx, state, detail, channel)
         finally:
             release()

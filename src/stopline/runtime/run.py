@@ -188,8 +188,7 @@ class Run:
         self._core.at_home("a run's calls are made")
         t: Tool[R] = tool if isinstance(tool, Tool) else self._core.adopt(tool)
         args, kwargs = tuple(args), dict(kwargs or {})
-        if t.check_arguments is not None:
-            t.check_arguments(args, kwargs)
+        t.check_arguments(args, kwargs)  # always one: the function's own, by default
         if not t.effects:
             return t.answer(await t.fn(*args, **kwargs))
         if key is not None:

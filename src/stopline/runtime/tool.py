@@ -96,7 +96,7 @@ def as_verdict(value: object) -> Verdict:
     try:
         return Verdict(value)  # type: ignore[arg-type]  # checked here
     except ValueError:
-        if type(value) not in _PLAIN and inspect.isawaitable(value):  # closed: it never runs
+        if _awaitable_answer(value):  # closed: it never runs
             raise InvalidInput(
                 "verdict", _not_awaited("a verifier", "the verifier", value)
             ) from None
@@ -232,7 +232,7 @@ class Tool(Generic[R]):
         work never runs, nor warns later that it was never awaited. Another awaitable (a
         Future, a Task) is left as it is: it may be shared, and what it does may still
         land (read back)."""
-        if type(value) in _PLAIN or not inspect.isawaitable(value):
+        if not _awaitable_answer(value):
             return value
         who = f"the {of} of tool {self.name!r}" if of else f"tool {self.name!r}"
         raise TypeError(_not_awaited(who, f"the {of or 'tool'}", value))
@@ -307,6 +307,12 @@ def _same_value(a: object, b: object) -> bool:
         return a is b or bool(a == b)
     except Exception:  # an ``==`` that cannot answer: not shown to be the same
         return False
+
+
+def _awaitable_answer(value: object) -> bool:
+    """Whether ``value`` is an awaitable (JSON's types told without ``isawaitable``'s ABC
+    check: the gate's path)."""
+    return type(value) not in _PLAIN and inspect.isawaitable(value)
 
 
 def _not_awaited(who: str, inside: str, value: object) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 
-from stopline.domain.model import CancelState
+from stopline.domain.model import CANCEL_ANSWERS, CancelState
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, OpStatus, RunState
 from stopline.runtime.context import CallContext
@@ -51,15 +51,7 @@ __all__ = [
 
 BY = "explorer:user"
 # a provider's answer to a cancel request, in the ledger (None leaves it ASKED)
-_ANSWERED = frozenset(
-    {
-        CancelState.CONFIRMED,
-        CancelState.REFUSED,
-        CancelState.ERROR,
-        CancelState.ACKNOWLEDGED,
-        CancelState.UNANSWERED,
-    }
-)
+_ANSWERED = CANCEL_ANSWERS | {CancelState.UNANSWERED}
 
 
 async def _either(*waits: Callable[[], Awaitable[object]]) -> None:
