@@ -134,7 +134,7 @@ class Tool(Generic[R]):
     ) -> None:
         # the name is part of each call's key: a name no key may hold is refused here,
         # by its own name, not at the first call as the key derived from it
-        self.name: str = check_new_id("tool", name or str(getattr(fn, "__name__", "tool")))
+        self.name: str = check_new_id("tool", name or _own_name(fn))
         self.fn = _awaitable(fn, name)
         self.description = description or self.name.replace("_", " ")
         self.effects = effects
@@ -336,6 +336,16 @@ def _not_awaited(who: str, inside: str, value: object) -> str:
     )
 
 
+def _own_name(fn: object) -> str:
+    """The name a tool takes when none is given: its function's, through partials, or a
+    callable object's class's. Each of them was "tool", and two such tools one name:
+    their receipt lines could not be told apart."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
 def _first_param_is_context(fn: Callable[..., Any]) -> bool:
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -398,7 +408,9 @@ def tool(
     compensation: Compensation = Compensation.NEVER,
     settles_within: float | None = None,
 ) -> Tool[R] | Callable[[Callable[P, Awaitable[R]]], Tool[R]]:
-    """Declare a tool; ``effects=False`` marks a read that needs no gate record."""
+    """Declare a tool; ``effects=False`` marks a read that needs no gate record. Its
+    name, unless ``name=``, is its function's (through ``functools.partial``), or a
+    callable object's class's: a call's tool in the ledger and on its receipt line."""
 
     def wrap(f: Callable[P, Awaitable[R]]) -> Tool[R]:
         return Tool(
