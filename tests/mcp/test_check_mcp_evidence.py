@@ -121,6 +121,17 @@ async def test_a_call_never_answered_is_bounded_and_reported(tmp_path: Path) -> 
     assert tool.idempotent_by_key.startswith("not proven (a call got no answer")
 
 
+async def test_a_server_slower_to_start_than_a_cell_to_settle_is_still_checked(
+    tmp_path: Path,
+) -> None:
+    """Opening was bounded by the settle timeout: a stdio server that takes longer to
+    start than a cell to settle (``npx``'s first run) was "no answer within 0.5 s of
+    opening", never checked. Opening has its own bound (``connect_timeout``, 30 s)."""
+    slow = server(tmp_path / "log.jsonl", "--start-delay", "1.5")
+    profile = await check(slow, mode="legacy", workdir=tmp_path, settle_timeout=0.5)
+    assert "commit" in [t["name"] for t in profile.tools]
+
+
 def test_report_shows_server_text_on_one_line() -> None:
     """Item 9: a tool name with a line break cannot add a line to the report; a ``_meta``
     value outside the vocabulary is shown as ignored, not as declared."""

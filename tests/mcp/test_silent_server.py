@@ -3,8 +3,8 @@
 Over Streamable HTTP (and over stdio, a command that starts and says nothing), the
 handshake waited for ever: ``StoplineMCP`` never opened nor failed, and
 ``stopline check-mcp --settle-timeout 2`` ran until it was killed, though its
-docs say every wait is bounded by the settle timeout. Opening now waits
-``connect_timeout`` at most and fails with a typed ``NoAnswer``.
+docs say every wait is bounded. Opening now waits ``connect_timeout`` at most
+(``check-mcp --connect-timeout``) and fails with a typed ``NoAnswer``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ async def test_opening_a_silent_server_fails_typed_within_connect_timeout(silent
 
 async def test_check_mcp_of_a_silent_server_ends_with_no_connection(silent: str) -> None:
     env = {**os.environ, "NO_COLOR": "1"}
-    command = [sys.executable, "-m", "stopline.cli", "check-mcp", silent, "--settle-timeout", "1"]
+    command = [sys.executable, "-m", "stopline.cli", "check-mcp", silent, "--connect-timeout", "1"]
     with anyio.fail_after(40):  # a guard against the hang, not a timing
         done = await anyio.run_process(command, env=env, check=False, stderr=subprocess.PIPE)
     assert done.returncode == 2, done.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log", required=True)
     parser.add_argument("--unknown-verify", action="store_true")
+    parser.add_argument("--start-delay", type=float, default=0.0)  # npx's first run
     args = parser.parse_args()
+    time.sleep(args.start_delay)
     LOG = Path(args.log)
     if args.unknown_verify:
         _unknown_verify()

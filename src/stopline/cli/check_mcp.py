@@ -45,6 +45,10 @@ def check_mcp(
     settle_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for each cell to settle.")
     ] = 15.0,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for the server to start and answer the handshake."),
+    ] = 30.0,
 ) -> None:
     """Profile an MCP server's cancellation: discovery only, or the barrier matrix with --plan."""
     from pydantic import ValidationError
@@ -57,6 +61,7 @@ def check_mcp(
         c.fail(f"--era must be one of {', '.join(ERAS)}", Exit.ERROR)
     try:  # NaN failed the first cell, after its call was made
         check_wait("--settle-timeout", settle_timeout)
+        check_wait("--connect-timeout", connect_timeout)
     except InvalidInput as exc:
         c.fail(str(exc), Exit.ERROR)
     if not target[0].strip():
@@ -84,6 +89,7 @@ def check_mcp(
                 plan=loaded,
                 workdir=Path(tmp),
                 settle_timeout=settle_timeout,
+                connect_timeout=connect_timeout,
                 on_step=step,
             )
 

@@ -455,10 +455,15 @@ async def check(
     plan: Plan | None = None,
     workdir: Path,
     settle_timeout: float = 15.0,
+    connect_timeout: float = 30.0,
     on_step: Callable[[str], None] = lambda step: None,
 ) -> Profile:
-    """Profile ``target``; read-only unless ``plan`` names tools to call."""
+    """Profile ``target``; read-only unless ``plan`` names tools to call. Opening (a
+    stdio server's start, the handshake) is bounded by ``connect_timeout``, each wait
+    after it by ``settle_timeout``: a server that takes longer to start than a cell to
+    settle (``npx``'s first run) is still checked."""
     check_wait("settle_timeout", settle_timeout)  # before anything is called
+    check_wait("connect_timeout", connect_timeout)
     label = target if isinstance(target, str) else " ".join([target.command, *target.args])
     profile = Profile(label)
     plan = plan or Plan({})
@@ -472,7 +477,7 @@ async def check(
         name="check",
         policies=policies,
         tasks=True,
-        connect_timeout=settle_timeout,
+        connect_timeout=connect_timeout,
     )
     async with opened as conn:
         on_step("discovery")
