@@ -207,8 +207,8 @@ async def test_an_open_waiting_for_a_peer_that_stopped_mid_migration_fails_locke
             async with stopline.open(pg_url + "&retry_for=1"):
                 pass
         assert f"session {holder.info.backend_pid} (idle)" in str(raised.value)
-        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        assert await one(pg_url, waiting) == 0
+        behind = f"SELECT count(*) FROM pg_stat_activity WHERE {holder.info.backend_pid}"
+        assert await one(pg_url, behind + " = ANY(pg_blocking_pids(pid))") == 0
     finally:
         await holder.close()
     with anyio.fail_after(GUARD):

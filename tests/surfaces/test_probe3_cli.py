@@ -28,7 +28,7 @@ import stopline
 from stopline.cli import EXIT_NEEDS_REVIEW, EXIT_PENDING, EXIT_USAGE
 from tests.postgres.server import server_url
 from tests.surfaces.test_cli import as_json, stopline_cli
-from tests.surfaces.test_cli_interrupted_cancel import _running, _waits_for_a_lock
+from tests.surfaces.test_cli_interrupted_cancel import _running, _waits_for
 from tests.surfaces.test_cli_probe import _cli, _ctrl_c_until_it_ends
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,7 +119,7 @@ def test_ctrl_c_on_reconcile_names_where_what_went_to_review_is(pg_url: str) -> 
         other.execute("LOCK TABLE operations IN ACCESS EXCLUSIVE MODE")
         with _cli(pg_url + "&retry_for=120", "reconcile") as proc:
             deadline = time.monotonic() + 60  # a guard, not a timing
-            while not _waits_for_a_lock():  # the command's statement is on the server
+            while not _waits_for(other.info.backend_pid):  # the statement is on the server
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.05)
             _, err = _ctrl_c_until_it_ends(proc)
