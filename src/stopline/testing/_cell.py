@@ -22,6 +22,7 @@ from stopline.testing.actions import Action, ActionContext, Point
 from stopline.testing.barriers import Barrier
 from stopline.testing.checks import Observed, check
 from stopline.testing.matrix import Cell, CellStatus
+from stopline.testing.providers import in_runs
 
 __all__ = ["CellRunner", "GroundTruth"]
 
@@ -387,13 +388,17 @@ class CellRunner(Generic[P]):
         recovered: bool = False,
     ) -> Observed:
         backend = ledger.backend
+        # the run's tree, as its receipt reads it: its child runs' operations are its own
+        run, ops = await backend.run_and_operations(run_id, descendants=True)
+        tree = tuple(dict.fromkeys([run_id, *(op.run_id for op in ops)]))
+        events = [e for r in tree for e in await backend.events(r)]
         truth: dict[str, tuple[str, ...]] = {}
         if self.ground_truth is not None:
-            truth = _truth_of(self.ground_truth, cast(P, sources.root), run_id)
+            truth = _truth_of(self.ground_truth, cast(P, sources.root), tree)
         return Observed(
-            run=await backend.get_run(run_id),
-            ops=await backend.operations(run_id),
-            events=await backend.events(run_id),
+            run=run,
+            ops=ops,
+            events=sorted(events, key=lambda e: e.seq),
             receipt=await ledger.receipt(run_id),
             settled_receipt=settled_receipt,
             settled=settled,
@@ -410,9 +415,10 @@ class CellRunner(Generic[P]):
 
 
 def _truth_of(
-    ground_truth: GroundTruth[P], providers: P, run_id: str
+    ground_truth: GroundTruth[P], providers: P, tree: tuple[str, ...]
 ) -> dict[str, tuple[str, ...]]:
-    """The run's effects by tool, as ``ground_truth(providers)`` tells; a ``_CellError``
+    """The effects of the run's ``tree`` (the run and its child runs) by tool, as
+    ``ground_truth(providers)`` tells; a ``_CellError``
     naming it when it raises or tells something that is not tool -> keys."""
     try:
         given = ground_truth(providers)
@@ -423,7 +429,7 @@ def _truth_of(
             f"ground_truth(providers) returned {type(given).__name__}: it must map each "
             "tool name to the keys (ctx.key) of its effects"
         )
-    prefix, truth = run_id + "/", {}
+    truth = {}
     for tool, keys in given.items():
         # a string is an iterable of characters, not of keys: {"send": box.last_key}
         if isinstance(keys, str | bytes) or not isinstance(keys, Iterable):
@@ -438,12 +444,13 @@ def _truth_of(
                 f"ground_truth(providers)[{tool!r}] holds {odd[0]!r}: each key is the "
                 "effect's ctx.key, a string"
             )
-        truth[str(tool)] = tuple(k for k in keys if k.startswith(prefix))
+        truth[str(tool)] = tuple(k for k in keys if in_runs(k, tree))
     return truth
 
 
 async def _ops_resolved(ledger: Ledger, run_id: str) -> bool:
-    return all(op.status.resolved for op in await ledger.backend.operations(run_id))
+    ops = await ledger.backend.operations(run_id, descendants=True)
+    return all(op.status.resolved for op in ops)
 
 
 async def _expire_lease(fresh: Ledger, ctx: ActionContext | None) -> None:

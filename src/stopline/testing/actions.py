@@ -25,7 +25,7 @@ from stopline.domain.vocab import Cancellable, OpStatus, RunState
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import CompensateFn, Verdict
 from stopline.testing.barriers import Barrier
-from stopline.testing.providers import CancelBehaviour, FakeProvider
+from stopline.testing.providers import CancelBehaviour, FakeProvider, in_runs
 
 if TYPE_CHECKING:
     from stopline.runtime.ledger import Ledger
@@ -142,9 +142,9 @@ class ActionContext:
         local = ledger.local_run(self.run_id)
         inflight = local.in_flight if local is not None else ()
         receipt = await ledger.cancel(self.run_id, by=by, reason=reason)
-        prefix = self.run_id + "/"
-        done = (k for p in self.providers.values() for k in p.effects if k.startswith(prefix))
-        self.cancels.append((receipt, frozenset(done)))
+        every = [k for p in self.providers.values() for k in p.effects]  # as it returned
+        tree = await self.tree()
+        self.cancels.append((receipt, frozenset(k for k in every if in_runs(k, tree))))
         for ctx in inflight:
             tool = ctx.tool
             if tool.cancel_fn is None or tool.cancellable is Cancellable.NEVER:
@@ -164,6 +164,12 @@ class ActionContext:
                 else:
                     await ledger.wait_for_change(self.run_id)
         return receipt
+
+    async def tree(self) -> set[str]:
+        """The ids of the run and of its child runs with an operation: the runs its
+        receipt tells (S4)."""
+        ops = await self.ledger.backend.operations(self.run_id, descendants=True)
+        return {self.run_id, *(op.run_id for op in ops)}
 
     def crash(self) -> None:
         """Kill the worker: nothing more reaches the ledger, the workflow task is abandoned."""
@@ -218,17 +224,17 @@ class LateResponse(Action):
         await ctx.cancel()
 
     async def after_done(self, ctx: ActionContext) -> None:
-        prefix = ctx.run_id + "/"
+        tree = await ctx.tree()
 
         async def deliver(key: str, response: Any) -> None:
             await ctx.ledger.late_response(key, Verdict.COMMITTED, result=response, ref=key)
 
         for provider in ctx.providers.values():
             for key in list(provider.committed):
-                if key.startswith(prefix):
+                if in_runs(key, tree):
                     await provider.respond_late(key, deliver)
                     ctx.late.append(key)
-            refused = {k for k in provider.requests if k.startswith(prefix)}
+            refused = {k for k in provider.requests if in_runs(k, tree)}
             for key in sorted(refused - set(provider.committed) - provider.in_progress):
                 await ctx.ledger.late_response(key, Verdict.NOT_COMMITTED, ref=key)
                 ctx.late.append(key)
@@ -333,7 +339,7 @@ class Compensate(Action):
 
     async def after_done(self, ctx: ActionContext) -> None:
         ledger: Any = ctx.ledger
-        for op in await ctx.ledger.backend.operations(ctx.run_id):
+        for op in await ctx.ledger.backend.operations(ctx.run_id, descendants=True):
             if op.status is OpStatus.COMMITTED and op.can_compensate:
                 await ledger.compensate(op.id, by=BY)
 

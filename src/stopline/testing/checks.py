@@ -23,6 +23,7 @@ __all__ = ["Observed", "Truth", "check"]
 
 _SAYS_COMMITTED = frozenset({OpStatus.COMMITTED, OpStatus.COMPENSATING, OpStatus.COMPENSATED})
 _SAYS_NOT = frozenset({OpStatus.NOT_COMMITTED, OpStatus.PREVENTED})
+_ANSWERS = frozenset({CancelState.CONFIRMED, CancelState.REFUSED})  # a FakeProvider's
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,11 +40,12 @@ class Truth:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Observed:
-    """Everything one cell left behind."""
+    """Everything one cell left behind: of the run's tree (the run and the child runs
+    it owns exclusively), as its receipt tells them (S4)."""
 
     run: RunRecord
-    ops: Sequence[OperationRecord]
-    events: Sequence[EventRecord]
+    ops: Sequence[OperationRecord]  # the tree's
+    events: Sequence[EventRecord]  # the tree's, in ledger order
     receipt: Receipt  # as it stands once everything else was gathered
     settled: bool  # the run settled (after a crash: every operation resolved)
     providers: Mapping[str, FakeProvider]
@@ -60,16 +62,21 @@ class Observed:
     truth: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     error: str | None = None  # what the workflow raised, if it did
 
+    @property
+    def tree(self) -> tuple[str, ...]:
+        """The ids of the run and of every child run with an operation in ``ops``."""
+        return tuple(dict.fromkeys([self.run.id, *(op.run_id for op in self.ops)]))
+
     def truths(self) -> dict[str, Truth]:
         """Every ground truth known for this run, by tool name."""
         out = {name: Truth(f"tool {name!r}", tuple(keys)) for name, keys in self.truth.items()}
-        run = self.run.id
+        tree = self.tree
         for name, p in self.providers.items():
             out[p.tool.name] = Truth(
                 f"provider {name!r}",
-                p.of_run("effects", run),
-                p.of_run("requests", run),
-                p.of_run("cancel_requests", run),
+                p.of_runs("effects", tree),
+                p.of_runs("requests", tree),
+                p.of_runs("cancel_requests", tree),
                 frozenset(p.compensated),
             )
         return out
@@ -132,6 +139,11 @@ def check(seen: Observed, *, require_ground_truth: bool = False) -> tuple[list[V
     return violations, needs_recovery
 
 
+def _own(seen: Observed) -> list[EventRecord]:
+    """The run's own events (a child run's cancel is its parent's, delivered)."""
+    return [e for e in seen.events if e.run_id == seen.run.id]
+
+
 def _passed(seen: Observed) -> Counter[str]:
     return Counter(e.op_id for e in seen.events if e.kind == OpEvent.GATE_PASSED and e.op_id)
 
@@ -147,8 +159,9 @@ def _unresolved(seen: Observed) -> list[OperationRecord]:
 
 
 def _r1(seen: Observed) -> Iterator[Violation]:
-    """No dispatch after the fence: in ledger order, and at the providers."""
-    cancels = [e.seq for e in seen.events if e.kind == RunEvent.CANCEL]
+    """No dispatch after the fence (the run's cancel, which fences its tree): in ledger
+    order, and at the providers."""
+    cancels = [e.seq for e in _own(seen) if e.kind == RunEvent.CANCEL]
     if cancels:
         fence, corrections = min(cancels), _corrections(seen)
         for e in seen.events:
@@ -228,6 +241,7 @@ def _r3_r4(seen: Observed) -> Iterator[Violation]:
             yield Violation(
                 "R3", f"{op.id} is compensated in the ledger; {truth.who} corrected nothing"
             )
+    yield from _answers(seen, corrections)
     if seen.entries > 1:
         yield Violation("R4", f"the workflow was started {seen.entries} times")
     kept = {e.op_id for e in seen.events if e.data.get("late")}
@@ -236,9 +250,31 @@ def _r3_r4(seen: Observed) -> Iterator[Violation]:
             yield Violation("R4", f"the late response for {op_id} was not kept as evidence")
 
 
+def _answers(seen: Observed, corrections: set[str]) -> Iterator[Violation]:
+    """A ``FakeProvider``'s answer to a cancel is the one the ledger records (R14: worded
+    as observed): a refusal is not a confirmation, nor an answer one never asked for."""
+    providers = {p.tool.name: p for p in seen.providers.values()}
+    for op in seen.ops:
+        p = providers.get(op.tool)
+        if p is None or op.id in corrections or op.cancel_state not in _ANSWERS:
+            continue
+        if op.id in p.refused:
+            said = "refused"
+        elif op.id in p.cancel_requests:
+            said = "confirmed"
+        else:
+            said = "was never asked to cancel"
+        if said != op.cancel_state.value:
+            yield Violation(
+                "R14",
+                f"{op.id}: the ledger records the cancel {op.cancel_state.value}; "
+                f"provider {p.name!r} {said}",
+            )
+
+
 def _r7(seen: Observed) -> Iterator[Violation]:
     """Cancel is idempotent: one cancellation, the same principal, one provider cancel."""
-    count = sum(1 for e in seen.events if e.kind == RunEvent.CANCEL)
+    count = sum(1 for e in _own(seen) if e.kind == RunEvent.CANCEL)
     if count > 1:
         yield Violation("R7", f"{count} cancel events for one run")
     by = {r.cancelled_by for r, _ in seen.cancels}

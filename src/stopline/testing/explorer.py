@@ -231,6 +231,12 @@ def _check_actions(actions: Sequence[Action]) -> list[str]:
             raise InvalidInput(
                 "actions", f"{action.__name__} is a class: pass an instance ({action.__name__}())"
             )
+        if not isinstance(action, Action):  # "cancel", as the table prints it, was "no name"
+            raise InvalidInput(
+                "actions",
+                f"{action!r} is not an Action: pass instances of stopline.testing.actions "
+                "(Cancel(), CrashWorker(), ...) or of a subclass of Action",
+            )
     names = [getattr(a, "name", "") for a in actions]
     for action, name in zip(actions, names, strict=True):
         if not isinstance(name, str) or not name.strip():
@@ -269,6 +275,11 @@ async def _discover(
         raise ExplorerError(
             "the discovery run (the workflow on its own, no action) could not be played:\n"
             + baseline.text()
+        )
+    if not passed:  # a matrix of no cell is ok: the test would pass having explored nothing
+        raise ExplorerError(
+            "the discovery run passed no point: nothing to explore (does the workflow call "
+            "its tools with run.call, and do its providers come from the factory?)"
         )
     return _ordered(_points(passed, runner.last_sources)), unsupported, baseline
 

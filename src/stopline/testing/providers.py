@@ -11,7 +11,7 @@ Its ``tool`` is a ``stopline.Tool`` declaring exactly what it can do.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import anyio
@@ -23,7 +23,10 @@ from stopline.runtime.context import CallContext
 from stopline.runtime.tool import ReadBack, Rejected, Tool, Verdict
 from stopline.testing.barriers import Barriers
 
-__all__ = ["CancelBehaviour", "FakeProvider"]
+__all__ = ["POINTS", "CancelBehaviour", "FakeProvider", "in_runs"]
+
+# the points a call passes at the provider, in order (``hold`` takes these)
+POINTS = ("received", "accepted", "committed", "responding")
 
 
 class CancelBehaviour(enum.Enum):
@@ -115,8 +118,19 @@ class FakeProvider:
         self._by_run[which] = (keys, len(keys), index)
         return index.get(run_id, [])
 
+    def of_runs(self, which: str, run_ids: Collection[str]) -> list[str]:
+        """``of_run`` of each of ``run_ids`` (a run and the child runs it owns: their
+        operations are the run's too), run by run."""
+        return [key for run_id in dict.fromkeys(run_ids) for key in self.of_run(which, run_id)]
+
     def hold(self, point: str) -> Any:
-        """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``."""
+        """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``.
+
+        Another name is refused (``InvalidInput``): no call would ever reach it, and a
+        test waiting for it to be reached would wait for ever."""
+        if point not in POINTS:
+            names = ", ".join(map(repr, POINTS))
+            raise InvalidInput("point", f"{point!r}: a FakeProvider's calls pass {names}")
         return self.barriers.hold(point)
 
     async def _call(self, ctx: CallContext, payload: Any = None) -> dict[str, Any]:
@@ -198,3 +212,14 @@ class FakeProvider:
         response = {"id": key, "value": self.committed[key]}
         self.late.append((key, response))
         await deliver(key, response)
+
+
+def in_runs(key: str, run_ids: Collection[str]) -> bool:
+    """Whether ``key`` (an operation's id, ``<run id>/...``) is an operation of one of
+    ``run_ids``; a run id may hold ``/``, so each prefix before one is tried."""
+    at = key.find("/")
+    while at != -1:
+        if key[:at] in run_ids:
+            return True
+        at = key.find("/", at + 1)
+    return False

@@ -8,7 +8,8 @@ Installed with stopline (entry point ``pytest11``)::
 Each cell's ledger is kept under the test's ``tmp_path`` for inspection: the
 first call's as ``explore-1-<run id>.db``, the next call's ``explore-2-...``
 (calls at once in one test never share a file). A passing exploration that took
-a tool's effects on the ledger's word warns (``UserWarning``) naming the tool.
+a tool's effects on the ledger's word warns (``UserWarning``) naming the tool. A
+call never awaited fails the test: it explored nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,13 @@ Explore = Callable[..., Awaitable[Matrix]]
 
 
 @pytest.fixture
-def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
+def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Explore]:
     """``await stopline_explore(workflow, providers, **explore_options)``: the matrix,
     or a test failure whose message is its report (with each failing cell's id).
 
     Asked for by a test that is not async, it fails the test at once: called there,
-    nothing awaits it, nothing is explored, and the test passed."""
+    nothing awaits it, nothing is explored, and the test passed. A call the test
+    never awaited (a forgotten ``await``) fails it too, once it is over."""
     if not inspect.iscoroutinefunction(getattr(request, "function", None)):
         pytest.fail(
             f"{request.node.name}: stopline_explore is awaited, so the test must be async "
@@ -44,6 +46,11 @@ def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
             pytrace=False,
         )
     calls = itertools.count(1)
+    made: list[Coroutine[Any, Any, Matrix]] = []
+
+    def call(workflow: Any, providers: Any, **options: Any) -> Awaitable[Matrix]:
+        made.append(run(workflow, providers, **options))
+        return made[-1]
 
     async def run(workflow: Any, providers: Any, **options: Any) -> Matrix:
         if "ledger_url" not in options and "?" in str(tmp_path):
@@ -63,4 +70,13 @@ def stopline_explore(tmp_path: Path, request: pytest.FixtureRequest) -> Explore:
             warnings.warn(matrix.unverified_note(), UserWarning, stacklevel=2)
         return matrix
 
-    return run
+    yield call
+    unawaited = [c for c in made if inspect.getcoroutinestate(c) == inspect.CORO_CREATED]
+    for coroutine in unawaited:
+        coroutine.close()  # no "never awaited" warning on top of the failure
+    if unawaited:
+        pytest.fail(
+            f"{request.node.name}: stopline_explore(...) was called and never awaited: "
+            "nothing was explored (write `await stopline_explore(...)`)",
+            pytrace=False,
+        )
