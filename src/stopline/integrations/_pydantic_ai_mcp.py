@@ -39,7 +39,14 @@ from stopline.runtime.tool import ReadBack, Verdict
 if TYPE_CHECKING:
     from stopline.integrations.mcp import StoplineMCP
 
-__all__ = ["MCPToolset", "history_key", "mcp_name", "mcp_toolset", "mcp_verify"]
+__all__ = [
+    "MCPToolset",
+    "history_key",
+    "known_name",
+    "mcp_name",
+    "mcp_toolset",
+    "mcp_verify",
+]
 
 # the operation id of the MCP call in progress, for its ``_meta`` (``with_key``)
 OP_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -180,9 +187,15 @@ def mcp_name(tool: ToolsetTool[Any]) -> str | None:
 
 def server_name(server: NativeMCPToolset[Any]) -> str:
     """A name of the server that is the same in every process (its ``label`` may hold
-    an object's address): its ``id``, else the name it gave at initialization."""
+    an object's address): ``known_name``, else ``"mcp"``."""
+    return known_name(server) or "mcp"
+
+
+def known_name(server: NativeMCPToolset[Any]) -> str | None:
+    """The server's ``id``, else the name it gave at initialization, else ``None``:
+    what tells a connection to it from one to another server (``ServerReadBack``)."""
     if server.id:
         return server.id
     with contextlib.suppress(AttributeError):
         return server.server_info.name
-    return "mcp"
+    return None

@@ -4,22 +4,36 @@ Every read-back stopline runs is a ``Verifier``, ``async (ctx: CallContext) ->
 ReadBack | Verdict`` (``stopline.runtime.tool``; docs/decisions/0032). The
 adapters' ``verify=`` took the key alone before 0.2 (``VerifyByKey``); that form
 is read for one release, with a ``DeprecationWarning``.
+
+A framework's own MCP connection reads its tools' calls back with ``ServerReadBack``:
+one declaration per server (by its name) and tool, whatever connection to it a run
+uses, reading each call back through the connection it went through.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from collections.abc import Awaitable, Callable, Iterable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from stopline.runtime.context import CallContext
-from stopline.runtime.tool import ReadBack, Verdict, Verifier
+from stopline.runtime.tool import ReadBack, Verdict, Verifier, same_function
 
 if TYPE_CHECKING:
     from mcp_types import Tool as McpTool
 
-__all__ = ["VerifyByKey", "as_verifier", "read_verify", "wants_context"]
+__all__ = [
+    "ServerReadBack",
+    "VerifyByKey",
+    "as_verifier",
+    "read_verify",
+    "server_id",
+    "through",
+    "wants_context",
+]
 
 
 # Deprecated (0.2, removed in 0.3): a verifier taking the key alone. Pass the one
@@ -103,3 +117,79 @@ def wants_context(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
+
+
+# the connection each call went through, by operation id, while it may be read back (a
+# call that answered is dropped: its outcome is recorded), and the connection a call of
+# each server name last went through: held while the connection object lives
+_VIA: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_LATEST: weakref.WeakValueDictionary[object, Any] = weakref.WeakValueDictionary()
+
+
+class ServerReadBack:
+    """The read-back of a tool of an MCP connection (stopline's ``StoplineMCP``, a
+    framework's own): ``read(connection, ctx, tool)``, the server's
+    ``stopline_verify`` or a declared verifier run on that connection.
+
+    The ledger keeps one tool per name (ADR 0078), declared by its first call, and a
+    process may reach the same server through another connection (one per request, one
+    opened again after the first ended): two are one declaration when they read the
+    same tool of the same server (``name``: ``server_id``) the same way (ADR 0086),
+    never by the connection object, which made every call through a second connection
+    "another tool under a known name", refused before its gate. A call's read-back goes
+    through the connection the call went through (``through``) while it lives, else the
+    one a call of that server last went through, else this one. ``name=None`` (a server
+    not told apart from others): only this connection."""
+
+    def __init__(self, read: Any, connection: Any, name: object, tool: str | None) -> None:
+        self.read, self.connection, self.name, self.tool = read, connection, name, tool
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ServerReadBack):
+            return NotImplemented
+        same = self.connection is other.connection or (
+            self.name is not None and self.name == other.name
+        )
+        return same and self.tool == other.tool and same_function(self.read, other.read)
+
+    def __hash__(self) -> int:
+        return hash(self.tool)
+
+    @contextlib.contextmanager
+    def through(self, op_id: str) -> Iterator[None]:
+        """The call ``op_id`` goes through this read-back's connection: kept for its
+        read-back unless it answers (then its outcome is recorded)."""
+        _VIA[op_id] = self.connection
+        if self.name is not None:
+            _LATEST[self.name] = self.connection
+        yield
+        _VIA.pop(op_id, None)
+
+    async def __call__(self, ctx: CallContext) -> ReadBack | Verdict:
+        connection = _VIA.get(ctx.key)
+        if connection is None and self.name is not None:
+            connection = _LATEST.get(self.name)
+        answer: ReadBack | Verdict = await self.read(connection or self.connection, ctx, self.tool)
+        return answer
+
+
+def server_id(name: str | None, target: object) -> tuple[object, ...] | None:
+    """A server's identity for ``ServerReadBack``: its name and where a connection reaches
+    it (a URL, or a command and its arguments: per-request headers are not part of it);
+    None if either is not known (then only the connection itself is the server). Two
+    servers given one name are two: one's "not found" would end the other's call."""
+    url = target.get("url") if isinstance(target, Mapping) else getattr(target, "url", None)
+    if isinstance(target, str):
+        url = target
+    command, args = getattr(target, "command", None), getattr(target, "args", None)
+    if name is None or not isinstance(url or command, str):
+        return None
+    return (name, str(url)) if url else (name, command, *map(str, args or ()))
+
+
+def through(read_back: object, op_id: str) -> contextlib.AbstractContextManager[None]:
+    """``read_back.through(op_id)`` of a ``ServerReadBack``; nothing of another (none, a
+    verifier of the user's own)."""
+    if isinstance(read_back, ServerReadBack):
+        return read_back.through(op_id)
+    return contextlib.nullcontext()

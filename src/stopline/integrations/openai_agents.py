@@ -95,6 +95,7 @@ from stopline.integrations._openai_mcp import (
     reads_only,
 )
 from stopline.integrations._openai_nested import agent_of, agent_tool_over, handoff_to
+from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, Rejected, Tool, Verifier
@@ -143,20 +144,28 @@ def gated(
     if _runs_in_thread(tool):  # the SDK runs it in a thread: let it finish, keep its answer
         stopline_tool = detached_tool(tool.name, spec, start)
     else:  # a cancel interrupts it: unknown until verified
+        read_back = None  # the server's stopline_verify: one declaration per server's tool
+        if spec.verify is None and server is not None:
+            read_back = ServerReadBack(
+                mcp_verify,
+                server,
+                server_id(server.name, getattr(server, "params", None)),
+                mcp_tool_name(body),
+            )
 
         async def direct(ctx: CallContext, arguments: Any) -> Any:
             token = OP_ID.set(ctx.key)
             try:
-                return await start(ctx, (arguments,), {})()
+                with through(read_back, ctx.key):
+                    return await start(ctx, (arguments,), {})()
             finally:
                 OP_ID.reset(token)
 
         stopline_tool = Tool(direct, name=tool.name, description=spec.description)
         stopline_tool.wants_context = True
         spec.declare(stopline_tool)
-        if spec.verify is None and server is not None:
-            named = mcp_tool_name(body)  # the name the server knows it by
-            stopline_tool.verify_fn = functools.partial(mcp_verify, server, tool=named)
+        if read_back is not None:
+            stopline_tool.verify_fn = read_back
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set((ctx, arguments))

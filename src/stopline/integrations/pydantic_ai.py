@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -97,10 +96,12 @@ from stopline.integrations._pydantic_ai_mcp import (
     MCPToolset,
     history_key,
     key_in_meta,
+    known_name,
     mcp_name,
     mcp_toolset,
     mcp_verify,
 )
+from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -167,21 +168,28 @@ class StoplineToolset(WrapperToolset[Any]):
         verify, horizon = as_verifier(self.verify.get(name)), self.settles_within.get(name)
         spec = ToolSpec(verify=verify, cancel=self.cancel.get(name), settles_within=horizon)
         if is_async:  # a cancel interrupts it: unknown until verified
-            made: Tool[Any] = Tool(self._direct(name), name=name, description=spec.description)
+            read_back = None  # through the server's stopline_verify (one per server)
+            if spec.verify is None and mcp is not None:
+                read_back = ServerReadBack(
+                    mcp_verify, mcp, server_id(known_name(mcp), _transport(mcp)), mcp_name(tool)
+                )
+            call = self._direct(name, read_back)
+            made: Tool[Any] = Tool(call, name=name, description=spec.description)
             made.wants_context = True
             spec.declare(made)
-            if spec.verify is None and mcp is not None:
-                made.verify_fn = functools.partial(mcp_verify, mcp, tool=mcp_name(tool))
+            if read_back is not None:
+                made.verify_fn = read_back
         else:  # a def tool: its executor thread finishes whoever waits (R4)
             made = detached_tool(name, spec, self._framework_call(name))
         self._tools[(name, is_async, id(mcp))] = made
         return made
 
-    def _direct(self, name: str) -> Any:
+    def _direct(self, name: str, read_back: ServerReadBack | None) -> Any:
         async def call(ctx: CallContext, tool_args: dict[str, Any]) -> Any:
             token = OP_ID.set(ctx.key)
             try:
-                return await self._framework_call(name)(ctx, (tool_args,), {})()
+                with through(read_back, ctx.key):
+                    return await self._framework_call(name)(ctx, (tool_args,), {})()
             finally:
                 OP_ID.reset(token)
 
@@ -472,3 +480,10 @@ async def run(
         approver=approver,
     ) as session:
         yield session
+
+
+def _transport(server: Any) -> object:
+    """Where an ``MCPToolset`` connects (its client's transport: a URL, a command)."""
+    with contextlib.suppress(Exception):  # a toolset without a client of its own
+        return server.client.transport
+    return None

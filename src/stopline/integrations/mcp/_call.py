@@ -32,7 +32,6 @@ late answer still attaches (R4).
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -144,19 +143,14 @@ def never_processed(ref: str, proof: str, why: str) -> Rejected:
     return Rejected(why, ref=f"{proof}:{ref}")
 
 
-def connected(conn: StoplineMCP, verify: Verifier) -> Verifier:
-    """A ``verifiers=`` read-back runs on ``conn`` open: a lost connection is re-opened
+async def connected(verify: Verifier, conn: StoplineMCP, ctx: CallContext, _: object) -> Any:
+    """A ``verifiers=`` read-back, run on ``conn`` open: a lost connection is re-opened
     first (at most ``connect_timeout``; the read-back's own time limit bounds it too),
     so ``conn.client`` in it is live. It runs even if that failed (it may read
     elsewhere; ``conn.client`` then raises ``NoAnswer``)."""
-
-    @functools.wraps(verify)
-    async def verify_connected(ctx: CallContext) -> Any:
-        with contextlib.suppress(NoAnswer):
-            await conn.open_session()
-        return await verify(ctx)
-
-    return verify_connected
+    with contextlib.suppress(NoAnswer):
+        await conn.open_session()
+    return await verify(ctx)
 
 
 async def read_tool(
@@ -252,7 +246,7 @@ def verdict_of(conn: StoplineMCP, name: str, status: dict[str, Any]) -> tuple[Ve
     return proves(status, name, declared)
 
 
-async def read_back(conn: StoplineMCP, name: str, ctx: CallContext) -> ReadBack:
+async def read_back(conn: StoplineMCP, ctx: CallContext, name: str) -> ReadBack:
     """The server's ``stopline_verify`` as the read-back of a call of tool ``name``."""
     try:
         # an attempt still running at the server is waited for (a long poll): its

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from stopline.domain.vocab import Cancellable
 from stopline.errors import UnknownTool
+from stopline.integrations._verify import ServerReadBack, server_id
 from stopline.integrations.mcp._call import connected, read_back, sendable
 from stopline.runtime.tool import Tool
 
@@ -44,10 +45,13 @@ def declare(conn: StoplineMCP, name: str, tool: Tool[Any], invoke: Any, read: An
     user_verify = conn.verifiers.get(name)
     use_server = policy.verify if policy.verify is not None else conn.offers_verify
     tool.verify_fn = None
+    # read back on the connection a call went through: one declaration for every
+    # connection of this name (one per request, one opened again), ADR 0086
     if effects and user_verify is not None:  # a read: nothing to verify or cancel
-        tool.verify_fn = connected(conn, user_verify)
+        read = functools.partial(connected, user_verify)
+        tool.verify_fn = ServerReadBack(read, conn, server_id(conn.name, conn.target), name)
     elif effects and use_server and conn.offers_verify:
-        tool.verify_fn = functools.partial(read_back, conn, name)
+        tool.verify_fn = ServerReadBack(read_back, conn, server_id(conn.name, conn.target), name)
 
 
 def listed_check(conn: StoplineMCP, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:

@@ -60,6 +60,7 @@ from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cause
 from stopline.errors import UnknownTool
 from stopline.integrations._renamed import renamed_idle_timeout
+from stopline.integrations._verify import through
 from stopline.integrations.mcp._call import (
     McpCall,
     cancel_channel,
@@ -324,8 +325,7 @@ class StoplineMCP:
         return self.policies.get(name, ToolPolicy()).merged(base)
 
     def tool(self, name: str) -> Tool[Any]:
-        """The ``stopline.Tool`` for the MCP tool ``name``: ``run.call(tool, arguments)``.
-        One per name: a new listing re-declares it in place, never weaker (``_tools``)."""
+        """``run.call(tool, arguments)``'s tool ``name``, re-declared in place (``_tools``)."""
         existing = self._tools.get(name)
         if existing is not None:
             if name not in self.listing:
@@ -333,7 +333,8 @@ class StoplineMCP:
             return existing
 
         async def invoke(ctx: CallContext, arguments: dict[str, Any] | None = None) -> Any:
-            return await self._invoke(name, ctx, arguments, _IDLE.get(None))
+            with through(ctx.tool.verify_fn, ctx.key):  # read back on this connection
+                return await self._invoke(name, ctx, arguments, _IDLE.get(None))
 
         async def read(arguments: dict[str, Any] | None = None) -> Any:
             if (why := await routed(self, name, as_read=True)) is not None:
@@ -374,8 +375,7 @@ class StoplineMCP:
         as there. ``idle_timeout`` is the silence allowed: each progress notification
         extends it, never past ``progress_cap`` from the start; it is not part of the
         call's identity. ``timeout=`` is its old name (deprecated, ADR 0030). After the
-        server said its tools changed, the call is routed by the listing read again.
-        """
+        server said its tools changed, the call is routed by the listing read again."""
         token = _IDLE.set(renamed_idle_timeout("StoplineMCP.call", idle_timeout, timeout))
         try:
             if self.tool_listing.stale:  # a failed re-list: routed by what is known
