@@ -55,7 +55,8 @@ sent, with an error that says the id was reused. Two calls of one id at once
 (one message naming it twice) go one after the other (``_call_ids``, ADR 0068).
 
 **A result that was not kept** (``result_not_replayable`` evidence, the
-runtime's replay check) is never handed to the model as ``None``: a replayed
+runtime's replay check), or none recorded (a commit a read-back or a reviewer
+proved, ``_replayed``), is never handed to the model as ``None``: a replayed
 tool call answers with ``unkept_note``.
 
 **Waiting for a person (``Bound.suspend``).** When the framework stops to ask
@@ -92,6 +93,7 @@ from stopline.errors import (
 )
 from stopline.integrations._call_ids import CallIds, inside, refused_replay, unkept_note
 from stopline.integrations._detached import Work, detached_tool
+from stopline.integrations._replayed import told
 from stopline.integrations._verify import VerifyByKey, as_verifier, read_verify, wants_context
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -314,12 +316,11 @@ async def gated_call(
     bound = current()
     key = bound.key_for(tool.name, key, [args, kwargs])
     # a call the run was paused for passes only with its approval granted
-    asked = key is not None and f"{bound.run.id}/{key}" in bound._approvals
+    asked = needs_approval or (key is not None and f"{bound.run.id}/{key}" in bound._approvals)
     try:
         async with bound.calls.one_at_a_time(key, tool.name):  # an id reused at once waits
-            return await bound.run.call(
-                tool, *args, key=key, needs_approval=needs_approval or asked, **kwargs
-            )
+            answer = bound.run.call(tool, *args, key=key, needs_approval=asked, **kwargs)
+            return await told(bound, key, answer) if unkept_as_text else await answer
     except (IdempotencyConflict, NotReplayable) as refused:
         if isinstance(refused, NotReplayable) and not unkept_as_text:
             raise

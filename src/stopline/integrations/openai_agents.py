@@ -95,6 +95,7 @@ from stopline.integrations._openai_mcp import (
     reads_only,
 )
 from stopline.integrations._openai_nested import agent_of, agent_tool_over, handoff_to
+from stopline.integrations._replayed import not_kept
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -433,7 +434,7 @@ def _recorded_line(op: OperationRecord, key: str) -> str:
         return said + "did not happen; it may be called again"
     if follows is OnResume.BLOCKS:
         return said + "in doubt; do not repeat it, it is under review"
-    why = op.result_not_kept
+    why = not_kept(op)  # none kept, or a read-back's commit: a note, never ``null``
     result = json.dumps(op.result, default=str) if why is None else unkept_note(op.tool, why)
     return said + f"done, do not repeat it; result {result}"
 

@@ -89,7 +89,6 @@ from stopline.integrations._frameworks import (
     detached_tool,
     gated_call,
     open_run,
-    unkept_note,
 )
 from stopline.integrations._pydantic_ai_mcp import (
     OP_ID,
@@ -101,6 +100,7 @@ from stopline.integrations._pydantic_ai_mcp import (
     mcp_toolset,
     mcp_verify,
 )
+from stopline.integrations._replayed import for_model
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
 from stopline.runtime.context import CallContext
@@ -420,8 +420,8 @@ async def repair_history(
     ledger: Ledger, run_id: str, messages: Sequence[ModelMessage]
 ) -> list[ModelMessage]:
     """Add a return for every tool call that committed (per the ledger) but has none:
-    its recorded result, or, when the result was not kept (``result_not_kept``), a note
-    saying so, never ``None``."""
+    its recorded result, or, when the ledger holds none (not kept, or a read-back's or a
+    reviewer's commit: ``_replayed.not_kept``), a note saying so, never ``None``."""
     returns: list[ToolReturnPart] = []
     for part in _unanswered(messages):
         try:
@@ -429,9 +429,7 @@ async def repair_history(
         except NotFound:
             continue
         if on_resume(op.status) is OnResume.REPLAYED:
-            why = op.result_not_kept
-            content = op.result if why is None else unkept_note(op.tool, why)
-            returns.append(ToolReturnPart(part.tool_name, content, part.tool_call_id))
+            returns.append(ToolReturnPart(part.tool_name, for_model(op), part.tool_call_id))
     out = list(messages)
     if not returns:
         return out
