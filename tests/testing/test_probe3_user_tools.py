@@ -276,21 +276,26 @@ async def test_a_read_back_that_finds_a_charge_never_made_is_r3() -> None:
 # -- the pytest fixture ------------------------------------------------------------------
 
 
+# the head of a user's test file exploring one tool (``send``) through the fixture
+A_USERS_TEST = (
+    "import pytest\n"
+    "import stopline\n"
+    "from stopline.testing import FakeProvider\n\n"
+    "async def send(run, mail):\n"
+    "    async with run.phase(stopline.PhaseKind.CALLING_EXTERNAL):\n"
+    "        await run.call(mail.tool, 'x')\n\n"
+    "@pytest.fixture\n"
+    "def anyio_backend():\n"
+    "    return 'asyncio'\n\n"
+)
+
+
 def test_a_tmp_path_a_ledger_url_cannot_carry_fails_the_test_saying_so(tmp_path: Path) -> None:
     """With ``--basetemp`` holding '?', the fixture's ledger URL ended its path there:
     the cells' ledgers went beside the base directory, outside every tmp_path, and the
     test passed."""
     (tmp_path / "test_q.py").write_text(
-        "import pytest\n"
-        "import stopline\n"
-        "from stopline.testing import FakeProvider\n\n"
-        "async def send(run, mail):\n"
-        "    async with run.phase(stopline.PhaseKind.CALLING_EXTERNAL):\n"
-        "        await run.call(mail.tool, 'x')\n\n"
-        "@pytest.fixture\n"
-        "def anyio_backend():\n"
-        "    return 'asyncio'\n\n"
-        "@pytest.mark.anyio\n"
+        A_USERS_TEST + "@pytest.mark.anyio\n"
         "async def test_q(stopline_explore):\n"
         "    only = 'point=accepted/mail action=cancel seed=0'\n"
         "    await stopline_explore(send, lambda: FakeProvider('mail'), only=only)\n"

@@ -26,6 +26,7 @@ from stopline.testing import CellStatus, FakeProvider
 from stopline.testing.actions import Cancel, Compensate, CrashWorker, LateResponse, RefuseCancel
 from stopline.testing.explorer import ExplorerError, explore
 from stopline.testing.mutations import gate_ignores_fence, receipt_overclaims
+from tests.testing.test_probe3_user_tools import A_USERS_TEST
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -238,16 +239,7 @@ def test_an_async_test_that_forgets_to_await_the_fixture_fails(tmp_path: Path) -
     """``stopline_explore(...)`` without ``await`` explored nothing and the test passed
     (a RuntimeWarning aside): the case the fixture refuses a sync test for."""
     (tmp_path / "test_forgot_await.py").write_text(
-        "import pytest\n"
-        "import stopline\n"
-        "from stopline.testing import FakeProvider\n\n"
-        "async def send(run, mail):\n"
-        "    async with run.phase(stopline.PhaseKind.CALLING_EXTERNAL):\n"
-        "        await run.call(mail.tool, 'x')\n\n"
-        "@pytest.fixture\n"
-        "def anyio_backend():\n"
-        "    return 'asyncio'\n\n"
-        "@pytest.mark.anyio\n"
+        A_USERS_TEST + "@pytest.mark.anyio\n"
         "async def test_forgot(stopline_explore):\n"
         "    stopline_explore(send, lambda: FakeProvider('mail'))\n\n"
         "@pytest.mark.anyio\n"
