@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -263,3 +263,14 @@ def test_an_async_test_that_forgets_to_await_the_fixture_fails(tmp_path: Path) -
     assert "PASSED test_forgot_await.py::test_awaited" in ran.stdout
     assert "ERROR test_forgot_await.py::test_awaited" not in ran.stdout
     assert "never awaited" not in ran.stderr
+
+
+async def test_require_ground_truth_that_is_no_bool_is_refused() -> None:
+    """``require_ground_truth="no"`` was true (every tool then needed a ground truth)."""
+
+    async def workflow(run: stopline.Run, providers: Any) -> None:
+        raise AssertionError("not run")
+
+    with pytest.raises(InvalidInput) as refused:
+        await explore(workflow, lambda: None, require_ground_truth=cast(bool, "no"))
+    assert refused.value.what == "require_ground_truth"

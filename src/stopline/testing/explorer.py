@@ -130,6 +130,8 @@ async def explore(
     action has no name, an ``only`` names no cell.
     """
     _check_inputs(workflow, providers, seed, cell_timeout, out, verify, ground_truth)
+    if not isinstance(require_ground_truth, bool):  # "no" was true: every tool required
+        raise InvalidInput("require_ground_truth", f"{require_ground_truth!r}: True or False")
     names = _check_actions(actions)
     wanted, seed = _parse_only(only, seed)
     with tempfile.TemporaryDirectory(prefix="stopline-explore-") as tmp:
