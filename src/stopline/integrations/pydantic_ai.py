@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -100,6 +101,7 @@ from stopline.integrations._pydantic_ai_mcp import (
     mcp_toolset,
     mcp_verify,
 )
+from stopline.integrations._pydantic_ai_output import gated_output
 from stopline.integrations._replayed import for_model
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
@@ -302,6 +304,16 @@ class Gate(AbstractCapability[Any]):
     verify: Mapping[str, Verifier | VerifyByKey] = dataclasses.field(default_factory=dict)
     cancel: Mapping[str, CancelFn] = dataclasses.field(default_factory=dict)
     settles_within: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    async def wrap_output_process(
+        self, ctx: RunContext[Any], *, output_context: Any, output: Any, handler: Any
+    ) -> Any:
+        """An output function acts as a tool does: through the gate (``_pydantic_ai_output``)."""
+        name = output_context.function_name or "output"
+        if not output_context.has_function or ctx.partial_output or name in self.reads:
+            return await handler(output)
+        run = functools.partial(handler, output)
+        return await gated_output(self, name, output_context.tool_call, output, run)
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         if _gates(toolset):  # gated already (the agent's own ``Gate``): its settings hold
