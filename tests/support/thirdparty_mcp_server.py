@@ -108,11 +108,15 @@ _READ = ToolAnnotations(read_only_hint=True)
 
 # -- the ground truth ---------------------------------------------------------------
 def log_entries(log: str | Path) -> list[dict[str, Any]]:
-    """Every line the server wrote to its ground-truth log, in order."""
+    """Every line the server wrote to its ground-truth log, in order. A line still being
+    appended (another server process of the same log writing it as this one reads: a
+    truth-matrix run failed ``ctl_ended`` with a ``JSONDecodeError`` so, under load) is
+    not a line yet: only those ending with a newline are read."""
     path = Path(log)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines(keepends=True)
+    return [json.loads(line) for line in lines if line.endswith("\n") and line.strip()]
 
 
 def commits(log: str | Path, key: str | None = None) -> list[dict[str, Any]]:
