@@ -119,10 +119,11 @@ def wants_context(fn: Callable[..., Any]) -> bool:
     return bool(params) and (params[0].name == "ctx" or "CallContext" in str(params[0].annotation))
 
 
-# the connection each call went through, by operation id, while it may be read back (a
-# call that answered is dropped: its outcome is recorded), and the connection a call of
-# each server name last went through: held while the connection object lives
-_VIA: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+# the connection each call went through, by server and operation id (one key may be
+# two ledgers'), while it may be read back (a call that answered is dropped: its outcome
+# is recorded), and the connection a call of each server last went through: held while
+# the connection object lives
+_VIA: weakref.WeakValueDictionary[tuple[object, str], Any] = weakref.WeakValueDictionary()
 _LATEST: weakref.WeakValueDictionary[object, Any] = weakref.WeakValueDictionary()
 
 
@@ -159,17 +160,24 @@ class ServerReadBack:
     def through(self, op_id: str) -> Iterator[None]:
         """The call ``op_id`` goes through this read-back's connection: kept for its
         read-back unless it answers (then its outcome is recorded)."""
-        _VIA[op_id] = self.connection
+        _VIA[self._server, op_id] = self.connection
         if self.name is not None:
             _LATEST[self.name] = self.connection
         yield
-        _VIA.pop(op_id, None)
+        _VIA.pop((self._server, op_id), None)
+
+    @property
+    def _server(self) -> object:
+        """The server a call's connection is noted under (one key may be two ledgers')."""
+        return self.name if self.name is not None else id(self.connection)
 
     async def __call__(self, ctx: CallContext) -> ReadBack | Verdict:
-        connection = _VIA.get(ctx.key)
+        connection = _VIA.get((self._server, ctx.key))
         if connection is None and self.name is not None:
             connection = _LATEST.get(self.name)
-        answer: ReadBack | Verdict = await self.read(connection or self.connection, ctx, self.tool)
+        if connection is None:
+            connection = self.connection
+        answer: ReadBack | Verdict = await self.read(connection, ctx, self.tool)
         return answer
 
 
