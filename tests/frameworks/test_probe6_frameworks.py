@@ -26,13 +26,14 @@ import anyio
 import pytest
 from agents import set_tracing_disabled
 from agents.mcp import MCPServerStdio
+from fastmcp import FastMCP
 from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.models.function import FunctionModel
 
 import stopline
-from stopline import OpStatus, Policy
+from stopline import InvalidInput, OpStatus, Policy
 from stopline.integrations import openai_agents as oa
 from stopline.integrations import pydantic_ai as pai
 from tests.frameworks.conftest import oa_params, server_args
@@ -137,3 +138,57 @@ async def test_pydantic_ai_a_second_connection_to_an_mcp_server_is_gated_and_rea
     assert op.status is OpStatus.COMMITTED
     kinds = [e.kind for e in await ledger.backend.events("p6-pai-conn-3") if e.op_id == key]
     assert kinds.index("lost") < kinds.index("verified_committed")
+
+
+def in_process_server(effects: list[str]) -> FastMCP:
+    """A FastMCP server in this process (``MCPToolset(server)``: FastMCP's in-memory
+    transport), recording each effect it makes."""
+    server = FastMCP("inproc")
+
+    @server.tool
+    def upload(payload: str) -> str:
+        effects.append(payload)
+        return f"uploaded {payload}"
+
+    return server
+
+
+async def test_pydantic_ai_a_second_toolset_on_an_in_process_server_is_gated(
+    ledger: stopline.Ledger,
+) -> None:
+    """A toolset made per request on one in-process server: the server is the object
+    its transport calls, so the second is the same server and its call is gated (it
+    was refused before its gate, as another tool under a known name)."""
+    effects: list[str] = []
+    server = in_process_server(effects)
+    for n in (1, 2):
+        async with MCPToolset(server) as toolset:
+            agent = Agent(FunctionModel(PaiScript("upload", f"Q{n}")), toolsets=[toolset])
+            async with pai.run(ledger, owner="user:1", run_id=f"p6-pai-inproc-{n}") as s:
+                result = await s.run(agent, "upload")
+        assert result.output == f"done: uploaded Q{n}"
+        (op,) = await ledger.backend.operations(f"p6-pai-inproc-{n}")
+        assert op.status is OpStatus.COMMITTED
+    assert effects == ["Q1", "Q2"]
+
+
+async def test_pydantic_ai_another_in_process_server_of_the_same_name_stays_another(
+    ledger: stopline.Ledger,
+) -> None:
+    """Two in-process servers that give one name are two servers: the second's tool is
+    refused before its gate (one's "not found" would end the other's call), nothing
+    recorded, no effect."""
+    first_effects: list[str] = []
+    second_effects: list[str] = []
+    async with MCPToolset(in_process_server(first_effects)) as toolset:
+        agent = Agent(FunctionModel(PaiScript("upload", "Q1")), toolsets=[toolset])
+        async with pai.run(ledger, owner="user:1", run_id="p6-pai-inproc-a") as s:
+            await s.run(agent, "upload")
+    async with MCPToolset(in_process_server(second_effects)) as toolset:
+        agent = Agent(FunctionModel(PaiScript("upload", "Q2")), toolsets=[toolset])
+        with pytest.raises(InvalidInput, match="names another tool in this ledger"):
+            async with pai.run(ledger, owner="user:1", run_id="p6-pai-inproc-b") as s:
+                await s.run(agent, "upload")
+    assert first_effects == ["Q1"]
+    assert second_effects == []
+    assert await ledger.backend.operations("p6-pai-inproc-b") == []

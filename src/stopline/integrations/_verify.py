@@ -183,13 +183,17 @@ class ServerReadBack:
 
 def server_id(name: str | None, target: object) -> tuple[object, ...] | None:
     """A server's identity for ``ServerReadBack``: its name and where a connection reaches
-    it (a URL, or a command and its arguments: per-request headers are not part of it);
-    None if either is not known (then only the connection itself is the server). Two
-    servers given one name are two: one's "not found" would end the other's call."""
+    it (a URL, a command and its arguments, or the server object a connection in this
+    process calls: per-request headers are not part of it); None if either is not
+    known (then only the connection itself is the server). Two servers given one name
+    are two: one's "not found" would end the other's call."""
     url = target.get("url") if isinstance(target, Mapping) else getattr(target, "url", None)
     if isinstance(target, str):
         url = target
     command, args = getattr(target, "command", None), getattr(target, "args", None)
+    in_process = getattr(target, "server", None)  # FastMCP's in-memory transport
+    if name is not None and url is None and command is None and in_process is not None:
+        return (name, "in-process", in_process)  # equal only to the same object
     if name is None or not isinstance(url or command, str):
         return None
     return (name, str(url)) if url else (name, command, *map(str, args or ()))
