@@ -163,6 +163,28 @@ async def test_a_call_cancelled_after_its_body_acted_leaves_its_key_unknown(
     assert "was cancelled with this key once it may have run" in answer["detail"]
 
 
+async def test_a_deadline_that_runs_out_as_the_record_begins_leaves_no_key_in_progress(
+    tmp_path: Path,
+) -> None:
+    """``hurried`` bounds its work with a deadline of its own; one run out as its record
+    begins (0 s: the first checkpoint is the record's) cut the begin itself, and the key
+    stayed live in the server process for good: read "received, nothing recorded yet"
+    (``unknown``) and waited for by every later call of it, which never answered. The
+    begin is one local write and is not cut: once begun, the call commits (shielded,
+    as every commit) and answers; a second call with the key replays it."""
+    async with edges("stdio-2026", tmp_path / "effects.db") as client:
+        first = await client.call_tool("hurried", {"payload": "p", "seconds": 0}, meta=keyed("h"))
+        answer = await verify(client, "h", "hurried")
+        with anyio.fail_after(30):  # a bound on the wait: before, it never answered
+            again = await client.call_tool(
+                "hurried", {"payload": "p", "seconds": 30}, meta=keyed("h")
+            )
+        assert len(await effects_of(client, "h")) == 1
+    assert not first.is_error, first
+    assert answer["verdict"] == "committed", answer
+    assert not again.is_error and again.structured_content == first.structured_content
+
+
 @pytest.mark.parametrize("transport", ["stdio-legacy", "http-2026"])
 async def test_a_full_disk_refuses_a_call_before_it_runs_and_keeps_one_that_ran(
     tmp_path: Path, transport: str

@@ -14,6 +14,8 @@ restart) apart from the ``Effects`` record:
   anything, then raises (``fail``) or answers (not ``fail``).
 - ``stall(payload)``: holds at ``body:stall`` before it records anything (a test
   holds it there), then records and commits like ``pay``.
+- ``hurried(payload, seconds)``: honest, its work bounded by its own deadline
+  (``anyio.fail_after(seconds)``); 0 runs out as its record begins.
 
 ``leaky`` and ``pay`` also stop at ``body:<tool>`` when a test holds that point (through
 ``ctl_hold``, ``ctl_reached``, ``ctl_release``). ``ctl_redeclare(tool, tracked)``
@@ -31,6 +33,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import Tool as McpTool
@@ -105,6 +108,12 @@ def build(path: str) -> tuple[MCPServer[Any], Effects]:
         """Honest, but waits before it records anything."""
         await barriers.reach("body:stall", key_of(ctx))
         return await recorded(ctx, "stall")
+
+    @server.tool(meta=effect_meta())
+    async def hurried(payload: str, seconds: float, ctx: Context[Any]) -> dict[str, Any]:
+        """Honest, with a deadline of its own around its recorded work."""
+        with anyio.fail_after(seconds):
+            return await recorded(ctx, "hurried")
 
     @server.tool(meta=_CONTROL)
     async def ctl_hold(point: str) -> str:

@@ -352,9 +352,17 @@ class Operation:
         self._live = effects._live[self.key] = _Live(EffectState.RECEIVED, anyio.Event())
         call = this_call(self.key)
         arrival = call.arrival if call else None
-        record, fresh = await anyio.to_thread.run_sync(
-            effects.store.begin, self.key, self.tool, arrival
-        )
+        try:
+            # shielded: a cancel landing as the record begins (at the thread's first
+            # checkpoint) left the key live here for good, read "in progress" and
+            # waited for by every later call of it; begun, ``__aexit__`` settles it
+            with anyio.CancelScope(shield=True):
+                record, fresh = await anyio.to_thread.run_sync(
+                    effects.store.begin, self.key, self.tool, arrival
+                )
+        except BaseException:
+            self._settle()  # not begun (the record could not be written): not live
+            raise
         if call is not None:
             call.began()
         if not fresh:
