@@ -9,9 +9,8 @@ import typer
 
 from stopline.cli import _common as c
 from stopline.cli.progress import progress
-from stopline.cli.views import CLI_TERMS
+from stopline.cli.views import CLI_TERMS, acting_as
 from stopline.domain.guidance import what_to_do
-from stopline.domain.lifecycle import operator
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
@@ -62,11 +61,12 @@ def pause(
     there is nothing to pause (it ended, or a cancel stopped it).
     """
     url = c.options(ctx).url
+    who = acting_as(by)  # before the ledger is opened: a refusal would be logged there
 
     async def go() -> Receipt | RunEnded:
         async with c.opened(url) as ledger:
             try:
-                return await ledger.pause(run_id, by=operator(by), reason=reason)
+                return await ledger.pause(run_id, by=who, reason=reason)
             except RunEnded as exc:  # ended, or stopped by a cancel: nothing was written
                 return exc
 
@@ -96,6 +96,7 @@ def resume(
     running already, or it completed or failed on its own).
     """
     url = c.options(ctx).url
+    who = acting_as(by)  # before the ledger is opened: a refusal would be logged there
 
     async def go() -> Resumed | RunRecord:
         async with c.opened(url) as ledger:
@@ -103,7 +104,7 @@ def resume(
             if run.state in NOTHING_TO_RESUME:
                 return run
             try:
-                return await ledger.resume(run_id, by=operator(by))
+                return await ledger.resume(run_id, by=who)
             except RunEnded as exc:  # how to go on, as a shell user does it
                 now = dataclasses.replace(run, state=RunState(exc.state.value))
                 raise RunEnded(run_id, exc.state, what_to_do(now, terms=CLI_TERMS)) from exc

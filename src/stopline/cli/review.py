@@ -8,10 +8,16 @@ import typer
 
 from stopline.cli import _common as c
 from stopline.cli._layout import Grid
-from stopline.cli.views import event_to_json, fmt_time, op_to_json, review_item_json, run_to_json
+from stopline.cli.views import (
+    acting_as,
+    event_to_json,
+    fmt_time,
+    op_to_json,
+    review_item_json,
+    run_to_json,
+)
 from stopline.cli.views import timeline as build_timeline
 from stopline.domain.guidance import correct_in_application
-from stopline.domain.lifecycle import operator
 from stopline.domain.receipt import Receipt
 from stopline.errors import NotPermitted
 from stopline.runtime.review import ReviewVerdict
@@ -127,6 +133,7 @@ def resolve(
     shell it is refused, nothing recorded, with what to do instead.
     """
     url = c.options(ctx).url
+    who = acting_as(by)  # before the ledger is opened: a refusal would be logged there
 
     async def go() -> Receipt:
         if decision is ReviewVerdict.COMPENSATE:
@@ -135,7 +142,7 @@ def resolve(
             if op.can_compensate and op.compensates is None:  # else the ledger says why not
                 raise NotPermitted(_compensate_elsewhere(op_id, op.tool))
         async with c.opened(url) as ledger:
-            return await ledger.resolve_review(op_id, decision, by=operator(by), note=note)
+            return await ledger.resolve_review(op_id, decision, by=who, note=note)
 
     receipt = c.run_sync(
         go,

@@ -9,7 +9,9 @@ import typer
 
 from stopline.cli import _common as c
 from stopline.cli._layout import Grid
+from stopline.cli.holders import Holding, holdings
 from stopline.cli.views import (
+    acting_as,
     fmt_age,
     fmt_time,
     op_to_json,
@@ -18,7 +20,6 @@ from stopline.cli.views import (
     started_within,
     timeline,
 )
-from stopline.domain.lifecycle import operator
 from stopline.domain.limits import check_wait
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
@@ -45,17 +46,23 @@ def runs(
     url = c.options(ctx).url
     age = None if since is None else parse_age(since)
 
-    async def go() -> list[tuple[Any, Receipt]]:
+    async def go() -> tuple[list[tuple[Any, Receipt]], dict[str, Holding]]:
         async with c.reading(url) as ledger:
             found = await ledger.runs_with_receipts(state=state, owner=owner, limit=limit)
             within = started_within(age)
-            return [(run, receipt) for run, receipt in found if within(run)]
+            rows = [(run, receipt) for run, receipt in found if within(run)]
+            return rows, await holdings(ledger.backend, [run for run, _ in rows])
 
-    rows = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
+    rows, held = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
     if as_json:
         c.print_json(
             [
-                {**run_to_json(run), "headline": r.headline.value, "settled": r.settled}
+                {
+                    **run_to_json(run),
+                    "headline": r.headline.value,
+                    "settled": r.settled,
+                    "held_by": held[run.id].to_json() if run.id in held else None,
+                }
                 for run, r in rows
             ]
         )
@@ -63,7 +70,8 @@ def runs(
     if not rows:
         c.out.print("no runs match")
         return
-    table = Grid(("RUN", "NAME", "OWNER", "STATE", "PHASE", "AGE", "HEADLINE"))
+    # the headline last: `stopline runs | awk '{print $NF}'` reads it, as it did
+    table = Grid(("RUN", "NAME", "OWNER", "STATE", "PHASE", "AGE", "HELD BY", "HEADLINE"))
     for run, receipt in rows:
         table.add_row(
             run.id,
@@ -72,6 +80,7 @@ def runs(
             run.state.value,
             run.phase.value if run.phase else "",
             fmt_age(run.created_at),
+            held[run.id].words() if run.id in held else "",
             receipt.headline.value,
         )
     table.print(c.out)
@@ -91,6 +100,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
                 "ops": ops,
                 "timeline": timeline(events, ops),
                 "receipt": await ledger.receipt(run_id),
+                "held": (await holdings(ledger.backend, [run])).get(run_id),
             }
 
     data = c.run_sync(go, interrupted=c.READ_INTERRUPTED)
@@ -102,6 +112,7 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
                 "operations": [op_to_json(op) for op in data["ops"]],
                 "timeline": [entry.to_json() for entry in data["timeline"]],
                 "receipt": receipt.to_json(),
+                "held_by": None if data["held"] is None else data["held"].to_json(),
             }
         )
         return
@@ -113,6 +124,8 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOpt = False) -> None:
             (run.state.value, "bold"),
         )
     )
+    if data["held"] is not None:
+        c.out.print(f"held by: {data['held'].words()}")
     table = Grid(("TIME", "WHAT", "EVENT", "STATUS", "DETAIL / EVIDENCE"), title="timeline")
     for e in data["timeline"]:
         refs = ", ".join(f"{ev.kind.value}:{ev.ref}" for ev in e.evidence)
@@ -141,6 +154,7 @@ def cancel(
     """
     url = c.options(ctx).url
     check_wait("--timeout", timeout)  # before the cancel: nan failed once it was recorded
+    who = acting_as(by)  # before the ledger is opened: a refusal would be logged there
     waiting = c.styled("waiting for the run to settle (Ctrl-C to stop)")
     progress = None if as_json else c.err.status(waiting)
     latest: list[Receipt] = []
@@ -149,7 +163,7 @@ def cancel(
     async def go() -> Receipt:
         async with c.opened(url) as ledger:
             sent.append(True)
-            receipt = await ledger.cancel(run_id, by=operator(by), reason=reason)
+            receipt = await ledger.cancel(run_id, by=who, reason=reason)
             latest.append(receipt)
             if not wait or receipt.settled:
                 return receipt

@@ -15,16 +15,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stopline.domain.advice import Do, Step, Terms, reading_back, reviewing
+from stopline.domain.lifecycle import SYSTEM, Principal, operator
+from stopline.domain.limits import check_id
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
 from stopline.domain.transitions import REVIEW_OPS
 from stopline.domain.vocab import LogKind, NoteKind, OpEvent, RunEvent
-from stopline.errors import StoplineError
+from stopline.errors import InvalidInput, StoplineError
 from stopline.runtime.review import ReviewItem
 
 __all__ = [
     "CLI_TERMS",
     "TimelineEntry",
     "UsageError",
+    "acting_as",
+    "check_principal",
     "event_to_json",
     "op_to_json",
     "parse_age",
@@ -42,6 +46,23 @@ REVIEW_STATUSES = REVIEW_OPS  # what a reviewer decides
 
 class UsageError(StoplineError):
     """A malformed argument (exit code 2)."""
+
+
+def check_principal(what: str, principal: str) -> str:
+    """``principal`` if an operator surface can record actions by it, else ``InvalidInput``
+    naming ``what``: an id a ledger can hold, and not stopline's own (which the access
+    policy refuses to anyone else: an action by it was refused as an unknown run, after
+    its refusal was logged). Checked before the ledger is opened (the CLI's ``--by``) or
+    at start and at each login (the console), never first at a cancel."""
+    check_id(what, principal)
+    if principal == SYSTEM.id:
+        raise InvalidInput(what, f"{principal!r} is stopline's own principal: no one acts as it")
+    return principal
+
+
+def acting_as(principal: str) -> Principal:
+    """The operator a command's ``--by`` names (``check_principal``)."""
+    return operator(check_principal("by", principal))
 
 
 # -- recovery steps as a shell user takes them (ADR 0066) ------------------------------

@@ -35,14 +35,21 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import stopline
+from stopline.cli.holders import holdings
 from stopline.cli.stats import compute_stats, percentile
-from stopline.cli.views import CLI_TERMS, fmt_age, fmt_seconds, fmt_time, timeline
+from stopline.cli.views import (
+    CLI_TERMS,
+    check_principal,
+    fmt_age,
+    fmt_seconds,
+    fmt_time,
+    timeline,
+)
 from stopline.console.shown import finalize, shown
 from stopline.console.svg import run_timeline, settle_chart
 from stopline.domain.advice import Do, Terms, reading_back, reviewing
 from stopline.domain.guidance import correct_in_application
-from stopline.domain.lifecycle import SYSTEM, operator
-from stopline.domain.limits import check_id
+from stopline.domain.lifecycle import operator
 from stopline.domain.model import OperationRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Headline, RunState
@@ -83,17 +90,6 @@ _UNAVAILABLE = (LedgerLocked, LedgerUnavailable, CommitInDoubt)
 # a reviewer's note, kept whole as the review's evidence
 _NOTE_CHARS = 1000
 RETRY_AFTER_SECONDS = 1
-
-
-def check_principal(what: str, principal: str) -> str:
-    """``principal`` if the console can record actions by it, else ``InvalidInput``
-    naming ``what``: an id a ledger can hold, and not stopline's own (which the access
-    policy refuses to anyone else). Checked at start and at each login, never first at
-    a cancel."""
-    check_id(what, principal)
-    if principal == SYSTEM.id:
-        raise InvalidInput(what, f"{principal!r} is stopline's own principal: no one acts as it")
-    return principal
 
 
 def correct_elsewhere(ledger: stopline.Ledger, op: OperationRecord) -> str:
@@ -313,6 +309,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             request,
             "runs.html",
             rows=rows,
+            held=await holdings(ledger.backend, [run for run, _ in rows]),
             state=state,
             states=list(RunState),
             live=True,
@@ -335,6 +332,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             timeline=entries,
             picture=run_timeline(entries, ops),
             receipt=receipt,
+            holding=(await holdings(ledger.backend, [run])).get(run.id),
             can_cancel=not run.state.fenced and run.state not in _FINAL,
             live=not receipt.settled or awaits_review(receipt),
             partial=request.query_params.get("partial") == "1",
