@@ -16,6 +16,7 @@ import contextlib
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -247,6 +248,58 @@ async def test_a_long_poll_waits_for_an_attempt_another_server_holds(tmp_path: P
             assert verdicts == []
             await first.call_tool("ctl_release", {"point": "accepted:upload"})
         assert verdicts == ["committed"]
+
+
+async def test_a_long_poll_answers_once_the_outcome_is_recorded_not_when_the_call_ends(
+    tmp_path: Path,
+) -> None:
+    """A call held after its commit (the server has yet to answer): its record says
+    ``committed``, but a long poll waited for the call to end, so a client reading a
+    cancelled call back waited out its whole poll (5 s by default) for what the record
+    already held. It answers as soon as the outcome is recorded, the call still held
+    (the bound below is well under the poll's 30 s, which it waited before)."""
+    async with Client(stdio_params(tmp_path / "effects.db")) as client:
+        await client.call_tool("ctl_hold", {"point": "committed:upload"})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(raw, client, "upload", "k", payload="p"))
+            await client.call_tool("ctl_reached", {"point": "committed:upload"})
+            with anyio.fail_after(20):
+                answer = await client.call_tool(VERIFY_TOOL, {"key": "k", "wait_seconds": 30})
+            await client.call_tool("ctl_release", {"point": "committed:upload"})
+    assert answer.structured_content is not None
+    assert answer.structured_content["verdict"] == "committed"
+
+
+async def test_a_long_poll_hears_a_refused_cancel_at_once(tmp_path: Path) -> None:
+    """``deploy`` refuses every cancel once accepted. A long poll taken up before the
+    cancel came answered only when the call ended (here: never, while it is held);
+    now the refusal wakes it, the call still held."""
+    async with Client(stdio_params(tmp_path / "effects.db")) as client:
+        await client.call_tool("ctl_hold", {"point": "accepted:deploy"})
+        answers: list[dict[str, Any]] = []
+        cut, heard = anyio.CancelScope(), anyio.Event()
+
+        async def call() -> None:
+            with cut:
+                await raw(client, "deploy", "k", payload="p")
+
+        async def long_poll() -> None:
+            answer = await client.call_tool(VERIFY_TOOL, {"key": "k", "wait_seconds": 30})
+            assert answer.structured_content is not None
+            answers.append(answer.structured_content)
+            heard.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await client.call_tool("ctl_reached", {"point": "accepted:deploy"})
+            tg.start_soon(long_poll)
+            await client.call_tool("ctl_truth", {})  # answered after the poll was taken up
+            assert answers == []
+            with anyio.fail_after(20):
+                cut.cancel()  # the SDK sends notifications/cancelled
+                await heard.wait()
+            await client.call_tool("ctl_release", {"point": "accepted:deploy"})
+    assert answers[0]["cancel"] == "refused" and answers[0]["state"] == "accepted", answers
 
 
 async def test_a_server_that_ended_leaves_no_claim_in_progress_for_the_one_that_runs(

@@ -429,13 +429,16 @@ class McpCall:
         if not conn.offers_verify:  # a server without stopline's helpers cannot tell us
             self.decided.set()
             raise NoAnswer(Cause.USER_CANCEL, "cancel sent; the server reports no outcome")
+        # a plain read first: what the server noted of the cancel (its refusal) is known at
+        # once, not when a long poll for the attempt's outcome ends; then long polls
+        wait = 0.0
         with anyio.move_on_after(conn.settle_timeout):
             while True:
                 try:
-                    wait = min(conn.poll_wait, MAX_VERIFY_WAIT)
                     status = await verify_status(conn, self.ctx.key, wait, self.mcp_name)
                 except NoAnswer:
                     break  # the connection is gone: unknown, reconciled later
+                wait = min(conn.poll_wait, MAX_VERIFY_WAIT)
                 verdict = verdict_of(conn, self.mcp_name, status)[0].value
                 if status.get("cancel") == "refused" and not self.decided.is_set():
                     self.refused = True

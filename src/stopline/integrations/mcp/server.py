@@ -125,6 +125,16 @@ class _Live:
     state: EffectState
     settled: anyio.Event
     shielded: bool = False
+    # its outcome recorded, or it ended: a long poll need not wait
+    decided: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    news: anyio.Event = dataclasses.field(default_factory=anyio.Event)  # the next thing told
+
+    def tell(self, *, decided: bool = False) -> None:
+        """Wake its long polls: a cancel refused, or (``decided``) its outcome or end."""
+        if decided:
+            self.decided.set()
+        news, self.news = self.news, anyio.Event()
+        news.set()
 
 
 class Effects:
@@ -203,14 +213,17 @@ class Effects:
         )
 
     async def _until_ended(self, key: str) -> None:
-        """Until the attempt with ``key`` ends: awaited when it runs here; read again each
+        """Until the attempt with ``key`` records its outcome, refuses a cancel or ends:
+        awaited when it runs here (one held after its commit is "committed" already, one
+        that refused a cancel is told so at once); read again each
         ``_POLL`` s while it is arriving here or another process on the file holds it or
         has it on its way (its end is seen only in the file), so a client's long poll is
         not a busy loop."""
         while True:
             live = self._live.get(key)
             if live is not None:
-                await live.settled.wait()
+                if not live.decided.is_set():
+                    await live.news.wait()
                 return
             seen = await anyio.to_thread.run_sync(self.store.evidence, key)
             record = seen.record
@@ -272,6 +285,7 @@ class Effects:
     def _close_live(self, key: str, live: _Live) -> None:
         if self._live.get(key) is live:
             del self._live[key]
+        live.tell(decided=True)
         live.settled.set()
 
     # -- cancellation log --------------------------------------------------------------
@@ -326,6 +340,7 @@ class Effects:
         await anyio.to_thread.run_sync(self.store.log_cancel, rid, key, tool, via, state, reason)
         if key and live is not None and (refused or live.shielded):
             await anyio.to_thread.run_sync(self.store.set_cancel, key, "refused")
+            live.tell()  # a long poll of it hears the refusal now, not at its end
 
 
 class Operation:
@@ -352,11 +367,8 @@ class Operation:
         self._live = effects._live[self.key] = _Live(EffectState.RECEIVED, anyio.Event())
         call = this_call(self.key)
         arrival = call.arrival if call else None
-        try:
-            # shielded: a cancel landing as the record begins (at the thread's first
-            # checkpoint) left the key live here for good, read "in progress" and
-            # waited for by every later call of it; begun, ``__aexit__`` settles it
-            with anyio.CancelScope(shield=True):
+        try:  # a cancel at the thread's first checkpoint left the key live for good
+            with anyio.CancelScope(shield=True):  # begun, ``__aexit__`` settles it
                 record, fresh = await anyio.to_thread.run_sync(
                     effects.store.begin, self.key, self.tool, arrival
                 )
@@ -457,11 +469,14 @@ class Operation:
             lambda: store.set_state(self.key, state, result=result, detail=detail)
         )
         self._live.state = state
+        if state is EffectState.COMMITTED:  # nothing more is recorded of it (the ends of
+            self._live.tell(decided=True)  # other outcomes write more: ``_settle`` tells)
 
     def _settle(self) -> None:
         live = self._live
         if live is not None and self._effects._live.get(self.key) is live:
             del self._effects._live[self.key]
+            live.tell(decided=True)
             live.settled.set()
 
 
