@@ -20,8 +20,9 @@ only through three local activities (the worker side, ``temporal.py``):
 
 Every activity the workflow starts carries its ``ActivityCancellationType``
 and its run's id in headers, from which the worker side picks the call's
-phase policy and its run; a child workflow carries its parent's run, and a
-continue-as-new the run it goes on with.
+phase policy and its run (a local activity also its call, ``LOCAL_HEADER``);
+a child workflow carries its parent's run, and a continue-as-new the run it
+goes on with.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "END_RUN",
     "EXECUTION_HEADER",
     "FENCE_RUN",
+    "LOCAL_HEADER",
     "OPEN_RUN",
     "RUN_HEADER",
     "SHARED_HEADER",
@@ -64,6 +66,10 @@ RUN_HEADER = "stopline-run"  # the stopline run an activity, child or continuati
 # the execution an activity's key names: its workflow's own, or the cancelled one a re-entry
 # after a resume goes on with (ADR 0056)
 EXECUTION_HEADER = "stopline-execution"
+# a local activity's call in its execution (``local-N``, the Nth started): Temporal gives a
+# local activity retried after a backoff (past its ``local_retry_threshold``) a new activity
+# id, so that id does not name the call across its attempts
+LOCAL_HEADER = "stopline-local-activity"
 # a ledger write that cannot succeed fails at once (the worker side makes it non-retryable)
 _LEDGER_TIMEOUT = timedelta(seconds=30)
 
@@ -143,6 +149,7 @@ class _Outbound(WorkflowOutboundInterceptor):
 
     run_id = ""  # the workflow's stopline run, once open_run has answered
     keyed_by = ""  # the execution its activities' keys name, from the same answer
+    local_calls = 0  # the local activities this execution has started
 
     def _with_run(self, headers: dict[str, Payload]) -> dict[str, Payload]:
         if self.run_id:
@@ -164,6 +171,10 @@ class _Outbound(WorkflowOutboundInterceptor):
 
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
         input.headers = self._activity_headers(input.headers, input.cancellation_type.name)
+        self.local_calls += 1  # deterministic: a replay starts them in the same order
+        if input.activity_id is None:  # else the id the workflow gave it names it
+            call = workflow.payload_converter().to_payload(f"local-{self.local_calls}")
+            input.headers = {**input.headers, LOCAL_HEADER: call}
         return self.next.start_local_activity(input)
 
     async def start_child_workflow(

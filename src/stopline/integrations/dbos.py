@@ -24,8 +24,9 @@ What it promises:
   a step at least once: a crash after the effect and before DBOS's checkpoint
   runs it again on recovery, and it reaches the same operation: a committed
   one returns its recorded result, one in doubt is read back first (R5), and
-  none is re-sent blind. DBOS retries (``retries_allowed``) pass the gate
-  again, and are refused after the fence.
+  none is re-sent blind (one "not yet" waits for its horizon, ``_engine_doubt``).
+  DBOS retries (``retries_allowed``) pass the gate again, and are refused after
+  the fence. A gated step in a workflow that is not gated is refused.
 - **Both cancels.** ``DBOS.cancel_workflow`` fences the run when the workflow
   next reaches DBOS's own check (before a step, through a preemptible
   step's watcher, or as a step DBOS does not preempt ends); a stopline
@@ -70,7 +71,15 @@ from stopline.domain.limits import check_seconds
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import NotReplayable, OperationInDoubt, RunEnded, RunFenced, UnknownOperation
+from stopline.errors import (
+    InvalidInput,
+    NotReplayable,
+    OperationInDoubt,
+    RunEnded,
+    RunFenced,
+    UnknownOperation,
+)
+from stopline.integrations._engine_doubt import decided_at
 from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
@@ -220,12 +229,15 @@ class StoplineDBOS:
                 workflow_id, step_id = DBOS.workflow_id, DBOS.step_id
                 if workflow_id is None or step_id is None:
                     return await fn(*args, **kwargs)  # called outside a workflow: not a step
+                if not _GATED.get(workflow_id):  # its run would be opened, and never end
+                    raise InvalidInput("DBOS workflow", _not_gated(workflow_id, declared.name))
                 run_id = run_id_of(workflow_id)
                 gate, key = self.gate, f"{step_id}:{engine_key(declared.name)}"
                 done, result = await self._done_before_the_fork(workflow_id, step_id, key)
                 if done:
                     return result  # type: ignore[no-any-return]
-                try:
+
+                async def once() -> R:
                     return await gate.call(
                         run_id,
                         "workflow",  # the run exists already: its workflow opened it
@@ -235,6 +247,22 @@ class StoplineDBOS:
                         [list(args), kwargs],
                         policy=policy,
                     )
+
+                try:
+                    try:
+                        return await once()
+                    except OperationInDoubt as exc:  # "not yet" (R13): its horizon decides
+                        at = await decided_at(gate.ledger, exc)
+                        if at is None:
+                            raise
+                        while (left := at - time.time()) > 0 and not await gate.is_fenced(
+                            run_id
+                        ):  # a stopline cancel meanwhile: refused at the gate below
+                            await asyncio.sleep(min(left, _LOOK_EVERY))
+                            if await _cancelled_in_dbos(workflow_id):  # DBOS's own check
+                                waited = f"{workflow_id} cancelled while {key!r} waited"
+                                raise DBOSWorkflowCancelledError(waited) from exc
+                        return await once()
                 except RunFenced:  # refused at the gate: DBOS stops the workflow
                     run = await find_run(gate.ledger, run_id)
                     if run is not None and run.state in ENDED_ON_ITS_OWN:
@@ -264,6 +292,7 @@ class StoplineDBOS:
                 gate, run_id = self.gate, run_id_of(workflow_id)
                 await gate.open_run(run_id, fn.__name__, parent_id=_parent_id(), shared=shared)
                 gate.remember_engine_id(run_id, workflow_id)
+                _GATED[workflow_id] = _GATED.get(workflow_id, 0) + 1
                 try:
                     result = await fn(*args, **kwargs)
                 except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
@@ -281,6 +310,10 @@ class StoplineDBOS:
                     raise
                 finally:
                     self._origins.pop(workflow_id, None)
+                    if _GATED[workflow_id] > 1:
+                        _GATED[workflow_id] -= 1
+                    else:
+                        del _GATED[workflow_id]
                 await gate.end_run(run_id)
                 return result
 
@@ -324,6 +357,20 @@ class StoplineDBOS:
 
 
 _REMEMBER_ORIGINS = 10_000
+_LOOK_EVERY = 1.0  # a step waiting for its horizon looks for a cancel this often (seconds)
+# the DBOS workflows whose gated code runs in this process now (any ``StoplineDBOS``'s),
+# by how many executions of each: a gated step runs only inside one
+_GATED: dict[str, int] = {}
+
+
+def _not_gated(workflow_id: str, step: str) -> str:
+    return (
+        f"{workflow_id!r} runs the gated step {step!r} but is not gated itself: its run"
+        " would be opened by the step and never end. Put @gate.workflow() inside its"
+        " @DBOS.workflow(); nothing was sent"
+    )
+
+
 # what a rewound workflow whose run ended on its own is told (ADR 0072)
 _REWOUND = (
     "DBOS.rewind_workflow does not reopen a finished run: DBOS.fork_workflow runs it "

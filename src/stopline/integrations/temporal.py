@@ -6,10 +6,12 @@
 The plugin adds an interceptor and three local activities (``_temporal_workflow``):
 
 - **Key stable across retries and crashes.** An activity is the operation
-  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID``; every retry reaches it: committed, its
+  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``_call_of``);
+  every retry reaches it: committed, its
   recorded result returned; in doubt, read back first and re-sent only if that
-  proves it never happened (R5); unprovable, ``OperationInDoubt`` (no retry),
-  in review. A re-entry after a resume reaches the cancelled execution's
+  proves it never happened (R5), "not yet" before its horizon (the next attempt
+  is at the horizon, ``_engine_doubt``); unprovable, ``OperationInDoubt`` (no
+  retry), in review. A re-entry after a resume reaches the cancelled execution's
   (ADR 0056), a reset the one it was reset from (ADR 0073, ``_temporal_runs``);
   a retry after the fence is refused (``RunFenced``, no retry).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import temporalio.client
@@ -65,6 +69,7 @@ from stopline.errors import (
     RunFenced,
     UnknownRun,
 )
+from stopline.integrations._engine_doubt import decided_at
 from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
@@ -88,6 +93,7 @@ from stopline.integrations._temporal_workflow import (
     END_RUN,
     EXECUTION_HEADER,
     FENCE_RUN,
+    LOCAL_HEADER,
     OPEN_RUN,
     RUN_HEADER,
     StoplineWorkflowInbound,
@@ -376,7 +382,7 @@ class _GatedActivity(ActivityInboundInterceptor):
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
-        key = f"{_keyed_by_header(input, info)}:{engine_key(info.activity_id)}"
+        key = f"{_keyed_by_header(input, info)}:{engine_key(_call_of(input, info))}"
         # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
         within = attempt_bound(info) if tool.settles_within is None else None
         try:
@@ -397,11 +403,14 @@ class _GatedActivity(ActivityInboundInterceptor):
             self._plugin.gate.cancel_in_engine([run_id])
             raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
         except OperationInDoubt as exc:
+            # "not yet" (R13): the next attempt is at its horizon, when the read-back decides
+            at = await decided_at(gate.ledger, exc)
             raise ApplicationError(
-                str(exc),
+                str(exc) if at is None else f"{exc}: not yet, retried after its horizon",
                 type="OperationInDoubt",
                 # in flight elsewhere: a later attempt finds its outcome; unprovable: review
-                non_retryable=exc.status in _IN_DOUBT_FOR_GOOD,
+                non_retryable=at is None and exc.status in _IN_DOUBT_FOR_GOOD,
+                next_retry_delay=None if at is None else timedelta(seconds=at - time.time()),
             ) from exc
         except Rejected as exc:  # not committed: a retry passes the gate again
             raise ApplicationError(exc.reason, type="Rejected") from exc
@@ -416,7 +425,7 @@ class _GatedActivity(ActivityInboundInterceptor):
     async def _heartbeats(self, run_id: str, info: activity.Info) -> AsyncIterator[None]:
         timeout = info.heartbeat_timeout
         every = timeout.total_seconds() / 3 if timeout else self._plugin.heartbeat_every
-        beating = asyncio.create_task(self._beat(run_id, every))
+        beating = asyncio.create_task(self._beat(run_id, every, beats=not info.is_local))
         try:
             yield
         finally:
@@ -424,11 +433,13 @@ class _GatedActivity(ActivityInboundInterceptor):
             with contextlib.suppress(asyncio.CancelledError):
                 await beating
 
-    async def _beat(self, run_id: str, every: float) -> None:
-        """Heartbeat (how Temporal's cancel reaches the activity) and watch the fence."""
+    async def _beat(self, run_id: str, every: float, *, beats: bool) -> None:
+        """Heartbeat (how Temporal's cancel reaches the activity; a local one has none:
+        its workflow cancels it) and watch the fence."""
         asked = False
         while True:
-            activity.heartbeat(*self.details)
+            if beats:
+                activity.heartbeat(*self.details)
             if not asked and await self._plugin.gate.is_fenced(run_id):
                 asked = True
                 self._plugin.gate.cancel_in_engine([run_id])
@@ -465,6 +476,15 @@ def _keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
     if payload is not None:
         return str(activity.payload_converter().from_payload(payload, str))
     return info.workflow_run_id or ""
+
+
+def _call_of(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """What names the activity's call across its attempts: its activity id, else (a local
+    activity, whose retry after a backoff has a new id) its call in the execution."""
+    payload = input.headers.get(LOCAL_HEADER)
+    if payload is None:
+        return info.activity_id
+    return str(activity.payload_converter().from_payload(payload, str))
 
 
 def _policy(input: ExecuteActivityInput) -> Policy:
