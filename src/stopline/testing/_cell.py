@@ -300,7 +300,13 @@ class CellRunner(Generic[P]):
             with scope:
                 async with ledger.run(self.name, owner=OWNER, run_id=run_id) as run:
                     driven.entries += 1
-                    await self.workflow(run, providers)
+                    started = self.workflow(run, providers)
+                    if not inspect.isawaitable(started):  # a plain def: "NoneType can't be
+                        raise TypeError(  # used in 'await' expression" said nothing more
+                            f"the workflow returned {type(started).__name__}, not an "
+                            "awaitable: write it as async def workflow(run, providers)"
+                        )
+                    await started
         except WorkerCrashed:
             pass
         except Exception as exc:  # the workflow's own failure is data: the cell notes it

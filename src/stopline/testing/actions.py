@@ -40,6 +40,7 @@ __all__ = [
     "CancelTwice",
     "Compensate",
     "CompensateAgain",
+    "CrashLateCommit",
     "CrashWorker",
     "DropConnection",
     "ExpireApproval",
@@ -137,10 +138,12 @@ class ActionContext:
     async def cancel(self, by: str = BY, reason: str = "explorer") -> Receipt:
         """Cancel the run, then wait (on ledger changes, no sleeps) for the answers of
         the providers the runtime asked to cancel, so the cell plays out the same way
-        every time."""
+        every time: those of the calls in flight in the run and in the child runs the
+        cancel fences with it (a child's call let go before its canceller answered
+        raced the answer: the same cell committed once and not the next time)."""
         ledger = self.ledger
-        local = ledger.local_run(self.run_id)
-        inflight = local.in_flight if local is not None else ()
+        runs = [ledger.local_run(run_id) for run_id in sorted(await self.tree())]
+        inflight = [ctx for run in runs if run is not None for ctx in run.in_flight]
         receipt = await ledger.cancel(self.run_id, by=by, reason=reason)
         every = [k for p in self.providers.values() for k in p.effects]  # as it returned
         tree = await self.tree()
@@ -160,9 +163,9 @@ class ActionContext:
                     # changes nothing in the ledger; the ask is over once the runtime idles
                     if ledger.idle:
                         break
-                    await _either(partial(ledger.wait_for_change, self.run_id), ledger.wait_idle)
+                    await _either(partial(ledger.wait_for_change, ctx.run_id), ledger.wait_idle)
                 else:
-                    await ledger.wait_for_change(self.run_id)
+                    await ledger.wait_for_change(ctx.run_id)
         return receipt
 
     async def tree(self) -> set[str]:
@@ -288,6 +291,26 @@ class CrashWorker(Action):
         ctx.crash()
 
 
+class CrashLateCommit(Action):
+    """Kill the worker while its request is at the provider, which carries it out all the
+    same, with nobody left to tell; a fresh process reopens the ledger and recovers
+    (S17, R3, R13). The ledger never heard the outcome: the call is ``unknown`` until
+    a read-back finds the effect, ``committed``; never ``not_committed``."""
+
+    name = "crash_late_commit"
+
+    def applies(self, point: Point) -> str | None:
+        if point.kind != "provider" or point.provider is None:
+            return "no request at a provider at this point"
+        if point.name not in ("received", "accepted"):
+            return "the provider holds no request it has yet to commit here"
+        return None
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        ctx.provider.outlives_caller = True
+        ctx.crash()
+
+
 class PauseResume(Action):
     name = "pause_resume"
 
@@ -382,6 +405,7 @@ DEFAULT_ACTIONS: tuple[Action, ...] = (
     DropConnection(),
     RefuseCancel(),
     CrashWorker(),
+    CrashLateCommit(),
     PauseResume(),
     ExpireApproval(),
     Compensate(),
@@ -389,4 +413,4 @@ DEFAULT_ACTIONS: tuple[Action, ...] = (
 )
 
 # The actions of the core runtime: no lifecycle or truth API needed.
-CORE_ACTIONS: tuple[Action, ...] = DEFAULT_ACTIONS[:6]
+CORE_ACTIONS: tuple[Action, ...] = DEFAULT_ACTIONS[:7]

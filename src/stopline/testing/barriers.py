@@ -11,7 +11,9 @@ A point has at most one hold waiting: a second ``hold(point)`` before the first
 was reached raises ``BarrierInUse`` (it would otherwise replace the first, and
 the test wait on a barrier nobody reaches). Once reached, the point may be held
 again for a later call. ``release_all()`` lets go every hold: those waiting and
-the calls already stopped at one.
+the calls already stopped at one. A point its owner says no call reaches
+(``never_reached``: a ``FakeProvider`` dropping its responses never reaches
+``responding``) refuses a hold with ``InvalidInput`` saying why.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable
 
 import anyio
 
-from stopline.errors import StoplineError
+from stopline.errors import InvalidInput, StoplineError
 
 __all__ = ["Barrier", "BarrierInUse", "Barriers"]
 
@@ -57,9 +59,14 @@ class Barriers:
         # called as each point is reached, before its hold is looked up: an observer
         # (the explorer) may install a hold for this very call from here
         self.on_reach: Callable[[str, str], None] | None = None
+        self._never: dict[str, str] = {}  # point -> why no call reaches it now
 
     def hold(self, point: str) -> Barrier:
         """Stop the next call to reach ``point`` there, until released."""
+        if not isinstance(point, str) or not point:  # a call reaches a point by its name
+            raise InvalidInput("point", f"{point!r}: a point is named by a non-empty str")
+        if point in self._never:  # a hold nobody reaches: the test would wait for ever
+            raise InvalidInput("point", f"{point!r}: {self._never[point]}")
         if point in self._holds:
             raise BarrierInUse(
                 f"{point!r} already has a hold waiting for its next call: wait for it "
@@ -67,6 +74,19 @@ class Barriers:
             )
         barrier = self._holds[point] = Barrier(point)
         return barrier
+
+    def never_reached(self, point: str, why: str | None) -> None:
+        """Say that no call reaches ``point`` now, and ``why`` (a later ``hold`` of it is
+        refused, naming why); ``None``: calls reach it again. Refused (``InvalidInput``)
+        while a hold of it waits: that hold would never be reached."""
+        if why is not None and point in self._holds:
+            raise InvalidInput(
+                "point", f"a hold of {point!r} waits for a call, and {why}: release it first"
+            )
+        if why is None:
+            self._never.pop(point, None)
+        else:
+            self._never[point] = why
 
     def release_all(self) -> None:
         """Release every hold: those waiting (their call passes straight through) and

@@ -164,7 +164,7 @@ async def explore(
         # cells are independent; the order is the seed's, whichever cells are asked for
         for cid in sorted(todo, key=lambda c: _digest(f"order {seed} {c}")):
             point, action = grid[cid]
-            reason = unsupported.get(action.name) or action.applies(point)
+            reason = unsupported.get(action.name) or _why_not(action, "applies", point)
             if reason is not None:
                 cells[cid] = Cell(
                     point.id, action.name, seed, CellStatus.NOT_APPLICABLE, note=reason
@@ -173,6 +173,10 @@ async def explore(
             run_id = run_ids[cid]
             cells[cid] = await runner.run_cell(point, action, seed, run_id, files.url(run_id))
     ordered = tuple(cells[c] for c in grid if c in cells)
+    if not selective and all(c.status is CellStatus.NOT_APPLICABLE for c in ordered):
+        # as a workflow passing no point: the test would pass having explored nothing
+        why = sorted({f"{c.action}: {c.note}" for c in ordered})
+        raise ExplorerError(f"every cell is n/a: nothing was explored ({'; '.join(why)})")
     matrix = Matrix(
         points=tuple(dict.fromkeys(c.point for c in ordered)),
         actions=tuple(dict.fromkeys(c.action for c in ordered)),
@@ -268,7 +272,7 @@ async def _discover(
 
     def probe(ledger: Ledger) -> None:
         for action in actions:
-            reason = action.unsupported(ledger)
+            reason = _why_not(action, "unsupported", ledger)
             if reason is not None:
                 unsupported[action.name] = reason
 
@@ -284,6 +288,19 @@ async def _discover(
             "its tools with run.call, and do its providers come from the factory?)"
         )
     return _ordered(_points(passed, runner.last_sources)), unsupported, baseline
+
+
+def _why_not(action: Action, asked: str, of: object) -> str | None:
+    """``action.applies(point)`` or ``action.unsupported(ledger)``: why the action means
+    nothing there, or None. Anything else is refused (``ExplorerError``): ``True``
+    ("it applies") made every cell n/a, and the exploration of nothing passed."""
+    reason = getattr(action, asked)(of)
+    if reason is None or (isinstance(reason, str) and reason):
+        return reason
+    raise ExplorerError(
+        f"{type(action).__name__}.{asked}() returned {reason!r}: it returns why the "
+        "action means nothing there (a non-empty str), or None where it does"
+    )
 
 
 def _ordered(points: list[Point]) -> list[Point]:

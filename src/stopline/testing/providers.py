@@ -4,7 +4,8 @@
 it keeps what it really committed (``committed``, ``effects``), stops at the
 barriers ``received``, ``accepted``, ``committed`` and ``responding``, and
 injects the faults the contract is about: refuse a cancel, be unable to
-cancel once accepted, drop the connection after committing, answer late.
+cancel once accepted, drop the connection after committing, answer late,
+carry out a request whose caller has gone (``outlives_caller``).
 Its ``tool`` is a ``stopline.Tool`` declaring exactly what it can do.
 """
 
@@ -27,6 +28,16 @@ __all__ = ["POINTS", "CancelBehaviour", "FakeProvider", "in_runs"]
 
 # the points a call passes at the provider, in order (``hold`` takes these)
 POINTS = ("received", "accepted", "committed", "responding")
+# its lists of keys, in the order things happened (``of_run`` reads these)
+KEY_LISTS = (
+    "requests",
+    "effects",
+    "cancel_requests",
+    "refused",
+    "dropped",
+    "compensated",
+    "landed",
+)
 
 
 class CancelBehaviour(enum.Enum):
@@ -56,6 +67,7 @@ class FakeProvider:
         verifiable: bool = True,
         drop_response: bool = False,
         compensable: bool = False,
+        outlives_caller: bool = False,
         description: str = "",
     ) -> None:
         # a fault plan is checked when made: "yes" was a cancellable that failed mid-run
@@ -67,6 +79,7 @@ class FakeProvider:
             ("verifiable", verifiable),
             ("drop_response", drop_response),
             ("compensable", compensable),
+            ("outlives_caller", outlives_caller),
         ):
             if not isinstance(flag, bool):
                 raise InvalidInput(what, f"{flag!r}: must be True or False")
@@ -74,7 +87,12 @@ class FakeProvider:
             raise InvalidInput("description", f"must be a string, not {type(description).__name__}")
         self.barriers = Barriers()
         self.on_cancel = on_cancel
+        self._drop_response = False
         self.drop_response = drop_response
+        # a request it holds when its caller goes away (the worker died, the call was
+        # cut) is carried out all the same, as a remote provider's would be
+        self.outlives_caller = outlives_caller
+        self.landed: list[str] = []  # keys committed after their caller had gone
         self.requests: list[str] = []  # every request that reached the provider
         self.committed: dict[str, Any] = {}  # ground truth: key -> what was done
         self.effects: list[str] = []  # every commit, so a duplicate effect shows
@@ -100,12 +118,15 @@ class FakeProvider:
             self.tool.compensate_fn = self._compensate
 
     def of_run(self, which: str, run_id: str) -> list[str]:
-        """The keys in ``which`` (``"requests"``, ``"effects"`` or ``"cancel_requests"``)
-        that are run ``run_id``'s (a key is its operation's id, ``<run id>/...``), in
-        order. Indexed as the list grows: judging each of many runs reads that run's
-        keys, not every key the provider saw (the soak's checks of 20,000 runs a worker
-        took over ten minutes that way). A run id may hold ``/``: a key is filed under
-        each prefix it could be the run of."""
+        """The keys in ``which`` (one of ``KEY_LISTS``: ``"requests"``, ``"effects"``,
+        ``"cancel_requests"``, ...) that are run ``run_id``'s (a key is its operation's
+        id, ``<run id>/...``), in order. Indexed as the list grows: judging each of many
+        runs reads that run's keys, not every key the provider saw (the soak's checks of
+        20,000 runs a worker took over ten minutes that way). A run id may hold ``/``: a
+        key is filed under each prefix it could be the run of."""
+        if which not in KEY_LISTS:  # "name" was its characters; "efects" AttributeError
+            names = ", ".join(map(repr, KEY_LISTS))
+            raise InvalidInput("which", f"{which!r}: one of a FakeProvider's key lists: {names}")
         keys: list[str] = getattr(self, which)
         indexed, done, index = self._by_run.get(which, (None, 0, {}))
         if indexed is not keys or done > len(keys):
@@ -121,13 +142,34 @@ class FakeProvider:
     def of_runs(self, which: str, run_ids: Collection[str]) -> list[str]:
         """``of_run`` of each of ``run_ids`` (a run and the child runs it owns: their
         operations are the run's too), run by run."""
+        if isinstance(run_ids, str):  # its characters were run ids: nothing matched
+            raise InvalidInput("run_ids", f"{run_ids!r} is one id: give a collection ([id])")
         return [key for run_id in dict.fromkeys(run_ids) for key in self.of_run(which, run_id)]
+
+    @property
+    def drop_response(self) -> bool:
+        """The connection drops once the effect is committed, before the response: the
+        call raises ``ConnectionResetError`` at ``committed`` and never reaches
+        ``responding`` (a hold of it is refused then, naming why)."""
+        return self._drop_response
+
+    @drop_response.setter
+    def drop_response(self, drop: bool) -> None:
+        if not isinstance(drop, bool):
+            raise InvalidInput("drop_response", f"{drop!r}: must be True or False")
+        why = (
+            "this provider drops its responses (drop_response=True): its calls raise "
+            "after 'committed' and never reach 'responding' (hold 'committed')"
+        )
+        self.barriers.never_reached("responding", why if drop else None)
+        self._drop_response = drop
 
     def hold(self, point: str) -> Any:
         """Hold the next call at ``received``, ``accepted``, ``committed`` or ``responding``.
 
         Another name is refused (``InvalidInput``): no call would ever reach it, and a
-        test waiting for it to be reached would wait for ever."""
+        test waiting for it to be reached would wait for ever; so is ``responding``
+        while the provider drops its responses."""
         if point not in POINTS:
             names = ", ".join(map(repr, POINTS))
             raise InvalidInput("point", f"{point!r}: a FakeProvider's calls pass {names}")
@@ -156,6 +198,15 @@ class FakeProvider:
                 raise ConnectionResetError("connection dropped before the response")
             await self.barriers.reach("responding", key)
             return {"id": key, "value": payload}
+        except BaseException as exc:
+            # the caller went away (not an error of the provider's own): the request is
+            # here, and a provider that outlives its caller carries it out, telling nobody
+            gone = not isinstance(exc, Exception) and not cancelled.is_set()
+            if gone and self.outlives_caller and key not in self.committed:
+                self.committed[key] = payload
+                self.effects.append(key)
+                self.landed.append(key)
+            raise
         finally:
             self._ended(key, cancelled)
 
@@ -208,7 +259,12 @@ class FakeProvider:
     async def respond_late(
         self, key: str, deliver: Callable[[str, Any], Awaitable[object]]
     ) -> None:
-        """Deliver the recorded response of ``key`` to whoever still listens (R4)."""
+        """Deliver the recorded response of ``key`` to whoever still listens (R4).
+
+        Refused (``InvalidInput``) for a key this provider committed nothing for: it
+        has no response to deliver."""
+        if key not in self.committed:
+            raise InvalidInput("key", f"{key!r}: provider {self.name!r} committed nothing for it")
         response = {"id": key, "value": self.committed[key]}
         self.late.append((key, response))
         await deliver(key, response)
