@@ -9,9 +9,6 @@ machine's own configuration, as the Makefile's pip does.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -20,42 +17,9 @@ import pytest
 
 import stopline
 from stopline.demo import SEED_HEADLINES
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.packaging.conftest import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STOPLINE_LEDGER")}
-    return subprocess.run(
-        [str(a) for a in args],
-        cwd=cwd,
-        env={**env, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    built = run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, ROOT, cwd=out)
-    assert built.returncode == 0, built.stdout + built.stderr
-    return out
-
-
-@pytest.fixture(scope="module")
-def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = tmp_path_factory.mktemp("venv") / "venv"
-    made = run(sys.executable, "-m", "venv", where, cwd=where.parent)
-    assert made.returncode == 0, made.stderr
-    (wheel,) = dist.glob("stopline-*.whl")
-    installed = run(where / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=dist)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return where
 
 
 def test_the_sdist_holds_the_sources_tests_and_docs_and_nothing_else(dist: Path) -> None:
