@@ -25,7 +25,7 @@ import anyio.abc
 import pytest
 import temporalio.client
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RetryConfig, RPCError, RPCStatusCode
 
 import stopline
 from stopline import Headline, OpStatus, RunState
@@ -120,6 +120,15 @@ class _Server:
             await self.proc.wait()
 
 
+# a client whose RPCs give up after ~1.5 s of retries with Temporal down: the default's
+# 10 s was waited out by each look-up of these tests (their time, not what they show)
+IMPATIENT = RetryConfig(max_elapsed_time_millis=1500)
+
+
+async def impatient(server: _Server) -> Client:
+    return await Client.connect(server.dev.address, retry_config=IMPATIENT)
+
+
 @contextlib.asynccontextmanager
 async def _own_server(tmp_path: Path) -> AsyncIterator[_Server]:
     server = _Server(tmp_path / "temporal.db")
@@ -148,7 +157,9 @@ async def test_p3_a_stopline_cancel_during_a_temporal_outage_reaches_the_workflo
     and the workflow ends cancelled; nothing was sent."""
     seen = _SeesCancels()
     async with _own_server(tmp_path) as server:
-        client = await Client.connect(server.dev.address, interceptors=[seen])
+        client = await Client.connect(
+            server.dev.address, interceptors=[seen], retry_config=IMPATIENT
+        )
         async with harness(server.dev, tmp_path, client=client) as h:
             handle = await _opened(h, Plan(["upload"], wait_for_go=True))
             await server.kill()
@@ -170,7 +181,7 @@ async def test_p4_temporal_cancel_with_the_service_down_fences_the_run_then_rais
     workflow's run is fenced (the stop is recorded and every later gate refuses), then
     Temporal's own error is raised (its cancel was not requested)."""
     async with _own_server(tmp_path) as server:
-        async with harness(server.dev, tmp_path) as h:
+        async with harness(server.dev, tmp_path, client=await impatient(server)) as h:
             handle = await _opened(h, Plan(["upload"], wait_for_go=True))
         await server.kill()
         async with stopline.open(h.ledger_url, verify=FAST_VERIFY) as elsewhere:
@@ -191,7 +202,7 @@ async def test_p4_temporal_cancel_with_the_service_down_and_no_run_changes_nothi
     """Temporal down and no run in the ledger for the id: which run, Temporal alone can
     say; Temporal's error is raised and the ledger is left as it was."""
     async with _own_server(tmp_path) as server:
-        client = await Client.connect(server.dev.address)
+        client = await impatient(server)
         await server.kill()
         async with stopline.open(f"sqlite:///{tmp_path / 'ledger.db'}") as ledger:
             with pytest.raises(RPCError) as raised:

@@ -43,7 +43,7 @@ from stopline.integrations.temporal import run_id_of
 from stopline.integrations.temporal_server import TemporalDevServer
 from tests.engines.temporal_harness import Harness, activities, harness, worker_process
 from tests.engines.temporal_workflows import Plan
-from tests.engines.test_engine_probe2_temporal import _own_server
+from tests.engines.test_engine_probe2_temporal import _own_server, impatient
 
 BOUND = 4.0  # the activity's start_to_close_timeout: its attempt's bound, in seconds
 
@@ -181,7 +181,7 @@ async def test_temporal_cancel_with_the_service_down_fences_the_child_then_raise
     is recorded), then raises Temporal's own error from the look-up of the child's
     workflow (its cancel was not requested); nothing hangs."""
     async with _own_server(tmp_path) as server:
-        async with harness(server.dev, tmp_path) as h:
+        async with harness(server.dev, tmp_path, client=await impatient(server)) as h:
             parent_id = _odd_parent("tab")
             await h.start(Plan([], children=["exclusive"]), parent_id)
             with anyio.fail_after(30):
