@@ -87,6 +87,42 @@ class _Seen(temporalio.client.OutboundInterceptor):
             raise
 
 
+class _AsksWhenFenced(temporalio.client.Interceptor):
+    """Records, at each look-up or cancel a client sends, whether the run was fenced in
+    the ledger then (``at_each``)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.ledger: stopline.Ledger | None = None  # the canceller's, once open
+        self.at_each: list[tuple[str, bool]] = []
+
+    async def note(self, rpc: str) -> None:
+        if self.ledger is not None:
+            run = await self.ledger.backend.get_run(self.run_id)
+            self.at_each.append((rpc, run.state.fenced))
+
+    def intercept_client(
+        self, next: temporalio.client.OutboundInterceptor
+    ) -> temporalio.client.OutboundInterceptor:
+        return _Asked(next, self)
+
+
+class _Asked(temporalio.client.OutboundInterceptor):
+    def __init__(self, next: temporalio.client.OutboundInterceptor, seen: _AsksWhenFenced) -> None:
+        super().__init__(next)
+        self._seen = seen
+
+    async def describe_workflow(
+        self, input: temporalio.client.DescribeWorkflowInput
+    ) -> temporalio.client.WorkflowExecutionDescription:
+        await self._seen.note("describe")
+        return await self.next.describe_workflow(input)
+
+    async def cancel_workflow(self, input: temporalio.client.CancelWorkflowInput) -> None:
+        await self._seen.note("cancel")
+        await self.next.cancel_workflow(input)
+
+
 class _Server:
     """A dev server of the test's own on a fixed port, its state in a file: killed
     (SIGKILL) and started again, it keeps its workflows."""
@@ -193,6 +229,28 @@ async def test_p4_temporal_cancel_with_the_service_down_fences_the_run_then_rais
     assert run.state is RunState.CANCELLED  # old: running, the stop not recorded
     assert receipt.cancelled_by == "user:42"
     assert receipt.headline is Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+    assert h.provider.effects() == []
+
+
+async def test_a_temporal_cancel_fences_a_known_run_before_asking_temporal_anything(
+    tmp_path: Path,
+) -> None:
+    """The ledger has the workflow's run, not ended: it is the run to fence, and it is
+    fenced before the first request to Temporal leaves (Temporal down, the stop waited
+    for a look-up's retries first: ~10 s with a default client)."""
+    async with _own_server(tmp_path) as server:
+        async with harness(server.dev, tmp_path, client=await impatient(server)) as h:
+            handle = await _opened(h, Plan(["upload"], wait_for_go=True))
+        asked = _AsksWhenFenced(handle.id)
+        client = await Client.connect(
+            server.dev.address, retry_config=IMPATIENT, interceptors=[asked]
+        )
+        await server.kill()
+        async with stopline.open(h.ledger_url, verify=FAST_VERIFY) as elsewhere:
+            asked.ledger = elsewhere
+            with pytest.raises(RPCError):
+                await temporal.cancel(elsewhere, client, handle.id, by="user:42")
+    assert asked.at_each and all(fenced for _rpc, fenced in asked.at_each), asked.at_each
     assert h.provider.effects() == []
 
 

@@ -165,20 +165,21 @@ async def cancel(
     (its ``owner`` the canceller unless given): it does nothing when it starts.
     ``UnknownRun`` when neither the ledger nor Temporal knows the workflow.
 
-    Temporal unreachable: the workflow id's run, if the ledger has it and it has not
-    ended, is fenced all the same, then Temporal's ``RPCError`` is raised: its cancel
-    was not requested (a worker of the run asks it once Temporal answers)."""
-    unreachable: RPCError | None = None
-    try:
-        described = await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as exc:
-        if exc.status is not RPCStatusCode.NOT_FOUND and exc.status not in _UNANSWERED:
-            raise
-        described, unreachable = None, None if exc.status is RPCStatusCode.NOT_FOUND else exc
+    The workflow id's run, if the ledger has it and it has not ended, is fenced before
+    Temporal is asked anything. Temporal unreachable: that done, Temporal's
+    ``RPCError`` is raised: its cancel was not requested (a worker of the run asks it
+    once Temporal answers)."""
     run_id = run_id_of(workflow_id)
     root = await find_run(ledger, run_id)
-    if unreachable is not None and (root is None or root.state in ENDED_ON_ITS_OWN):
-        raise unreachable  # which execution's run it is, Temporal alone can say
+    described = None
+    # a run the ledger has that has not ended is the one to fence: fenced before Temporal
+    # is asked anything (down, its client's retries held the stop back ~10 s)
+    if root is None or root.state in ENDED_ON_ITS_OWN:
+        try:
+            described = await client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise  # unanswered: which execution's run it is, Temporal alone can say
     if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
         original = await _original_execution(client, workflow_id, described.run_id)
         own = await own_run(ledger, workflow_id, described.run_id, original)
