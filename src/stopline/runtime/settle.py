@@ -61,6 +61,10 @@ _CANCELLED = frozenset({RunState.CANCELLING, RunState.SETTLING, RunState.NEEDS_R
 _ENDS = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED})
 # the moves its owner waits for (its tree settled, or gone to review)
 _OWNER_WAKES = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED, RunEvent.ESCALATE})
+# the states no step moves a run out of; its calls still count in its owners' settle
+# (``unsettled_below``): a step asked for by a change of one wakes them. A correction
+# that ended in a cancelled grandchild left its root ``settling`` for ever.
+_SETTLED = FINAL_RUN_STATES | {RunState.CANCELLED}
 
 
 def _owners_unread(ended: RunRecord) -> bool:
@@ -373,7 +377,7 @@ class Settler:
                 errors[run_id] = got
                 continue
             run, ops = got
-            if run.state in FINAL_RUN_STATES:
+            if run.state in _SETTLED:
                 wake(run)
             if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
                 continue
