@@ -36,13 +36,20 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="package")
-def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The plain install the tests only read (none installs into it)."""
-    where = tmp_path_factory.mktemp("venv") / "venv"
+def installed(where: Path, dist: Path, extras: str = "", *options: str) -> Path:
+    """A fresh virtual environment at ``where`` with the wheel of ``dist`` (and
+    ``extras``) installed by pip with ``options``."""
     made = run(sys.executable, "-m", "venv", where, cwd=where.parent)
     assert made.returncode == 0, made.stderr
     (wheel,) = dist.glob("stopline-*.whl")
-    installed = run(where / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=dist)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
+    wanted = f"{wheel}[{extras}]" if extras else str(wheel)
+    pip: list[str | Path] = [where / "bin" / "python", "-m", "pip", "install", "--quiet"]
+    done = run(*pip, *options, wanted, cwd=dist)
+    assert done.returncode == 0, done.stdout + done.stderr
     return where
+
+
+@pytest.fixture(scope="package")
+def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plain install the tests only read (none installs into it)."""
+    return installed(tmp_path_factory.mktemp("venv") / "venv", dist)

@@ -18,12 +18,11 @@ fresh virtual environment are those of ``test_install`` (``conftest``).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.packaging.conftest import run
+from tests.packaging.conftest import installed, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -50,18 +49,11 @@ else:
 
 @pytest.fixture(scope="module")
 def venv_with_extras(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = tmp_path_factory.mktemp("extras") / "venv"
-    made = run(sys.executable, "-m", "venv", where, cwd=where.parent)
-    assert made.returncode == 0, made.stderr
-    (wheel,) = dist.glob("stopline-*.whl")
     extras = ",".join(extra for _module, extra, _missing in NEEDING)
     # --no-compile: the imports below compile what they read; the rest (~30% of the
     # install's time, most of the extras' packages) was compiled for nothing
-    python = where / "bin" / "python"
-    wanted = f"{wheel}[{extras}]"
-    installed = run(python, "-m", "pip", "install", "--quiet", "--no-compile", wanted, cwd=dist)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return where
+    where = tmp_path_factory.mktemp("extras") / "venv"
+    return installed(where, dist, extras, "--no-compile")
 
 
 @pytest.mark.parametrize(("module", "extra", "missing"), NEEDING)

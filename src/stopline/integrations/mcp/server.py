@@ -125,14 +125,10 @@ class _Live:
     state: EffectState
     settled: anyio.Event
     shielded: bool = False
-    # its outcome recorded, or it ended: a long poll need not wait
-    decided: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     news: anyio.Event = dataclasses.field(default_factory=anyio.Event)  # the next thing told
 
-    def tell(self, *, decided: bool = False) -> None:
-        """Wake its long polls: a cancel refused, or (``decided``) its outcome or end."""
-        if decided:
-            self.decided.set()
+    def tell(self) -> None:
+        """Wake its long polls: its outcome recorded, a cancel refused, or its end."""
         news, self.news = self.news, anyio.Event()
         news.set()
 
@@ -222,7 +218,7 @@ class Effects:
         while True:
             live = self._live.get(key)
             if live is not None:
-                if not live.decided.is_set():
+                if live.state is not EffectState.COMMITTED:  # else answered already
                     await live.news.wait()
                 return
             seen = await anyio.to_thread.run_sync(self.store.evidence, key)
@@ -285,7 +281,7 @@ class Effects:
     def _close_live(self, key: str, live: _Live) -> None:
         if self._live.get(key) is live:
             del self._live[key]
-        live.tell(decided=True)
+        live.tell()
         live.settled.set()
 
     # -- cancellation log --------------------------------------------------------------
@@ -470,13 +466,13 @@ class Operation:
         )
         self._live.state = state
         if state is EffectState.COMMITTED:  # nothing more is recorded of it (the ends of
-            self._live.tell(decided=True)  # other outcomes write more: ``_settle`` tells)
+            self._live.tell()  # other outcomes write more: ``_settle`` tells)
 
     def _settle(self) -> None:
         live = self._live
         if live is not None and self._effects._live.get(self.key) is live:
             del self._effects._live[self.key]
-            live.tell(decided=True)
+            live.tell()
             live.settled.set()
 
 
