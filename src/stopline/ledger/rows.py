@@ -10,12 +10,14 @@ from stopline.domain import jsontext
 from stopline.domain.lifecycle import ApprovalRecord, ApprovalStatus
 from stopline.domain.limits import MAX_RESULT_CHARS
 from stopline.domain.model import (
+    NOT_REPLAYABLE,
     CancelState,
     EventRecord,
     Evidence,
     LazyEvidence,
     OperationRecord,
     RunRecord,
+    result_digest,
 )
 from stopline.domain.vocab import (
     Cancellable,
@@ -27,7 +29,7 @@ from stopline.domain.vocab import (
     RunState,
     by_value,
 )
-from stopline.errors import LedgerCorrupt, describe
+from stopline.errors import InvalidInput, LedgerCorrupt, describe
 from stopline.ledger.leases import WorkerLease
 
 __all__ = [
@@ -38,7 +40,9 @@ __all__ = [
     "approval_from_row",
     "dump_evidence",
     "dump_result",
+    "dump_state",
     "event_from_row",
+    "kept_or_said",
     "lease_from_row",
     "list_runs_query",
     "load_data",
@@ -79,7 +83,9 @@ def list_runs_query(
     return sql, (*params, limit)
 
 
-_UNREADABLE = (ValueError, TypeError, KeyError, IndexError)  # json's errors are ValueErrors
+# json's errors are ValueErrors; RecursionError: a value nested past what this stack
+# reads (one written before ``jsontext.MAX_DEPTH`` bounded what is written)
+_UNREADABLE = (ValueError, TypeError, KeyError, IndexError, RecursionError)
 
 
 def _unreadable(what: str, row: Sequence[Any], exc: Exception) -> LedgerCorrupt:
@@ -190,8 +196,9 @@ def dump_evidence(evidence: Sequence[Evidence]) -> str:
 
 
 def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
-    """JSON text of a result, or (None, False) when it is absent, not JSON-able or longer
-    than the ledger keeps (``MAX_RESULT_CHARS``: the outcome is written without it)."""
+    """JSON text of a result, or (None, False) when it is absent, not JSON-able, nested
+    deeper than ``jsontext.MAX_DEPTH`` or longer than the ledger keeps
+    (``MAX_RESULT_CHARS``: the outcome is written without it; ``kept_or_said`` says so)."""
     if not has_result:
         return None, False
     try:
@@ -199,6 +206,40 @@ def dump_result(result: Any, has_result: bool) -> tuple[str | None, bool]:
     except (TypeError, ValueError, RecursionError):  # nested too deeply: not kept either
         return None, False
     return (text, True) if len(text) <= MAX_RESULT_CHARS else (None, False)
+
+
+def kept_or_said(
+    result: Any, has_result: bool, evidence: Sequence[Evidence]
+) -> tuple[str | None, bool, Sequence[Evidence]]:
+    """``dump_result``, and the evidence to write with it: a result given to be kept that
+    the ledger cannot keep (a read-back's set, a value too long or too deep) is written
+    with ``result_not_replayable`` evidence saying why, as an answer's is
+    (``committed_evidence``), so a replay raises ``NotReplayable`` on every backend. It
+    was dropped without a word: the operation committed with no result and a replay
+    returned ``None``, a value the provider never gave (R10)."""
+    text, kept = dump_result(result, has_result)
+    if kept or not has_result or any(e.ref == NOT_REPLAYABLE for e in evidence):
+        return text, kept, evidence
+    why = result_digest(result)[1] or (
+        f"the result ({type(result).__name__}) cannot be written out: a replay cannot return it"
+    )
+    return None, False, [*evidence, Evidence.local(NOT_REPLAYABLE, why)]
+
+
+def dump_state(state: Any) -> str:
+    """A checkpoint's state as JSON text, else ``InvalidInput`` naming it, before anything
+    is written: the JSON a result is kept as (``dump_result``), on every backend. A set
+    or ``bytes`` raised a bare ``TypeError`` from inside the checkpoint's transaction,
+    one nested too deeply a ``RecursionError``; a state of a gigabyte was written."""
+    try:
+        text = jsontext.compact(state)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInput("state", f"cannot be written as JSON ({describe(exc)})") from None
+    if len(text) > MAX_RESULT_CHARS:
+        raise InvalidInput(
+            "state", f"{len(text):,} characters of JSON; at most {MAX_RESULT_CHARS:,}"
+        )
+    return text
 
 
 def dump_data(data: Mapping[str, Any]) -> str:

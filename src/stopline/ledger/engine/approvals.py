@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -70,8 +69,9 @@ async def decide_approval(
         return await load_approval(db, approval_id)
 
 
-async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
-    """R10: a checkpoint is evidenced only when every operation before it is settled."""
+async def checkpoint(db: Db, run_id: str, name: str, state: Any, text: str) -> Checkpoint:
+    """R10: a checkpoint is evidenced only when every operation before it is settled;
+    ``text``: ``state`` as ``rows.dump_state`` writes it."""
     async with db.transaction():
         await load_run(db, run_id, lock=db.dialect.for_update)  # one checkpoint sequence per run
         unsettled = await first_unsettled(db, [run_id])
@@ -88,7 +88,7 @@ async def checkpoint(db: Db, run_id: str, name: str, state: Any) -> Checkpoint:
         await db.run(
             "INSERT INTO checkpoints (run_id, seq, name, at, state, evidence)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, seq, name, now, json.dumps(state), rows.dump_evidence(evidence)),
+            (run_id, seq, name, now, text, rows.dump_evidence(evidence)),
         )
         data = {"seq": seq, "name": name, "operations": len(ops)}
         await db.run(*event_statement(now, run_id, None, LogKind.CHECKPOINT, None, None, data))

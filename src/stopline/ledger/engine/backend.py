@@ -29,6 +29,7 @@ from stopline.domain.limits import check_id, sanitise
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, OperationSpec, RunRecord
 from stopline.domain.vocab import OpStatus, PhaseKind, Policy, RunEvent, RunState
 from stopline.errors import IllegalTransition, InvalidInput, UnknownOperation, UnknownRun
+from stopline.ledger import rows
 from stopline.ledger.backend import (
     FENCE_COMMITTED,
     Backend,
@@ -239,7 +240,13 @@ class SqlBackend(Backend):
         return await self._execute(lambda db: reads.load_approval(db, approval_id), safe=True)
 
     async def checkpoint(self, run_id: str, name: str, state: Any) -> Checkpoint:
-        return await self._execute(lambda db: ap.checkpoint(db, run_id, name, state))
+        # refused before the transaction, alike on every backend: a NUL in the name was
+        # stored by SQLite and refused by PostgreSQL, a lone surrogate raised
+        # ``UnicodeEncodeError`` on both (ADR 0095)
+        check_id("run_id", run_id)
+        check_id("name", name)
+        text = rows.dump_state(state)
+        return await self._execute(lambda db: ap.checkpoint(db, run_id, name, state, text))
 
     async def last_checkpoint(self, run_id: str) -> Checkpoint | None:
         check_id("run_id", run_id)

@@ -24,8 +24,10 @@ __all__ = ["record", "record_many", "record_params", "recorded"]
 
 
 def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, Any]:
-    result_text, has_result = rows.dump_result(update.result, update.has_result)
-    items = ",".join(rows.dump_data(e.to_json()) for e in update.evidence) or None
+    result_text, has_result, evidence = rows.kept_or_said(
+        update.result, update.has_result, update.evidence
+    )
+    items = ",".join(rows.dump_data(e.to_json()) for e in evidence) or None
     rest: dict[str, Any] = {}
     if update.cause is not None:
         rest["cause"] = update.cause.value
