@@ -12,7 +12,10 @@ pause, recorded ``not_committed`` (LangGraph re-runs the tool on resume).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from langchain_core.messages import ToolCall, ToolMessage
@@ -35,7 +38,7 @@ from stopline.integrations._langchain_tools import fits, refusing, runs_in_threa
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Rejected
 
-__all__ = ["GatedBaseTool", "gated_message"]
+__all__ = ["GatedBaseTool", "bubbled", "gated_message", "pausing"]
 
 Execute = Callable[[], Awaitable[Any]]
 OnPause = Callable[[str], None]  # told the key of a gated call that called interrupt()
@@ -50,6 +53,42 @@ class _Interrupted(Rejected):
             ref="langgraph:interrupt",
         )
         self.bubble = bubble
+
+
+def pausing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a node's body, sync or async) with ``interrupt()`` made a pause: the
+    ``GraphBubbleUp`` it raises leaves as ``_Interrupted``, which the gate records as
+    not committed (LangGraph runs the node again from its start on resume, under the
+    same task key); ``gated_node`` raises the bubble again for LangGraph."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def paused_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except GraphBubbleUp as bubble:
+                raise _Interrupted(bubble) from None
+
+        return paused_async
+
+    @functools.wraps(fn)
+    def paused_sync(*args: Any, **kwargs: Any) -> Any:  # in the adapter's worker thread
+        try:
+            return fn(*args, **kwargs)
+        except GraphBubbleUp as bubble:
+            raise _Interrupted(bubble) from None
+
+    return paused_sync
+
+
+@contextlib.contextmanager
+def bubbled() -> Iterator[None]:
+    """A gated call that paused (``_Interrupted``, recorded) leaves as LangGraph's own
+    ``GraphBubbleUp``, so the graph stops to wait."""
+    try:
+        yield
+    except _Interrupted as interrupted:
+        raise interrupted.bubble from None
 
 
 class _Raised(Exception):

@@ -27,7 +27,10 @@ cancel commits again. Here:
   recorded ``not_committed`` (LangGraph re-runs the tool from its start on
   resume, so what comes before ``interrupt()`` must have no effect: LangGraph's
   own rule), and the stopline run is paused with an approval request for the
-  call. A graph stopped at a breakpoint before a tool node (``interrupt_before``)
+  call. In an ``sl.node`` body it is a pause too (ADR 0094): ``not_committed``,
+  the run paused with no approval asked (a node's question is the graph's own),
+  and the node's re-run on resume passes the gate under the same task key. A
+  graph stopped at a breakpoint before a tool node (``interrupt_before``)
   pauses the run the same way, one approval request per pending tool call;
   after ``ledger.approve`` and ``ledger.resume``, ``g.ainvoke(graph,
   Command(resume=...))`` (or ``None``) on the same thread runs them, each
@@ -79,7 +82,7 @@ from stopline.integrations._frameworks import (
     stopline_tool,
 )
 from stopline.integrations._langchain_tools import fits, refusing
-from stopline.integrations._langgraph_calls import GatedBaseTool, gated_message
+from stopline.integrations._langgraph_calls import GatedBaseTool, bubbled, gated_message, pausing
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.runtime.ledger import Ledger
 
@@ -284,7 +287,9 @@ def node(
     The wrapped node is async (LangGraph awaits it); a ``def`` body runs in a
     worker thread the adapter owns. ``verify(ctx)`` reads the destination back;
     ``cancel(ctx)`` asks an async body's provider to cancel the call;
-    ``settles_within`` bounds when its effect may still land (R13).
+    ``settles_within`` bounds when its effect may still land (R13). ``interrupt()``
+    in the body is a pause (``pausing``): the attempt is ``not_committed``, and the
+    node's re-run on resume passes the gate under the same task key.
     """
     verifier = as_verifier(verify)
 
@@ -293,11 +298,12 @@ def node(
         spec = ToolSpec(
             description=description, verify=verifier, cancel=cancel, settles_within=settles_within
         )
-        t = stopline_tool(f, label, spec)
+        t = stopline_tool(f if isinstance(f, Tool) else pausing(f), label, spec)
 
         async def gated_node(state: Any) -> Any:
             # a state update cannot be a sentence: a result not kept raises NotReplayable
-            return await gated_call(t, state, key=_task_key(), unkept_as_text=False)
+            with bubbled():  # interrupt(): recorded not committed, then LangGraph's pause
+                return await gated_call(t, state, key=_task_key(), unkept_as_text=False)
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__

@@ -16,7 +16,10 @@ under new call ids. Here:
 - ``s.run_streamed``/``s.stream`` run a gated copy of the agent (and of the
   agents it hands off to): each ``FunctionTool`` (``gated``) and each tool of its
   ``mcp_servers`` (``Agent.get_mcp_tools``) passes the dispatch gate under
-  ``tool:<call_id>``; ``reads`` skip it. An MCP call carries the operation id in
+  ``tool:<call_id>``; ``reads`` skip it. Each call of a ``CustomTool`` and of a
+  local ``ShellTool``/``LocalShellTool`` passes it too; an agent with a ``ComputerTool`` or an
+  ``ApplyPatchTool`` is refused unless ``reads`` names it (``_openai_local``, ADR 0094).
+  An MCP call carries the operation id in
   ``_meta["io.stopline/key"]`` (the server's ``tool_meta_resolver``) and is
   verified through the server's ``stopline_verify`` when it offers one;
 - a tool that raises is recorded before the SDK turns the error into text for
@@ -82,6 +85,7 @@ from stopline.integrations._frameworks import (
     unkept_note,
 )
 from stopline.integrations._openai_arguments import json_value, refusing_arguments
+from stopline.integrations._openai_local import gate_local
 from stopline.integrations._openai_mcp import (
     GATED,
     OP_ID,
@@ -219,8 +223,14 @@ def gate_agent(
         )
 
     def gate(tool: AgentsTool, *, mcp: bool = False) -> AgentsTool:
-        if not isinstance(tool, FunctionTool):
-            return tool
+        if not isinstance(tool, FunctionTool):  # custom, shell, computer, hosted tools
+            name = tool.name
+            spec = ToolSpec(
+                verify=as_verifier(verify.get(name)),
+                cancel=cancel.get(name),
+                settles_within=horizons.get(name),
+            )
+            return gate_local(tool, reads, spec)
         child = agent_of(tool)
         if child is not None:  # an agent used as a tool: not an operation, its tools are
             return agent_tool_over(tool, child, again(child))
