@@ -7,10 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
+import stopline
 from stopline.cli import _common as c
 from stopline.cli.progress import progress
-from stopline.cli.views import CLI_TERMS, acting_as
-from stopline.domain.guidance import what_to_do
+from stopline.cli.views import CLI_TERMS, acting_as, lands_until
+from stopline.domain.advice import Do, Step, Terms
+from stopline.domain.guidance import review_step, what_to_do
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
@@ -18,6 +20,7 @@ from stopline.errors import RunEnded
 from stopline.ledger.schema import NOTHING_TO_RESUME
 from stopline.runtime.lifecycle import Resumed
 from stopline.runtime.reconcile import ReconcileSummary
+from stopline.runtime.review import REVIEW_STATUSES
 
 __all__ = ["register"]
 
@@ -107,7 +110,8 @@ def resume(
                 return await ledger.resume(run_id, by=who)
             except RunEnded as exc:  # how to go on, as a shell user does it
                 now = dataclasses.replace(run, state=RunState(exc.state.value))
-                raise RunEnded(run_id, exc.state, what_to_do(now, terms=CLI_TERMS)) from exc
+                terms = await _review_terms(ledger, run_id)
+                raise RunEnded(run_id, exc.state, what_to_do(now, terms=terms)) from exc
 
     again = "a resume recorded already is not repeated: resuming again says nothing to resume"
     result = c.run_sync(go, interrupted=_unanswered("resume", run_id, again))
@@ -119,6 +123,18 @@ def resume(
             c.out.print(message)
         raise typer.Exit(c.EXIT_NOTHING_TO_DO)
     raise typer.Exit(_show(result, as_json))
+
+
+async def _review_terms(ledger: stopline.Ledger, run_id: str) -> Terms:
+    """The CLI's terms; while an operation in review may still land (its horizon, R13),
+    its review step says ``--as not_committed`` is refused until then (ADR 0092)."""
+    ops = await ledger.backend.operations(run_id)
+    review = [op for op in ops if op.status in REVIEW_STATUSES]
+    horizon = review_step(run_id, review).horizon if review else None
+    if not lands_until(horizon):
+        return CLI_TERMS
+    step = Step(Do.REVIEW, run_id, horizon=horizon)
+    return {**CLI_TERMS, Do.REVIEW: lambda _: CLI_TERMS[Do.REVIEW](step)}
 
 
 def reconcile(ctx: typer.Context, as_json: JsonOpt = False) -> None:

@@ -10,6 +10,8 @@ from stopline.cli import _common as c
 from stopline.cli._layout import Grid
 from stopline.cli.views import (
     acting_as,
+    check_note,
+    decide,
     event_to_json,
     fmt_time,
     op_to_json,
@@ -17,10 +19,11 @@ from stopline.cli.views import (
     run_to_json,
 )
 from stopline.cli.views import timeline as build_timeline
-from stopline.domain.guidance import correct_in_application
-from stopline.domain.receipt import Receipt
+from stopline.domain.guidance import correct_in_application, review_step
+from stopline.domain.model import Evidence, horizon_in
+from stopline.domain.receipt import Receipt, horizon_words
 from stopline.errors import NotPermitted
-from stopline.runtime.review import ReviewVerdict
+from stopline.runtime.review import REVIEW_STATUSES, ReviewVerdict
 
 __all__ = ["app"]
 
@@ -94,9 +97,11 @@ def show(ctx: typer.Context, op_id: OpArg, as_json: JsonOpt = False) -> None:
     )
     if op.error:
         c.out.print(f"  error: {op.error}")
+    if op.status in REVIEW_STATUSES:  # what the ledger takes now (R13: not before its horizon)
+        c.out.print(f"  decide: {decide(review_step(run.id, [op]))}")
     c.out.print("evidence", style="bold")
     for ev in op.evidence:
-        c.out.print(f"  - {ev.kind.value}: {ev.ref} {ev.detail}".rstrip())
+        c.out.print(f"  - {ev.kind.value}: {ev.ref} {_evidence_detail(ev)}".rstrip())
     c.out.print("events", style="bold")
     for entry in build_timeline(events, [op]):
         line = f"  {entry.seq} {fmt_time(entry.at)} {entry.words}"
@@ -134,6 +139,7 @@ def resolve(
     """
     url = c.options(ctx).url
     who = acting_as(by)  # before the ledger is opened: a refusal would be logged there
+    check_note(note)  # kept whole, or refused here: the ledger would cut it silently
 
     async def go() -> Receipt:
         if decision is ReviewVerdict.COMPENSATE:
@@ -152,6 +158,12 @@ def resolve(
     )
     c.emit_receipt(receipt, as_json)
     raise typer.Exit(c.exit_code_for(receipt))
+
+
+def _evidence_detail(ev: Evidence) -> str:
+    """An item's detail; a horizon's (epoch seconds) with the time it names."""
+    at = horizon_in([ev])
+    return ev.detail if at is None else f"{horizon_words(at)} ({ev.detail})"
 
 
 def _compensate_elsewhere(op_id: str, tool: str) -> str:

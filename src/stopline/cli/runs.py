@@ -17,6 +17,7 @@ from stopline.cli.views import (
     op_to_json,
     parse_age,
     run_to_json,
+    shell_command,
     started_within,
     timeline,
 )
@@ -159,6 +160,7 @@ def cancel(
     progress = None if as_json else c.err.status(waiting)
     latest: list[Receipt] = []
     sent: list[bool] = []  # the cancel went to the ledger: it may be recorded from here on
+    held: list[Holding | None] = []  # who holds the run, read when the wait gave up
 
     async def go() -> Receipt:
         async with c.opened(url) as ledger:
@@ -178,6 +180,10 @@ def cancel(
                     if receipt.settled:
                         break
                     await ledger.wait_for_change(run_id)
+            if not receipt.settled:  # the wait gave up: what it waits on, as of now
+                receipt = await ledger.receipt(run_id)
+                run = await ledger.backend.get_run(run_id)
+                held.append((await holdings(ledger.backend, [run])).get(run_id))
             return receipt
 
     def interrupted() -> int:
@@ -204,7 +210,33 @@ def cancel(
         if progress is not None:
             progress.stop()
     c.emit_receipt(receipt, as_json)
+    if held:  # said on stderr, so --json's stdout stays the receipt
+        c.err.print(c.styled(f"stopline: {gave_up(receipt, timeout, held[0])}"))
     raise typer.Exit(c.exit_code_for(receipt))
+
+
+def gave_up(receipt: Receipt, timeout: float, held: Holding | None) -> str:
+    """What ``cancel --wait`` says when ``--timeout`` passed before the run settled:
+    that it has not, what it waits on (each operation not resolved, and who holds the
+    run), and how to follow it. The exit code says the same: 3, not settled yet."""
+    run_id = receipt.run_id
+    waiting = [line for line in receipt.lines if not line.status.resolved]
+    if waiting:
+        shown = "; ".join(
+            f"{line.what!r} ({line.op_id}): {line.status_words}" for line in waiting[:5]
+        )
+        more = f"; and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+        n = f"{len(waiting)} operation{'s' if len(waiting) != 1 else ''}"
+        on = f"it waits on {n}: {shown}{more}"
+    else:
+        on = f"its operations are resolved; the run is {receipt.run_state.value}"
+    holder = f"; held by: {held.words()}" if held is not None else ""
+    again = shell_command("cancel", [run_id], "--wait")
+    return (
+        f"gave up waiting after {timeout:g} s: run {run_id} has not settled yet ({on}{holder}). "
+        f"The cancel is recorded and the run goes on settling: `{again}` waits again "
+        f"(the same cancel), `{shell_command('show', [run_id])}` follows it"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,18 +18,23 @@ from stopline.domain.advice import Do, Step, Terms, reading_back, reviewing
 from stopline.domain.lifecycle import SYSTEM, Principal, operator
 from stopline.domain.limits import check_id
 from stopline.domain.model import EventRecord, Evidence, OperationRecord, RunRecord
+from stopline.domain.receipt import horizon_words
 from stopline.domain.transitions import REVIEW_OPS
-from stopline.domain.vocab import LogKind, NoteKind, OpEvent, RunEvent
+from stopline.domain.vocab import EvidenceKind, LogKind, NoteKind, OpEvent, OpStatus, RunEvent
 from stopline.errors import InvalidInput, StoplineError
-from stopline.runtime.review import ReviewItem
+from stopline.runtime.review import ReviewItem, ReviewVerdict
 
 __all__ = [
     "CLI_TERMS",
+    "MAX_NOTE_CHARS",
     "TimelineEntry",
     "UsageError",
     "acting_as",
+    "check_note",
     "check_principal",
+    "decide",
     "event_to_json",
+    "lands_until",
     "op_to_json",
     "parse_age",
     "review_item_json",
@@ -42,6 +47,8 @@ __all__ = [
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 REVIEW_STATUSES = REVIEW_OPS  # what a reviewer decides
+MAX_NOTE_CHARS = 1000  # a reviewer's note, kept whole as the decision's evidence
+REVIEW_VERDICTS = frozenset(v.value for v in ReviewVerdict)
 
 
 class UsageError(StoplineError):
@@ -60,6 +67,15 @@ def check_principal(what: str, principal: str) -> str:
     return principal
 
 
+def check_note(note: str) -> str:
+    """A reviewer's note, which the decision's evidence keeps whole: one longer than
+    ``MAX_NOTE_CHARS`` is ``InvalidInput``, refused before anything is written, in the
+    CLI as in the console (the ledger cut a longer one silently, altering the record)."""
+    if len(note) > MAX_NOTE_CHARS:
+        raise InvalidInput("note", f"{len(note):,} characters; at most {MAX_NOTE_CHARS:,}")
+    return note
+
+
 def acting_as(principal: str) -> Principal:
     """The operator a command's ``--by`` names (``check_principal``)."""
     return operator(check_principal("by", principal))
@@ -76,19 +92,49 @@ def shell_command(command: str, ids: Sequence[str], options: str = "") -> str:
     return " ".join(part for part in ("stopline", command, quoted, options) if part)
 
 
+def lands_until(horizon: float | None, now: float | None = None) -> str:
+    """A horizon still ahead (R13), as the surfaces say it: "13:52:48 UTC", with its
+    date when not today's; "" when none is recorded or it has passed."""
+    now = time.time() if now is None else now
+    if horizon is None or horizon <= now:
+        return ""
+    if time.gmtime(horizon)[:3] == time.gmtime(now)[:3]:
+        return horizon_words(horizon)
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(horizon))
+
+
+def decide(step: Step) -> str:
+    """A review step's decisions as commands, for its one operation (``review show``
+    says them too). While its effect may still land (its horizon, R13), ``--as
+    not_committed`` is refused, so it is offered for after it (ADR 0092)."""
+    committed = shell_command("review resolve", step.op_ids, "--as committed")
+    not_committed = shell_command("review resolve", step.op_ids, "--as not_committed")
+    until = lands_until(step.horizon)
+    if not until:
+        return f"`{committed}` or `{not_committed}`, as its evidence shows"
+    return (
+        f"`{committed}` if its evidence shows it happened, or `{not_committed}` if it did "
+        f"not, only after {until}: its effect may still land until then"
+    )
+
+
 def _review(step: Step) -> str:
     if len(step.op_ids) == 1:
-        ops = step.op_ids
-        show = shell_command("review show", ops)
-        committed = shell_command("review resolve", ops, "--as committed")
-        not_committed = shell_command("review resolve", ops, "--as not_committed")
-        how = f"`{show}`, then `{committed}` or `{not_committed}`"
+        how = f"`{shell_command('review show', step.op_ids)}`, then {decide(step)}"
     else:
         how = (
             "`stopline review list` names them; for each, "
-            "`stopline review resolve OP --as committed` or `--as not_committed`"
+            "`stopline review resolve OP --as committed` or `--as not_committed`, as its "
+            "evidence shows"
         )
-    return f"{reviewing(step)} ({how}, as its evidence shows)"
+        until = lands_until(step.horizon)
+        if until:
+            how += (
+                "; `--as not_committed` only once an operation's effect can no longer "
+                f"land: for one of them, not before {until} (`stopline review show OP` says "
+                "until when)"
+            )
+    return f"{reviewing(step)} ({how})"
 
 
 CLI_TERMS: Terms = {
@@ -156,6 +202,7 @@ def op_to_json(op: OperationRecord) -> dict[str, Any]:
         "error": op.error,
         "cause": op.cause.value if op.cause else None,
         "evidence": [e.to_json() for e in op.evidence],
+        "horizon": op.horizon,  # R13: recorded, until when its effect could still land
         "created_at": op.created_at,
         "updated_at": op.updated_at,
     }
@@ -212,6 +259,8 @@ _WORDS: dict[str, str] = {
     OpEvent.COMPENSATED: "corrected",
     OpEvent.COMPENSATION_FAILED: "correction failed",
     NoteKind.PROGRESS: "progress reported",
+    NoteKind.VERIFY_UNKNOWN: "read-back could not tell",
+    NoteKind.VERIFY_FAILED: "read-back failed",
     NoteKind.LATE_RESPONSE: "late response kept as evidence",
 }
 
@@ -273,29 +322,77 @@ def _evidence(event: EventRecord) -> tuple[Evidence, ...]:
     return tuple(out)
 
 
+# an operation's disputed outcome: the event that recorded it (if shown), the conflict
+Disputed = tuple["TimelineEntry | None", "TimelineEntry"]
+_DECIDED = frozenset(
+    {OpEvent.REVIEWED_COMMITTED, OpEvent.REVIEWED_NOT_COMMITTED, OpEvent.REVIEWED_CORRECTED}
+)
+
+
+def _decision(entry: TimelineEntry, disputed: Disputed | None) -> str:
+    """A reviewer's decision as it happened: who decided, on what (their note), and,
+    for an item in review because evidence contradicted its recorded outcome, which of
+    the two the decision overrules."""
+    parts = []
+    for item in entry.evidence:
+        if item.kind is EvidenceKind.REVIEW:
+            parts.append(f"decided by: {item.ref}")
+            verdict, _, note = item.detail.partition(": ")
+            if note and verdict in REVIEW_VERDICTS:
+                parts.append(f"note: {note}")
+            elif item.detail not in REVIEW_VERDICTS:
+                parts.append(f"note: {item.detail}")
+            else:
+                parts.append("no note given")
+            break
+    if disputed is not None:
+        recorded, conflict = disputed
+        was = conflict.transition.partition(" -> ")[0]  # the outcome the evidence contradicts
+        against = ", ".join(f"{e.kind.value}:{e.ref}" for e in conflict.evidence) or "evidence"
+        against = f"the contradicting {against} ({fmt_time(conflict.at, clock=True)})"
+        kept = (was != OpStatus.NOT_COMMITTED) == (entry.kind != OpEvent.REVIEWED_NOT_COMMITTED)
+        if kept:
+            parts.append(f"overrules {against}; the recorded {was} stands")
+        else:
+            how = f" ({recorded.words}, {fmt_time(recorded.at, clock=True)})" if recorded else ""
+            parts.append(f"overrules the recorded {was}{how}, as {against} says")
+    return "; ".join(parts)
+
+
 def timeline(events: Sequence[EventRecord], ops: Sequence[OperationRecord]) -> list[TimelineEntry]:
-    """Every ledger event of a run in order, in plain words, with its evidence."""
+    """Every ledger event of a run in order, in plain words, with its evidence; a
+    reviewer's decision with who made it, their note, and what it overrules."""
     names = {op.id: op.description or op.tool for op in ops}
-    out = []
+    out: list[TimelineEntry] = []
+    moved: dict[str, TimelineEntry] = {}  # by operation: the event that last moved it
+    disputed: dict[str, Disputed] = {}
     for event in events:
         words = _WORDS.get(event.kind, event.kind.replace("_", " "))
         if event.kind.startswith("evidence_"):
             words = f"{event.kind.removeprefix('evidence_')} again: kept as evidence"
-        moved = event.from_state != event.to_state and event.to_state is not None
-        transition = f"{event.from_state or '-'} -> {event.to_state}" if moved else ""
-        out.append(
-            TimelineEntry(
-                seq=event.seq,
-                at=event.at,
-                kind=event.kind,
-                op_id=event.op_id,
-                subject=names.get(event.op_id, event.op_id) if event.op_id else "run",
-                words=words,
-                transition=transition,
-                detail=_detail(event),
-                evidence=_evidence(event),
-            )
+        moved_now = event.from_state != event.to_state and event.to_state is not None
+        transition = f"{event.from_state or '-'} -> {event.to_state}" if moved_now else ""
+        entry = TimelineEntry(
+            seq=event.seq,
+            at=event.at,
+            kind=event.kind,
+            op_id=event.op_id,
+            subject=names.get(event.op_id, event.op_id) if event.op_id else "run",
+            words=words,
+            transition=transition,
+            detail=_detail(event),
+            evidence=_evidence(event),
         )
+        op_id = event.op_id
+        if op_id and event.kind in _DECIDED:
+            decided = _decision(entry, disputed.pop(op_id, None))
+            detail = "; ".join(part for part in (decided, entry.detail) if part)
+            entry = dataclasses.replace(entry, detail=detail)
+        elif op_id and event.kind == OpEvent.CONFLICT:
+            disputed[op_id] = (moved.get(op_id), entry)
+        if op_id and moved_now:
+            moved[op_id] = entry
+        out.append(entry)
     return out
 
 

@@ -39,15 +39,17 @@ from stopline.cli.holders import holdings
 from stopline.cli.stats import compute_stats, percentile
 from stopline.cli.views import (
     CLI_TERMS,
+    check_note,
     check_principal,
     fmt_age,
     fmt_seconds,
     fmt_time,
+    lands_until,
     timeline,
 )
 from stopline.console.shown import finalize, shown
 from stopline.console.svg import run_timeline, settle_chart
-from stopline.domain.advice import Do, Terms, reading_back, reviewing
+from stopline.domain.advice import Do, Step, Terms, reading_back, reviewing
 from stopline.domain.guidance import correct_in_application
 from stopline.domain.lifecycle import operator
 from stopline.domain.model import OperationRecord
@@ -87,8 +89,6 @@ _FINAL = frozenset({RunState.CANCELLED, RunState.COMPLETED, RunState.FAILED})
 # the ledger is busy (another process holds its lock) or out of reach: not the request's
 # fault and not a conflict; asking again later may work (503, Retry-After)
 _UNAVAILABLE = (LedgerLocked, LedgerUnavailable, CommitInDoubt)
-# a reviewer's note, kept whole as the review's evidence
-_NOTE_CHARS = 1000
 RETRY_AFTER_SECONDS = 1
 
 
@@ -115,6 +115,20 @@ def awaits_review(receipt: Receipt) -> bool:
 _TEMPLATES.env.globals["awaits_review"] = awaits_review
 
 
+def _not_yet(step: Step) -> str:
+    """R13: while an operation's effect may still land, "It did not happen" is refused
+    (ADR 0092); the queue says until when for each."""
+    until = lands_until(step.horizon)
+    if not until:
+        return ""
+    if len(step.op_ids) == 1:
+        return f"; \u201cIt did not happen\u201d only after {until}: its effect may land until then"
+    return (
+        "; \u201cIt did not happen\u201d only once an operation's effect can no longer land: "
+        f"for one of them, not before {until}"
+    )
+
+
 # A recovery's steps as the console's reader takes them (ADR 0066): waiting and review
 # here; the console does not resume a run, so a resume is the CLI's command, and a
 # re-entry is the application's, as from a shell.
@@ -124,7 +138,7 @@ CONSOLE_TERMS: Terms = {
         "wait until it settles (this page follows it)"
         + reading_back(step, "a worker of your application opened with it; not the console")
     ),
-    Do.REVIEW: lambda step: f"{reviewing(step)} (on the Review queue page)",
+    Do.REVIEW: lambda step: f"{reviewing(step)} (on the Review queue page{_not_yet(step)})",
     Do.RESUME: lambda step: f"{CLI_TERMS[Do.RESUME](step)} (the console does not resume runs)",
 }
 _TEMPLATES.env.globals["recovery"] = lambda receipt: receipt.advice.say(CONSOLE_TERMS)
@@ -353,8 +367,17 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         ledger = the_ledger(request)
         items = await ledger.review_items()
         elsewhere = {item.op.id: correct_elsewhere(ledger, item.op) for item in items}
+        # R13: "it did not happen" is refused until then (the ledger's own horizon rule)
+        not_before = {i.op.id: lands_until(ledger.core.settler.horizon_of(i.op)) for i in items}
         # live as the runs page: a queue gains items and loses them to other reviewers
-        return render(request, "review.html", items=items, elsewhere=elsewhere, live=True)
+        return render(
+            request,
+            "review.html",
+            items=items,
+            elsewhere=elsewhere,
+            not_before=not_before,
+            live=True,
+        )
 
     async def resolve_action(request: Request) -> Response:
         ledger = the_ledger(request)
@@ -364,10 +387,7 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
             verdict = ReviewVerdict.parse(str(form.get("decision", "")))
         except ValueError as exc:
             return render(request, "error.html", 400, message=str(exc))
-        note = str(form.get("note", "")).strip()
-        if len(note) > _NOTE_CHARS:  # it was cut here, silently: the audit record altered
-            message = f"note: {len(note):,} characters; at most {_NOTE_CHARS:,}"
-            return render(request, "error.html", 400, message=message)
+        note = check_note(str(form.get("note", "")).strip())  # whole, or refused: 400
         op_id = request.path_params["op_id"]
         if verdict is ReviewVerdict.COMPENSATE:  # refused before anything is written
             why = correct_elsewhere(ledger, await ledger.backend.get_operation(op_id))

@@ -44,9 +44,20 @@ class Step:
     # the operations it is about, if known: a review's; a wait's that only a read-back
     # settles (in doubt, their tool declared a verifier)
     op_ids: tuple[str, ...] = ()
+    # a review's: the latest horizon (R13) recorded of its operations, before which a
+    # reviewer's "not committed" of one may be refused (its effect may still land); a
+    # surface says it only while it is ahead (ADR 0092)
+    horizon: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"do": self.do.value, "run_id": self.run_id, "op_ids": list(self.op_ids)}
+        out: dict[str, Any] = {
+            "do": self.do.value,
+            "run_id": self.run_id,
+            "op_ids": list(self.op_ids),
+        }
+        if self.do is Do.REVIEW:
+            out["horizon"] = self.horizon
+        return out
 
 
 # How a surface says a step: the words of one clause ("resume with ...").

@@ -34,6 +34,7 @@ __all__ = [
     "correcting",
     "on_resume",
     "resume_rule",
+    "review_step",
     "tree_runs_read",
     "waits_for",
     "what_to_do",
@@ -124,8 +125,8 @@ def advice_for(
     blocks = waits_for(ops)
     if not paused and (blocks or run.state in (RunState.CANCELLING, RunState.SETTLING)):
         # a person is what it waits for when any operation, a correction too, is in review
-        review = tuple(op.id for op in blocks if op.status in _IN_REVIEW)
-        first = Step(Do.REVIEW, run.id, review) if review else Step(Do.WAIT, run.id, _read(blocks))
+        review = [op for op in blocks if op.status in _IN_REVIEW]
+        first = review_step(run.id, review) if review else Step(Do.WAIT, run.id, _read(blocks))
         return Advice(steps=(first,), refused=True)
     tree = runs or {}
     replayed: list[str] = []
@@ -164,6 +165,14 @@ def resume_rule(
 ) -> str:
     """The receipt's recovery line for the run, in the library's terms (``advice_for``)."""
     return advice_for(run, ops, runs).say()
+
+
+def review_step(run_id: str, ops: Sequence[OperationRecord]) -> Step:
+    """A reviewer's step for ``ops``, in review, with the latest horizon recorded of them
+    (R13): until it passes, "not committed" of one may be refused (``ReviewVerdict``),
+    and every surface's guidance says so, not offering a decision the ledger refuses."""
+    horizons = [at for op in ops if (at := op.horizon) is not None]
+    return Step(Do.REVIEW, run_id, tuple(op.id for op in ops), max(horizons, default=None))
 
 
 def _read(ops: Sequence[OperationRecord]) -> tuple[str, ...]:
