@@ -73,8 +73,10 @@ PRECEDENCE = [
     ([OpStatus.NEEDS_REVIEW, OpStatus.UNKNOWN, OpStatus.COMMITTED], Headline.NEEDS_REVIEW),
     ([OpStatus.COMPENSATION_FAILED], Headline.NEEDS_REVIEW),
     ([OpStatus.UNKNOWN, OpStatus.REQUESTED, OpStatus.COMMITTED], Headline.VERIFYING),
-    ([OpStatus.ACCEPTED, OpStatus.COMPENSATING], Headline.AWAITING_CONFIRMATION),
+    ([OpStatus.REQUESTED, OpStatus.COMPENSATING], Headline.AWAITING_CONFIRMATION),
     ([OpStatus.REQUESTED], Headline.AWAITING_CONFIRMATION),
+    # accepted, past the point its provider cancels: nobody asks it (R14, ADR 0093)
+    ([OpStatus.ACCEPTED, OpStatus.COMPENSATING], Headline.VERIFYING),
     ([OpStatus.COMPENSATING, OpStatus.COMMITTED], Headline.CORRECTION_QUEUED),
     ([OpStatus.COMMITTED, OpStatus.COMPENSATED], Headline.STOPPED_WITH_COMPLETED_ACTIONS),
     ([OpStatus.COMPENSATED, OpStatus.PREVENTED], Headline.CORRECTED),

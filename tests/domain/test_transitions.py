@@ -19,6 +19,7 @@ from stopline.domain.model import EventRecord
 from stopline.domain.transitions import (
     AGREES,
     CONTRADICTS,
+    FINAL_RUN_STATES,
     OPERATION_TABLE,
     RUN_TABLE,
     apply,
@@ -113,6 +114,10 @@ BEYOND: Mapping[tuple[Any, Any], tuple[Any, str]] = {
     (R.PAUSED, V.FAIL): (R.FAILED, "test_a_workflow_ending_during_a_pause_ends_it"),
     (R.RUNNING, V.ESCALATE): (R.NEEDS_REVIEW, "test_a_running_run_with_an_unknown_escalates"),
     (R.CANCELLED, V.RESUME): (R.RUNNING, "test_r10_a_cancelled_run_resumes_from_a_checkpoint"),
+    (R.CANCELLED, V.ESCALATE): (
+        R.NEEDS_REVIEW,
+        "test_a_settled_cancel_is_reopened_by_its_evidence",
+    ),
 }
 
 
@@ -297,9 +302,21 @@ def test_a_running_run_with_an_unknown_escalates() -> None:
 
 
 def test_r10_a_cancelled_run_resumes_from_a_checkpoint() -> None:
-    """R10: the only way out of ``cancelled`` (the ledger checks the checkpoint)."""
-    assert events_from(RUN_TABLE, R.CANCELLED) == [V.RESUME]
+    """R10: the only way from ``cancelled`` back to running (the ledger checks the
+    checkpoint); the other way out is to review (ADR 0093)."""
+    assert events_from(RUN_TABLE, R.CANCELLED) == [V.ESCALATE, V.RESUME]
     assert apply(RUN_TABLE, R.CANCELLED, V.RESUME) is R.RUNNING
+
+
+def test_a_settled_cancel_is_reopened_by_its_evidence() -> None:
+    """ADR 0093: a call of a settled cancelled run (or of its tree) back in review (a
+    late response contradicting it) sends the run to review; a run that ended on its
+    own keeps its state (what its workflow did), its receipt saying review."""
+    assert apply(RUN_TABLE, R.CANCELLED, V.ESCALATE) is R.NEEDS_REVIEW
+    assert settle_move(R.CANCELLED, {S.NEEDS_REVIEW, S.COMMITTED}) == (V.ESCALATE, False)
+    assert settle_move(R.CANCELLED, {S.COMMITTED}, {R.NEEDS_REVIEW}) == (V.ESCALATE, False)
+    assert settle_move(R.CANCELLED, {S.COMMITTED}) == (None, False)
+    assert {R.COMPLETED, R.FAILED} == FINAL_RUN_STATES
 
 
 def test_diagram_is_drawn_from_the_table() -> None:
@@ -327,6 +344,10 @@ def test_diagram_is_drawn_from_the_table() -> None:
         # everything resolved: settled (R3: never before)
         (R.CANCELLING, {S.COMMITTED, S.NOT_COMMITTED, S.PREVENTED}, (V.SETTLED, False)),
         (R.SETTLING, set(), (V.SETTLED, False)),
+        # settled: only review moves it (ADR 0093)
+        (R.CANCELLED, {S.COMMITTED, S.NOT_COMMITTED}, (None, False)),
+        (R.CANCELLED, {S.NEEDS_REVIEW}, (V.ESCALATE, False)),
+        (R.CANCELLED, {S.COMPENSATED, S.COMPENSATION_FAILED}, (V.ESCALATE, False)),
     ],
 )
 def test_a_cancelled_runs_next_move_follows_from_its_operations(

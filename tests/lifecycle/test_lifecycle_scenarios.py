@@ -32,7 +32,8 @@ async def test_s04_cancel_during_a_subagent_handoff(ledger: stopline.Ledger) -> 
         started = start(tg, ledger, body)
         await held.reached.wait()
         receipt = await ledger.cancel(started.run_id, by="user:1", reason="wrong topic")
-        assert receipt.headline is Headline.AWAITING_CONFIRMATION  # the child's call, in flight
+        # the child's call, in flight; never cancellable, its provider is not asked (R14)
+        assert receipt.headline is Headline.VERIFYING
         held.release()
     final = await ledger.wait_settled(started.run_id, timeout=10)
     # each run settles in its own step: the parent's may land before its child's

@@ -167,14 +167,15 @@ async def test_r8_receipt_at_each_point_claims_no_more_than_the_ledger(
         await accepted.reached.wait()
         assert (await ledger.receipt(started.run_id)).headline is Headline.RUNNING
         at_cancel = await ledger.cancel(started.run_id, by="user:1")
-        assert at_cancel.headline is Headline.AWAITING_CONFIRMATION
+        # R14: its provider is not asked to cancel: no vendor confirmation is awaited
+        assert at_cancel.headline is Headline.VERIFYING
         # R12: said while in flight; of ``never`` (also the default), what the record
         # proves: no way to cancel declared, none asked (ADR 0066)
         assert at_cancel.lines[0].provider_cancel.startswith("not declared cancellable")
         accepted.release()
         await responding.reached.wait()  # committed at the provider, not yet answered
         mid = await ledger.receipt(started.run_id)
-        assert mid.headline is Headline.AWAITING_CONFIRMATION  # the ledger cannot know yet
+        assert mid.headline is Headline.VERIFYING  # the ledger cannot know yet
         responding.release()
     final = await ledger.wait_settled(started.run_id, timeout=10)
     assert final.headline is Headline.STOPPED_WITH_COMPLETED_ACTIONS

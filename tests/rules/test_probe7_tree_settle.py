@@ -232,8 +232,8 @@ async def test_a_late_result_in_a_settled_grandchild_reaches_the_root(
     response then says it was sent: the mail goes to review. While P waits for its
     own call, P goes to review with it, and the reviewer's decision settles P (a
     settled run's step woke no owner: P stayed in review, its receipt saying the mail
-    completed). Once P has settled, P stays ``cancelled`` (no run leaves it but by a
-    resume, as with a late response to P's own call) and its receipt follows."""
+    completed). Once P has settled, b, a and P go back to review with the mail (ADR
+    0093: a settled cancel is reopened by its evidence)."""
     mail, own = Held("mail", drops=True), Held("own") if root_waits else None
     async with _cancelled_tree(ledger, mail, own) as op_id:
         await _until(ledger, CHILD, RunState.CANCELLED)
@@ -243,12 +243,12 @@ async def test_a_late_result_in_a_settled_grandchild_reaches_the_root(
         assert await _state(ledger, ROOT) is root
         await ledger.late_response(op_id, Verdict.COMMITTED, result="sent", ref="mail:late")
         await quiesce(ledger)
-        assert await _state(ledger, GRANDCHILD) is RunState.CANCELLED  # no run leaves it
+        assert await _state(ledger, GRANDCHILD) is RunState.NEEDS_REVIEW  # reopened
         if own is not None:
             own.let_call.set()
-            await _until(ledger, ROOT, root := RunState.NEEDS_REVIEW)
+            await _until(ledger, ROOT, RunState.NEEDS_REVIEW)
             await quiesce(ledger)
-        await _review_keeps_the_mail(ledger, op_id, root)
+        await _review_keeps_the_mail(ledger, op_id, RunState.NEEDS_REVIEW)
     await _root_settled(ledger, Headline.STOPPED_WITH_COMPLETED_ACTIONS, op_id, OpStatus.COMMITTED)
 
 

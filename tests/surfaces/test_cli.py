@@ -120,10 +120,11 @@ def test_cancel_with_an_operation_in_flight_exits_pending(tmp_path: Path) -> Non
     run_id = anyio.run(_left_running, url, True)
     done = stopline_cli("cancel", run_id, "--json", ledger=url)
     assert done.returncode == EXIT_PENDING
-    assert as_json(done)["headline"] == "awaiting_confirmation"
+    # not declared cancellable: its provider is not asked, no confirmation awaited (R14)
+    assert as_json(done)["headline"] == "verifying"
     waited = stopline_cli("cancel", run_id, "--wait", "--timeout", "0.2", ledger=url)
     assert waited.returncode == EXIT_PENDING
-    assert "waiting for vendor confirmation" in waited.stdout
+    assert "verifying before closing this run" in waited.stdout
 
 
 def test_cancel_of_a_run_in_review_exits_4(seeded: tuple[str, Seeded]) -> None:

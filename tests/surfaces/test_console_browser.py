@@ -44,8 +44,10 @@ async def test_cancel_a_running_run_from_the_console(
                 await page.get_by_label("reason").fill("bad build")
                 await page.get_by_role("button", name="Cancel run").click()
                 receipt = page.get_by_test_id("receipt")
+                # accepted, so its provider is not asked to cancel it: no vendor
+                # confirmation is awaited, the outcome is (R14)
                 await expect(receipt).to_contain_text(
-                    "Cancellation requested; waiting for vendor confirmation."
+                    "The action may already have happened; verifying before closing this run."
                 )
                 await expect(receipt).to_contain_text("cancelled by console:ada")
                 await expect(

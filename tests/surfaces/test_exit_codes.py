@@ -108,7 +108,10 @@ def test_exit_3_not_settled_yet(tmp_path: Path) -> None:
     run_id = anyio.run(_left_running, url, True)
     done = stopline_cli("cancel", run_id, ledger=url)
     assert done.returncode == cli.EXIT_PENDING
-    assert done.stdout.startswith("Cancellation requested; waiting for vendor confirmation.")
+    # not declared cancellable: its provider is not asked, no confirmation awaited (R14)
+    assert done.stdout.startswith(
+        "The action may already have happened; verifying before closing this run."
+    )
 
 
 def test_exit_4_needs_review_with_reconcile_progress(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ async def test_s15_provider_cannot_cancel_once_accepted(ledger: stopline.Ledger)
         assert line.recovery.startswith("it runs to completion at the provider; then verify")
         assert (await ledger.receipt(started.run_id)).lines[0].provider_cancel == ""  # done
         at_cancel = await ledger.cancel(started.run_id, by="user:1")
-        assert at_cancel.headline is Headline.AWAITING_CONFIRMATION
+        # R14: nobody asks its provider (it cannot): no vendor confirmation to wait for
+        assert at_cancel.headline is Headline.VERIFYING
         assert "cannot cancel it once accepted" in at_cancel.text()
         assert upload.cancel_requests == []  # not asked: it cannot
         accepted.release()

@@ -65,6 +65,7 @@ async def test_a_read_back_settles_a_review_only_when_it_went_there_for_want_of_
     assert (await ledger.backend.get_operation(op_id)).status is OpStatus.NOT_COMMITTED
     late = await ledger.late_response(op_id, Verdict.COMMITTED, ref="psp-991", result="paid")
     assert late.status is OpStatus.NEEDS_REVIEW
+    await quiesce(ledger)  # the run goes back to review with it (ADR 0093)
     events_before = len(await ledger.backend.events("r-conflict"))
 
     op = await ledger.verify(op_id)  # the search index still finds nothing
@@ -74,8 +75,8 @@ async def test_a_read_back_settles_a_review_only_when_it_went_there_for_want_of_
     receipt = await ledger.receipt("r-conflict")
     assert receipt.headline is Headline.NEEDS_REVIEW
     assert receipt.resume_rule.startswith("a reviewer decides 1 operation in review")
-    with pytest.raises(stopline.NotPermitted, match="not resolved"):
-        await ledger.resume("r-conflict", by="user:1")
+    with pytest.raises(stopline.RunEnded, match="resolve its review items"):
+        await ledger.resume("r-conflict", by="user:1")  # in review with it (ADR 0093)
     assert psp.sent == [op_id]  # sent once, never again
 
     # the other kind of review item: the read-back budget was spent without an answer
@@ -117,6 +118,7 @@ async def _corrected_then_contradicted(ledger: stopline.Ledger, run_id: str) -> 
     op_id = f"{run_id}/book"
     detail = "card declined, never charged"
     await ledger.late_response(op_id, Verdict.NOT_COMMITTED, ref="psp-declined", detail=detail)
+    await quiesce(ledger)  # the run goes back to review with it (ADR 0093)
     return op_id, remote
 
 

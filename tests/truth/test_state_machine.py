@@ -54,6 +54,9 @@ def expected_headline(state: RunState, ops: list[OperationRecord]) -> Headline:
             state,
             Headline.PAUSED if state in (RunState.PAUSED, RunState.PAUSING) else Headline.RUNNING,
         )
+    in_flight = (OpStatus.REQUESTED, OpStatus.ACCEPTED)
+    if any(op.status in in_flight and not _vendor_asked(op) for op in ops if not op.compensates):
+        return Headline.VERIFYING  # R14: no vendor confirmation is awaited of an unasked call
     for status, headline in [
         (OpStatus.REQUESTED, Headline.AWAITING_CONFIRMATION),
         (OpStatus.ACCEPTED, Headline.AWAITING_CONFIRMATION),
@@ -64,6 +67,18 @@ def expected_headline(state: RunState, ops: list[OperationRecord]) -> Headline:
         if status in primary:
             return headline
     return Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+
+
+def _vendor_asked(op: OperationRecord) -> bool:
+    """Its provider was asked to cancel it, or, not asked yet, still can be (R14)."""
+    said = str(op.cancel_state)
+    if said in ("asked", "refused", "unanswered", "error", "acknowledged", "confirmed"):
+        return True
+    if said not in ("not_asked", "none"):
+        return False
+    if op.status is OpStatus.REQUESTED:
+        return op.cancellable is not Cancellable.NEVER
+    return op.cancellable is Cancellable.AFTER_ACCEPTED
 
 
 class Provider:
@@ -314,7 +329,7 @@ test_state_machine = pytest.mark.timeout(600)(LedgerMachine.TestCase)
 _JUSTIFIES = {
     Headline.NEEDS_REVIEW: OpStatus.NEEDS_REVIEW,
     Headline.VERIFYING: OpStatus.UNKNOWN,
-    Headline.AWAITING_CONFIRMATION: OpStatus.ACCEPTED,
+    Headline.AWAITING_CONFIRMATION: OpStatus.REQUESTED,  # cancellable until accepted
     Headline.CORRECTION_QUEUED: OpStatus.COMPENSATING,
     Headline.STOPPED_WITH_COMPLETED_ACTIONS: OpStatus.COMMITTED,
     Headline.CORRECTED: OpStatus.COMPENSATED,

@@ -75,7 +75,10 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
     """R8: the worst outcome any operation justifies, whatever state the run is in.
 
     Doubt (review, verification) shows on every run; the outcomes of a stop
-    (awaiting confirmation, correction, kept actions) only on a cancelled one.
+    (awaiting confirmation, correction, kept actions) only on a cancelled one. A
+    call in flight waits for its vendor's confirmation only if its provider was asked
+    to cancel it, or will be (``_cancel_asked``); one nobody asks runs to its end,
+    and may already have happened: "verifying" (R14).
     """
     statuses = {op.status for op in ops}
     # a correction's own progress is the correction of another line, not a new action
@@ -91,7 +94,10 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
         return Headline.VERIFYING
     if not run.state.fenced:
         return _STATE_HEADLINES.get(run.state, Headline.RUNNING)
-    if primary & {OpStatus.REQUESTED, OpStatus.ACCEPTED}:
+    sending = [op for op in ops if op.compensates is None and op.status.in_flight]
+    if any(not _cancel_asked(op) for op in sending):  # R14: nobody waits for a vendor's word
+        return Headline.VERIFYING
+    if sending:
         return Headline.AWAITING_CONFIRMATION
     if OpStatus.COMPENSATING in primary:
         return Headline.CORRECTION_QUEUED
@@ -100,6 +106,31 @@ def headline_for(run: RunRecord, ops: Sequence[OperationRecord]) -> Headline:
     if OpStatus.COMPENSATED in primary:
         return Headline.CORRECTED
     return Headline.CANCELED_BEFORE_EXTERNAL_ACTION
+
+
+# what a provider was asked about a cancel, or said of one: a call in flight with one of
+# these is waiting for its vendor's word on the cancel (R14)
+_ASKED = frozenset(
+    {
+        CancelState.ASKED,
+        CancelState.REFUSED,
+        CancelState.UNANSWERED,
+        CancelState.ERROR,
+        CancelState.ACKNOWLEDGED,
+        CancelState.CONFIRMED,
+    }
+)
+
+
+def _cancel_asked(op: OperationRecord) -> bool:
+    """R14: a call in flight whose provider was asked to cancel it, or will be (not
+    asked yet, and it still can: the worker sending it asks on the cancel). One its
+    provider is not asked about (not declared cancellable, past the point it cancels
+    until, an interface with no way to ask) runs to its end at the provider: a cancel
+    "waiting for vendor confirmation" claimed an ask that was never made, when the
+    run waits for the call's own outcome (ADR 0093)."""
+    answer = _answer(op)
+    return answer in _ASKED or (answer is CancelState.NOT_ASKED and op.provider_can_cancel)
 
 
 _STATE_HEADLINES = {

@@ -99,6 +99,9 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     (_R.CANCELLING, _V.ESCALATE): _R.NEEDS_REVIEW,
     (_R.SETTLING, _V.ESCALATE): _R.NEEDS_REVIEW,
     (_R.NEEDS_REVIEW, _V.REVIEWED): _R.CANCELLED,
+    # a settled cancel whose evidence moved on (a late response, a read-back contradicting
+    # a recorded outcome, a correction failing): a human decides again (ADR 0093)
+    (_R.CANCELLED, _V.ESCALATE): _R.NEEDS_REVIEW,
     (_R.RUNNING, _V.COMPLETE): _R.COMPLETED,
     (_R.RUNNING, _V.FAIL): _R.FAILED,
     # a workflow that ends while its run is pausing or paused has nothing left to pause
@@ -111,7 +114,8 @@ RUN_TABLE: Mapping[tuple[RunState, RunEvent], RunState] = {
     (_R.CANCELLED, _V.RESUME): _R.RUNNING,
 }
 
-# The states no run leaves (nothing in the table starts there): completed, failed.
+# The states no run leaves (nothing in the table starts there): completed, failed. What
+# its workflow did stands; doubt about its calls is its receipt's headline (ADR 0093).
 FINAL_RUN_STATES = frozenset(RunState) - {state for state, _ in RUN_TABLE}
 
 # Events that agree with an outcome already recorded: kept as evidence, no change.
@@ -202,8 +206,16 @@ def settle_move(
     (``below``), and whether its ``unknown`` operations are to be verified: the
     settler's one rule, read by every step of every backend. A run is not settled
     before its tree: its receipt counts the tree's operations (a parent showed
-    ``cancelled`` beside "verifying" while a child's call was in doubt)."""
+    ``cancelled`` beside "verifying" while a child's call was in doubt).
+
+    A settled run (``cancelled``) moves only to review: when one of its calls, or of
+    its tree's, is in review again (ADR 0093). It said ``cancelled`` beside a receipt
+    that said review, and a listing of the runs in review left it out."""
     move, verify = _own_move(state, statuses)
+    if state is RunState.CANCELLED:
+        if move is None and RunState.NEEDS_REVIEW in below:
+            move = RunEvent.ESCALATE
+        return move, verify
     if move not in (RunEvent.SETTLED, RunEvent.REVIEWED) or not below:
         return move, verify
     if RunState.CANCELLING in below or RunState.SETTLING in below:
@@ -249,4 +261,6 @@ def _own_move(state: RunState, statuses: set[OpStatus]) -> tuple[RunEvent | None
         return (RunEvent.ESCALATE if state is not RunState.NEEDS_REVIEW else None), False
     if state is RunState.NEEDS_REVIEW:  # every review item was settled by later evidence
         return RunEvent.REVIEWED, False
+    if state is RunState.CANCELLED:  # settled already
+        return None, False
     return RunEvent.SETTLED, False

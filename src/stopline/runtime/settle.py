@@ -65,6 +65,14 @@ _OWNER_WAKES = frozenset({RunEvent.SETTLED, RunEvent.REVIEWED, RunEvent.ESCALATE
 # (``unsettled_below``): a step asked for by a change of one wakes them. A correction
 # that ended in a cancelled grandchild left its root ``settling`` for ever.
 _SETTLED = FINAL_RUN_STATES | {RunState.CANCELLED}
+# the states a step moves: a cancelled run's, and a settled one's, whose call (or whose
+# tree's) went back to review when later evidence contradicted it (ADR 0093)
+_STEPPED = _CANCELLED | {RunState.CANCELLED}
+
+
+def _settled_unmoved(run: RunRecord, move: RunEvent | None) -> bool:
+    """A settled run its own calls do not move: its tree may (``settle_move``)."""
+    return run.state is RunState.CANCELLED and move is None
 
 
 def _owners_unread(ended: RunRecord) -> bool:
@@ -379,18 +387,20 @@ class Settler:
             run, ops = got
             if run.state in _SETTLED:
                 wake(run)
-            if run.state not in _CANCELLED or any(op.status.in_flight for op in ops):
+            if run.state not in _STEPPED or any(op.status.in_flight for op in ops):
                 continue
             # the cancel's compensation policy, in review too: an outcome a reviewer or
             # later evidence settles as committed is corrected like one a read-back proved
-            if await core.compensator.on_cancel(ops):
+            # (of a settled run: once it is in review again, ADR 0093)
+            if run.state is not RunState.CANCELLED and await core.compensator.on_cancel(ops):
                 ops = await core.backend.operations(run_id)
             stepped.append(run)
             move, verify = settle_move(run.state, statuses := settling_statuses(ops))
             decided.append((run, statuses, move))
             if verify:
                 unknown.extend(op for op in ops if op.status is OpStatus.UNKNOWN)
-        final = [run.id for run, _, move in decided if move in _ENDS]  # after its tree
+        # after its tree; a settled run, its tree in review again, goes to review too
+        final = [run.id for run, _, move in decided if move in _ENDS or _settled_unmoved(run, move)]
         below = await core.backend.unsettled_below(final) if final else {}
         for run, statuses, move in decided:
             if run.id in below:

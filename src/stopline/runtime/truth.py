@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from stopline.domain.lifecycle import Action, Principal
 from stopline.domain.limits import check_limit, check_wait
 from stopline.domain.model import OperationRecord
+from stopline.domain.transitions import REVIEW_OPS
 from stopline.domain.vocab import NoteKind, RunState
 from stopline.runtime.reconcile import Reconciler, ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport, Workers
@@ -68,6 +69,10 @@ class Truth:
             # together: a tree's runs settle in one step (run by run, each child's
             # settling stepped its owner, which read the whole tree again: 9 s for 500)
             await core.settler.advance_many([r.id for r in runs if r.id not in core.runs])
+        # settled runs whose call went back to review, their step lost with the worker that
+        # recorded it (ADR 0093): the review queue (an index of open calls) names them
+        in_review = await core.backend.unresolved(10_000, statuses=REVIEW_OPS)
+        await core.settler.advance_many(sorted({op.run_id for op in in_review} - core.runs.keys()))
 
     async def retire(self) -> None:
         await self.workers.retire()
