@@ -196,3 +196,20 @@ def test_a_correction_of_a_completed_run_promises_nothing_of_the_run_closing() -
             == "correction queued; its outcome is recorded when it answers, else read back"
         )
         assert "closes" not in receipt.text()
+
+
+def test_a_review_line_offers_not_committed_only_after_its_recorded_horizon() -> None:
+    """R13/R14: before an operation's horizon a reviewer's "not committed" is refused
+    (its effect may still land), so its line says when that decision can be made; the
+    line of one with no horizon recorded offers both (ADR 0092)."""
+    at = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+    landing = dataclasses.replace(
+        op(OpStatus.NEEDS_REVIEW), evidence=(Evidence.local("horizon", f"{at:.3f}"),)
+    )
+    line = build_receipt(run_record(), [landing]).lines[0]
+    assert line.recovery == (
+        "a reviewer decides committed, or not committed once its effect can no longer "
+        "land (after 08:00:00 UTC)"
+    )
+    plain = build_receipt(run_record(), [op(OpStatus.NEEDS_REVIEW)]).lines[0]
+    assert plain.recovery == "a reviewer decides committed or not committed"

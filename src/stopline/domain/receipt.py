@@ -243,6 +243,11 @@ def _recovery(op: OperationRecord, related: OperationRecord | None) -> str:
         failed = related is not None and related.status is OpStatus.NOT_COMMITTED
         if failed and op.compensates is None:  # its latest correction failed
             return _CORRECTION_FAILED
+        if op.horizon is not None:  # R13: "it did not happen" is refused before it
+            return (
+                "a reviewer decides committed, or not committed once its effect can no "
+                f"longer land (after {horizon_words(op.horizon)})"
+            )
         return "a reviewer decides committed or not committed"
     if op.status is OpStatus.COMMITTED and op.can_compensate and op.compensates is None:
         return "can be corrected by its compensation"
