@@ -313,9 +313,9 @@ class PlanError(StoplineError):
 
 
 class RunEnded(StoplineError):
-    """``ledger.run(..., run_id=...)`` of a run that has ended (nothing would run in it),
-    ``ledger.resume`` of one that cannot resume yet, or ``ledger.pause`` of one with
-    nothing to pause; ``what_to_do`` says how to go on (R14)."""
+    """``ledger.run(..., run_id=...)`` of a run that has ended, is stopped (cancelling,
+    settling) or is in review, ``ledger.resume`` of one that cannot resume yet, or
+    ``ledger.pause`` of one with nothing to pause; ``what_to_do`` says how to go on (R14)."""
 
     def __init__(self, run_id: str, state: enum.Enum, what_to_do: str | None = None) -> None:
         self.run_id = run_id
@@ -327,8 +327,8 @@ class RunEnded(StoplineError):
                 else "start a new run to do more"
             )
         self.what_to_do = what_to_do
-        # a run being cancelled (cancelling, settling) is stopped, not ended yet
         where = "has ended" if getattr(state, "ended", True) else "is stopped"
+        where = "is in review" if state.value == "needs_review" else where  # not ended (ADR 0093)
         super().__init__(f"run {run_id!r} {where} ({state.value}): {what_to_do}")
 
 

@@ -53,12 +53,17 @@ ATTR_STATUS = "stopline.status"
 
 _SETTLING_EVENTS = frozenset({RunEvent.SETTLED, RunEvent.ESCALATE})
 _RUN_END_EVENTS = _SETTLING_EVENTS | {RunEvent.COMPLETE, RunEvent.FAIL}
-# events whose run's headline is computed (its operations read before the write): the
-# ends, and a review's close of a run that ended in review (its headline changes then)
+# events whose run and tree are read before the write (its headline): ends, reviews
 _HEADLINE_EVENTS = _RUN_END_EVENTS | {RunEvent.REVIEWED}
-_VERIFY_EVENTS = frozenset({OpEvent.VERIFIED_COMMITTED, OpEvent.VERIFIED_NOT_COMMITTED})
-_REVIEW_EVENTS = frozenset({OpEvent.REVIEWED_COMMITTED, OpEvent.REVIEWED_NOT_COMMITTED})
+_RESOLVED_BY = {
+    OpEvent.VERIFIED_COMMITTED: "read_back",
+    OpEvent.VERIFIED_NOT_COMMITTED: "read_back",
+    OpEvent.REVIEWED_COMMITTED: "review",
+    OpEvent.REVIEWED_NOT_COMMITTED: "review",
+    OpEvent.CANCEL_CONFIRMED: "provider",
+}
 _TROUBLE = frozenset({OpStatus.NEEDS_REVIEW, OpStatus.COMPENSATION_FAILED})
+_Read = tuple[RunRecord, list[OperationRecord]]  # a run and its tree's operations
 _log = logging.getLogger(__name__)
 
 
@@ -72,20 +77,13 @@ def _finish(span: Span, end_time: int | None = None) -> None:
 
 
 def _may_change(run: RunRecord, ops: Sequence[OperationRecord]) -> bool:
-    """Whether a run's headline can still change once it has ended: it is in review, or
-    an operation of its tree is not settled (in doubt, in review, being corrected)."""
+    """Whether an ended run's headline can still change: in review, or a call unsettled."""
     return run.state is RunState.NEEDS_REVIEW or not all(op.status.settled for op in ops)
 
 
 def resolved_by(event: OpEvent) -> str:
     """How an unknown outcome was settled: the ``stats`` categories."""
-    if event in _VERIFY_EVENTS:
-        return "read_back"
-    if event in _REVIEW_EVENTS:
-        return "review"
-    if event is OpEvent.CANCEL_CONFIRMED:
-        return "provider"
-    return "late_response"
+    return _RESOLVED_BY.get(event, "late_response")
 
 
 class Telemetry:
@@ -123,7 +121,9 @@ class Telemetry:
             "stopline.runs.revised",
             description="Ended runs whose headline changed since (review, read-back, ...)",
         )
-
+        self.reopened = meter.create_counter(
+            "stopline.runs.reopened", description="Settled cancels that later evidence reopened"
+        )
         # spans in progress, shared by every ledger this observer watches in the process
         self.open_backends = 0
         self.runs: dict[str, Span] = {}
@@ -235,10 +235,10 @@ class TracedBackend(ForwardingBackend):
             # read before the write, so the spans end with no await after the commit; the
             # tree's operations, as the run's receipt reads them (its headline is theirs)
             ending = event in _HEADLINE_EVENTS
-            ops = await self.inner.operations(run_id, descendants=True) if ending else []
+            read = await self.inner.run_and_operations(run_id, descendants=True) if ending else None
             run, changed = await self.inner.run_event(run_id, event, by=by, reason=reason)
             if changed:
-                self._run_changed(run, event, ops)
+                self._run_changed(run, event, read)
             return run, changed
         result = await self.cancel(run_id, by=by, reason=reason)
         return result.run, result.first
@@ -248,14 +248,14 @@ class TracedBackend(ForwardingBackend):
     ) -> list[tuple[RunRecord, bool] | IllegalTransition | UnknownRun]:
         # as ``run_event``: the ending runs' operations read before the write, in one read
         ending = [run_id for run_id, event in items if event in _HEADLINE_EVENTS]
-        ops: dict[str, list[OperationRecord]] = {}
+        read: dict[str, _Read] = {}
         for found in await self.inner.trees_and_operations(ending) if ending else []:
             if not isinstance(found, UnknownRun):
-                ops[found[0].id] = found[1]
+                read[found[0].id] = found
         results = await self.inner.run_events(items, by=by)
         for (run_id, event), result in zip(items, results, strict=True):
             if isinstance(result, tuple) and result[1]:
-                self._run_changed(result[0], event, ops.get(run_id, []))
+                self._run_changed(result[0], event, read.get(run_id))
         return results
 
     async def cancel(self, run_id: str, *, by: str, reason: str = "") -> CancelResult:
@@ -282,13 +282,19 @@ class TracedBackend(ForwardingBackend):
         self._end(span, run.state.value, end_time=committed[0] if committed else None)
         return result
 
-    def _run_changed(self, run: RunRecord, event: RunEvent, ops: list[OperationRecord]) -> None:
+    def _run_changed(self, run: RunRecord, event: RunEvent, read: _Read | None) -> None:
+        """``read``: the run and its tree's operations before the move. A run's end counts
+        once: a settled cancel sent back to review (ADR 0093) is reopened, not ended."""
+        before, ops = read or (None, [])
         run_span = self._runs.get(run.id)
         if run_span is not None:
             run_span.add_event(f"stopline.{event.value}", {ATTR_STATUS: run.state.value})
-        if event is RunEvent.REVIEWED:
+        reopened = event is RunEvent.ESCALATE and before is not None and before.state.ended
+        if event is RunEvent.REVIEWED or reopened:
             self._revise(run, ops)
-        if event not in _RUN_END_EVENTS:
+        if reopened:
+            self._measure(self._t.reopened.add, 1)
+        if event not in _RUN_END_EVENTS or reopened:
             return
         headline = headline_for(run, ops).value
         if run_span is not None and _may_change(run, ops):

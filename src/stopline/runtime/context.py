@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import decimal
+import math
+import numbers
+import reprlib
 import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from stopline.domain.limits import sanitise
 from stopline.domain.model import Evidence, horizon_evidence
 from stopline.domain.vocab import EvidenceKind, NoteKind, OpEvent
 from stopline.ledger.backend import OutcomeUpdate
-from stopline.runtime.boundary import retryable
+from stopline.runtime.boundary import log, quietly, retryable
 
 if TYPE_CHECKING:
     from stopline.runtime.core import Core
@@ -160,9 +165,51 @@ class CallContext:
     async def progress(
         self, progress: float, total: float | None = None, message: str = ""
     ) -> None:
-        """Progress is advisory: it is recorded and never proves a commit."""
-        await self.core.backend.note(
-            self.op_id,
-            NoteKind.PROGRESS,
-            {"progress": progress, "total": total, "message": message},
-        )
+        """Progress is advisory: it is recorded (a ``progress`` event on the operation)
+        and never proves a commit, so it never fails the call it reports on.
+
+        What the tool gives is recorded as every backend can store it and every
+        surface can show it, and nothing here raises into the tool (but a cancel of
+        its scope): ``message`` as ``sanitise`` makes free text (control characters
+        and lone surrogates replaced, at most 4,096 characters); ``progress`` and
+        ``total`` as given when each is a real, finite number (``None`` too for
+        ``total``), else as a short text of what was given (``"nan"``, ``"'half'"``),
+        for a reader to see the tool's mistake. An error of the ledger writing it is
+        logged on ``stopline.background``: the call goes on, and its outcome is
+        written as ever (a tool stopped by its own report left an effect that went on
+        recorded ``unknown``)."""
+        data = {
+            "progress": _amount(progress),
+            "total": None if total is None else _amount(total),
+            "message": sanitise(message if isinstance(message, str) else _shown(message)),
+        }
+        with quietly(f"recording progress of {self.op_id!r}", log):
+            await self.core.backend.note(self.op_id, NoteKind.PROGRESS, data)
+
+
+# a value a tool gave where a number was wanted, as a short text (nesting and length
+# bounded, an object whose ``repr`` raises named by its type: it never raises itself)
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+
+
+def _shown(value: object) -> str:
+    try:
+        return _SHORT.repr(value)
+    except Exception:  # a container whose ``len`` or items raise, say
+        return f"<{type(value).__name__}>"
+
+
+def _amount(value: object) -> float | str:
+    """A reported amount as the event keeps it: a real, finite number as it is (an
+    integer as an integer), anything else as ``_shown`` text. ``NaN`` and infinity are
+    not JSON (PostgreSQL's ``jsonb`` and most readers refuse them), an integer past a
+    float's range is infinity to most readers, and a nested list failed the write."""
+    try:
+        if isinstance(value, numbers.Real | decimal.Decimal) and not isinstance(value, bool):
+            number = float(value)
+            if math.isfinite(number):
+                return int(value) if isinstance(value, numbers.Integral) else number
+    except Exception:  # a number type whose ``float`` raises, past the range too
+        pass
+    return sanitise(_shown(value), at_most=64)

@@ -22,7 +22,7 @@ import anyio
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import Principal
-from stopline.domain.limits import check_id, check_new_id, check_seconds
+from stopline.domain.limits import MAX_ID_CHARS, check_id, check_new_id, check_seconds
 from stopline.domain.model import (
     Evidence,
     OperationRecord,
@@ -64,6 +64,30 @@ def _parameters(t: Tool[Any]) -> list[str]:
     except (TypeError, ValueError):
         return []
     return params[1:] if t.wants_context else params
+
+
+def _op_id(run_id: str, key: str | None, made: str) -> str:
+    """A call's operation id, ``RUN_ID/KEY`` (``RUN_ID/SEQ:TOOL`` without a key); one
+    past ``MAX_ID_CHARS`` is ``InvalidInput`` naming the key (else the tool) and the
+    room this run's id leaves a key: the limit is the operation id's, not the key's.
+    Which keys are taken is as ever; only what a refusal says is the truth."""
+    op_id = f"{run_id}/{key if key is not None else made}"
+    if len(op_id) > MAX_ID_CHARS:
+        room = max(MAX_ID_CHARS - len(run_id) - 1, 0)
+        if key is not None:
+            raise InvalidInput(
+                "key",
+                f"{len(key)} characters; a call's operation id (the run's id, '/', the key) "
+                f"has at most {MAX_ID_CHARS}, so a key in this run (an id of {len(run_id)} "
+                f"characters) has at most {room}",
+            )
+        raise InvalidInput(
+            "tool",
+            f"the operation id of its call here (the run's id, '/', {made!r}) would have "
+            f"{len(op_id)} characters, at most {MAX_ID_CHARS}: give the call a key of at "
+            f"most {room}",
+        )
+    return check_id("key", op_id)
 
 
 class Run:
@@ -204,7 +228,7 @@ class Run:
             arguments = f"unstable:{exc.path}"
         self._core.register_tool(t)  # another tool by this name: refused, nothing written
         self._seq += 1
-        op_id = check_id("key", f"{self.id}/{key if key is not None else f'{self._seq}:{t.name}'}")
+        op_id = _op_id(self.id, key, f"{self._seq}:{t.name}")
         spec = OperationSpec(
             id=op_id,
             run_id=self.id,
