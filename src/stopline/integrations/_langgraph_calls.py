@@ -8,10 +8,24 @@ own execution (``sl.gate``, its ``awrap_tool_call`` hook) or the tool's own
 tool that ``ToolNode`` (or the tool's ``handle_tool_error``) turned into an error
 message is recorded (``unknown``) and its message returned; ``interrupt()`` is a
 pause, recorded ``not_committed`` (LangGraph re-runs the tool on resume).
+
+**What is recorded of a result JSON cannot write (``kept``, ``restored``).** The
+ledger keeps a result as JSON or not at all (``rows.dump_result``, ADR 0049): a
+``Command`` a tool or an ``sl.node`` returned, or a node's state update holding
+messages, was committed with ``result_not_replayable``, so a replay told the model
+"result not kept" (and the command's update was lost) or raised ``NotReplayable``.
+Such a result is now handed to the gate as LangGraph writes it into its own
+checkpoints (``JsonPlusSerializer``, ``dumps_typed``), in a JSON object the ledger
+keeps; both the call that ran and a replay read it back with ``loads_typed``, so
+they return the same value, as a checkpoint gives it back (a tuple reads back as a
+list: a ``Command``'s default ``goto=()`` as ``[]``, which LangGraph reads alike)
+(ADR 0097). What LangGraph's serializer cannot write and read back stays as it
+was: not kept, and said so.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import inspect
@@ -22,11 +36,13 @@ from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.pydantic import TypeBaseModel
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import msg_content_output
 from langgraph.types import Command
 from pydantic import PrivateAttr
 
+from stopline.domain import jsontext
 from stopline.integrations._frameworks import (
     ToolSpec,
     Work,
@@ -38,7 +54,7 @@ from stopline.integrations._langchain_tools import fits, refusing, runs_in_threa
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Rejected
 
-__all__ = ["GatedBaseTool", "bubbled", "gated_message", "pausing"]
+__all__ = ["GatedBaseTool", "bubbled", "gated_message", "keeping", "kept", "pausing", "restored"]
 
 Execute = Callable[[], Awaitable[Any]]
 OnPause = Callable[[str], None]  # told the key of a gated call that called interrupt()
@@ -53,6 +69,54 @@ class _Interrupted(Rejected):
             ref="langgraph:interrupt",
         )
         self.bubble = bubble
+
+
+# the JSON object a result is kept in when JSON cannot write it: LangGraph's own bytes
+_KEPT = "io.stopline/langgraph"
+_SERDE = JsonPlusSerializer()  # what a checkpointer writes with, by default
+
+
+def kept(value: Any) -> Any:
+    """``value`` as the gate is to record it: as it is when JSON can write it, else as
+    LangGraph's serializer writes it (with its ``repr`` for a reader of the ledger)."""
+    if not isinstance(value, Command):
+        try:
+            jsontext.compact(value)
+            return value
+        except (TypeError, ValueError, RecursionError):
+            pass
+    try:  # read back once: a record only a later replay would find unreadable is none
+        kind, data = _SERDE.dumps_typed(value)
+        _SERDE.loads_typed((kind, data))
+    except Exception:  # not LangGraph's either: recorded as it is (not kept, said so)
+        return value
+    text = base64.b64encode(data).decode("ascii")
+    return {_KEPT: kind, "data": text, "shows": repr(value)[:500]}
+
+
+def restored(value: Any) -> Any:
+    """A recorded result as the tool or node returned it (``kept`` undone)."""
+    if not (isinstance(value, dict) and isinstance(value.get(_KEPT), str)):
+        return value
+    return _SERDE.loads_typed((value[_KEPT], base64.b64decode(value["data"])))
+
+
+def keeping(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a node's body, sync or async) returning what the gate is to record
+    (``kept``); ``restored`` gives its result back."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def kept_async(*args: Any, **kwargs: Any) -> Any:
+            return kept(await fn(*args, **kwargs))
+
+        return kept_async
+
+    @functools.wraps(fn)
+    def kept_sync(*args: Any, **kwargs: Any) -> Any:  # in the adapter's worker thread
+        return kept(fn(*args, **kwargs))
+
+    return kept_sync
 
 
 def pausing(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,7 +189,7 @@ async def gated_message(
             if isinstance(message, ToolMessage) and message.status == "error":
                 raise _Raised(message)
             if not isinstance(message, ToolMessage):
-                return message
+                return kept(message)  # a Command: as LangGraph writes it
             ran.append(message)
             return message.content  # what is recorded (and replayed): the content
 
@@ -139,7 +203,7 @@ async def gated_message(
     key = f"tool:{call_id}" if call_id else None
     args, kwargs = digest
     try:
-        content = await gated_call(gated_tool, *args, key=key, **kwargs)
+        content = restored(await gated_call(gated_tool, *args, key=key, **kwargs))
     except _Interrupted as interrupted:
         if key is not None:
             paused(key)

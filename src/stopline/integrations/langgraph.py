@@ -43,13 +43,14 @@ cancel commits again. Here:
   new ``sl.run`` with the same thread id (LangGraph continues from its
   checkpoint; stopline replays what committed).
 
-Node and tool results are replayed from the ledger, so they should be JSON-able
-(a state update of plain values, a tool's message content). A tool call that
-runs returns its own ``ToolMessage`` (its ``artifact``, ``additional_kwargs`` and
-``response_metadata`` kept); the ledger records its content only, so a replayed
-call's message is rebuilt from that content. A replayed tool call whose result
-was not kept answers with a note saying so; a replayed node raises
-``NotReplayable``.
+Node and tool results are replayed from the ledger: JSON as it is; a ``Command``
+or an update JSON cannot write (messages) as LangGraph's serializer writes it
+(``_langgraph_calls.kept``, ADR 0097), so a replay returns an equal value. A
+tool call that runs returns its own ``ToolMessage`` (its ``artifact``,
+``additional_kwargs`` and ``response_metadata`` kept); the ledger records its
+content only, so a replayed call's message is rebuilt from that content. A
+replayed tool call whose result was not kept answers with a note saying so; a
+replayed node raises ``NotReplayable``.
 """
 
 from __future__ import annotations
@@ -82,7 +83,14 @@ from stopline.integrations._frameworks import (
     stopline_tool,
 )
 from stopline.integrations._langchain_tools import fits, refusing
-from stopline.integrations._langgraph_calls import GatedBaseTool, bubbled, gated_message, pausing
+from stopline.integrations._langgraph_calls import (
+    GatedBaseTool,
+    bubbled,
+    gated_message,
+    keeping,
+    pausing,
+    restored,
+)
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.runtime.ledger import Ledger
 
@@ -298,12 +306,14 @@ def node(
         spec = ToolSpec(
             description=description, verify=verifier, cancel=cancel, settles_within=settles_within
         )
-        t = stopline_tool(f if isinstance(f, Tool) else pausing(f), label, spec)
+        # a Command or an update JSON cannot write: kept as LangGraph writes it
+        t = stopline_tool(f if isinstance(f, Tool) else keeping(pausing(f)), label, spec)
 
         async def gated_node(state: Any) -> Any:
             # a state update cannot be a sentence: a result not kept raises NotReplayable
             with bubbled():  # interrupt(): recorded not committed, then LangGraph's pause
-                return await gated_call(t, state, key=_task_key(), unkept_as_text=False)
+                answer = await gated_call(t, state, key=_task_key(), unkept_as_text=False)
+            return restored(answer)
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__
@@ -362,11 +372,12 @@ def tool(
     if not isinstance(base, StructuredTool) or body is None:
         # not a function's tool: the tool itself, through its own ainvoke
         return GatedBaseTool.over(base, spec, _paused)
-    t = stopline_tool(body, base.name, spec)
+    t = stopline_tool(keeping(body), base.name, spec)  # a Command: kept as LangGraph writes it
 
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
-        return await gated_call(t, key=f"tool:{call_id}" if call_id else None, **kwargs)
+        key = f"tool:{call_id}" if call_id else None
+        return restored(await gated_call(t, key=key, **kwargs))
 
     return _GatedTool(
         name=base.name,

@@ -24,7 +24,9 @@ under new call ids. Here:
   verified through the server's ``stopline_verify`` when it offers one;
 - a tool that raises is recorded before the SDK turns the error into text for
   the model: the operation is ``unknown`` (then verified or reviewed), never
-  ``completed``;
+  ``completed``; one cut by its own ``timeout=`` too, and the model is told it may
+  have happened. The same call asked for again in the same entry takes the key of
+  the one in doubt (``_openai_doubt``, ADR 0097): never a blind second dispatch;
 - ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
   ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
   finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
@@ -55,7 +57,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import json
 from collections.abc import AsyncIterator, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -68,10 +69,9 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.stream_events import StreamEvent
 from agents.tool_context import ToolContext
 
-from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import Action
-from stopline.domain.model import OperationRecord
 from stopline.domain.vocab import OpStatus, Policy
+from stopline.errors import OperationInDoubt
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -79,12 +79,18 @@ from stopline.integrations._frameworks import (
     VerifyByKey,
     Work,
     as_verifier,
+    current,
     detached_tool,
     gated_call,
     open_run,
-    unkept_note,
 )
 from stopline.integrations._openai_arguments import json_value, refusing_arguments
+from stopline.integrations._openai_doubt import (
+    in_doubt_note,
+    open_calls,
+    recorded_line,
+    timeout_text,
+)
 from stopline.integrations._openai_local import gate_local
 from stopline.integrations._openai_mcp import (
     GATED,
@@ -99,7 +105,6 @@ from stopline.integrations._openai_mcp import (
     reads_only,
 )
 from stopline.integrations._openai_nested import agent_of, agent_tool_over, handoff_to
-from stopline.integrations._replayed import not_kept
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -174,9 +179,16 @@ def gated(
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set((ctx, arguments))
-        try:  # compared as parsed: the same JSON spelled another way is the same call
-            key = f"tool:{ctx.tool_call_id}"
-            return await gated_call(stopline_tool, json_value(arguments), key=key)
+        # compared as parsed: the same JSON spelled another way is the same call
+        value, key, calls, answered = json_value(arguments), f"tool:{ctx.tool_call_id}", None, False
+        try:  # a repeat of a call of this entry still open (in doubt) takes its key
+            calls = open_calls(current())
+            key = await calls.key_for(tool.name, key, value)
+            answer = await gated_call(stopline_tool, value, key=key)
+            answered = True
+            return answer
+        except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
+            return in_doubt_note(tool.name, doubt.op_id)
         except Exception as exc:
             if body is invoke:
                 raise
@@ -191,10 +203,14 @@ def gated(
                 raise
             return text
         finally:
+            if calls is not None:
+                calls.ended(tool.name, key, value, answered=answered)
             _CALL.reset(token)
 
     setattr(on_invoke_tool, GATED, True)
-    gated_tool = dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+    gated_tool = dataclasses.replace(
+        tool, on_invoke_tool=on_invoke_tool, timeout_error_function=timeout_text(tool)
+    )
     return gated_tool
 
 
@@ -423,7 +439,7 @@ class AgentSession:
         }
         keys = {op.id: op.id.removeprefix(f"{self.id}/") for op in ops}
         lines = [
-            _recorded_line(op, keys[op.id])
+            recorded_line(op, keys[op.id])
             for op in ops
             if keys[op.id].removeprefix("tool:") not in shown
             and op.status is not OpStatus.PREVENTED
@@ -433,20 +449,6 @@ class AgentSession:
         note = "Recorded before this resume, each call with what its evidence proves:\n"
         message: Any = {"role": "developer", "content": note + "\n".join(lines)}
         return dataclasses.replace(model_data, input=[*model_data.input, message])
-
-
-def _recorded_line(op: OperationRecord, key: str) -> str:
-    """One recorded call for the model: what following its evidence allows (``on_resume``,
-    the rule a receipt's recovery line is derived from, R14)."""
-    said = f"- {op.tool} ({key}): {op.status.value}: "
-    follows = on_resume(op.status)
-    if follows is OnResume.SENT:
-        return said + "did not happen; it may be called again"
-    if follows is OnResume.BLOCKS:
-        return said + "in doubt; do not repeat it, it is under review"
-    why = not_kept(op)  # none kept, or a read-back's commit: a note, never ``null``
-    result = json.dumps(op.result, default=str) if why is None else unkept_note(op.tool, why)
-    return said + f"done, do not repeat it; result {result}"
 
 
 @contextlib.asynccontextmanager
