@@ -29,6 +29,7 @@ import pytest
 from agents import Agent, RunResultStreaming, function_tool, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message, function_call
 from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -349,3 +350,71 @@ async def test_a_node_update_holding_messages_is_replayed_equal(ledger: stopline
     assert refund.effects == ["9"]
     assert final["refunded"] == ["9"]
     assert final["messages"] == [AIMessage(content="refund:9", id="m-1")]
+
+
+# -- one rule for every adapter: a LangGraph tool that raised, asked for again -----------
+class Turns(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def turns_graph(tool: Any, turns: list[dict[str, Any]]) -> Any:
+    """agent (one scripted call per turn) <-> a gated ``ToolNode`` whose errors are
+    messages for the model (``handle_tool_errors=True``), until the turns run out."""
+    left = list(turns)
+
+    async def agent(state: Turns) -> dict[str, Any]:
+        calls = [left.pop(0)] if left else []
+        return {"messages": [AIMessage("" if calls else "done", tool_calls=calls)]}
+
+    def route(state: Turns) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(Turns)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([tool], awrap_tool_call=lg.gate(), handle_tool_errors=True))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+async def test_a_langgraph_repeat_of_a_tool_call_that_raised_is_not_sent_again(
+    ledger: stopline.Ledger,
+) -> None:
+    """``ToolNode`` made the tool's error a message (the model reads "try again"); the
+    gate recorded the call ``unknown``, its effect made before it raised. The model's
+    repeat with the same arguments takes the first call's key (``gated_call``, one
+    place for every adapter): in doubt, nothing is sent and the model is told why.
+    Another order goes through as before."""
+    paid: list[str] = []
+
+    async def pay(order: str) -> str:
+        """Pay an order."""
+        paid.append(order)
+        if order == "1":
+            raise RuntimeError("the provider's answer was lost after the payment")
+        return f"paid {order}"
+
+    tool = StructuredTool.from_function(coroutine=pay, name="pay", description="Pay an order.")
+    graph = turns_graph(
+        tool,
+        [
+            {"name": "pay", "args": {"order": "1"}, "id": "c1", "type": "tool_call"},
+            {"name": "pay", "args": {"order": "1"}, "id": "c2", "type": "tool_call"},
+            {"name": "pay", "args": {"order": "2"}, "id": "c3", "type": "tool_call"},
+        ],
+    )
+    async with lg.run(ledger, owner="user:1", thread_id="lg-repeat") as g:
+        state = await g.ainvoke(graph, {"messages": [("user", "pay")]})
+    assert paid == ["1", "2"]  # the repeat never reached the tool
+    said = {m.tool_call_id: m for m in state["messages"] if isinstance(m, ToolMessage)}
+    assert said["c1"].status == "error"
+    assert "was not sent" in str(said["c2"].content)
+    assert "lg-repeat/tool:c1" in str(said["c2"].content)
+    assert said["c3"].content == "paid 2"
+    await ledger.wait_settled("lg-repeat", timeout=10)
+    got = await statuses(ledger, "lg-repeat")
+    assert set(got) == {"tool:c1", "tool:c3"}  # no operation of its own for the repeat
+    assert got["tool:c1"] in (OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW)
+    assert got["tool:c3"] is OpStatus.COMMITTED

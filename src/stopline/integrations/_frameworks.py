@@ -93,6 +93,7 @@ from stopline.errors import (
 )
 from stopline.integrations._call_ids import CallIds, inside, refused_replay, unkept_note
 from stopline.integrations._detached import Work, detached_tool
+from stopline.integrations._open_calls import open_calls
 from stopline.integrations._replayed import told
 from stopline.integrations._verify import VerifyByKey, as_verifier, read_verify, wants_context
 from stopline.runtime.context import CallContext
@@ -307,24 +308,24 @@ async def gated_call(
     unkept_as_text: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """One call of ``tool`` through the gate of the current run, under ``key``
-    (or the key of the recorded call it repeats, ``Bound.key_for``).
+    """One call of ``tool`` through the gate of the current run, under ``key`` (or that
+    of the call it repeats: recorded, ``Bound.key_for``; in doubt, ``open_calls``).
 
     A replayed call whose result was not kept answers with ``unkept_note`` (a
     tool's answer for the model), or raises ``NotReplayable`` (``unkept_as_text=False``:
     a node's state update cannot be a sentence)."""
     bound = current()
-    key = bound.key_for(tool.name, key, [args, kwargs])
-    # a call the run was paused for passes only with its approval granted
-    asked = needs_approval or (key is not None and f"{bound.run.id}/{key}" in bound._approvals)
-    try:
-        async with bound.calls.one_at_a_time(key, tool.name):  # an id reused at once waits
-            answer = bound.run.call(tool, *args, key=key, needs_approval=asked, **kwargs)
-            return await told(bound, key, answer) if unkept_as_text else await answer
-    except (IdempotencyConflict, NotReplayable) as refused:
-        if isinstance(refused, NotReplayable) and not unkept_as_text:
-            raise
-        return refused_replay(refused, key, tool.name)
+    async with open_calls(bound).calling(tool.name, key, [args, kwargs]) as key:
+        # a call the run was paused for passes only with its approval granted
+        asked = needs_approval or (key is not None and f"{bound.run.id}/{key}" in bound._approvals)
+        try:
+            async with bound.calls.one_at_a_time(key, tool.name):  # an id reused at once waits
+                answer = bound.run.call(tool, *args, key=key, needs_approval=asked, **kwargs)
+                return await told(bound, key, answer) if unkept_as_text else await answer
+        except (IdempotencyConflict, NotReplayable) as refused:
+            if isinstance(refused, NotReplayable) and not unkept_as_text:
+                raise
+            return refused_replay(refused, key, tool.name)
 
 
 @contextlib.asynccontextmanager

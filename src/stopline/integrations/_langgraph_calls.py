@@ -43,6 +43,7 @@ from langgraph.types import Command
 from pydantic import PrivateAttr
 
 from stopline.domain import jsontext
+from stopline.errors import OperationInDoubt
 from stopline.integrations._frameworks import (
     ToolSpec,
     Work,
@@ -51,6 +52,7 @@ from stopline.integrations._frameworks import (
     stopline_tool,
 )
 from stopline.integrations._langchain_tools import fits, refusing, runs_in_thread
+from stopline.integrations._open_calls import in_doubt_note
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Rejected
 
@@ -210,6 +212,11 @@ async def gated_message(
         raise interrupted.bubble from None
     except _Raised as raised:
         return raised.message
+    except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
+        if call_id is None:
+            raise
+        note = in_doubt_note(tool.name, doubt.op_id)
+        return ToolMessage(content=note, name=tool.name, tool_call_id=call_id, status="error")
     if isinstance(content, Command):
         return content  # a Command the tool returned: passed on as it is
     if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)

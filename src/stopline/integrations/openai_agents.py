@@ -79,18 +79,13 @@ from stopline.integrations._frameworks import (
     VerifyByKey,
     Work,
     as_verifier,
-    current,
     detached_tool,
     gated_call,
     open_run,
 )
+from stopline.integrations._open_calls import in_doubt_note
 from stopline.integrations._openai_arguments import json_value, refusing_arguments
-from stopline.integrations._openai_doubt import (
-    in_doubt_note,
-    open_calls,
-    recorded_line,
-    timeout_text,
-)
+from stopline.integrations._openai_doubt import recorded_line, timeout_text
 from stopline.integrations._openai_local import gate_local
 from stopline.integrations._openai_mcp import (
     GATED,
@@ -179,14 +174,9 @@ def gated(
 
     async def on_invoke_tool(ctx: ToolContext[Any], arguments: str) -> Any:
         token = _CALL.set((ctx, arguments))
-        # compared as parsed: the same JSON spelled another way is the same call
-        value, key, calls, answered = json_value(arguments), f"tool:{ctx.tool_call_id}", None, False
-        try:  # a repeat of a call of this entry still open (in doubt) takes its key
-            calls = open_calls(current())
-            key = await calls.key_for(tool.name, key, value)
-            answer = await gated_call(stopline_tool, value, key=key)
-            answered = True
-            return answer
+        try:  # compared as parsed: the same JSON spelled another way is the same call
+            key = f"tool:{ctx.tool_call_id}"
+            return await gated_call(stopline_tool, json_value(arguments), key=key)
         except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
             return in_doubt_note(tool.name, doubt.op_id)
         except Exception as exc:
@@ -203,8 +193,6 @@ def gated(
                 raise
             return text
         finally:
-            if calls is not None:
-                calls.ended(tool.name, key, value, answered=answered)
             _CALL.reset(token)
 
     setattr(on_invoke_tool, GATED, True)
