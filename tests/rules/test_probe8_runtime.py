@@ -27,6 +27,7 @@ from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.tool import Compensation
 from stopline.testing import CancelBehaviour, FakeProvider
 from tests.conftest import FAST_VERIFY
+from tests.domain.test_receipt import op
 from tests.rules.test_probe7_tree_settle import (
     CHILD,
     GRANDCHILD,
@@ -270,26 +271,7 @@ async def test_awaiting_confirmation_only_when_the_provider_was_asked(
 
 
 def _in_flight(cancel_state: CancelState, cancellable: Cancellable) -> OperationRecord:
-    return OperationRecord(
-        id="r/1",
-        run_id="r",
-        tool="deploy",
-        description="deploy",
-        args_digest="d",
-        status=OpStatus.ACCEPTED,
-        cancellable=cancellable,
-        can_verify=True,
-        can_compensate=False,
-        cancel_state=cancel_state,
-        attempts=1,
-        result=None,
-        has_result=False,
-        error=None,
-        cause=None,
-        evidence=(Evidence.local("gate"),),
-        created_at=0.0,
-        updated_at=0.0,
-    )
+    return op(OpStatus.ACCEPTED, cancellable=cancellable, cancel_state=cancel_state)
 
 
 @pytest.mark.parametrize(
