@@ -11,6 +11,10 @@ activities' keys name (ADRs 0050, 0056, 0073).
   keys name that execution, so an activity it runs again reaches the operation
   already recorded (committed: its recorded result, never sent again), and it
   goes on in that execution's run while the run has not ended.
+- **An activity whose workflow runs without the plugin** (``ungated``, ADR 0098):
+  no run header, and no run its workflow opened: refused before dispatch, as a
+  gated DBOS step of an ungated workflow is. Its calls would join a run nothing
+  ends (its receipt "Running." for ever) and no workflow cancel fences.
 - **The workflow of a run**, for a process that opened none (``temporal.cancel``
   of a tree): a derived run id and an execution's own run are no workflow ids;
   a fenced child's workflow is found among the pending children Temporal
@@ -19,9 +23,11 @@ activities' keys name (ADRs 0050, 0056, 0073).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import temporalio.client
+from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.service import RPCError, RPCStatusCode
 
 from stopline.domain.limits import fitted
@@ -35,9 +41,10 @@ from stopline.integrations._engines import (
     find_run,
     resumed_after_cancel,
 )
+from stopline.integrations._temporal_workflow import RUN_HEADER
 from stopline.runtime.ledger import Ledger
 
-__all__ = ["execution_run", "own_run", "pending_children", "run_id_of", "runs_of"]
+__all__ = ["execution_run", "own_run", "pending_children", "run_id_of", "runs_of", "ungated"]
 
 _EXECUTION = "@run:"
 
@@ -146,3 +153,23 @@ async def _keyed_by(gate: EngineGate, run: RunRecord, execution: str) -> str:
         return execution
     latest = max(ops, key=lambda op: op.created_at)
     return latest.id[len(prefix) :].split(":", 1)[0]
+
+
+async def ungated(
+    ledger: Ledger, headers: Mapping[str, Payload], info: activity.Info, run_id: str
+) -> str | None:
+    """Why an activity with effects is refused before dispatch, if it is: its workflow
+    runs on a worker without the plugin (its activities carry no run header, and no
+    ``open_run`` of it made ``run_id``). A workflow started before the header, on a
+    worker with the plugin, opened its run: it goes on. A standalone activity (no
+    workflow) is a run of its own, as ever (ADR 0098)."""
+    if RUN_HEADER in headers or not info.workflow_id:
+        return None
+    if await find_run(ledger, run_id) is not None:
+        return None
+    return (
+        f"activity {info.activity_type!r} has effects, and its workflow "
+        f"{info.workflow_id!r} ({info.workflow_type}) runs without stopline's plugin: no "
+        "run was opened for it, so its calls would join a run nothing ends or fences. "
+        "Give the workflow's worker the StoplinePlugin too (ADR 0098)"
+    )

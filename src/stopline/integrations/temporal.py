@@ -87,6 +87,7 @@ from stopline.integrations._temporal_runs import (
     pending_children,
     run_id_of,
     runs_of,
+    ungated,
 )
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
@@ -383,6 +384,8 @@ class _GatedActivity(ActivityInboundInterceptor):
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
         run_id = _run_of(input, info)
+        if (why := await ungated(gate.ledger, input.headers, info, run_id)) is not None:
+            raise ApplicationError(why, type="InvalidInput", non_retryable=True)
         key = f"{_keyed_by_header(input, info)}:{engine_key(_call_of(input, info))}"
         # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
         within = attempt_bound(info) if tool.settles_within is None else None
