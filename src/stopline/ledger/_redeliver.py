@@ -98,9 +98,12 @@ REARMED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 async def surface_rearmed() -> None:
-    if not REARMED:  # none asked for again (always so off asyncio: no loop to ask)
+    if not REARMED:  # none asked for again
         return
-    task = asyncio.current_task()
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # off asyncio (trio): asyncio's tasks of an earlier loop are not this
+        return
     if task is not None and task in REARMED:
         REARMED.discard(task)
         await asyncio.sleep(0)  # raises the cancel asked for again, if still pending
