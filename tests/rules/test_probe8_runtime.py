@@ -19,15 +19,15 @@ import anyio
 import pytest
 
 import stopline
-from stopline import Cancellable, Grant, Headline, OpStatus, Policy, RunState, Verdict
-from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
+from stopline import Cancellable, Headline, OpStatus, RunState, Verdict
+from stopline.domain.model import CancelState, Evidence, OperationRecord
 from stopline.domain.receipt import headline_for
 from stopline.domain.vocab import EvidenceKind, OpEvent
 from stopline.ledger.backend import OutcomeUpdate
 from stopline.runtime.tool import Compensation
 from stopline.testing import CancelBehaviour, FakeProvider
 from tests.conftest import FAST_VERIFY
-from tests.domain.test_receipt import op
+from tests.domain.test_receipt import op, run_record
 from tests.rules.test_probe7_tree_settle import (
     CHILD,
     GRANDCHILD,
@@ -296,22 +296,7 @@ def test_the_headline_of_a_call_in_flight_says_what_was_asked(
 ) -> None:
     """Pure: R8 over R14, for one call in flight in a cancelled run; with a second call
     nobody asked, the worse headline wins (R8's precedence: verifying)."""
-    run = RunRecord(
-        id="r",
-        name="t",
-        owner="u",
-        tenant="t",
-        parent_id=None,
-        state=RunState.SETTLING,
-        fence=1,
-        grants=Grant.VERIFY,
-        phase=None,
-        policy=Policy.VERIFY,
-        created_at=0.0,
-        updated_at=0.0,
-        cancelled_by="u",
-        cancel_reason="",
-    )
+    run = run_record(RunState.SETTLING)
     one = _in_flight(cancel_state, cancellable)
     assert headline_for(run, [one]) is headline
     other = dataclasses.replace(
