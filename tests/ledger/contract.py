@@ -557,6 +557,38 @@ class LedgerContract:
         assert await backend.events("run_a") == before
         assert (await backend.get_run("run_a")).state is RunState.RUNNING
 
+    async def test_a_read_backs_verdict_moves_only_the_attempt_it_looked_for(
+        self, backend: Backend
+    ) -> None:
+        """ADR 0099: a verdict naming attempt 1, written once attempt 2 has been sent and
+        lost, is refused (``IllegalTransition``, alone or among many; nothing written);
+        attempt 2's own verdict, or one naming no attempt (an answer), moves it."""
+        await backend.create_run(run_spec())
+        lost = OutcomeUpdate(OpEvent.LOST, [Evidence.local("no answer")])
+        found = OutcomeUpdate(OpEvent.VERIFIED_NOT_COMMITTED, [Evidence.local("looked")], attempt=1)
+        op_id, other = "run_a/1:send", "run_a/2:send"
+        for attempt in (1, 2):
+            for one in (op_id, other):
+                await backend.gate(op_spec(one))
+                await backend.record(one, lost)
+                if attempt == 1:
+                    assert (await backend.record(one, found)).status is OpStatus.NOT_COMMITTED
+        assert (await backend.get_operation(op_id)).attempts == 2
+        before = await backend.events("run_a")
+        stale = OutcomeUpdate(OpEvent.VERIFIED_NOT_COMMITTED, [Evidence.local("old")], attempt=1)
+        with pytest.raises(IllegalTransition):
+            await backend.record(op_id, stale)
+        for items in ([(op_id, stale)], [(op_id, stale), (other, stale)]):  # one; set-based
+            refused = await backend.record_many(items)
+            assert [type(r) for r in refused] == [IllegalTransition] * len(items)
+            assert {r.state for r in refused if isinstance(r, IllegalTransition)} == {
+                OpStatus.UNKNOWN
+            }
+        assert await backend.events("run_a") == before
+        assert (await backend.get_operation(op_id)).status is OpStatus.UNKNOWN
+        own = dataclasses.replace(stale, event=OpEvent.VERIFIED_COMMITTED, attempt=2)
+        assert (await backend.record(op_id, own)).status is OpStatus.COMMITTED
+
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """The same answers, an error compared by its type and message."""

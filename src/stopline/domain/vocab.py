@@ -196,6 +196,7 @@ class NoteKind(enum.StrEnum):
     LATE_RESPONSE = "late_response"  # an answer after the fact that proves nothing (R4)
     VERIFY_FAILED = "verify_failed"  # a read-back raised
     VERIFY_UNKNOWN = "verify_unknown"  # a read-back that could not tell, and why
+    READ_BEFORE_RETRY = "read_before_retry"  # a read-back's verdict of an earlier attempt
     PROGRESS = "progress"  # advisory: never proves a commit
     HORIZON_STATED = "horizon_stated"  # the provider's bound (R13), kept across a crash
     COMPENSATION_PROPOSED = "compensation_proposed"  # compensation=ask, on cancel

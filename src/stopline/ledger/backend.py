@@ -135,6 +135,10 @@ class OutcomeUpdate:
     error: str | None = None
     cancel_state: str | None = None
     late: bool = False
+    # a read-back's verdict: the ``attempts`` of the operation it looked for; refused
+    # once a later attempt has been sent (a look begun before a retry speaks of the
+    # earlier attempt only, ADR 0099). None: any attempt (an answer is its own call's)
+    attempt: int | None = None
 
     def __post_init__(self) -> None:  # a provider's message: text every backend can store
         if self.error is not None:

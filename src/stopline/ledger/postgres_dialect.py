@@ -28,7 +28,7 @@ from stopline.domain import jsontext
 from stopline.domain.vocab import OpEvent, RunEvent
 from stopline.ledger import rows
 from stopline.ledger.engine.db import Db, Params
-from stopline.ledger.engine.dialect import OUTCOME_SET, Dialect
+from stopline.ledger.engine.dialect import OUTCOME_SET, SAME_ATTEMPT, Dialect
 from stopline.ledger.engine.guards import run_moves, transition_case
 
 __all__ = ["NOTIFY_BYTES", "Forms", "PostgresDialect", "gate_forms", "many_rows", "outcome_forms"]
@@ -202,10 +202,12 @@ def _outcome_sql(event: OpEvent) -> str:
     """``record`` as one statement: the guard and target from the table, and the event."""
     guard, target = transition_case(event, "old.status")
     return f"""
-WITH old AS (SELECT id, status, run_id, evidence FROM operations WHERE id = :id FOR UPDATE),
+WITH old AS (
+    SELECT id, status, run_id, evidence, attempts FROM operations WHERE id = :id FOR UPDATE
+),
 upd AS (
     UPDATE operations o SET status = {target}, {OUTCOME_SET.format(old="old.", new="o.")}
-    FROM old WHERE o.id = old.id AND {guard}
+    FROM old WHERE o.id = old.id AND {guard} AND {SAME_ATTEMPT.format(old="old.")}
     RETURNING old.status AS source, o.*
 ),
 ev AS (
@@ -302,7 +304,7 @@ GATE_TYPES = {
 RECORD_TYPES = {
     "id": "text", "now": "float8", "items": "text", "cause": "text", "error": "text",
     "has_result": "int", "result": "text", "cancel_state": "text", "kind": "text",
-    "data": "text",
+    "data": "text", "attempt": "int",
 }  # fmt: skip
 
 
@@ -363,15 +365,16 @@ def outcomes_sql(event: OpEvent) -> str:
     status read, whether it moved, and the updated row."""
     guard, target = transition_case(event, "old.status")
     sets = _per_row(OUTCOME_SET.format(old="old.", new="o."))
+    same = _per_row(SAME_ATTEMPT.format(old="old."))
     return f"""
 WITH {_req(RECORD_TYPES)},
 old AS (
-    SELECT id, status, run_id, evidence FROM operations
+    SELECT id, status, run_id, evidence, attempts FROM operations
     WHERE id = ANY(ARRAY(SELECT "id" FROM req)) ORDER BY id FOR UPDATE
 ),
 upd AS (
     UPDATE operations o SET status = {target}, {sets}
-    FROM old JOIN req ON req."id" = old.id WHERE o.id = old.id AND {guard}
+    FROM old JOIN req ON req."id" = old.id WHERE o.id = old.id AND {guard} AND {same}
     RETURNING old.status AS source, req.ord, o.*
 ),
 ev AS (

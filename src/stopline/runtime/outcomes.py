@@ -207,9 +207,15 @@ class Outcomes:
 
     async def _repeated(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         """An outcome the operation's status refused: a contradiction goes to review, a
-        repeat that agrees is kept as evidence."""
+        repeat that agrees is kept as evidence. A read-back's verdict of an attempt
+        before the operation was sent again proves nothing of the later one: kept as
+        evidence, whatever it says (ADR 0099)."""
         backend = self._core.backend
         current = await backend.get_operation(op_id)
+        if update.attempt is not None and current.attempts != update.attempt:
+            data = {"evidence": [e.to_json() for e in update.evidence], "attempt": update.attempt}
+            data["verdict"] = update.event.value
+            return await backend.note(op_id, NoteKind.READ_BEFORE_RETRY, data)
         if current.status in CONTRADICTS.get(update.event, ()):
             return await backend.record(
                 op_id,

@@ -193,12 +193,15 @@ class Settler:
             async with self.working():
                 delays = (budget or core.verify_budget).delays()  # one at least
                 reads = 0  # each read-back reads the operation first: ``op`` may be stale
-                for delay in delays:
-                    await anyio.sleep(delay)  # a provider still finishing gets this long
+                attempt, left = op.attempts, list(delays)
+                while left:
+                    await anyio.sleep(left.pop(0))  # a provider still finishing gets this long
                     current, done = await self._one_read(current, budget)
                     reads += 1
                     if done:
                         return current
+                    if current.attempts != attempt:  # sent again, in doubt again: its own
+                        attempt, left, reads = current.attempts, list(delays), 0  # ADR 0099
                 # R13: budget spent before the horizon with a "not found yet": one more
                 # look once it has passed (a verifier that cannot tell waits for no one)
                 horizon = self.horizon_of(current)
@@ -304,6 +307,7 @@ class Settler:
                 [evidence],
                 result=read.result,
                 has_result=committed and read.result is not None,
+                attempt=op.attempts,  # what it looked for: refused once sent again (ADR 0099)
             ),
         )
 

@@ -22,7 +22,7 @@ from stopline.ledger.engine.db import Db, Params
 from stopline.ledger.engine.guards import transition_case
 from stopline.ledger.engine.reads import EVENT_SQL
 
-__all__ = ["OUTCOME_SET", "Dialect"]
+__all__ = ["OUTCOME_SET", "SAME_ATTEMPT", "Dialect"]
 
 # The columns ``record`` sets besides the status (``{col}`` is the old row's alias).
 OUTCOME_SET = (
@@ -36,6 +36,10 @@ OUTCOME_SET = (
     " cancel_state = COALESCE(:cancel_state, {new}cancel_state)"
 )
 
+# ``record``'s guard besides the status: a read-back's verdict (``OutcomeUpdate.attempt``)
+# moves the operation only while no later attempt has been sent (ADR 0099)
+SAME_ATTEMPT = "(CAST(:attempt AS INTEGER) IS NULL OR {old}attempts = CAST(:attempt AS INTEGER))"
+
 _OP_BY_ID = f"SELECT {rows.OP_COLUMNS} FROM operations WHERE id = :id"
 
 
@@ -46,7 +50,7 @@ def _outcome_update(event: OpEvent, which: str = "= :id") -> str:
     guard, target = transition_case(event, "status")
     return (
         f"UPDATE operations SET status = {target}, {OUTCOME_SET.format(old='', new='')}"
-        f" WHERE id {which} AND {guard}"
+        f" WHERE id {which} AND {guard} AND {SAME_ATTEMPT.format(old='')}"
     )
 
 
@@ -75,7 +79,7 @@ def _outcomes_sql(event: OpEvent) -> tuple[str, str, str]:
     log = (
         f"{rows.EVENT_INTO} SELECT :now, o.run_id, o.id, :kind, o.status, {target}, :data"
         " FROM json_each(:ids) AS j CROSS JOIN operations o ON o.id = j.value"
-        f" WHERE {guard} ORDER BY j.key RETURNING op_id"
+        f" WHERE {guard} AND {SAME_ATTEMPT.format(old='o.')} ORDER BY j.key RETURNING op_id"
     )
     return read, log, _outcome_update(event, f"IN {_IDS}")
 

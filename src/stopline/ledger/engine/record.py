@@ -49,6 +49,7 @@ def record_params(op_id: str, update: OutcomeUpdate, now: float) -> dict[str, An
         "cancel_state": update.cancel_state,
         "kind": update.event.value,
         "data": data,
+        "attempt": update.attempt,
     }
 
 
@@ -56,12 +57,14 @@ def recorded(
     op_id: str, event: OpEvent, source: str | None, row: Sequence[Any] | None
 ) -> OperationRecord:
     """What a compare-and-set found: the updated record, else the error ``record`` raises
-    (the operation unknown, or the move illegal from the status read)."""
+    (the operation unknown, or the move illegal from the status read, or a read-back's
+    verdict refused because the operation was sent again since: ADR 0099)."""
     if source is None:
         raise UnknownOperation(op_id)
     if row is None:
-        apply(OPERATION_TABLE, OpStatus(source), event)  # raises IllegalTransition
-        raise AssertionError(f"record of {op_id}: the table allows it but nothing changed")
+        status = OpStatus(source)
+        apply(OPERATION_TABLE, status, event)  # raises IllegalTransition
+        raise IllegalTransition(status, event)  # the table allows it: a later attempt's
     return rows.op_from_row(row)
 
 
