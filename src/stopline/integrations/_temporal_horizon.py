@@ -11,26 +11,50 @@
   one the server decided, which the worker hears of as "not found" at its next
   heartbeat: Temporal's record of the attempt names it, ADR 0085; or an attempt
   Temporal no longer knows once its bound has passed), a worker shutdown, an
-  activity Temporal no longer knows (its workflow closed under it), or the
-  workflow's own code cancelling it.
+  activity Temporal no longer knows (its workflow closed under it), the
+  workflow's own code cancelling it, or (a standalone activity) a client's
+  cancel of the activity.
 - **A workflow closed under it** (terminated, timed out): Temporal runs none
   of the workflow's code then, so the integration fences the run itself.
+- **A retry's "not yet"** (R13): a retry of a call in doubt whose read-back
+  finds nothing before the horizon sends nothing; Temporal's next attempt is
+  scheduled at the horizon (``in_doubt``), and an attempt that none follows
+  then (its retry policy spent, its ``schedule_to_close_timeout`` passed) waits
+  for the horizon in place and looks again (``waits_here``), so "not yet" costs
+  no attempt it cannot spare; nor does its message promise a retry that will
+  not come.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import temporalio.client
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.failure.v1 import Failure
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from stopline.domain.vocab import Cause
-from stopline.errors import NoAnswer
+from stopline.domain.receipt import horizon_words
+from stopline.domain.vocab import Cause, OpStatus
+from stopline.errors import NoAnswer, OperationInDoubt
+from stopline.integrations._engine_doubt import decided_at
+from stopline.runtime.ledger import Ledger
 
-__all__ = ["attempt_bound", "closed_under", "server_timeout", "why_cut"]
+__all__ = [
+    "attempt_bound",
+    "closed_under",
+    "in_doubt",
+    "server_timeout",
+    "waits_here",
+    "why_cut",
+]
+
+# a call in doubt no later look can prove (no retry: review); another (``requested``,
+# ``accepted``) is in flight elsewhere, and a later attempt finds its outcome
+_IN_DOUBT_FOR_GOOD = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})
 
 # a workflow Temporal closed without running its code again: the reason its run is fenced with
 _CLOSED_WITHOUT_CLEANUP = {
@@ -108,6 +132,12 @@ async def why_cut(client: temporalio.client.Client | None) -> NoAnswer:
             Cause.LOCAL_ERROR,
             "Temporal no longer knows the activity (its workflow closed, or its attempt ended)",
         )
+    if not info.workflow_id:  # a standalone activity: no workflow's code to cancel it
+        return NoAnswer(
+            Cause.LOCAL_ERROR,
+            "a client cancelled the activity in Temporal (a standalone activity: its run,"
+            " the activity's own, was not cancelled)",
+        )
     return NoAnswer(
         Cause.LOCAL_ERROR, "Temporal cancelled the activity (the workflow's code, not the run)"
     )
@@ -176,3 +206,63 @@ async def closed_under(client: temporalio.client.Client | None, info: activity.I
     if described.run_id != info.workflow_run_id or described.status is None:
         return ""
     return _CLOSED_WITHOUT_CLEANUP.get(described.status, "")
+
+
+def _retried_at(info: activity.Info, at: float) -> bool:
+    """Whether Temporal starts another attempt at ``at`` (epoch seconds) after this one
+    fails in doubt: its retry policy has an attempt left and does not name
+    ``OperationInDoubt``, and its ``schedule_to_close_timeout`` has not passed by then
+    (a policy Temporal did not send: its default, unlimited)."""
+    policy = info.retry_policy
+    if policy is not None:
+        if policy.maximum_attempts and info.attempt >= policy.maximum_attempts:
+            return False
+        if "OperationInDoubt" in (policy.non_retryable_error_types or ()):
+            return False
+    if _positive(info.schedule_to_close_timeout):
+        assert info.schedule_to_close_timeout is not None
+        return _moment(at) < info.scheduled_time + info.schedule_to_close_timeout
+    return True
+
+
+async def waits_here(ledger: Ledger, exc: OperationInDoubt, info: activity.Info) -> float | None:
+    """The moment this attempt waits for and looks again at, when the read-back of its call
+    in doubt said "not yet" (R13) and no attempt of Temporal's follows it then: its
+    horizon, if this attempt's own bound has room for the wait (a wait past it would be
+    cut by Temporal's timeout); ``None`` when the next attempt looks, or none can."""
+    at = await decided_at(ledger, exc)
+    if at is None or _retried_at(info, at):
+        return None
+    bound = attempt_bound(info)
+    if bound is not None and info.started_time + timedelta(seconds=bound) <= _moment(at):
+        return None
+    return at
+
+
+async def in_doubt(ledger: Ledger, exc: OperationInDoubt, info: activity.Info) -> ApplicationError:
+    """What the activity fails with when its call is in doubt. Before its horizon ("not
+    yet", R13): retried at the horizon (``next_retry_delay``), when the read-back decides,
+    and the message says whether Temporal's next attempt is that look, or none is left
+    for it. Else the call is in flight elsewhere (a later attempt finds its outcome), or
+    nobody can prove it: no retry, it waits in review."""
+    at = await decided_at(ledger, exc)
+    if at is None:
+        return ApplicationError(
+            str(exc), type="OperationInDoubt", non_retryable=exc.status in _IN_DOUBT_FOR_GOOD
+        )
+    until = horizon_words(at)
+    then = (
+        "the next attempt reads it back then"
+        if _retried_at(info, at)
+        else "no attempt of the activity is left to read it back then (its retry policy or"
+        " schedule_to_close_timeout): the run's receipt says what the read-back finds"
+    )
+    return ApplicationError(
+        f"{exc}: not yet: nothing found, and it may still land until {until}; {then}",
+        type="OperationInDoubt",
+        next_retry_delay=timedelta(seconds=max(0.0, at - time.time())),
+    )
+
+
+def _moment(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)

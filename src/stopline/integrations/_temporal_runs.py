@@ -15,6 +15,10 @@ activities' keys name (ADRs 0050, 0056, 0073).
   no run header, and no run its workflow opened: refused before dispatch, as a
   gated DBOS step of an ungated workflow is. Its calls would join a run nothing
   ends (its receipt "Running." for ever) and no workflow cancel fences.
+- **An activity's run and key** (``activity_run``, ``keyed_by_header``,
+  ``call_of``): read from the headers its workflow's side sets; a standalone
+  activity (started by a client, no workflow) is a run of its own,
+  ``activity:ACTIVITY_ID``, made by its first gated call.
 - **The workflow of a run**, for a process that opened none (``temporal.cancel``
   of a tree): a derived run id and an execution's own run are no workflow ids;
   a fenced child's workflow is found among the pending children Temporal
@@ -29,6 +33,7 @@ import temporalio.client
 from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import ExecuteActivityInput
 
 from stopline.domain.limits import fitted
 from stopline.domain.model import RunRecord
@@ -41,10 +46,20 @@ from stopline.integrations._engines import (
     find_run,
     resumed_after_cancel,
 )
-from stopline.integrations._temporal_workflow import RUN_HEADER
+from stopline.integrations._temporal_workflow import EXECUTION_HEADER, LOCAL_HEADER, RUN_HEADER
 from stopline.runtime.ledger import Ledger
 
-__all__ = ["execution_run", "own_run", "pending_children", "run_id_of", "runs_of", "ungated"]
+__all__ = [
+    "activity_run",
+    "call_of",
+    "execution_run",
+    "keyed_by_header",
+    "own_run",
+    "pending_children",
+    "run_id_of",
+    "runs_of",
+    "ungated",
+]
 
 _EXECUTION = "@run:"
 
@@ -173,3 +188,32 @@ async def ungated(
         "run was opened for it, so its calls would join a run nothing ends or fences. "
         "Give the workflow's worker the StoplinePlugin too (ADR 0098)"
     )
+
+
+def activity_run(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """The activity's run: its workflow's (the header), else (a workflow started before
+    the header) its workflow id's; a standalone activity (no workflow) is a run of its own."""
+    payload = input.headers.get(RUN_HEADER)
+    if payload is not None:
+        return str(activity.payload_converter().from_payload(payload, str))
+    if info.workflow_id:
+        return run_id_of(info.workflow_id)
+    return run_id_of(f"activity:{info.activity_id}")
+
+
+def keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """The execution the activity's key names: its workflow's answer from ``open_run``
+    (the header), else (a workflow started before the header) its own."""
+    payload = input.headers.get(EXECUTION_HEADER)
+    if payload is not None:
+        return str(activity.payload_converter().from_payload(payload, str))
+    return info.workflow_run_id or ""
+
+
+def call_of(input: ExecuteActivityInput, info: activity.Info) -> str:
+    """What names the activity's call across its attempts: its activity id, else (a local
+    activity, whose retry after a backoff has a new id) its call in the execution."""
+    payload = input.headers.get(LOCAL_HEADER)
+    if payload is None:
+        return info.activity_id
+    return str(activity.payload_converter().from_payload(payload, str))

@@ -6,12 +6,13 @@
 The plugin adds an interceptor and three local activities (``_temporal_workflow``):
 
 - **Key stable across retries and crashes.** An activity is the operation
-  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``_call_of``);
+  ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``call_of``);
   every retry reaches it: committed, its
   recorded result returned; in doubt, read back first and re-sent only if that
   proves it never happened (R5), "not yet" before its horizon (the next attempt
-  is at the horizon, ``_engine_doubt``); unprovable, ``OperationInDoubt`` (no
-  retry), in review. A re-entry after a resume reaches the cancelled execution's
+  is at the horizon, ``_engine_doubt``; an attempt with none after it waits for
+  it in place, ``waits_here``); unprovable, ``OperationInDoubt`` (no retry), in
+  review. A re-entry after a resume reaches the cancelled execution's
   (ADR 0056), a reset the one it was reset from (ADR 0073, ``_temporal_runs``);
   a retry after the fence is refused (``RunFenced``, no retry).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
@@ -38,7 +39,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from datetime import timedelta
 from typing import Any
 
 import temporalio.client
@@ -58,7 +58,7 @@ from temporalio.workflow import ActivityCancellationType
 
 from stopline.domain.limits import check_wait, fitted
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import OpStatus, Policy
+from stopline.domain.vocab import Policy
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
@@ -67,9 +67,9 @@ from stopline.errors import (
     NotReplayable,
     OperationInDoubt,
     RunFenced,
+    StoplineError,
     UnknownRun,
 )
-from stopline.integrations._engine_doubt import decided_at
 from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
@@ -80,9 +80,18 @@ from stopline.integrations._engines import (
     engine_key,
     find_run,
 )
-from stopline.integrations._temporal_horizon import attempt_bound, closed_under, why_cut
+from stopline.integrations._temporal_horizon import (
+    attempt_bound,
+    closed_under,
+    in_doubt,
+    waits_here,
+    why_cut,
+)
 from stopline.integrations._temporal_runs import (
+    activity_run,
+    call_of,
     execution_run,
+    keyed_by_header,
     own_run,
     pending_children,
     run_id_of,
@@ -92,11 +101,8 @@ from stopline.integrations._temporal_runs import (
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
-    EXECUTION_HEADER,
     FENCE_RUN,
-    LOCAL_HEADER,
     OPEN_RUN,
-    RUN_HEADER,
     StoplineWorkflowInbound,
 )
 from stopline.integrations.temporal_server import temporal_dev_server
@@ -120,7 +126,6 @@ POLICIES: dict[ActivityCancellationType, Policy] = {
     ActivityCancellationType.ABANDON: Policy.AT_BOUNDARY,
 }
 _OURS = frozenset({OPEN_RUN, FENCE_RUN, END_RUN})
-_IN_DOUBT_FOR_GOOD = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})
 # stopline's errors that no retry can fix: the activity fails at once, named, with its message
 _FOR_GOOD = (
     NotReplayable,
@@ -383,39 +388,39 @@ class _GatedActivity(ActivityInboundInterceptor):
             return await self.next.execute_activity(input)
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
-        run_id = _run_of(input, info)
+        run_id = activity_run(input, info)
         if (why := await ungated(gate.ledger, input.headers, info, run_id)) is not None:
             raise ApplicationError(why, type="InvalidInput", non_retryable=True)
-        key = f"{_keyed_by_header(input, info)}:{engine_key(_call_of(input, info))}"
+        key = f"{keyed_by_header(input, info)}:{engine_key(call_of(input, info))}"
         # R13: a tool that states no horizon has the attempt's: Temporal gives up on it then
         within = attempt_bound(info) if tool.settles_within is None else None
         try:
             async with self._heartbeats(run_id, info):
-                with _failing_for_good():
-                    return await gate.call(
-                        run_id,
-                        info.workflow_type or info.activity_type,
-                        key,
-                        tool,
-                        lambda: self.next.execute_activity(input),
-                        input.args,
-                        policy=policy,
-                        cut=lambda: why_cut(self._plugin.client),
-                        settles_within=within,
-                    )
+                while True:
+                    try:
+                        with _failing_for_good():
+                            return await gate.call(
+                                run_id,
+                                info.workflow_type or info.activity_type,
+                                key,
+                                tool,
+                                lambda: self.next.execute_activity(input),
+                                input.args,
+                                policy=policy,
+                                cut=lambda: why_cut(self._plugin.client),
+                                settles_within=within,
+                            )
+                    except OperationInDoubt as exc:
+                        # "not yet" (R13) on an attempt Temporal retries no more: it waits
+                        # for the horizon here (its beats go on: a cancel still reaches it)
+                        if (at := await waits_here(gate.ledger, exc, info)) is None:
+                            raise
+                        await asyncio.sleep(at - time.time() + 0.001)
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
             self._plugin.gate.cancel_in_engine([run_id])
             raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
         except OperationInDoubt as exc:
-            # "not yet" (R13): the next attempt is at its horizon, when the read-back decides
-            at = await decided_at(gate.ledger, exc)
-            raise ApplicationError(
-                str(exc) if at is None else f"{exc}: not yet, retried after its horizon",
-                type="OperationInDoubt",
-                # in flight elsewhere: a later attempt finds its outcome; unprovable: review
-                non_retryable=at is None and exc.status in _IN_DOUBT_FOR_GOOD,
-                next_retry_delay=None if at is None else timedelta(seconds=at - time.time()),
-            ) from exc
+            raise await in_doubt(gate.ledger, exc, info) from exc
         except Rejected as exc:  # not committed: a retry passes the gate again
             raise ApplicationError(exc.reason, type="Rejected") from exc
         finally:
@@ -444,10 +449,21 @@ class _GatedActivity(ActivityInboundInterceptor):
         while True:
             if beats:
                 activity.heartbeat(*self.details)
-            if not asked and await self._plugin.gate.is_fenced(run_id):
+            if not asked and await self._fenced(run_id):
                 asked = True
                 self._plugin.gate.cancel_in_engine([run_id])
             await asyncio.sleep(every)
+
+    async def _fenced(self, run_id: str) -> bool:
+        """The beat's look at the fence. A run not made yet is not fenced (a standalone
+        activity's is made by its first gated call, which the first beat may read before);
+        a read the ledger cannot answer now is made again at the next beat (the gate reads
+        the fence itself). Either way the beat goes on: its error would end the heartbeats
+        and replace the call's outcome, committed or not, with a failure of its own."""
+        try:
+            return await self._plugin.gate.is_fenced(run_id)
+        except StoplineError:
+            return False
 
 
 class _RememberedBeats(ActivityOutboundInterceptor):
@@ -460,35 +476,6 @@ class _RememberedBeats(ActivityOutboundInterceptor):
     def heartbeat(self, *details: Any) -> None:
         self._gated.details = details
         self.next.heartbeat(*details)
-
-
-def _run_of(input: ExecuteActivityInput, info: activity.Info) -> str:
-    """The activity's run: its workflow's (the header), else (a workflow started before
-    the header) its workflow id's; a standalone activity (no workflow) is a run of its own."""
-    payload = input.headers.get(RUN_HEADER)
-    if payload is not None:
-        return str(activity.payload_converter().from_payload(payload, str))
-    if info.workflow_id:
-        return run_id_of(info.workflow_id)
-    return run_id_of(f"activity:{info.activity_id}")
-
-
-def _keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
-    """The execution the activity's key names: its workflow's answer from ``open_run``
-    (the header), else (a workflow started before the header) its own."""
-    payload = input.headers.get(EXECUTION_HEADER)
-    if payload is not None:
-        return str(activity.payload_converter().from_payload(payload, str))
-    return info.workflow_run_id or ""
-
-
-def _call_of(input: ExecuteActivityInput, info: activity.Info) -> str:
-    """What names the activity's call across its attempts: its activity id, else (a local
-    activity, whose retry after a backoff has a new id) its call in the execution."""
-    payload = input.headers.get(LOCAL_HEADER)
-    if payload is None:
-        return info.activity_id
-    return str(activity.payload_converter().from_payload(payload, str))
 
 
 def _policy(input: ExecuteActivityInput) -> Policy:
