@@ -69,8 +69,9 @@ R = TypeVar("R")
 EngineCancel = Callable[[str, str], Awaitable[None]]
 # why the engine cut a call when its run was not fenced (a timeout, the workflow's own
 # cancel of the activity): the ``NoAnswer`` its operation is recorded ``unknown`` with
-# (it may ask the engine: a timeout the engine's server decided is in its records)
-EngineCut = Callable[[], Awaitable[NoAnswer]]
+# (it may ask the engine: a timeout the engine's server decided is in its records);
+# ``None``: the engine's cancel of the workflow, whose fence is on its way (DBOS's)
+EngineCut = Callable[[], Awaitable[NoAnswer | None]]
 # the run a cancel creates, already fenced, for a workflow the engine holds but has not
 # started yet (queued): ``None`` when the engine knows no such workflow either
 Unstarted = Callable[[], Awaitable[RunSpec | None]]
@@ -355,12 +356,13 @@ class EngineGate:
         Raises what ``Run.call`` raises (``RunFenced`` when the gate refuses,
         ``OperationInDoubt``, ``Rejected``, ...), and ``asyncio.CancelledError``
         when the engine's cancel ended the call. ``cut`` says why the engine cut
-        an ``immediate`` call of a run that is not fenced; without it the cut is
-        taken for a cancel of the run. ``settles_within``: the engine's bound, in seconds
-        after dispatch, on when the call's effect lands or never will (its timeout),
-        stated as the call's horizon (R13, ``CallContext.settles_by``); a provider may
-        state an earlier one. A call left without an answer after it has the moment it
-        left plus the bound instead (``_ran_past_its_bound``).
+        an ``immediate`` call of a run that is not fenced (``None``: a cancel of the
+        run after all); without it the cut is taken for a cancel of the run.
+        ``settles_within``: the engine's bound, in seconds after dispatch, on when the
+        call's effect lands or never will (its timeout), stated as the call's horizon
+        (R13, ``CallContext.settles_by``); a provider may state an earlier one. A call
+        left without an answer after it has the moment it left plus the bound instead
+        (``_ran_past_its_bound``).
         """
         record = await self.open_run(run_id, workflow)
         run = Run(self.ledger, self.ledger.core, record)
@@ -395,11 +397,12 @@ class EngineGate:
         run.ask_providers_to_cancel()
         if policy is Policy.IMMEDIATE:
             # the cause recorded is what happened: a cancel of the run (its fence is
-            # durable before the engine's cancel reaches the call), else the engine's own
-            if cut is None or await self.is_fenced(run.id):
+            # durable before the engine's cancel reaches the call, or the engine's cancel
+            # of the workflow is on its way to it), else the engine's own
+            if cut is None or await self.is_fenced(run.id) or (cause := await cut()) is None:
                 run.cancel_requested = True  # the body's abort is recorded as the cancel's
             else:
-                why.append(await cut())  # the body leaves with it: ``unknown``, by that cause (R3)
+                why.append(cause)  # the body leaves with it: ``unknown``, by that cause (R3)
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

@@ -24,9 +24,11 @@ What it promises:
   a step at least once: a crash after the effect and before DBOS's checkpoint
   runs it again on recovery, and it reaches the same operation: a committed
   one returns its recorded result, one in doubt is read back first (R5), and
-  none is re-sent blind (one "not yet" waits for its horizon, ``_engine_doubt``).
-  DBOS retries (``retries_allowed``) pass the gate again, and are refused after
-  the fence. A gated step in a workflow that is not gated is refused.
+  none is re-sent blind (one "not yet" waits for its horizon, ``_engine_doubt``;
+  one still in flight, in an execution DBOS resumed or recovered the workflow
+  beside, waits for that call's answer, ADR 0102). DBOS retries
+  (``retries_allowed``) pass the gate again, and are refused after the fence. A
+  gated step in a workflow that is not gated is refused.
 - **Both cancels.** ``DBOS.cancel_workflow`` fences the run when the workflow
   next reaches DBOS's own check (before a step, through a preemptible
   step's watcher, or as a step DBOS does not preempt ends); a stopline
@@ -37,7 +39,8 @@ What it promises:
   original's); a rewind (``DBOS.rewind_workflow``) of a workflow whose run
   ended on its own raises ``RunEnded`` and is not cancelled in DBOS (ADR 0072).
 - **Policies.** DBOS never interrupts a running step unless it is declared
-  ``preemptible``; then the step's ``policy`` decides: ``immediate`` (the
+  ``preemptible`` (or DBOS cuts it at its ``timeout_seconds``, recorded as that
+  cut, not as a cancel); then the step's ``policy`` decides: ``immediate`` (the
   default) cuts the call and records it ``unknown`` until evidence (R3);
   ``verify`` asks the provider to cancel and lets the call finish, its
   outcome recorded. A step whose provider may commit after the step was cut (a
@@ -70,14 +73,16 @@ from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import Cancellable, Policy
+from stopline.domain.vocab import Cancellable, Cause, OpStatus, Policy
 from stopline.errors import (
     InvalidInput,
+    NoAnswer,
     NotReplayable,
     OperationInDoubt,
     RunEnded,
     RunFenced,
     UnknownOperation,
+    describe,
 )
 from stopline.integrations._engine_doubt import decided_at
 from stopline.integrations._engine_trees import workflows_of
@@ -246,23 +251,15 @@ class StoplineDBOS:
                         lambda: fn(*args, **kwargs),
                         [list(args), kwargs],
                         policy=policy,
+                        cut=lambda: _why_cut(workflow_id),
                     )
 
                 try:
-                    try:
-                        return await once()
-                    except OperationInDoubt as exc:  # "not yet" (R13): its horizon decides
-                        at = await decided_at(gate.ledger, exc)
-                        if at is None:
-                            raise
-                        while (left := at - time.time()) > 0 and not await gate.is_fenced(
-                            run_id
-                        ):  # a stopline cancel meanwhile: refused at the gate below
-                            await asyncio.sleep(min(left, _LOOK_EVERY))
-                            if await _cancelled_in_dbos(workflow_id):  # DBOS's own check
-                                waited = f"{workflow_id} cancelled while {key!r} waited"
-                                raise DBOSWorkflowCancelledError(waited) from exc
-                        return await once()
+                    while True:
+                        try:
+                            return await once()
+                        except OperationInDoubt as exc:  # a later look may decide it
+                            await _until_decidable(gate, run_id, workflow_id, key, exc)
                 except RunFenced:  # refused at the gate: DBOS stops the workflow
                     run = await find_run(gate.ledger, run_id)
                     if run is not None and run.state in ENDED_ON_ITS_OWN:
@@ -356,8 +353,39 @@ class StoplineDBOS:
         raise OperationInDoubt(op.id, op.status)
 
 
+async def _until_decidable(
+    gate: EngineGate, run_id: str, workflow_id: str, key: str, exc: OperationInDoubt
+) -> None:
+    """Wait in place until a look at the operation in doubt can decide it; ``exc`` when
+    none can (no read-back: review). "Not yet" (R13): until its horizon. In flight
+    (``requested``, ``accepted``): until its attempt's outcome is recorded. That attempt
+    is another execution's of this workflow, still at work (DBOS resumed or recovered
+    the workflow while a step it does not preempt ran), or a worker's whose death the
+    ledger has not seen yet: sent again it would be a second effect, and raised it
+    failed the workflow whose step may have succeeded (ADR 0102). A cancel ends the
+    wait: stopline's as its gate refuses (``RunFenced``), DBOS's as DBOS's check does."""
+    at = await decided_at(gate.ledger, exc)
+    if at is None and exc.status not in (OpStatus.REQUESTED, OpStatus.ACCEPTED):
+        raise exc
+    while at is None or time.time() < at:
+        if at is None:
+            op = await gate.ledger.backend.get_operation(exc.op_id)
+            if not op.status.in_flight:
+                return  # answered (or taken from a dead worker): the gate decides now
+        if await gate.is_fenced(run_id):
+            raise RunFenced(run_id, exc.op_id)
+        if at is None:  # an answer recorded here wakes it; another process's, a look
+            await gate.ledger.wait_for_change(run_id, poll=_LOOK_EVERY)
+        else:
+            await asyncio.sleep(min(at - time.time(), _LOOK_EVERY))
+        if await _cancelled_in_dbos(workflow_id):  # DBOS's own check
+            waited = f"{workflow_id} cancelled while {key!r} waited"
+            raise DBOSWorkflowCancelledError(waited) from exc
+
+
 _REMEMBER_ORIGINS = 10_000
-_LOOK_EVERY = 1.0  # a step waiting for its horizon looks for a cancel this often (seconds)
+# a step waiting for its horizon (or its attempt in flight) looks for a cancel this often
+_LOOK_EVERY = 1.0
 # the DBOS workflows whose gated code runs in this process now (any ``StoplineDBOS``'s),
 # by how many executions of each: a gated step runs only inside one
 _GATED: dict[str, int] = {}
@@ -408,6 +436,20 @@ def _why_cancelled() -> str:
 async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
     """DBOS cancels only the workflow named: its children go by stopline's ownership."""
     await _outside_workflow(DBOS.cancel_workflow_async(workflow_id))
+
+
+async def _why_cut(workflow_id: str) -> NoAnswer | None:
+    """Why DBOS cut a step whose run is not fenced: its workflow's cancel (its watcher
+    saw ``DBOS.cancel_workflow`` or the workflow's timeout; the fence follows), ``None``;
+    else the step's own ``timeout_seconds`` or a shutdown, which cancel no run and are not
+    recorded as a cancel (ADR 0102)."""
+    try:
+        if await _cancelled_in_dbos(workflow_id):
+            return None
+        why = "its timeout_seconds passed, or DBOS is shutting down"
+    except Exception as exc:  # the call is cut either way: its cause is what is known
+        why = f"DBOS could not say why: {describe(exc)}"
+    return NoAnswer(Cause.LOCAL_ERROR, f"DBOS cut the step, its workflow not cancelled ({why})")
 
 
 async def _cancelled_in_dbos(workflow_id: str) -> bool:
