@@ -49,7 +49,7 @@ from temporalio.worker import Worker
 
 import stopline
 from stopline import Headline, OpStatus, ReadBack
-from stopline.integrations.temporal import call_context, run_id_of
+from stopline.integrations.temporal import activity_run_id, call_context
 from stopline.integrations.temporal_server import TemporalDevServer
 from stopline.runtime.context import CallContext
 from tests.engines.temporal_harness import Harness, activities, harness, plugin, worker_for
@@ -90,7 +90,8 @@ async def test_a_standalone_activitys_first_attempt_is_not_failed_by_its_run_not
             )
             with anyio.fail_after(30):
                 result = await handle.result()  # old: ActivityFailureError (UnknownRun)
-        receipt = await h.ledger.receipt(run_id_of(f"activity:{activity_id}"))
+        assert handle.run_id is not None
+        receipt = await h.ledger.receipt(activity_run_id(activity_id, handle.run_id))
     assert h.provider.effects() == [result["id"]]  # sent once
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED]
 
@@ -211,7 +212,6 @@ async def test_a_client_cancel_of_a_standalone_activity_is_no_workflows_code(
     cancelled it (old: "the workflow's code", of an activity that has no workflow)."""
     async with harness(temporal_server, tmp_path, worker=False) as h:
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
-        run_id = run_id_of(f"activity:{activity_id}")
         hold = h.provider.barriers.hold("received")
         try:
             async with _standalone_worker(h):
@@ -225,6 +225,8 @@ async def test_a_client_cancel_of_a_standalone_activity_is_no_workflows_code(
                 )
                 with anyio.fail_after(30):
                     await hold.reached.wait()
+                assert handle.run_id is not None
+                run_id = activity_run_id(activity_id, handle.run_id)
                 await handle.cancel(reason="not needed")
                 with anyio.fail_after(30):
                     cut = await _the_cut(h, run_id)

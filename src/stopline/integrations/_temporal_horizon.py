@@ -15,7 +15,13 @@
   workflow's own code cancelling it, or (a standalone activity) a client's
   cancel of the activity.
 - **A workflow closed under it** (terminated, timed out): Temporal runs none
-  of the workflow's code then, so the integration fences the run itself.
+  of the workflow's code then, so the integration fences the run itself; so
+  for a standalone activity Temporal closed (terminated, timed out, cancelled)
+  while its attempt ran.
+- **Whether Temporal retries it** (``retried``): a standalone activity's run
+  ends with its execution's last attempt, and only then (ADR 0103).
+- **A client's cancel of a standalone activity** (``client_cancel``): its
+  run's cancel, with the client's reason (ADR 0103).
 - **A retry's "not yet"** (R13): a retry of a call in doubt whose read-back
   finds nothing before the horizon sends nothing; Temporal's next attempt is
   scheduled at the horizon (``in_doubt``), and an attempt that none follows
@@ -45,8 +51,10 @@ from stopline.runtime.ledger import Ledger
 
 __all__ = [
     "attempt_bound",
+    "client_cancel",
     "closed_under",
     "in_doubt",
+    "retried",
     "server_timeout",
     "waits_here",
     "why_cut",
@@ -60,6 +68,12 @@ _IN_DOUBT_FOR_GOOD = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})
 _CLOSED_WITHOUT_CLEANUP = {
     temporalio.client.WorkflowExecutionStatus.TERMINATED: "terminated",
     temporalio.client.WorkflowExecutionStatus.TIMED_OUT: "timed out",
+}
+# a standalone activity Temporal closed while an attempt of it ran (no attempt follows)
+_ACTIVITY_CLOSED = {
+    temporalio.client.ActivityExecutionStatus.TERMINATED: "terminated",
+    temporalio.client.ActivityExecutionStatus.TIMED_OUT: "timed out",
+    temporalio.client.ActivityExecutionStatus.CANCELED: "cancelled",
 }
 
 
@@ -134,9 +148,9 @@ async def why_cut(client: temporalio.client.Client | None) -> NoAnswer:
         )
     if not info.workflow_id:  # a standalone activity: no workflow's code to cancel it
         return NoAnswer(
-            Cause.LOCAL_ERROR,
+            Cause.USER_CANCEL,
             "a client cancelled the activity in Temporal (a standalone activity: its run,"
-            " the activity's own, was not cancelled)",
+            " the activity's own, is cancelled with it)",
         )
     return NoAnswer(
         Cause.LOCAL_ERROR, "Temporal cancelled the activity (the workflow's code, not the run)"
@@ -190,14 +204,25 @@ def _timeout(failure: Failure) -> str | None:
 async def closed_under(client: temporalio.client.Client | None, info: activity.Info) -> str:
     """The reason to fence the activity's run with when Temporal cut it because its
     workflow execution was closed without running its code again (``"terminated"``,
-    ``"timed out"``); ``""`` otherwise, or when Temporal cannot say.
+    ``"timed out"``), or (a standalone activity) Temporal closed the activity itself
+    (those, or ``"cancelled"``: no attempt follows); ``""`` otherwise, or when
+    Temporal cannot say.
 
     Only when that execution is still the workflow id's latest: a reset closes it as
     terminated too, and its new execution goes on in the same run (it replays the
     run's opening from history); so may a retry or cron after a timeout, or a new
     start, whose own code ends its run."""
     details = activity.cancellation_details()
-    if client is None or details is None or not details.not_found or not info.workflow_id:
+    if client is None or details is None:
+        return ""
+    if not info.workflow_id and (details.not_found or details.timed_out):
+        handle = client.get_activity_handle(info.activity_id, run_id=info.activity_run_id)
+        try:
+            status = (await handle.describe(rpc_timeout=_ASK)).status
+        except RPCError:
+            return ""
+        return _ACTIVITY_CLOSED.get(status, "")  # running: another attempt comes
+    if not details.not_found or not info.workflow_id:
         return ""
     try:
         described = await client.get_workflow_handle(info.workflow_id).describe()
@@ -208,16 +233,66 @@ async def closed_under(client: temporalio.client.Client | None, info: activity.I
     return _CLOSED_WITHOUT_CLEANUP.get(described.status, "")
 
 
-def _retried_at(info: activity.Info, at: float) -> bool:
+async def client_cancel(client: temporalio.client.Client | None, info: activity.Info) -> str | None:
+    """The reason a client gave when it cancelled this standalone activity in Temporal
+    (``""`` when Temporal cannot say): its run's cancel (ADR 0103), as a workflow cancel
+    is its workflow's run's. ``None`` when the attempt was not cut by such a cancel (a
+    workflow's activity, a timeout, a pause, a shutdown)."""
+    details = activity.cancellation_details()
+    if info.workflow_id or details is None or not details.cancel_requested:
+        return None
+    if client is None:
+        return ""
+    handle = client.get_activity_handle(info.activity_id, run_id=info.activity_run_id)
+    try:
+        return (await handle.describe(rpc_timeout=_ASK)).canceled_reason or ""
+    except RPCError:
+        return ""
+
+
+def retried(info: activity.Info, error: BaseException) -> bool:
+    """Whether Temporal starts another attempt after this one fails with ``error``: not
+    non-retryable, and ``_retried_at`` its next attempt's moment (its
+    ``next_retry_delay``, else its retry policy's backoff), by the failure's type (an
+    ``ApplicationError``'s, else the exception's class name, as Temporal records it)."""
+    delay = None
+    if isinstance(error, ApplicationError):
+        if error.non_retryable:
+            return False
+        kind, delay = error.type or "", error.next_retry_delay
+    else:
+        kind = type(error).__name__
+    if delay is None:
+        delay = _backoff(info)
+    return _retried_at(info, time.time() + delay.total_seconds(), kind)
+
+
+def _backoff(info: activity.Info) -> timedelta:
+    """The wait Temporal's retry policy puts before the next attempt (none sent: none)."""
+    policy = info.retry_policy
+    if policy is None:
+        return timedelta(0)
+    cap = (policy.maximum_interval or policy.initial_interval * 100).total_seconds()
+    try:
+        wait = policy.initial_interval.total_seconds() * policy.backoff_coefficient ** (
+            info.attempt - 1
+        )
+    except OverflowError:  # a long run of attempts: the cap
+        wait = cap
+    return timedelta(seconds=min(wait, cap))
+
+
+def _retried_at(info: activity.Info, at: float, kind: str = "OperationInDoubt") -> bool:
     """Whether Temporal starts another attempt at ``at`` (epoch seconds) after this one
-    fails in doubt: its retry policy has an attempt left and does not name
-    ``OperationInDoubt``, and its ``schedule_to_close_timeout`` has not passed by then
-    (a policy Temporal did not send: its default, unlimited)."""
+    fails with an error of type ``kind`` (in doubt: ``OperationInDoubt``): its retry
+    policy has an attempt left and does not name ``kind``, and its
+    ``schedule_to_close_timeout`` has not passed by then (a policy Temporal did not
+    send: its default, unlimited)."""
     policy = info.retry_policy
     if policy is not None:
         if policy.maximum_attempts and info.attempt >= policy.maximum_attempts:
             return False
-        if "OperationInDoubt" in (policy.non_retryable_error_types or ()):
+        if kind in (policy.non_retryable_error_types or ()):
             return False
     if _positive(info.schedule_to_close_timeout):
         assert info.schedule_to_close_timeout is not None

@@ -16,17 +16,27 @@ activities' keys name (ADRs 0050, 0056, 0073).
   gated DBOS step of an ungated workflow is. Its calls would join a run nothing
   ends (its receipt "Running." for ever) and no workflow cancel fences.
 - **An activity's run and key** (``activity_run``, ``keyed_by_header``,
-  ``call_of``): read from the headers its workflow's side sets; a standalone
-  activity (started by a client, no workflow) is a run of its own,
-  ``activity:ACTIVITY_ID``, made by its first gated call.
+  ``call_of``): read from the headers its workflow's side sets.
+- **A standalone activity** (started by a client, no workflow; ADR 0103): each
+  execution is a run of its own, ``ACTIVITY_ID@run:activity:ACTIVITY_RUN_ID``
+  (``activity_run_id``), made by its first gated call; every attempt of the
+  execution reaches its one operation, and an execution that reuses the id is
+  another run. No workflow's run has that form (a workflow id holding ``@run:``
+  is derived, and an execution's own run ends in Temporal's run id, which holds
+  no ``:``), so a workflow named ``activity:X`` is never activity X's run, and
+  a cancel of the activity's run asks Temporal to cancel the activity.
 - **The workflow of a run**, for a process that opened none (``temporal.cancel``
   of a tree): a derived run id and an execution's own run are no workflow ids;
   a fenced child's workflow is found among the pending children Temporal
   records for its parent (``pending_children``, ``runs_of``).
+- **Cancels from a process that runs no worker** (``cancel``, ``cancel_activity``):
+  the run fenced first, then Temporal asked (``request_cancel``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import Collection, Mapping
 
 import temporalio.client
@@ -37,31 +47,48 @@ from temporalio.worker import ExecuteActivityInput
 
 from stopline.domain.limits import fitted
 from stopline.domain.model import RunRecord
-from stopline.integrations._engine_trees import Children
+from stopline.domain.receipt import Receipt
+from stopline.errors import UnknownRun
+from stopline.integrations._engine_trees import Children, workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
     RUN_ROOM,
     EngineGate,
+    cancel_collecting,
     engine_run_id,
     find_run,
     resumed_after_cancel,
 )
 from stopline.integrations._temporal_workflow import EXECUTION_HEADER, LOCAL_HEADER, RUN_HEADER
+from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 
 __all__ = [
     "activity_run",
+    "activity_run_id",
     "call_of",
+    "cancel",
+    "cancel_activity",
     "execution_run",
     "keyed_by_header",
     "own_run",
     "pending_children",
+    "request_cancel",
     "run_id_of",
     "runs_of",
+    "standalone_of",
     "ungated",
 ]
 
 _EXECUTION = "@run:"
+_ACTIVITY = "@run:activity:"
+# what follows ``_ACTIVITY`` in a standalone activity's run: Temporal's activity run id (a
+# UUID), or nothing (a server that gives none); never a ``:``, ``#`` or ``@``
+_ACTIVITY_RUN = re.compile(r"[0-9A-Za-z_-]*")
+# Temporal gave no answer (the service down, restarting or overloaded): nothing was decided
+_UNANSWERED = frozenset(
+    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
+)
 
 
 def run_id_of(workflow_id: str, execution: str = "") -> str:
@@ -82,9 +109,29 @@ def runs_of(workflow_id: str, runs: Collection[str]) -> list[str]:
     found = [run for run in (run_id_of(workflow_id),) if run in runs]
     for run in runs:
         head, marker, execution = run.rpartition(_EXECUTION)
-        if marker and head and run_id_of(workflow_id, execution) == run:
+        # Temporal's run id holds no ``:``: ``activity:RUN_ID`` is a standalone activity's
+        if marker and head and ":" not in execution and run_id_of(workflow_id, execution) == run:
             found.append(run)
     return found
+
+
+def activity_run_id(activity_id: str, activity_run: str) -> str:
+    """The stopline run of a standalone activity's execution (ADR 0103): ``activity_run``
+    is Temporal's run id of the execution (``ActivityHandle.run_id``,
+    ``activity.info().activity_run_id``); ``ACTIVITY_ID@run:activity:ACTIVITY_RUN_ID``,
+    the activity id derived as a workflow id is when it does not fit or is not printable
+    (``fitted``). No workflow's run has this form."""
+    head = fitted(activity_id, RUN_ROOM - len(_ACTIVITY) - len(activity_run))
+    return f"{head}{_ACTIVITY}{activity_run}"
+
+
+def standalone_of(run_id: str) -> tuple[str, str] | None:
+    """The standalone activity (its id, its execution's run id) whose run ``run_id`` is;
+    ``None`` when it is none, or its activity id was derived (not to be read back)."""
+    head, marker, activity_run = run_id.rpartition(_ACTIVITY)
+    if not marker or not head or not _ACTIVITY_RUN.fullmatch(activity_run):
+        return None
+    return (head, activity_run) if activity_run_id(head, activity_run) == run_id else None
 
 
 def pending_children(client: temporalio.client.Client) -> Children:
@@ -192,13 +239,14 @@ async def ungated(
 
 def activity_run(input: ExecuteActivityInput, info: activity.Info) -> str:
     """The activity's run: its workflow's (the header), else (a workflow started before
-    the header) its workflow id's; a standalone activity (no workflow) is a run of its own."""
+    the header) its workflow id's; a standalone activity's execution (no workflow) is a
+    run of its own (``activity_run_id``)."""
     payload = input.headers.get(RUN_HEADER)
     if payload is not None:
         return str(activity.payload_converter().from_payload(payload, str))
     if info.workflow_id:
         return run_id_of(info.workflow_id)
-    return run_id_of(f"activity:{info.activity_id}")
+    return activity_run_id(info.activity_id, info.activity_run_id or "")
 
 
 def keyed_by_header(input: ExecuteActivityInput, info: activity.Info) -> str:
@@ -217,3 +265,163 @@ def call_of(input: ExecuteActivityInput, info: activity.Info) -> str:
     if payload is None:
         return info.activity_id
     return str(activity.payload_converter().from_payload(payload, str))
+
+
+async def cancel(
+    ledger: Ledger,
+    client: temporalio.client.Client,
+    workflow_id: str,
+    *,
+    by: str,
+    reason: str = "",
+    owner: str | None = None,
+    tenant: str = "default",
+) -> Receipt:
+    """Fence the workflow's run (durably, first), then request the Temporal cancel of
+    it and of the children it owns exclusively (each child's workflow found among the
+    pending children Temporal records: a run id may be derived, or an execution's
+    own). For a process that runs no worker. A standalone activity: ``cancel_activity``.
+
+    The run is that of the workflow's current execution (``run_id_of``). A workflow
+    Temporal holds but no worker has started yet gets its run now, fenced at once
+    (its ``owner`` the canceller unless given): it does nothing when it starts.
+    ``UnknownRun`` when neither the ledger nor Temporal knows the workflow.
+
+    The workflow id's run, if the ledger has it and it has not ended, is fenced before
+    Temporal is asked anything. Temporal unreachable: that done, Temporal's
+    ``RPCError`` is raised: its cancel was not requested (a worker of the run asks it
+    once Temporal answers)."""
+    run_id = run_id_of(workflow_id)
+    root = await find_run(ledger, run_id)
+    described = None
+    # a run the ledger has that has not ended is the one to fence: fenced before Temporal
+    # is asked anything (down, its client's retries held the stop back ~10 s)
+    if root is None or root.state in ENDED_ON_ITS_OWN:
+        try:
+            described = await client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise  # unanswered: which execution's run it is, Temporal alone can say
+    if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
+        original = await _original_execution(client, workflow_id, described.run_id)
+        own = await own_run(ledger, workflow_id, described.run_id, original)
+        queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
+        if queued or await find_run(ledger, own) is not None:
+            run_id = own
+
+    async def unstarted() -> RunSpec | None:
+        if described is None or described.status is not (
+            temporalio.client.WorkflowExecutionStatus.RUNNING
+        ):
+            return None
+        name = f"temporal:{fitted(described.workflow_type, RUN_ROOM)}"
+        return RunSpec(id=run_id, name=name, owner=owner or by, tenant=tenant)
+
+    receipt, fenced = await cancel_collecting(
+        ledger, run_id, by=by, reason=reason, unstarted=unstarted
+    )
+    # a fenced child's workflow: among the pending children Temporal records (its run's
+    # id may be derived, or an execution's own: no workflow id)
+    children = pending_children(client)
+    for engine_id in await workflows_of(workflow_id, run_id, fenced, children, runs_of):
+        await request_cancel(client, engine_id, reason)
+    return receipt
+
+
+async def cancel_activity(
+    ledger: Ledger,
+    client: temporalio.client.Client,
+    activity_id: str,
+    *,
+    run_id: str | None = None,
+    by: str,
+    reason: str = "",
+    owner: str | None = None,
+    tenant: str = "default",
+) -> Receipt:
+    """Fence a standalone activity's run (durably, first), then request the Temporal
+    cancel of the activity itself (ADR 0103). For a process that runs no worker.
+
+    The execution is ``run_id`` (Temporal's: ``ActivityHandle.run_id``), else the
+    activity id's latest, which Temporal is asked for first. One Temporal holds that no
+    attempt has started yet gets its run now, fenced at once (its ``owner`` the
+    canceller unless given): it sends nothing when it starts. ``UnknownRun`` when
+    neither the ledger nor Temporal knows it. Temporal unreachable: the run fenced
+    (with ``run_id`` given), Temporal's ``RPCError`` is raised: its cancel was not
+    requested (a worker of the run asks it once Temporal answers)."""
+    described: list[temporalio.client.ActivityExecutionDescription] = []
+    if run_id is None:
+        found = await _described(client, activity_id, None)
+        if found is None:
+            raise UnknownRun(activity_run_id(activity_id, ""))
+        described.append(found)
+        run_id = found.activity_run_id or ""
+    run = activity_run_id(activity_id, run_id)
+
+    async def unstarted() -> RunSpec | None:
+        found = described[0] if described else await _described(client, activity_id, run_id)
+        if found is None or found.status is not temporalio.client.ActivityExecutionStatus.RUNNING:
+            return None
+        name = f"temporal:{fitted(found.activity_type, RUN_ROOM)}"
+        return RunSpec(id=run, name=name, owner=owner or by, tenant=tenant)
+
+    receipt, _ = await cancel_collecting(ledger, run, by=by, reason=reason, unstarted=unstarted)
+    await request_cancel(client, "", reason, activity=(activity_id, run_id))
+    return receipt
+
+
+async def _described(
+    client: temporalio.client.Client, activity_id: str, run_id: str | None
+) -> temporalio.client.ActivityExecutionDescription | None:
+    """What Temporal says of the activity's execution (its latest without ``run_id``);
+    ``None`` when it knows none. Raises its ``RPCError`` when it does not answer."""
+    try:
+        return await client.get_activity_handle(activity_id, run_id=run_id or None).describe()
+    except RPCError as exc:
+        if exc.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        return None
+
+
+async def _original_execution(
+    client: temporalio.client.Client, workflow_id: str, execution: str
+) -> str:
+    """The execution a reset ``execution`` was reset from (ADR 0073; its own if none),
+    from its history's first event; ``""`` when Temporal cannot say."""
+    handle = client.get_workflow_handle(workflow_id, run_id=execution)
+    try:
+        async for event in handle.fetch_history_events():
+            return event.workflow_execution_started_event_attributes.original_execution_run_id
+    except RPCError:
+        pass
+    return ""
+
+
+async def request_cancel(
+    client: temporalio.client.Client,
+    workflow_id: str,
+    reason: str,
+    *,
+    activity: tuple[str, str] | None = None,
+    until_answered: bool = False,
+) -> None:
+    """Ask Temporal to cancel the workflow, or with ``activity`` (its id, its execution's
+    run id) that standalone activity: never a workflow in its stead (ADR 0103).
+    Idempotent: one already cancelled, closed or unknown needs nothing. One Temporal did
+    not answer is asked again ``until_answered`` (a worker's, in the ledger's background
+    work), else raises its ``RPCError``: not requested."""
+    delay = 0.1
+    said = reason or "stopline cancel"
+    while True:
+        try:
+            if activity is not None:
+                handle = client.get_activity_handle(activity[0], run_id=activity[1] or None)
+                return await handle.cancel(reason=said)
+            return await client.get_workflow_handle(workflow_id).cancel(reason=said)
+        except RPCError as exc:
+            if exc.status in _UNANSWERED and not until_answered:
+                raise
+            if exc.status not in _UNANSWERED:
+                return None
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)

