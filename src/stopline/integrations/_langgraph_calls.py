@@ -20,13 +20,20 @@ keeps; both the call that ran and a replay read it back with ``loads_typed``, so
 they return the same value, as a checkpoint gives it back (a tuple reads back as a
 list: a ``Command``'s default ``goto=()`` as ``[]``, which LangGraph reads alike)
 (ADR 0097). What LangGraph's serializer cannot write and read back stays as it
-was: not kept, and said so.
+was: not kept, and said so. A result of the kept object's own shape is kept so too,
+and comes back as itself; a kept result this process cannot read back is a replay
+that cannot give it (``NotReplayable``), never a decode error (ADR 0101).
+
+**A ``ParentCommand`` a gated call raises** (a graph it ran handed a command to a
+graph above) is how the call ends, not a pause: recorded ``committed`` with its
+command (``_Handed``), raised again by the call and by its replay (ADR 0101).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterator
@@ -37,16 +44,19 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from langchain_core.utils.pydantic import TypeBaseModel
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.errors import GraphBubbleUp
+from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp, ParentCommand
 from langgraph.prebuilt.tool_node import msg_content_output
 from langgraph.types import Command
 from pydantic import PrivateAttr
 
 from stopline.domain import jsontext
-from stopline.errors import OperationInDoubt
+from stopline.errors import NotReplayable, OperationInDoubt
+from stopline.integrations._call_ids import unkept_note
 from stopline.integrations._frameworks import (
     ToolSpec,
     Work,
+    current,
     detached_tool,
     gated_call,
     stopline_tool,
@@ -56,7 +66,17 @@ from stopline.integrations._open_calls import in_doubt_note
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Rejected
 
-__all__ = ["GatedBaseTool", "bubbled", "gated_message", "keeping", "kept", "pausing", "restored"]
+__all__ = [
+    "GatedBaseTool",
+    "bubbled",
+    "gated_message",
+    "keeping",
+    "kept",
+    "op_id_of",
+    "pausing",
+    "replayed",
+    "restored",
+]
 
 Execute = Callable[[], Awaitable[Any]]
 OnPause = Callable[[str], None]  # told the key of a gated call that called interrupt()
@@ -73,65 +93,123 @@ class _Interrupted(Rejected):
         self.bubble = bubble
 
 
-# the JSON object a result is kept in when JSON cannot write it: LangGraph's own bytes
+class _Handed:
+    """The command of a ``ParentCommand`` a gated call raised: the call ran to its end
+    and handed it to a graph above (recorded ``committed``; ``restored`` raises it)."""
+
+    def __init__(self, raised: ParentCommand) -> None:
+        command = raised.args[0]
+        with contextlib.suppress(RuntimeError):  # outside a graph: kept as it is
+            config = get_config()
+            node = (config.get("metadata") or {}).get("langgraph_node")
+            ns = (config.get("configurable") or {}).get("checkpoint_ns")
+            if node and command.graph == ns:
+                # for the task running the call: named by its node, which LangGraph
+                # takes alike, so a replay in another task of it (a call id reused)
+                # routes that task, not one whose namespace is gone
+                command = dataclasses.replace(command, graph=node)
+        self.command = command
+
+
+# the JSON object a result is kept in when JSON cannot write it: LangGraph's own bytes;
+# with ``raised``, the command of a ``ParentCommand`` (``_Handed``)
 _KEPT = "io.stopline/langgraph"
+_SHAPES = (frozenset({_KEPT, "data", "shows"}), frozenset({_KEPT, "data", "shows", "raised"}))
 _SERDE = JsonPlusSerializer()  # what a checkpointer writes with, by default
+
+
+def _is_kept(value: Any) -> bool:
+    """Whether ``value`` has a shape ``kept`` writes. A result of the tool's own with
+    that shape is kept so too (``kept``), so such a record is always one of ours."""
+    return isinstance(value, dict) and frozenset(value) in _SHAPES
 
 
 def kept(value: Any) -> Any:
     """``value`` as the gate is to record it: as it is when JSON can write it, else as
     LangGraph's serializer writes it (with its ``repr`` for a reader of the ledger)."""
-    if not isinstance(value, Command):
+    handed = isinstance(value, _Handed)
+    if not (handed or isinstance(value, Command) or _is_kept(value)):
         try:
             jsontext.compact(value)
             return value
         except (TypeError, ValueError, RecursionError):
             pass
+    target = value.command if handed else value
     try:  # read back once: a record only a later replay would find unreadable is none
-        kind, data = _SERDE.dumps_typed(value)
+        kind, data = _SERDE.dumps_typed(target)
         _SERDE.loads_typed((kind, data))
     except Exception:  # not LangGraph's either: recorded as it is (not kept, said so)
         return value
     text = base64.b64encode(data).decode("ascii")
-    return {_KEPT: kind, "data": text, "shows": repr(value)[:500]}
+    shape = {_KEPT: kind, "data": text, "shows": repr(target)[:500]}
+    return {**shape, "raised": "ParentCommand"} if handed else shape
 
 
-def restored(value: Any) -> Any:
-    """A recorded result as the tool or node returned it (``kept`` undone)."""
-    if not (isinstance(value, dict) and isinstance(value.get(_KEPT), str)):
+def restored(value: Any, op_id: str) -> Any:
+    """A recorded result as the tool or node returned it (``kept`` undone), or the
+    ``ParentCommand`` it raised, raised again. A kept result that cannot be read back
+    here (damaged, or written by another version of the serializer) is a replay that
+    cannot give the recorded result: ``NotReplayable`` naming ``op_id``."""
+    if isinstance(value, _Handed):  # the call that ran, its command not kept
+        raise ParentCommand(value.command)
+    if not _is_kept(value):
         return value
-    return _SERDE.loads_typed((value[_KEPT], base64.b64decode(value["data"])))
+    try:
+        data = base64.b64decode(value["data"], validate=True)
+    except (TypeError, ValueError):  # binascii.Error is a ValueError
+        raise NotReplayable(op_id, "its kept result is damaged (not base64)") from None
+    try:
+        got = _SERDE.loads_typed((value[_KEPT], data))
+    except Exception as exc:  # damaged bytes, a kind this serializer does not read
+        why = f"its kept result cannot be read back ({type(exc).__name__}: {exc})"
+        raise NotReplayable(op_id, why) from None
+    if "raised" not in value:
+        return got
+    if not isinstance(got, Command):
+        why = f"its kept ParentCommand reads back as a {type(got).__name__}"
+        raise NotReplayable(op_id, why)
+    raise ParentCommand(got)
 
 
 def keeping(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a node's body, sync or async) returning what the gate is to record
-    (``kept``); ``restored`` gives its result back."""
+    """``fn`` (a node's or a tool's body, sync or async) returning what the gate is to
+    record (``kept``), a ``ParentCommand`` it raises included (``_Handed``);
+    ``restored`` gives its result back."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def kept_async(*args: Any, **kwargs: Any) -> Any:
-            return kept(await fn(*args, **kwargs))
+            try:
+                return kept(await fn(*args, **kwargs))
+            except ParentCommand as handed:
+                return kept(_Handed(handed))
 
         return kept_async
 
     @functools.wraps(fn)
     def kept_sync(*args: Any, **kwargs: Any) -> Any:  # in the adapter's worker thread
-        return kept(fn(*args, **kwargs))
+        try:
+            return kept(fn(*args, **kwargs))
+        except ParentCommand as handed:
+            return kept(_Handed(handed))
 
     return kept_sync
 
 
 def pausing(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a node's body, sync or async) with ``interrupt()`` made a pause: the
-    ``GraphBubbleUp`` it raises leaves as ``_Interrupted``, which the gate records as
-    not committed (LangGraph runs the node again from its start on resume, under the
-    same task key); ``gated_node`` raises the bubble again for LangGraph."""
+    """``fn`` (a node's or a tool's body, sync or async) with ``interrupt()`` made a
+    pause: the ``GraphBubbleUp`` it raises leaves as ``_Interrupted``, which the gate
+    records as not committed (LangGraph runs the body again from its start on resume,
+    under the same key); ``bubbled`` raises the bubble again for LangGraph. A
+    ``ParentCommand`` is no pause: it goes on to ``keeping``."""
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def paused_async(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await fn(*args, **kwargs)
+            except ParentCommand:
+                raise
             except GraphBubbleUp as bubble:
                 raise _Interrupted(bubble) from None
 
@@ -141,6 +219,8 @@ def pausing(fn: Callable[..., Any]) -> Callable[..., Any]:
     def paused_sync(*args: Any, **kwargs: Any) -> Any:  # in the adapter's worker thread
         try:
             return fn(*args, **kwargs)
+        except ParentCommand:
+            raise
         except GraphBubbleUp as bubble:
             raise _Interrupted(bubble) from None
 
@@ -148,13 +228,30 @@ def pausing(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def bubbled() -> Iterator[None]:
+def bubbled(key: str | None = None, paused: OnPause | None = None) -> Iterator[None]:
     """A gated call that paused (``_Interrupted``, recorded) leaves as LangGraph's own
-    ``GraphBubbleUp``, so the graph stops to wait."""
+    ``GraphBubbleUp``, so the graph stops to wait; ``paused`` is told its ``key``."""
     try:
         yield
     except _Interrupted as interrupted:
+        if key is not None and paused is not None:
+            paused(key)
         raise interrupted.bubble from None
+
+
+def replayed(value: Any, op_id: str, tool: str) -> Any:
+    """``restored``, for a tool's answer: a kept result that cannot be read back is
+    answered as any result not kept is (``unkept_note``)."""
+    try:
+        return restored(value, op_id)
+    except NotReplayable as refused:
+        return unkept_note(tool, refused.why)
+
+
+def op_id_of(run_id: str, key: str | None, name: str) -> str:
+    """The operation a gated call's replay names (``RUN/KEY``; the call's name without
+    a key: such a call is never replayed by LangGraph, which always has one)."""
+    return f"{run_id}/{key if key is not None else name}"
 
 
 class _Raised(Exception):
@@ -186,6 +283,8 @@ async def gated_message(
         async def work() -> Any:
             try:
                 message = await execute()
+            except ParentCommand as handed:  # it ran, and routes a graph above
+                return kept(_Handed(handed))
             except GraphBubbleUp as bubble:  # interrupt(): a pause, not a failure
                 raise _Interrupted(bubble) from None
             if isinstance(message, ToolMessage) and message.status == "error":
@@ -205,11 +304,8 @@ async def gated_message(
     key = f"tool:{call_id}" if call_id else None
     args, kwargs = digest
     try:
-        content = restored(await gated_call(gated_tool, *args, key=key, **kwargs))
-    except _Interrupted as interrupted:
-        if key is not None:
-            paused(key)
-        raise interrupted.bubble from None
+        with bubbled(key, paused):
+            answer = await gated_call(gated_tool, *args, key=key, **kwargs)
     except _Raised as raised:
         return raised.message
     except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
@@ -217,6 +313,7 @@ async def gated_message(
             raise
         note = in_doubt_note(tool.name, doubt.op_id)
         return ToolMessage(content=note, name=tool.name, tool_call_id=call_id, status="error")
+    content = replayed(answer, op_id_of(current().run.id, key, tool.name), tool.name)
     if isinstance(content, Command):
         return content  # a Command the tool returned: passed on as it is
     if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)

@@ -34,7 +34,10 @@ cancel commits again. Here:
   pauses the run the same way, one approval request per pending tool call;
   after ``ledger.approve`` and ``ledger.resume``, ``g.ainvoke(graph,
   Command(resume=...))`` (or ``None``) on the same thread runs them, each
-  passing the gate only with its approval granted;
+  passing the gate only with its approval granted. The same holds for an
+  ``sl.tool`` (ADR 0101). A ``ParentCommand`` out of a gated tool or node (a
+  graph it ran handed a command up) is no pause: the call ran to its end, and is
+  recorded ``committed`` with its command, which a replay raises again;
 - ``g.cancel`` fences the run first (R1), then cancels the graph's execution
   (LangGraph's task cancellation); cancelling the task that runs the graph is a
   stopline cancel too. A sync node or tool still running in its worker thread is
@@ -45,7 +48,8 @@ cancel commits again. Here:
 
 Node and tool results are replayed from the ledger: JSON as it is; a ``Command``
 or an update JSON cannot write (messages) as LangGraph's serializer writes it
-(``_langgraph_calls.kept``, ADR 0097), so a replay returns an equal value. A
+(``_langgraph_calls.kept``, ADR 0097), so a replay returns an equal value (a
+record it cannot read back: as one not kept, ADR 0101). A
 tool call that runs returns its own ``ToolMessage`` (its ``artifact``,
 ``additional_kwargs`` and ``response_metadata`` kept); the ledger records its
 content only, so a replayed call's message is rebuilt from that content. A
@@ -88,7 +92,9 @@ from stopline.integrations._langgraph_calls import (
     bubbled,
     gated_message,
     keeping,
+    op_id_of,
     pausing,
+    replayed,
     restored,
 )
 from stopline.integrations._renamed import renamed_idle_timeout
@@ -311,9 +317,10 @@ def node(
 
         async def gated_node(state: Any) -> Any:
             # a state update cannot be a sentence: a result not kept raises NotReplayable
+            key = _task_key()
             with bubbled():  # interrupt(): recorded not committed, then LangGraph's pause
-                answer = await gated_call(t, state, key=_task_key(), unkept_as_text=False)
-            return restored(answer)
+                answer = await gated_call(t, state, key=key, unkept_as_text=False)
+            return restored(answer, op_id_of(current().run.id, key, label))
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__
@@ -372,12 +379,15 @@ def tool(
     if not isinstance(base, StructuredTool) or body is None:
         # not a function's tool: the tool itself, through its own ainvoke
         return GatedBaseTool.over(base, spec, _paused)
-    t = stopline_tool(keeping(body), base.name, spec)  # a Command: kept as LangGraph writes it
+    # a Command: kept as LangGraph writes it; interrupt(): a pause, as under ``gate``
+    t = stopline_tool(keeping(pausing(body)), base.name, spec)
 
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
         key = f"tool:{call_id}" if call_id else None
-        return restored(await gated_call(t, key=key, **kwargs))
+        with bubbled(key, _paused):
+            answer = await gated_call(t, key=key, **kwargs)
+        return replayed(answer, op_id_of(current().run.id, key, base.name), base.name)
 
     return _GatedTool(
         name=base.name,
