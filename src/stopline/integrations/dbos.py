@@ -31,7 +31,9 @@ What it promises:
   gated step in a workflow that is not gated is refused.
 - **Both cancels.** ``DBOS.cancel_workflow`` fences the run when the workflow
   next reaches DBOS's own check (before a step, through a preemptible
-  step's watcher, or as a step DBOS does not preempt ends); a stopline
+  step's watcher, or as a step DBOS does not preempt ends), or, while it
+  waits (a child's result, ``recv``), within a second through stopline's
+  watcher of the process's gated workflows (ADR 0104); a stopline
   cancel (API, CLI, console) cancels the DBOS workflow and the child
   workflows the run owns exclusively, never a shared one.
 - **Forks and rewinds.** A fork (``DBOS.fork_workflow``) does not send again a
@@ -56,7 +58,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import inspect
 import logging
@@ -84,6 +85,8 @@ from stopline.errors import (
     UnknownOperation,
     describe,
 )
+from stopline.integrations._dbos_watch import Watcher, why_cancelled
+from stopline.integrations._dbos_watch import outside_workflow as _outside_workflow
 from stopline.integrations._engine_doubt import decided_at
 from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
@@ -170,6 +173,7 @@ class StoplineDBOS:
         self.tenant = tenant
         self._tools: list[Tool[Any]] = []
         self._gate: EngineGate | None = None
+        self._watcher: Watcher | None = None  # DBOS's cancels of waiting workflows
         # the workflow each running fork was forked from (None: not a fork), read once
         self._origins: dict[str, str | None] = {}
 
@@ -180,11 +184,11 @@ class StoplineDBOS:
             ledger, engine="dbos", owner=self.owner, tenant=self.tenant, tools=self._tools
         )
         gate.forward_cancels(_cancel_in_dbos)
-        self._gate = gate
+        self._gate, self._watcher = gate, Watcher(gate)
         try:
             yield gate
         finally:
-            self._gate = None
+            self._gate = self._watcher = None
             gate.close()
 
     @property
@@ -192,6 +196,12 @@ class StoplineDBOS:
         if self._gate is None:
             raise RuntimeError("StoplineDBOS is not bound: use 'with gate.bound(ledger)'")
         return self._gate
+
+    @property
+    def _watch(self) -> Watcher:
+        if self._watcher is None:
+            raise RuntimeError("StoplineDBOS is not bound: use 'with gate.bound(ledger)'")
+        return self._watcher
 
     # -- declarations ---------------------------------------------------------------
     def step(
@@ -255,11 +265,12 @@ class StoplineDBOS:
                     )
 
                 try:
-                    while True:
-                        try:
-                            return await once()
-                        except OperationInDoubt as exc:  # a later look may decide it
-                            await _until_decidable(gate, run_id, workflow_id, key, exc)
+                    with self._watch.in_step(workflow_id):
+                        while True:
+                            try:
+                                return await once()
+                            except OperationInDoubt as exc:  # a later look may decide it
+                                await _until_decidable(gate, run_id, workflow_id, key, exc)
                 except RunFenced:  # refused at the gate: DBOS stops the workflow
                     run = await find_run(gate.ledger, run_id)
                     if run is not None and run.state in ENDED_ON_ITS_OWN:
@@ -290,22 +301,25 @@ class StoplineDBOS:
                 await gate.open_run(run_id, fn.__name__, parent_id=_parent_id(), shared=shared)
                 gate.remember_engine_id(run_id, workflow_id)
                 _GATED[workflow_id] = _GATED.get(workflow_id, 0) + 1
+                watcher = self._watch
+                watcher.add(workflow_id, run_id, _deadline())
                 try:
                     result = await fn(*args, **kwargs)
                 except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
-                    await gate.fence(run_id, _why_cancelled())
+                    await gate.fence(run_id, why_cancelled(_deadline()))
                     raise
                 except DBOSWorkflowConflictIDError:
                     # this execution lost the workflow: DBOS.cancel_workflow during a step
                     # it does not preempt (seen when the step's result is written), or a
                     # hand-off (resume, recovery) whose new owner goes on with the run
                     if await _cancelled_in_dbos(workflow_id):
-                        await gate.fence(run_id, _why_cancelled())
+                        await gate.fence(run_id, why_cancelled(_deadline()))
                     raise
                 except Exception as exc:
                     await gate.end_run(run_id, exc)
                     raise
                 finally:
+                    watcher.remove(workflow_id)
                     self._origins.pop(workflow_id, None)
                     if _GATED[workflow_id] > 1:
                         _GATED[workflow_id] -= 1
@@ -423,14 +437,10 @@ def _still_cancelled(workflow_id: str, key: str, run: RunRecord | None) -> str:
     )
 
 
-def _why_cancelled() -> str:
-    """What cancelled the workflow in DBOS, as far as DBOS's context says: its timeout
-    once its deadline has passed, else a cancel (``DBOS.cancel_workflow``)."""
+def _deadline() -> int | None:
+    """The workflow's deadline in DBOS's context (its timeout), if it has one."""
     ctx = get_local_dbos_context()
-    deadline = ctx.workflow_deadline_epoch_ms if ctx is not None else None
-    if deadline is not None and time.time() * 1000 >= deadline:
-        return "DBOS workflow timeout"
-    return "DBOS.cancel_workflow"
+    return ctx.workflow_deadline_epoch_ms if ctx is not None else None
 
 
 async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
@@ -455,13 +465,6 @@ async def _why_cut(workflow_id: str) -> NoAnswer | None:
 async def _cancelled_in_dbos(workflow_id: str) -> bool:
     status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
     return status is not None and str(status.status) == WorkflowStatusString.CANCELLED.value
-
-
-async def _outside_workflow(call: Coroutine[Any, Any, R]) -> R:
-    """Run a DBOS call as the application, not as a step of the workflow whose code
-    (or whose ledger task) happens to be the caller: DBOS records calls made inside a
-    workflow as its steps, and a cancel recorded so would cancel the caller."""
-    return await asyncio.create_task(call, context=contextvars.Context())
 
 
 def _require_async(fn: Callable[..., Any]) -> None:

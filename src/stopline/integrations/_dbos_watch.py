@@ -1,0 +1,169 @@
+"""DBOS's cancel of a gated workflow that is waiting, noticed (ADR 0104).
+
+DBOS checks for a cancel before each step and, while a preemptible step runs,
+through its watcher. A workflow that waits (on a child's result, in
+``DBOS.recv``, in a sleep) meets no check until it runs code again, and the
+child workflows its run owns go on sending meanwhile. While gated workflows
+run in the process, one read an interval asks DBOS which of them it has
+cancelled (one ``list_workflows`` for all of them, as DBOS's own watcher of
+preemptible steps does) and fences the run of each that is not inside a gated
+step, as DBOS's check would: the runs it owns exclusively are fenced with it
+and their workflows cancelled in DBOS. A workflow inside a gated step is left
+to DBOS's contract for that step (preempted, or checked as it ends). No
+gated workflow running, nothing is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+from dbos import DBOS
+from dbos._sys_db import WorkflowStatusString
+
+from stopline.integrations._engines import EngineGate
+from stopline.runtime.boundary import retryable
+
+__all__ = ["WATCH_EVERY", "Watcher", "outside_workflow", "why_cancelled"]
+
+log = logging.getLogger("stopline.integrations.dbos")
+R = TypeVar("R")
+# seconds between two reads of DBOS's status of the process's gated workflows (DBOS's
+# own watcher of preemptible steps reads as often)
+WATCH_EVERY = 1.0
+_CANCELLED = WorkflowStatusString.CANCELLED.value
+
+
+@dataclasses.dataclass
+class _Watched:
+    run_id: str
+    deadline_ms: int | None  # DBOS's timeout of the workflow: its cancel is that
+    since: int  # the registration of its latest execution in this process
+    executions: int = 1
+    in_steps: int = 0  # gated steps running now: DBOS's contract for them stands
+    fenced: bool = False  # by this watcher, since its latest execution started
+
+
+class Watcher:
+    """The gated DBOS workflows running in this process under one gate, and the one
+    task that reads DBOS's cancels of them while any runs (behind the ledger's error
+    boundary: a failed read is logged, counted in ``ledger.health`` and made again at
+    the next interval; it never fails a workflow)."""
+
+    def __init__(self, gate: EngineGate, every: float = WATCH_EVERY) -> None:
+        self.gate = gate
+        self.every = every
+        self._watched: dict[str, _Watched] = {}
+        self._registered = 0
+        self._running = False
+        self._wake = asyncio.Event()
+        self.stopped = asyncio.Event()  # set as the watcher stops, cleared as it starts
+        self.stopped.set()
+
+    def add(self, workflow_id: str, run_id: str, deadline_ms: int | None) -> None:
+        """An execution of the workflow starts its gated code here."""
+        self._registered += 1
+        watched = self._watched.get(workflow_id)
+        if watched is None:
+            self._watched[workflow_id] = _Watched(run_id, deadline_ms, self._registered)
+        else:  # another execution beside it (a resume, a recovery): its cancel is new
+            watched.executions += 1
+            watched.since, watched.fenced = self._registered, False
+            watched.deadline_ms = deadline_ms
+        if not self._running:
+            self._running = True
+            self.stopped.clear()
+            # an empty context: the watcher is no part of the workflow whose start began
+            # it (DBOS would record its reads as that workflow's steps)
+            try:
+                contextvars.Context().run(self.gate.ledger.spawn, self._watch_dbos_cancels)
+            except BaseException:  # the ledger is not open: the next start tries again
+                self._running = False
+                self.stopped.set()
+                raise
+
+    def remove(self, workflow_id: str) -> None:
+        """An execution of the workflow ends; the last one stops the watcher."""
+        watched = self._watched[workflow_id]
+        watched.executions -= 1
+        if not watched.executions:
+            del self._watched[workflow_id]
+        if not self._watched:
+            self._wake.set()
+
+    @contextlib.contextmanager
+    def in_step(self, workflow_id: str) -> Iterator[None]:
+        """A gated step of the workflow runs inside this block."""
+        watched = self._watched.get(workflow_id)
+        if watched is None:  # not a gated workflow: its step is refused anyway
+            yield
+            return
+        watched.in_steps += 1
+        try:
+            yield
+        finally:
+            watched.in_steps -= 1
+
+    async def _watch_dbos_cancels(self) -> None:
+        try:
+            while self._watched:
+                self._wake = asyncio.Event()  # set when the last gated workflow ends
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.every)
+                if self._watched:
+                    await self._look()
+        finally:
+            self._running = False
+            self.stopped.set()
+
+    async def _look(self) -> None:
+        """One read for all the watched workflows; the run of each DBOS cancelled is
+        fenced. Only an execution registered before the read began is fenced by it: a
+        status read before a resume must not fence the resumed execution."""
+        began = self._registered
+        ids = [wid for wid, w in self._watched.items() if not w.fenced and not w.in_steps]
+        if not ids:
+            return
+        try:
+            found = await outside_workflow(
+                DBOS.list_workflows_async(
+                    workflow_ids=ids, status=_CANCELLED, load_input=False, load_output=False
+                )
+            )
+        except Exception as exc:  # DBOS's database: read again at the next interval
+            self.gate.ledger.health.failed("watch_dbos_cancels", exc, retrying=True)
+            return
+        for status in found:
+            watched = self._watched.get(status.workflow_id)
+            if watched is None or watched.fenced or watched.in_steps or watched.since > began:
+                continue
+            watched.fenced = True
+            why = why_cancelled(watched.deadline_ms)
+            log.info("%s: %s seen while it waited; its run fenced", status.workflow_id, why)
+            try:
+                await self.gate.fence(watched.run_id, why)
+            except Exception as exc:  # a fault that may clear: fenced at the next look
+                watched.fenced = not retryable(exc)
+                health = self.gate.ledger.health
+                health.failed("watch_dbos_cancels", exc, retrying=not watched.fenced)
+
+
+def why_cancelled(deadline_ms: int | None) -> str:
+    """What cancelled the workflow in DBOS: its timeout once its deadline has passed,
+    else a cancel (``DBOS.cancel_workflow``)."""
+    if deadline_ms is not None and time.time() * 1000 >= deadline_ms:
+        return "DBOS workflow timeout"
+    return "DBOS.cancel_workflow"
+
+
+async def outside_workflow(call: Coroutine[Any, Any, R]) -> R:
+    """Run a DBOS call as the application, not as a step of the workflow whose code
+    (or whose ledger task) happens to be the caller: DBOS records calls made inside a
+    workflow as its steps, and a cancel recorded so would cancel the caller."""
+    return await asyncio.create_task(call, context=contextvars.Context())
