@@ -134,7 +134,7 @@ async def test_p4_c_dbos_resume_alone_is_refused_and_says_what_to_do(
         caplog.clear()
 
         alone = await DBOS.resume_workflow_async(workflow_id)
-        with anyio.fail_after(30), pytest.raises(BaseException, match="cancelled"):
+        with anyio.fail_after(30), pytest.raises(Exception, match="cancelled"):
             await alone.get_result()
         dbos_says = await status(workflow_id)
         run = await h.ledger.backend.get_run(workflow_id)

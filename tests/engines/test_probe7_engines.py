@@ -243,7 +243,7 @@ async def test_a_dbos_cancel_while_a_retry_waits_for_the_horizon_sends_nothing(
             await first.wait()  # the retry's read-back: "not yet"; it waits from here
         await DBOS.cancel_workflow_async(workflow_id)
         await until_status(workflow_id, "CANCELLED")
-        with anyio.fail_after(30), pytest.raises(BaseException, match="cancelled"):
+        with anyio.fail_after(30), pytest.raises(Exception, match="cancelled"):
             await handle.get_result()
         receipt = await h.ledger.wait_settled(workflow_id, timeout=15)
         run = await h.ledger.backend.get_run(workflow_id)

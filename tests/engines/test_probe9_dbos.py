@@ -134,11 +134,11 @@ async def test_a_stopline_cancel_while_the_resumed_step_waits_refuses_it_at_the_
         second = await DBOS.resume_workflow_async(workflow_id)
         await _until_looked(looked, second)
         await h.ledger.cancel(workflow_id, by="user:42", reason="pressed stop")
-        with anyio.fail_after(30), pytest.raises(BaseException, match="cancelled"):
+        with anyio.fail_after(30), pytest.raises(Exception, match="cancelled"):
             await second.get_result()
         await until_status(workflow_id, "CANCELLED")
         hold.release()
-        with anyio.fail_after(30), pytest.raises(BaseException, match="cancelled"):
+        with anyio.fail_after(30), pytest.raises(Exception, match="cancelled"):
             await first.get_result()
         receipt = await h.ledger.wait_settled(workflow_id, timeout=15)
         late = [e for e in await h.ledger.backend.events(workflow_id) if "late" in e.data]
@@ -209,7 +209,7 @@ async def test_a_dbos_cancel_that_preempts_a_step_is_still_a_cancel(
             handle = await DBOS.start_workflow_async(dbos_app.pipeline, ["upload"])
         await hold.reached.wait()
         await DBOS.cancel_workflow_async(workflow_id)
-        with anyio.fail_after(30), pytest.raises(BaseException, match="cancel"):
+        with anyio.fail_after(30), pytest.raises(Exception, match="cancel"):
             await handle.get_result()
         hold.release()
         receipt = await h.ledger.wait_settled(workflow_id, timeout=15)
