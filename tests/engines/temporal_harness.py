@@ -7,12 +7,14 @@ import dataclasses
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from anyio.from_thread import BlockingPortal
 from temporalio import activity
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import ActivityHandle, Client, WorkflowHandle
+from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
 
 import stopline
@@ -115,6 +117,42 @@ def worker_for(h: Harness, *extra: Any, tools: Sequence[stopline.Tool[Any]] = ()
         workflows=[Pipeline, Chain, Updatable],
         activities=[*acts, *extra],
         plugins=[plugin(h.ledger, h.provider, acts, *tools)],
+    )
+
+
+def standalone_worker(h: Harness) -> Worker:
+    """A worker for activities only (no workflow): a client starts them itself."""
+    acts = activities(h.provider)
+    return Worker(
+        h.client,
+        task_queue=h.task_queue,
+        activities=acts,
+        plugins=[plugin(h.ledger, h.provider, acts)],
+    )
+
+
+async def start_standalone(
+    h: Harness,
+    activity_id: str,
+    payload: str = "the report",
+    *,
+    attempts: int = 0,
+    timeout: float = 30,
+) -> ActivityHandle[Any]:
+    """``upload`` started by the client itself, no workflow (``attempts``: 0, unlimited;
+    ``timeout``: its ``start_to_close_timeout``, seconds)."""
+    return await h.client.start_activity(
+        "upload",
+        payload,
+        id=activity_id,
+        task_queue=h.task_queue,
+        start_to_close_timeout=timedelta(seconds=timeout),
+        heartbeat_timeout=timedelta(seconds=1),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(milliseconds=50),
+            backoff_coefficient=1.0,
+            maximum_attempts=attempts,
+        ),
     )
 
 

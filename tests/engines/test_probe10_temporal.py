@@ -28,49 +28,31 @@ ledger's changes.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 from temporalio.client import (
     ActivityExecutionStatus,
     ActivityFailureError,
-    ActivityHandle,
     WorkflowExecutionStatus,
 )
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import CancelledError
 
 from stopline import Headline, OpStatus, RunState
 from stopline.integrations._engines import engine_key
 from stopline.integrations.temporal import run_id_of
 from stopline.integrations.temporal_server import TemporalDevServer
-from tests.engines.temporal_harness import Harness, harness, worker_for
+from tests.engines.temporal_harness import (
+    Harness,
+    harness,
+    standalone_worker,
+    start_standalone,
+    worker_for,
+)
 from tests.engines.temporal_workflows import Plan
-from tests.engines.test_probe9_temporal import _standalone_worker
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def _start(
-    h: Harness, activity_id: str, payload: str = "the report", *, attempts: int = 0
-) -> ActivityHandle[Any]:
-    """``upload`` started by the client itself, no workflow (``attempts``: 0, unlimited)."""
-    return await h.client.start_activity(
-        "upload",
-        payload,
-        id=activity_id,
-        task_queue=h.task_queue,
-        start_to_close_timeout=timedelta(seconds=30),
-        heartbeat_timeout=timedelta(seconds=1),
-        retry_policy=RetryPolicy(
-            initial_interval=timedelta(milliseconds=50),
-            backoff_coefficient=1.0,
-            maximum_attempts=attempts,
-        ),
-    )
 
 
 async def _runs_of(h: Harness, activity_id: str) -> list[str]:
@@ -91,8 +73,8 @@ async def test_a_standalone_activitys_run_ends_with_it(
     (old: "Running." for ever, ``wait_settled`` timed out)."""
     async with harness(temporal_server, tmp_path, worker=False) as h:
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
-        async with _standalone_worker(h):
-            handle = await _start(h, activity_id)
+        async with standalone_worker(h):
+            handle = await start_standalone(h, activity_id)
             with anyio.fail_after(30):
                 result = await handle.result()
         (run_id,) = await _runs_of(h, activity_id)
@@ -111,13 +93,13 @@ async def test_a_retried_attempt_finds_the_run_and_the_last_failure_ends_it(
     activity, one attempt allowed, refused: its run ends failed, with the refusal."""
     async with harness(temporal_server, tmp_path, worker=False) as h:
         retried, refused = f"act-{uuid.uuid4().hex[:8]}", f"act-{uuid.uuid4().hex[:8]}"
-        async with _standalone_worker(h):
+        async with standalone_worker(h):
             h.provider.reject_next = True
-            handle = await _start(h, retried, attempts=2)
+            handle = await start_standalone(h, retried, attempts=2)
             with anyio.fail_after(30):
                 result = await handle.result()
             h.provider.reject_next = True
-            once = await _start(h, refused, attempts=1)
+            once = await start_standalone(h, refused, attempts=1)
             with anyio.fail_after(30), pytest.raises(ActivityFailureError):
                 await once.result()
         (run_id,) = await _runs_of(h, retried)
@@ -148,8 +130,8 @@ async def test_a_stopline_cancel_of_a_standalone_activity_cancels_the_activity(
         activity_id = shape.format(uuid.uuid4().hex[:8])
         hold = h.provider.barriers.hold("received")
         try:
-            async with _standalone_worker(h):
-                handle = await _start(h, activity_id)
+            async with standalone_worker(h):
+                handle = await start_standalone(h, activity_id)
                 with anyio.fail_after(30):
                     await hold.reached.wait()
                 (run_id,) = await _runs_of(h, activity_id)
@@ -178,8 +160,8 @@ async def test_a_client_cancel_of_a_standalone_activity_fences_its_run(
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
         hold = h.provider.barriers.hold("received")
         try:
-            async with _standalone_worker(h):
-                handle = await _start(h, activity_id)
+            async with standalone_worker(h):
+                handle = await start_standalone(h, activity_id)
                 with anyio.fail_after(30):
                     await hold.reached.wait()
                 await handle.cancel(reason="not needed")
@@ -206,9 +188,9 @@ async def test_a_reused_activity_id_is_a_run_of_its_own(
     async with harness(temporal_server, tmp_path, worker=False) as h:
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
         results = []
-        async with _standalone_worker(h):
+        async with standalone_worker(h):
             for payload in ("a", "a", "b"):
-                handle = await _start(h, activity_id, payload)
+                handle = await start_standalone(h, activity_id, payload)
                 with anyio.fail_after(30):
                     results.append(await handle.result())  # old: the third failed
         runs = await _runs_of(h, activity_id)
@@ -233,7 +215,7 @@ async def test_a_workflow_named_activity_x_is_not_standalone_activity_xs_run(
             async with worker_for(h):  # its workflows' worker serves standalone activities too
                 plan = Plan(["upload"], wait_for_go=True)
                 workflow = await h.start(plan, f"activity:{activity_id}")
-                handle = await _start(h, activity_id)
+                handle = await start_standalone(h, activity_id)
                 with anyio.fail_after(30):
                     await hold.reached.wait()
                 (run_id,) = await _runs_of(h, activity_id)
@@ -267,12 +249,12 @@ async def test_cancel_activity_from_a_process_without_a_worker(
 
     async with harness(temporal_server, tmp_path, worker=False) as h:
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
-        handle = await _start(h, activity_id)
+        handle = await start_standalone(h, activity_id)
         assert handle.run_id is not None
         receipt = await cancel_activity(
             h.ledger, h.client, activity_id, by="user:42", reason="not needed"
         )
-        async with _standalone_worker(h):
+        async with standalone_worker(h):
             with anyio.fail_after(30), pytest.raises(ActivityFailureError) as failed:
                 await handle.result()
         status = (await handle.describe()).status
@@ -295,16 +277,8 @@ async def test_a_standalone_activity_timed_out_on_its_last_attempt_ends_its_run(
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
         hold = h.provider.barriers.hold("received")
         try:
-            async with _standalone_worker(h):
-                handle = await h.client.start_activity(
-                    "upload",
-                    "the report",
-                    id=activity_id,
-                    task_queue=h.task_queue,
-                    start_to_close_timeout=timedelta(seconds=2),
-                    heartbeat_timeout=timedelta(seconds=1),
-                    retry_policy=RetryPolicy(maximum_attempts=1),
-                )
+            async with standalone_worker(h):
+                handle = await start_standalone(h, activity_id, attempts=1, timeout=2)
                 with anyio.fail_after(30), pytest.raises(ActivityFailureError):
                     await handle.result()
                 (run_id,) = await _runs_of(h, activity_id)

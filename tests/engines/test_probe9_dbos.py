@@ -34,6 +34,7 @@ from stopline import Headline, OpStatus, ReadBack, RunState
 from stopline.domain.model import OperationRecord
 from stopline.integrations.dbos import call_context
 from stopline.runtime.context import CallContext
+from stopline.testing import Barrier
 from tests.engines import dbos_app
 from tests.engines.dbos_harness import MARKS, Harness, harness, status, until_status
 
@@ -82,6 +83,24 @@ async def then_upload(first: str) -> list[Any]:
     return [await _FIRST[first]("the message"), await dbos_app.upload("the report")]
 
 
+async def _resumed_beside(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, hold: Barrier, step: str
+) -> tuple[str, WorkflowHandleAsync[Any], WorkflowHandleAsync[Any]]:
+    """``then_upload`` started with ``step`` first, held at the provider; cancelled in
+    DBOS and resumed at once; returned once the resumed execution's step has found the
+    first execution's call in flight: (workflow id, first, second execution)."""
+    workflow_id = f"wf-{uuid.uuid4().hex[:12]}"
+    with SetWorkflowID(workflow_id):
+        first = await DBOS.start_workflow_async(then_upload, step)
+    await hold.reached.wait()
+    assert hold.key is not None
+    looked = _looks_in_flight(h, monkeypatch, hold.key)
+    await DBOS.cancel_workflow_async(workflow_id)
+    second = await DBOS.resume_workflow_async(workflow_id)
+    await _until_looked(looked, second)
+    return workflow_id, first, second
+
+
 @pytest.mark.parametrize("step", sorted(_FIRST))
 async def test_a_dbos_resume_while_the_cancelled_step_runs_waits_for_its_answer(
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
@@ -93,15 +112,7 @@ async def test_a_dbos_resume_while_the_cancelled_step_runs_waits_for_its_answer(
     workflow failed, the run ``failed``, though the call committed). Sent once."""
     async with harness(backend, tmp_path) as h:
         hold = h.provider.barriers.hold("received")
-        workflow_id = f"wf-{uuid.uuid4().hex[:12]}"
-        with SetWorkflowID(workflow_id):
-            first = await DBOS.start_workflow_async(then_upload, step)
-        await hold.reached.wait()
-        assert hold.key is not None
-        looked = _looks_in_flight(h, monkeypatch, hold.key)
-        await DBOS.cancel_workflow_async(workflow_id)
-        second = await DBOS.resume_workflow_async(workflow_id)
-        await _until_looked(looked, second)
+        workflow_id, first, second = await _resumed_beside(h, monkeypatch, hold, step)
         hold.release()
         with anyio.fail_after(30):
             results: list[Any] = await second.get_result()
@@ -124,15 +135,7 @@ async def test_a_stopline_cancel_while_the_resumed_step_waits_refuses_it_at_the_
     is sent."""
     async with harness(backend, tmp_path) as h:
         hold = h.provider.barriers.hold("received")
-        workflow_id = f"wf-{uuid.uuid4().hex[:12]}"
-        with SetWorkflowID(workflow_id):
-            first = await DBOS.start_workflow_async(then_upload, "post")
-        await hold.reached.wait()
-        assert hold.key is not None
-        looked = _looks_in_flight(h, monkeypatch, hold.key)
-        await DBOS.cancel_workflow_async(workflow_id)
-        second = await DBOS.resume_workflow_async(workflow_id)
-        await _until_looked(looked, second)
+        workflow_id, first, second = await _resumed_beside(h, monkeypatch, hold, "post")
         await h.ledger.cancel(workflow_id, by="user:42", reason="pressed stop")
         with anyio.fail_after(30), pytest.raises(Exception, match="cancelled"):
             await second.get_result()

@@ -31,7 +31,6 @@ Ground truth is the provider's own file; barriers, events and the ledger's chang
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +42,24 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.worker import Worker
 
 import stopline
 from stopline import Headline, OpStatus, ReadBack
 from stopline.integrations.temporal import activity_run_id, call_context
 from stopline.integrations.temporal_server import TemporalDevServer
 from stopline.runtime.context import CallContext
-from tests.engines.temporal_harness import Harness, activities, harness, plugin, worker_for
+from tests.engines.temporal_harness import (
+    Harness,
+    harness,
+    standalone_worker,
+    start_standalone,
+    worker_for,
+)
 from tests.engines.temporal_workflows import Plan
 from tests.engines.test_temporal_truth_gaps import _the_cut
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _standalone_worker(h: Harness) -> Worker:
-    """A worker for activities only (no workflow): a client starts them itself."""
-    acts = activities(h.provider)
-    return Worker(
-        h.client,
-        task_queue=h.task_queue,
-        activities=acts,
-        plugins=[plugin(h.ledger, h.provider, acts)],
-    )
 
 
 async def test_a_standalone_activitys_first_attempt_is_not_failed_by_its_run_not_made_yet(
@@ -78,16 +70,8 @@ async def test_a_standalone_activitys_first_attempt_is_not_failed_by_its_run_not
     ``UnknownRun`` after its effect committed; now it returns its result, sent once."""
     async with harness(temporal_server, tmp_path, worker=False) as h:
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
-        async with _standalone_worker(h):
-            handle = await h.client.start_activity(
-                "upload",
-                "the report",
-                id=activity_id,
-                task_queue=h.task_queue,
-                start_to_close_timeout=timedelta(seconds=30),
-                heartbeat_timeout=timedelta(seconds=1),
-                retry_policy=RetryPolicy(maximum_attempts=1),
-            )
+        async with standalone_worker(h):
+            handle = await start_standalone(h, activity_id, attempts=1)
             with anyio.fail_after(30):
                 result = await handle.result()  # old: ActivityFailureError (UnknownRun)
         assert handle.run_id is not None
@@ -214,15 +198,8 @@ async def test_a_client_cancel_of_a_standalone_activity_is_no_workflows_code(
         activity_id = f"act-{uuid.uuid4().hex[:8]}"
         hold = h.provider.barriers.hold("received")
         try:
-            async with _standalone_worker(h):
-                handle = await h.client.start_activity(
-                    "upload",
-                    "the report",
-                    id=activity_id,
-                    task_queue=h.task_queue,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    heartbeat_timeout=timedelta(seconds=1),
-                )
+            async with standalone_worker(h):
+                handle = await start_standalone(h, activity_id)
                 with anyio.fail_after(30):
                     await hold.reached.wait()
                 assert handle.run_id is not None

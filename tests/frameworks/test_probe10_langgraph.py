@@ -47,7 +47,8 @@ from langgraph.types import Command, interrupt
 import stopline
 from stopline import Headline, OpStatus, RunState
 from stopline.integrations import langgraph as lg
-from tests.frameworks.effects import SyncEffect, until_unknown
+from tests.frameworks.effects import SyncEffect
+from tests.frameworks.test_probe9_frameworks import cancel_while_held
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -115,29 +116,6 @@ async def until_committed(ledger: stopline.Ledger, op_id: str) -> None:
         await ledger.wait_for_change(op_id.partition("/")[0])
 
 
-async def cut_then_resume(
-    ledger: stopline.Ledger, graph: Any, graph_input: Any, thread: str, effect: SyncEffect
-) -> None:
-    """Run ``graph`` until ``effect`` holds its thread, cancel, let it commit late (R4),
-    resume the stopline run: LangGraph will run the cancelled task again."""
-    handles: list[lg.GraphRun] = []
-
-    async def go() -> None:
-        async with lg.run(ledger, owner="user:1", thread_id=thread) as g:
-            handles.append(g)
-            await g.ainvoke(graph, graph_input)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(go)
-        await effect.wait_reached()
-        (op,) = await ledger.backend.operations(thread)
-        await handles[0].cancel(by="user:1")
-        await until_unknown(ledger, op.id)
-        effect.release.set()
-    await ledger.wait_settled(thread, timeout=10)
-    await ledger.resume(thread, by="user:1")
-
-
 async def approve_and_resume(ledger: stopline.Ledger, thread: str) -> None:
     for approval in await ledger.backend.approvals(thread):
         if approval.status is stopline.ApprovalStatus.PENDING:
@@ -187,7 +165,7 @@ async def test_a_node_whose_kept_result_cannot_be_read_back_is_not_replayable(
     graph = builder.compile(checkpointer=InMemorySaver())
     thread = f"lg10-damaged-node-{how.replace(' ', '-')}"
     with refund.released_at_exit():
-        await cut_then_resume(ledger, graph, {"order": "1042"}, thread, refund)
+        await cancel_while_held(ledger, graph, {"order": "1042"}, thread, refund)
     (op,) = await ledger.backend.operations(thread)
     damage(ledger_url, op.id, how)
     before = await ops(ledger, thread)
@@ -217,7 +195,7 @@ async def test_a_tool_whose_kept_result_cannot_be_read_back_tells_the_model(
     graph = one_turn([call("issue_refund", "r1", order="9")], gated("gate", issue_refund))
     thread = f"lg10-damaged-tool-{how.replace(' ', '-')}"
     with refund.released_at_exit():
-        await cut_then_resume(ledger, graph, {"messages": []}, thread, refund)
+        await cancel_while_held(ledger, graph, {"messages": []}, thread, refund)
     damage(ledger_url, f"{thread}/tool:r1", how)
     before = await ops(ledger, thread)
 
@@ -256,7 +234,7 @@ async def test_a_result_shaped_like_a_kept_record_comes_back_as_itself(
     audit = SyncEffect("audit", hold=True)
     graph = one_turn([call("export", "e2", order="9")], gated("tool", export))
     with audit.released_at_exit():
-        await cut_then_resume(ledger, graph, {"messages": []}, "lg10-shaped", audit)
+        await cancel_while_held(ledger, graph, {"messages": []}, "lg10-shaped", audit)
     async with lg.run(ledger, owner="user:1", thread_id="lg10-shaped") as g:
         final = await g.ainvoke(graph, None)
     (told,) = [m for m in final["messages"] if isinstance(m, ToolMessage)]
@@ -366,7 +344,7 @@ async def test_a_tool_handing_a_command_is_replayed_not_run_again(
     graph = one_turn([call("transfer", "t1", order="7")], gated(way, transfer_tool(transfers)))
     thread = f"lg10-handed-cut-{way}"
     with transfers.released_at_exit():
-        await cut_then_resume(ledger, graph, {"messages": []}, thread, transfers)
+        await cancel_while_held(ledger, graph, {"messages": []}, thread, transfers)
     async with lg.run(ledger, owner="user:1", thread_id=thread) as g:
         final = await g.ainvoke(graph, None)
     assert transfers.effects == ["7"]  # not repeated
@@ -493,7 +471,7 @@ async def test_a_subgraph_node_handing_a_command_to_its_parent_is_replayed_once(
     outer.add_edge("notify", END)
     graph = outer.compile(checkpointer=InMemorySaver())
     with refund.released_at_exit():
-        await cut_then_resume(ledger, graph, {"order": "5"}, "lg10-subgraph", refund)
+        await cancel_while_held(ledger, graph, {"order": "5"}, "lg10-subgraph", refund)
     async with lg.run(ledger, owner="user:1", thread_id="lg10-subgraph") as g:
         final = await g.ainvoke(graph, None)
     assert final["done"] == ["refund:5", "notified"]

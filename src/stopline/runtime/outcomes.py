@@ -213,9 +213,9 @@ class Outcomes:
         backend = self._core.backend
         current = await backend.get_operation(op_id)
         if update.attempt is not None and current.attempts != update.attempt:
-            data = {"evidence": [e.to_json() for e in update.evidence], "attempt": update.attempt}
-            data["verdict"] = update.event.value
-            return await backend.note(op_id, NoteKind.READ_BEFORE_RETRY, data)
+            evidence = [e.to_json() for e in update.evidence]
+            said = {"evidence": evidence, "attempt": update.attempt, "verdict": update.event.value}
+            return await backend.note(op_id, NoteKind.READ_BEFORE_RETRY, said)
         if current.status in CONTRADICTS.get(update.event, ()):
             return await backend.record(
                 op_id,
