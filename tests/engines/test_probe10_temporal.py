@@ -39,6 +39,7 @@ from temporalio.client import (
 )
 from temporalio.exceptions import CancelledError
 
+import stopline
 from stopline import Headline, OpStatus, RunState
 from stopline.integrations._engines import engine_key
 from stopline.integrations.temporal import run_id_of
@@ -310,3 +311,22 @@ def test_no_workflows_run_has_a_standalone_activitys_run_id() -> None:
             assert standalone_of(workflow_run) is None, workflow_run
     assert standalone_of(activity_run_id("activity:x", execution)) == ("activity:x", execution)
     assert standalone_of(activity_run_id("x@run:activity:y", execution)) is None  # derived
+
+
+async def test_cancel_activity_refuses_an_id_that_cannot_be_one(
+    temporal_server: TemporalDevServer, tmp_path: Path
+) -> None:
+    """An empty or overlong activity id, or an empty execution: ``InvalidInput`` naming
+    it, before the ledger or Temporal is asked (nothing written)."""
+    from stopline.integrations.temporal import cancel_activity
+
+    async with harness(temporal_server, tmp_path, worker=False) as h:
+        before = await h.ledger.reads.runs()
+        for activity_id, run_id, named in [
+            ("", None, "activity_id"),
+            ("a" * 5_000, None, "activity_id"),
+            ("act-1", "", "run_id"),
+        ]:
+            with pytest.raises(stopline.InvalidInput, match=named):
+                await cancel_activity(h.ledger, h.client, activity_id, run_id=run_id, by="ops")
+        assert await h.ledger.reads.runs() == before

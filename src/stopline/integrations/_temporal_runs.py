@@ -45,7 +45,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import ExecuteActivityInput
 
-from stopline.domain.limits import fitted
+from stopline.domain.limits import check_id, fitted
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
 from stopline.errors import UnknownRun
@@ -348,7 +348,11 @@ async def cancel_activity(
     canceller unless given): it sends nothing when it starts. ``UnknownRun`` when
     neither the ledger nor Temporal knows it. Temporal unreachable: the run fenced
     (with ``run_id`` given), Temporal's ``RPCError`` is raised: its cancel was not
-    requested (a worker of the run asks it once Temporal answers)."""
+    requested (a worker of the run asks it once Temporal answers). An empty or
+    overlong ``activity_id`` or ``run_id``: ``InvalidInput`` naming it, nothing asked."""
+    check_id("activity_id", activity_id)  # before the ledger or Temporal is asked
+    if run_id is not None:
+        check_id("run_id", run_id)
     described: list[temporalio.client.ActivityExecutionDescription] = []
     if run_id is None:
         found = await _described(client, activity_id, None)
