@@ -379,6 +379,33 @@ def test_argument_digests_are_equal_across_processes() -> None:
     assert len(outs) == 1
 
 
+def test_a_key_that_is_not_text_keeps_its_type_in_the_digest() -> None:
+    """``{1: x}`` is not ``{"1": x}``, and ``{1: x, "1": y}`` keeps both values: the
+    digest wrote every key as text, so such arguments had one digest (ADR 0110)."""
+    from stopline.domain.model import args_digest
+
+    assert args_digest({1: "a"}) != args_digest({"1": "a"})
+    assert args_digest({1: "a", "1": "b"}) != args_digest({1: "b", "1": "a"})
+    assert args_digest({(1, 2): "a"}) != args_digest({"[1, 2]": "a"})
+    # equal arguments, whatever their order: equal digests
+    assert args_digest({2: "b", 1: "a"}) == args_digest({1: "a", 2: "b"})
+    assert args_digest({"x": {1: "a"}}) == args_digest({"x": {1: "a"}})
+
+
+async def test_a_repeat_whose_keys_differ_in_type_is_not_replayed(
+    ledger: stopline.Ledger,
+) -> None:
+    """A call under a key, repeated with arguments that differ only in a key's type, is
+    another call: refused (``IdempotencyConflict``), not answered with the first's
+    result."""
+    provider = FakeProvider("send")
+    async with ledger.run("job", owner="user:1", run_id="run-keys") as run:
+        await run.call(provider.tool, {1: "refund"}, key="k")
+        with pytest.raises(stopline.IdempotencyConflict):
+            await run.call(provider.tool, {"1": "refund"}, key="k")
+    assert len(provider.requests) == 1
+
+
 async def test_an_argument_without_a_stable_form_is_refused_at_call_time(
     ledger: stopline.Ledger,
 ) -> None:

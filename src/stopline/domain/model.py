@@ -171,11 +171,15 @@ def _canonical(value: Any, path: str, seen: set[int]) -> Any:
         raise UnstableValue(path, "the structure refers to itself")
     seen = seen | {id(value)}
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            name = k if isinstance(k, str) else json.dumps(_canonical(k, path, seen))
-            out[name] = _canonical(v, f"{path}[{k!r}]", seen)
-        return out
+        if all(isinstance(k, str) for k in value):
+            return {k: _canonical(v, f"{path}[{k!r}]", seen) for k, v in value.items()}
+        # a key that is not text keeps its type: {1: x} is not {"1": x}, and
+        # {1: x, "1": y} keeps both (ADR 0110)
+        pairs = [
+            [_canonical(k, path, seen), _canonical(v, f"{path}[{k!r}]", seen)]
+            for k, v in value.items()
+        ]
+        return {"dict": sorted(pairs, key=lambda kv: json.dumps(kv, sort_keys=True))}
     if isinstance(value, list | tuple):
         return [_canonical(v, f"{path}[{i}]", seen) for i, v in enumerate(value)]
     if isinstance(value, set | frozenset):
