@@ -27,6 +27,9 @@ under new call ids. Here:
   ``completed``; one cut by its own ``timeout=`` too, and the model is told it may
   have happened. The same call asked for again in the same entry takes the key of
   the one in doubt (``_openai_doubt``, ADR 0097): never a blind second dispatch;
+- an SDK run that failed, retried in the same ``sl.run`` block, is resumed as a new
+  entry would be (``Bound.load``, ADR 0108); a tool a hook assigns at run time is
+  gated too (``get_all_tools``);
 - ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
   ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
   finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
@@ -253,12 +256,19 @@ def gate_agent(
     copy.handoffs = [
         again(h) if isinstance(h, Agent) else handoff_to(h, again) for h in agent.handoffs
     ]
-    listed = copy.get_mcp_tools
+    listed, every = copy.get_mcp_tools, copy.get_all_tools
+    made = {id(t): t for t in copy.tools}  # held: an id is never another tool's
 
     async def get_mcp_tools(run_context: Any) -> list[AgentsTool]:
         return [gate(t, mcp=True) for t in offered(await listed(run_context))]
 
+    async def get_all_tools(run_context: Any) -> list[AgentsTool]:
+        """Every turn's tools; one a hook gave the agent at run time (``agent.tools =``,
+        which the SDK reads after its hooks) passes the gate too (ADR 0108)."""
+        return [t if id(t) in made else gate(t, mcp=True) for t in await every(run_context)]
+
     object.__setattr__(copy, "get_mcp_tools", get_mcp_tools)
+    object.__setattr__(copy, "get_all_tools", get_all_tools)
     return copy
 
 
@@ -328,10 +338,15 @@ class AgentSession:
             self.bound.native_cancel_soon(f"Agents SDK run cancelled ({mode})")
 
         async def stream_events() -> AsyncIterator[StreamEvent]:
-            """The SDK's events; at their end, the run's end (``_ended``)."""
-            async with self.bound.native_cancels():
-                async for event in sdk_events():
-                    yield event
+            """The SDK's events; at their end, the run's end (``_ended``). A run that
+            failed: a retry of it in this run is matched to what it recorded (``load``)."""
+            try:
+                async with self.bound.native_cancels():
+                    async for event in sdk_events():
+                        yield event
+            except Exception:
+                await self.bound.load()
+                raise
             await self._ended(result)
 
         object.__setattr__(result, "cancel", cancel)

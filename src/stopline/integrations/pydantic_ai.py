@@ -28,7 +28,11 @@ return. Here:
   the server's ``stopline_verify`` when it offers one;
 - ``s.run`` and ``s.iter`` share one path (``_agent_run``): the gate, a
   ``CancellationToken`` (already cancelled when stopline cancelled the run), the
-  recorded approval decisions, and the run's end (``Bound.ended``);
+  recorded approval decisions, and the run's end (``Bound.ended``); an agent run
+  that failed reloads what the run recorded (``Bound.load``), so a retry in the
+  same block repeats nothing (ADR 0108);
+- a repeat of a call in doubt (ADR 0097) is not sent: the model is told so
+  (``in_doubt_note``), the agent run goes on;
 - ``s.cancel`` fences the run first (R1), then cancels the agent run through its
   ``CancellationToken``. Pydantic AI's own cancels (``AgentRun.cancel()``,
   ``RunContext.cancel()``, a token of yours, cancelling the task) commit the
@@ -66,20 +70,12 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
 from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    ToolCallPart,
-    ToolReturnPart,
-)
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
-from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.vocab import Policy
-from stopline.errors import NotFound
+from stopline.errors import OperationInDoubt
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -91,6 +87,8 @@ from stopline.integrations._frameworks import (
     gated_call,
     open_run,
 )
+from stopline.integrations._open_calls import in_doubt_note
+from stopline.integrations._pydantic_ai_history import repair_history, unanswered
 from stopline.integrations._pydantic_ai_mcp import (
     OP_ID,
     MCPToolset,
@@ -102,7 +100,6 @@ from stopline.integrations._pydantic_ai_mcp import (
     mcp_verify,
 )
 from stopline.integrations._pydantic_ai_output import gated_output
-from stopline.integrations._replayed import for_model
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
 from stopline.runtime.context import CallContext
@@ -155,6 +152,8 @@ class StoplineToolset(WrapperToolset[Any]):
         token = _CALL.set((ctx, tool))
         try:
             return await gated_call(gated_tool, tool_args, key=key)
+        except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
+            return in_doubt_note(name, doubt.op_id)
         except _RetryRejected as refused:  # recorded not committed; the model asked again
             raise refused.retry from refused.retry.__cause__
         finally:
@@ -380,6 +379,9 @@ class AgentSession:
         except AgentRunCancelled as exc:
             self.cancelled = exc
             cancelled = f"Pydantic AI run cancelled: {exc}"
+        except Exception:  # failed: a retry of it in this run is matched to what it recorded
+            await self.bound.load()
+            raise
         finally:
             self._token = None
         output = getattr(results[-1], "output", None) if results else None
@@ -403,54 +405,11 @@ class AgentSession:
 
     async def _decided(self, messages: Sequence[ModelMessage]) -> DeferredToolResults | None:
         """The recorded approval decisions on the calls of ``messages`` left without a return."""
-        open_calls = {history_key(p.tool_call_id): p.tool_call_id for p in _unanswered(messages)}
+        open_calls = {history_key(p.tool_call_id): p.tool_call_id for p in unanswered(messages)}
         decided = await self.bound.decisions(open_calls)
         if not decided:
             return None
         return DeferredToolResults(approvals={open_calls[k]: ok for k, ok in decided.items()})
-
-
-def _unanswered(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
-    """The tool calls of ``messages`` that have no return (nor retry prompt)."""
-    answered = {
-        part.tool_call_id
-        for message in messages
-        if isinstance(message, ModelRequest)
-        for part in message.parts
-        if isinstance(part, ToolReturnPart | RetryPromptPart)
-    }
-    return [
-        part
-        for message in messages
-        if isinstance(message, ModelResponse)
-        for part in message.parts
-        if isinstance(part, ToolCallPart) and part.tool_call_id not in answered
-    ]
-
-
-async def repair_history(
-    ledger: Ledger, run_id: str, messages: Sequence[ModelMessage]
-) -> list[ModelMessage]:
-    """Add a return for every tool call that committed (per the ledger) but has none:
-    its recorded result, or, when the ledger holds none (not kept, or a read-back's or a
-    reviewer's commit: ``_replayed.not_kept``), a note saying so, never ``None``."""
-    returns: list[ToolReturnPart] = []
-    for part in _unanswered(messages):
-        try:
-            op = await ledger.backend.get_operation(f"{run_id}/{history_key(part.tool_call_id)}")
-        except NotFound:
-            continue
-        if on_resume(op.status) is OnResume.REPLAYED:
-            returns.append(ToolReturnPart(part.tool_name, for_model(op), part.tool_call_id))
-    out = list(messages)
-    if not returns:
-        return out
-    if out and isinstance(out[-1], ModelRequest):
-        last = out[-1]
-        out[-1] = dataclasses.replace(last, parts=[*last.parts, *returns])
-    else:
-        out.append(ModelRequest(parts=returns))
-    return out
 
 
 @contextlib.asynccontextmanager
