@@ -14,6 +14,12 @@ first agent's do (``gate_agent`` hands each of them to ``again``, its gated copy
   pass the gate of the same run: after a cancel's fence, the child dispatches
   nothing more (R1), whatever the cancel's mode.
 
+A hook may give an agent a handoff at run time (``agent.handoffs = [...]`` in
+``RunHooks.on_agent_start`` or ``AgentHooks.on_start``): the SDK reads the list every
+turn (``get_handoffs``, a function of its own, after the hooks). The gated copy's
+``get_all_tools``, the turn's read of its tools just before, gates what the list
+gained (``gate_handoffs``), ADR 0108.
+
 Both rest on the SDK's private structure (0.24); when it is not there,
 ``agent_tool_over`` refuses with ``InvalidInput`` naming the tool rather than let
 the child's tools run ungated.
@@ -32,7 +38,7 @@ from agents.handoffs import Handoff
 
 from stopline.errors import InvalidInput
 
-__all__ = ["agent_of", "agent_tool_over", "handoff_to"]
+__all__ = ["agent_of", "agent_tool_over", "gate_handoffs", "handoff_to"]
 
 Again = Callable[[Agent[Any]], Agent[Any]]
 
@@ -50,6 +56,19 @@ def handoff_to(handoff: Handoff[Any, Any], again: Again) -> Handoff[Any, Any]:
     if isinstance(built_for, Agent):  # kept alive by ``again``'s copies
         object.__setattr__(copy, "_agent_ref", weakref.ref(again(built_for)))
     return copy
+
+
+def gate_handoffs(agent: Agent[Any], again: Again, made: dict[int, object]) -> None:
+    """Give ``agent`` (a gated copy) a list of its handoffs in which each entry not gated
+    yet (not in ``made``, by id) is its gated copy; the list as it was when all are."""
+    if all(id(h) in made for h in agent.handoffs):
+        return
+    led = [
+        h if id(h) in made else again(h) if isinstance(h, Agent) else handoff_to(h, again)
+        for h in agent.handoffs
+    ]
+    made.update((id(h), h) for h in led)  # held: an id is never another handoff's
+    agent.handoffs = led
 
 
 def agent_of(tool: FunctionTool) -> Agent[Any] | None:

@@ -5,7 +5,13 @@ shows a call without a return when the run stopped under it. Pydantic AI answers
 such a call itself before the next request (its history repair: "The tool call was
 interrupted before a result was produced."), which, for a call that committed,
 reads as "it did not happen": the model asks again. ``repair_history`` adds the
-recorded result of every call the ledger proves committed.
+recorded result of every call the ledger proves committed, and, for a call in doubt
+(its status blocks a resume, ``on_resume``), a return saying it may have happened
+(``doubt_note``): the common case is an agent run that failed and is retried in its
+block (ADR 0108), whose interrupted request holds the other calls' returns. A call
+of a response that ends the history is left open: Pydantic AI runs it again under
+its own id and the gate answers it from its record (ADR 0097). Each return goes
+where Pydantic AI's own repair puts it, in the request after the call's response.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from pydantic_ai.messages import (
 )
 
 from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.model import OperationRecord
 from stopline.errors import NotFound
 from stopline.integrations._pydantic_ai_mcp import history_key
 from stopline.integrations._replayed import for_model
 from stopline.runtime.ledger import Ledger
 
-__all__ = ["repair_history", "unanswered"]
+__all__ = ["doubt_note", "repair_history", "unanswered"]
 
 
 def unanswered(messages: Sequence[ModelMessage]) -> list[ToolCallPart]:
@@ -54,21 +61,58 @@ async def repair_history(
 ) -> list[ModelMessage]:
     """Add a return for every tool call that committed (per the ledger) but has none:
     its recorded result, or, when the ledger holds none (not kept, or a read-back's or a
-    reviewer's commit: ``_replayed.not_kept``), a note saying so, never ``None``."""
-    returns: list[ToolReturnPart] = []
-    for part in unanswered(messages):
+    reviewer's commit: ``_replayed.not_kept``), a note saying so, never ``None``; and for
+    every call in doubt outside the response that ends the history, ``doubt_note``."""
+    out = list(messages)
+    returns: dict[int, list[ToolReturnPart]] = {}  # by the index of the call's response
+    doubts: list[tuple[int, ToolCallPart, OperationRecord]] = []
+    for at, part in _unanswered_at(out):
         try:
             op = await ledger.backend.get_operation(f"{run_id}/{history_key(part.tool_call_id)}")
         except NotFound:
             continue
-        if on_resume(op.status) is OnResume.REPLAYED:
-            returns.append(ToolReturnPart(part.tool_name, for_model(op), part.tool_call_id))
-    out = list(messages)
-    if not returns:
-        return out
-    if out and isinstance(out[-1], ModelRequest):
-        last = out[-1]
-        out[-1] = dataclasses.replace(last, parts=[*last.parts, *returns])
-    else:
-        out.append(ModelRequest(parts=returns))
+        follows = on_resume(op.status)
+        if follows is OnResume.REPLAYED:
+            returns.setdefault(at, []).append(
+                ToolReturnPart(part.tool_name, for_model(op), part.tool_call_id)
+            )
+        elif follows is OnResume.BLOCKS:
+            doubts.append((at, part, op))
+    # the response ending the history is Pydantic AI's to run again, unless a return is
+    # added after it (then it no longer ends the history)
+    frontier = len(out) - 1 if out and isinstance(out[-1], ModelResponse) else None
+    for at, part, op in doubts:
+        if at != frontier or at in returns:
+            note = doubt_note(part.tool_name, op.status.value, op.id)
+            returns.setdefault(at, []).append(
+                ToolReturnPart(part.tool_name, note, part.tool_call_id, outcome="interrupted")
+            )
+    for at in sorted(returns, reverse=True):  # from the end: the indices stay true
+        after = at + 1
+        if after < len(out) and isinstance(request := out[after], ModelRequest):
+            out[after] = dataclasses.replace(request, parts=[*request.parts, *returns[at]])
+        else:
+            out.insert(after, ModelRequest(parts=returns[at]))
     return out
+
+
+def _unanswered_at(messages: Sequence[ModelMessage]) -> list[tuple[int, ToolCallPart]]:
+    """``unanswered``, each call with the index of the response that asked for it."""
+    left = {id(part) for part in unanswered(messages)}
+    return [
+        (at, part)
+        for at, message in enumerate(messages)
+        if isinstance(message, ModelResponse)
+        for part in message.parts
+        if isinstance(part, ToolCallPart) and id(part) in left
+    ]
+
+
+def doubt_note(tool: str, status: str, op_id: str) -> str:
+    """The return of a call in doubt that has none: it may have happened."""
+    return (
+        f"This call of {tool} ({op_id}) got no answer, and the run's ledger records it "
+        f"{status}: it may have taken effect, and its outcome is in doubt until a "
+        "read-back or a reviewer settles it. Do not call it again for the same request "
+        "(the same call is not sent a second time); report it as awaiting confirmation."
+    )

@@ -28,8 +28,8 @@ under new call ids. Here:
   have happened. The same call asked for again in the same entry takes the key of
   the one in doubt (``_openai_doubt``, ADR 0097): never a blind second dispatch;
 - an SDK run that failed, retried in the same ``sl.run`` block, is resumed as a new
-  entry would be (``Bound.load``, ADR 0108); a tool a hook assigns at run time is
-  gated too (``get_all_tools``);
+  entry would be (``Bound.load``, ADR 0108); a tool or a handoff a hook assigns at
+  run time is gated too (``get_all_tools``, ``gate_handoffs``);
 - ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
   ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
   finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
@@ -102,7 +102,7 @@ from stopline.integrations._openai_mcp import (
     offered,
     reads_only,
 )
-from stopline.integrations._openai_nested import agent_of, agent_tool_over, handoff_to
+from stopline.integrations._openai_nested import agent_of, agent_tool_over, gate_handoffs
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
@@ -220,8 +220,8 @@ def gate_agent(
     and so of every agent it leads to: its handoffs (``Agent`` or ``Handoff``) and the
     agents it uses as tools (``_openai_nested``)."""
     seen = {} if _seen is None else _seen
-    if id(agent) in seen:
-        return seen[id(agent)]
+    if id(agent) in seen or any(agent is c for c in seen.values()):  # a copy is gated
+        return seen.get(id(agent), agent)
     verify, cancel, horizons = dict(verify or {}), dict(cancel or {}), dict(settles_within or {})
 
     def again(other: Agent[Any]) -> Agent[Any]:
@@ -253,9 +253,9 @@ def gate_agent(
 
     copy = seen[id(agent)] = agent.clone()  # first: an agent may lead back to itself
     copy.tools = [gate(t) for t in agent.tools]
-    copy.handoffs = [
-        again(h) if isinstance(h, Agent) else handoff_to(h, again) for h in agent.handoffs
-    ]
+    copy.handoffs = list(agent.handoffs)  # its own: a hook may append to it
+    led: dict[int, object] = {}  # the handoffs gated, by id
+    gate_handoffs(copy, again, led)
     listed, every = copy.get_mcp_tools, copy.get_all_tools
     made = {id(t): t for t in copy.tools}  # held: an id is never another tool's
 
@@ -264,7 +264,9 @@ def gate_agent(
 
     async def get_all_tools(run_context: Any) -> list[AgentsTool]:
         """Every turn's tools; one a hook gave the agent at run time (``agent.tools =``,
-        which the SDK reads after its hooks) passes the gate too (ADR 0108)."""
+        which the SDK reads after its hooks) passes the gate too, and so do the tools of
+        an agent a hook gave as a handoff (read next, ``gate_handoffs``), ADR 0108."""
+        gate_handoffs(copy, again, led)
         return [t if id(t) in made else gate(t, mcp=True) for t in await every(run_context)]
 
     object.__setattr__(copy, "get_mcp_tools", get_mcp_tools)

@@ -26,7 +26,10 @@ return. Here:
 - an MCP toolset's call carries the operation id in ``_meta["io.stopline/key"]``
   (its ``process_tool_call`` hook, installed by the gate) and is verified through
   the server's ``stopline_verify`` when it offers one;
-- ``s.run`` and ``s.iter`` share one path (``_agent_run``): the gate, a
+- ``s.run``, ``s.iter``, ``s.run_stream`` and ``s.run_stream_events`` (the agent's
+  entry points of the same names; ``agent.run_stream`` called directly on an agent
+  without its own ``Gate`` is not seen: Pydantic AI has no hook over it) share one
+  path (``_agent_run``): the gate, a
   ``CancellationToken`` (already cancelled when stopline cancelled the run), the
   recorded approval decisions, and the run's end (``Bound.ended``); an agent run
   that failed reloads what the run recorded (``Bound.load``), so a retry in the
@@ -67,7 +70,7 @@ from typing import Any
 
 from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.exceptions import ModelRetry, UserError
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
 from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.messages import ModelMessage
@@ -359,6 +362,32 @@ class AgentSession:
             finished(ran.result)
 
     @contextlib.asynccontextmanager
+    async def run_stream(
+        self, agent: Any, user_prompt: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """``agent.run_stream(...)`` under this run, as ``run``; the run's end is read from
+        the streamed result once it is complete (a stream left unread ends it as done)."""
+        async with (
+            self._agent_run(kwargs) as finished,
+            agent.run_stream(user_prompt, **kwargs) as streamed,
+        ):
+            yield streamed
+            finished(_settled(streamed))
+
+    @contextlib.asynccontextmanager
+    async def run_stream_events(
+        self, agent: Any, user_prompt: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        """``agent.run_stream_events(...)`` under this run, as ``run``: its events, the run's
+        end read from the last (``AgentRunEvents.result``)."""
+        async with (
+            self._agent_run(kwargs) as finished,
+            agent.run_stream_events(user_prompt, **kwargs) as events,
+        ):
+            yield events
+            finished(events.result)
+
+    @contextlib.asynccontextmanager
     async def _agent_run(self, kwargs: dict[str, Any]) -> AsyncIterator[Callable[[Any], None]]:
         """Around Pydantic AI's run, whichever entry point: the ``Gate``, a cancellation
         token (cancelled already when stopline cancelled the run), the recorded approval
@@ -449,6 +478,13 @@ async def run(
         approver=approver,
     ) as session:
         yield session
+
+
+def _settled(streamed: Any) -> Any:
+    """A ``StreamedRunResult``'s run result, ``None`` while it is not settled."""
+    with contextlib.suppress(UserError):  # still streaming, or its end raised
+        return streamed.result
+    return None
 
 
 def _transport(server: Any) -> object:
