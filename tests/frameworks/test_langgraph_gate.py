@@ -410,9 +410,9 @@ async def test_s05_langgraph_breakpoint_before_tools_then_approved_resume(
     assert state["messages"][-1].content == "done"
     assert effect.lines() == ["refund 9"]
     assert (await ledger.receipt("lg-g-bp")).headline is Headline.COMPLETED
-    with pytest.raises(stopline.RunEnded):
-        async with sl.run(ledger, owner="user:1", thread_id="lg-g-bp"):
-            pass
+    async with sl.run(ledger, owner="user:1", thread_id="lg-g-bp") as g:
+        assert g.id == "lg-g-bp@turn:2"  # the thread goes on in its next run (ADR 0107)
+    assert effect.lines() == ["refund 9"]
 
 
 async def test_langgraph_cancelling_the_task_is_a_stopline_cancel(

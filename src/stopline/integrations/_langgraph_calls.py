@@ -24,6 +24,11 @@ was: not kept, and said so. A result of the kept object's own shape is kept so t
 and comes back as itself; a kept result this process cannot read back is a replay
 that cannot give it (``NotReplayable``), never a decode error (ADR 0101).
 
+**A call an earlier run of the thread recorded** (``_langgraph_thread.answer``, ADR
+0107) is answered from that record before this run's gate is asked: replayed when it
+happened, told to the model as awaiting confirmation when it is still in doubt after
+a read-back (nothing sent), sent in this run when it provably did not happen.
+
 **A ``ParentCommand`` a gated call raises** (a graph it ran handed a command to a
 graph above) is how the call ends, not a pause: recorded ``committed`` with its
 command (``_Handed``), raised again by the call and by its replay (ADR 0101).
@@ -52,6 +57,7 @@ from pydantic import PrivateAttr
 
 from stopline.domain import jsontext
 from stopline.errors import NotReplayable, OperationInDoubt
+from stopline.integrations import _langgraph_thread as thread
 from stopline.integrations._call_ids import unkept_note
 from stopline.integrations._frameworks import (
     ToolSpec,
@@ -303,17 +309,23 @@ async def gated_message(
     )
     key = f"tool:{call_id}" if call_id else None
     args, kwargs = digest
+    op_id = op_id_of(current().run.id, key, tool.name)
     try:
-        with bubbled(key, paused):
-            answer = await gated_call(gated_tool, *args, key=key, **kwargs)
+        earlier = await thread.answer(gated_tool, key, args, kwargs)  # the thread's record
+        if earlier is not None:  # it happened in an earlier run of the thread: not sent
+            answer, op_id = thread.for_model(earlier), earlier.id
+        else:
+            with bubbled(key, paused):
+                answer = await gated_call(gated_tool, *args, key=key, **kwargs)
     except _Raised as raised:
         return raised.message
     except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
         if call_id is None:
             raise
-        note = in_doubt_note(tool.name, doubt.op_id)
+        mine = doubt.op_id.startswith(f"{current().run.id}/")
+        note = (in_doubt_note if mine else thread.in_doubt_note)(tool.name, doubt.op_id)
         return ToolMessage(content=note, name=tool.name, tool_call_id=call_id, status="error")
-    content = replayed(answer, op_id_of(current().run.id, key, tool.name), tool.name)
+    content = replayed(answer, op_id, tool.name)
     if isinstance(content, Command):
         return content  # a Command the tool returned: passed on as it is
     if ran:  # it ran now: its message as the tool made it (artifact, metadata kept)

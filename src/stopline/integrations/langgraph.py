@@ -44,7 +44,15 @@ cancel commits again. Here:
   recorded ``unknown`` and then ``committed`` when it returns (R4);
 - resuming: ``ledger.resume(run_id, ...)`` then ``g.ainvoke(graph, None)`` in a
   new ``sl.run`` with the same thread id (LangGraph continues from its
-  checkpoint; stopline replays what committed).
+  checkpoint; stopline replays what committed);
+- a thread outlives its run (ADR 0107, ``_langgraph_thread``): ``sl.run`` on a
+  thread whose run ended ``completed`` (a new message) or ``failed`` (LangGraph's
+  retry, ``ainvoke(None)``, which runs the failed superstep's calls again, those
+  that committed too) opens the thread's next run, ``THREAD@turn:N``, and a call
+  an earlier run of the thread recorded is answered from that record: happened,
+  replayed and not sent; in doubt, read back first (R5), then replayed, sent or
+  refused (nothing sent); not happened, sent in the new run. A run of the thread
+  that was cancelled, is in review or paused is entered again once resumed (R10).
 
 Node and tool results are replayed from the ledger: JSON as it is; a ``Command``
 or an update JSON cannot write (messages) as LangGraph's serializer writes it
@@ -72,7 +80,7 @@ from langchain_core.tools import tool as lc_tool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import RunFenced
+from stopline.errors import NotReplayable, RunFenced
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -97,6 +105,7 @@ from stopline.integrations._langgraph_calls import (
     replayed,
     restored,
 )
+from stopline.integrations._langgraph_thread import answer, for_model, remember, runs_of
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.runtime.ledger import Ledger
 
@@ -191,13 +200,22 @@ async def run(
     policy: Policy = Policy.VERIFY,
     approver: str | None = None,
 ) -> AsyncIterator[GraphRun]:
-    """A stopline run (by default its id is the thread id) bound to the graph's tools."""
+    """A stopline run of the thread bound to the graph's tools: the thread's run (by
+    default its id is the thread id), or, once that ended ``completed`` or ``failed``,
+    the thread's next one (``ID@turn:2`` ...), whose calls an earlier run recorded are
+    answered from that record (``_langgraph_thread``, ADR 0107)."""
+    thread = await runs_of(ledger, run_id or thread_id, tenant)
+
+    def session(bound: Bound) -> GraphRun:
+        remember(bound, thread)
+        return GraphRun(bound, thread_id)
+
     async with open_run(
         ledger,
-        lambda bound: GraphRun(bound, thread_id),
+        session,
         name=name,
         owner=owner,
-        run_id=run_id or thread_id,
+        run_id=thread.run_id,
         tenant=tenant,
         policy=policy,
         approver=approver,
@@ -318,9 +336,14 @@ def node(
         async def gated_node(state: Any) -> Any:
             # a state update cannot be a sentence: a result not kept raises NotReplayable
             key = _task_key()
+            earlier = await answer(t, key, (state,), {})  # an earlier run's record of it
+            if earlier is not None:  # it happened: replayed, not sent
+                if earlier.result_not_kept is not None:
+                    raise NotReplayable(earlier.id, earlier.result_not_kept)
+                return restored(earlier.result, earlier.id)
             with bubbled():  # interrupt(): recorded not committed, then LangGraph's pause
-                answer = await gated_call(t, state, key=key, unkept_as_text=False)
-            return restored(answer, op_id_of(current().run.id, key, label))
+                result = await gated_call(t, state, key=key, unkept_as_text=False)
+            return restored(result, op_id_of(current().run.id, key, label))
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__
@@ -385,9 +408,12 @@ def tool(
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
         key = f"tool:{call_id}" if call_id else None
+        earlier = await answer(t, key, (), kwargs)  # an earlier run's record of it
+        if earlier is not None:  # it happened: replayed, not sent
+            return replayed(for_model(earlier), earlier.id, base.name)
         with bubbled(key, _paused):
-            answer = await gated_call(t, key=key, **kwargs)
-        return replayed(answer, op_id_of(current().run.id, key, base.name), base.name)
+            result = await gated_call(t, key=key, **kwargs)
+        return replayed(result, op_id_of(current().run.id, key, base.name), base.name)
 
     return _GatedTool(
         name=base.name,
@@ -425,6 +451,9 @@ def _mcp_tool(
     async def call(**kwargs: Any) -> Any:
         call_id = _TOOL_CALL.get()
         key = f"tool:{call_id}" if call_id else None
+        earlier = await answer(conn.tool(name), key, (kwargs,), {})  # as conn.call digests
+        if earlier is not None:  # it happened in an earlier run of the thread: not sent
+            return for_model(earlier)
         return await mcp_call(conn, name, kwargs, key=key, idle_timeout=idle)
 
     return _GatedTool(name=name, description=description, args_schema=dict(schema), coroutine=call)

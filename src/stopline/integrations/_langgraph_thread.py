@@ -1,0 +1,171 @@
+"""A LangGraph thread's runs: the next one after a run that ended, and what the
+earlier ones recorded (ADR 0107).
+
+A thread outlives a stopline run. Its run ends ``completed`` or ``failed`` when
+the ``sl.run`` block does, and the thread goes on: a new user message, or
+LangGraph's retry after an error (``graph.ainvoke(None, config)``, which runs
+the failed superstep again from the last checkpoint: a ``ToolNode`` whose one
+call raised runs *all* its calls again, the ones that committed too). Such a
+run cannot be entered again (final states, R10), and a run of a new id sent
+everything again: its keys named nothing recorded.
+
+**The thread's runs** (``runs_of``): ``BASE`` (the thread id, or the ``run_id``
+given), then ``BASE@turn:2``, ``BASE@turn:3`` ... (``turn_id``), each made only
+when the one before it ended ``completed`` or ``failed``, so the first of them
+that did not is the one ``sl.run`` enters (created if it does not exist yet);
+one that was cancelled, is in review or is paused is entered as before (resumed
+first, R10). An id of the form ``X@turn:N`` names thread ``X``'s runs (a
+recovery step that says "re-enter with the same run id" reaches the same run).
+Found again by ids alone, read in batches (``get_runs``): nothing is written
+but the runs themselves.
+
+**What an earlier run recorded** (``answer``): a call whose key (``tool:<id>``,
+a node's task) an earlier run of the thread recorded is answered from that
+record, the gate's own rule across runs (``on_resume``): one that happened is
+replayed and not sent; one in doubt is read back first (R5) and then replayed,
+sent, or refused (``OperationInDoubt``: nothing sent); one that provably did not
+happen goes through this run's gate and is sent. The same key with other
+arguments is a reused id, refused before anything is sent (ADR 0054).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.lifecycle import tenant_of
+from stopline.domain.limits import MAX_ID_CHARS, check_id, fitted
+from stopline.domain.model import OperationRecord, args_digest
+from stopline.domain.vocab import RunState
+from stopline.errors import InvalidInput, OperationInDoubt, UnknownOperation, UnstableValue
+from stopline.integrations._frameworks import Bound, current
+from stopline.integrations._replayed import not_kept
+from stopline.runtime.ledger import Ledger
+from stopline.runtime.tool import Tool
+
+__all__ = ["Thread", "answer", "for_model", "in_doubt_note", "remember", "runs_of", "turn_id"]
+
+_TURN = re.compile(r"@turn:([1-9][0-9]*)\Z")
+_OVER = frozenset({RunState.COMPLETED, RunState.FAILED})  # ended on its own: a next run
+_KEY_ROOM = 256  # a derived id leaves this much of the ledger's id length for keys
+_BATCH = 16  # runs read at once while looking for the thread's current one, first
+_MOST = 1024  # ... and at most
+
+
+def turn_id(base: str, n: int) -> str:
+    """The id of the thread's ``n``-th run: ``BASE``, then ``BASE@turn:N`` (too long:
+    its printable start and a digest, ``fitted``)."""
+    return base if n == 1 else fitted(f"{base}@turn:{n}", MAX_ID_CHARS - _KEY_ROOM)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Thread:
+    """Where a thread's runs stand: the one to enter, and the earlier ones whose
+    records answer its calls (most recent first; of the tenant entering only)."""
+
+    run_id: str
+    earlier: tuple[str, ...] = ()
+
+
+async def runs_of(ledger: Ledger, base: str, tenant: str) -> Thread:
+    """The run ``sl.run`` enters for the thread whose first run is ``base``: the first
+    that did not end ``completed`` or ``failed`` (created when it does not exist)."""
+    check_id("run_id", base)  # as ``ledger.run`` would say it
+    found = _TURN.search(base)
+    if found is not None:  # a later run's id: its thread's
+        base = base[: found.start()]
+    earlier: list[str] = []
+    n, batch = 1, _BATCH
+    while True:  # a long thread: reads double in size, so its runs take log reads
+        ids = [turn_id(base, n + i) for i in range(batch)]
+        records = await ledger.backend.get_runs(ids)
+        for run_id in ids:
+            record = records.get(run_id)
+            if record is None or record.state not in _OVER:
+                return Thread(run_id, tuple(reversed(earlier)))
+            if tenant_of(record) == tenant:  # another tenant's records are not read
+                earlier.append(run_id)
+        n, batch = n + batch, min(batch * 2, _MOST)
+
+
+# the earlier runs of the thread of each entry (a ``Bound``), set by ``sl.run``
+_EARLIER: weakref.WeakKeyDictionary[Bound, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def remember(bound: Bound, thread: Thread) -> None:
+    """The calls of ``bound``'s entry are answered from ``thread``'s earlier runs."""
+    _EARLIER[bound] = thread.earlier
+
+
+async def answer(
+    tool: Tool[Any], key: str | None, args: Sequence[Any], kwargs: dict[str, Any]
+) -> OperationRecord | None:
+    """The record of an earlier run of the thread that answers this call of ``tool``
+    under ``key`` (``args``, ``kwargs``: as the gate digests them): one that happened,
+    read back first if it was in doubt. ``None``: the call goes through this run's
+    gate (no earlier run recorded it, or it provably did not happen there). In doubt
+    after the read-back: ``OperationInDoubt``, nothing sent; the same key with other
+    arguments: ``InvalidInput``, nothing sent."""
+    bound = current()
+    earlier = _EARLIER.get(bound, ())
+    if key is None or not earlier or not tool.effects:  # a read records nothing
+        return None
+    read = await bound.ledger.backend.get_operations([f"{run}/{key}" for run in earlier])
+    found = [op for op in read if not isinstance(op, UnknownOperation)]
+    if not found:
+        return None
+    digest = _digest(args, kwargs)
+    for op in found:
+        if op.args_digest != digest:
+            raise InvalidInput(
+                "tool call id",
+                f"{key!r} (a {tool.name} call) reuses the id of {op.id!r}, a call of an "
+                "earlier run of this thread with other arguments: nothing was sent, and "
+                "stopline does not guess which call it is (ADR 0054, ADR 0107)",
+            )
+    for op in found:  # worst first: what happened in any of them is not sent again
+        if on_resume(op.status) is OnResume.REPLAYED:
+            return op
+    for op in found:
+        if on_resume(op.status) is OnResume.BLOCKS:  # in doubt: read back first (R5)
+            bound.ledger.register_tool(tool)  # the read-back is this tool's verifier
+            op = await bound.ledger.verify(op.id)
+            if on_resume(op.status) is OnResume.REPLAYED:
+                return op
+            if on_resume(op.status) is OnResume.BLOCKS:
+                raise OperationInDoubt(op.id, op.status)
+    return None  # it did not happen in any: sent in this run
+
+
+def _digest(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """The digest the gate records of a call's arguments (``Run.call_with``)."""
+    try:
+        return args_digest([list(args), kwargs])
+    except UnstableValue as exc:
+        return f"unstable:{exc.path}"
+
+
+def for_model(op: OperationRecord) -> Any:
+    """An earlier run's call, replayed, as the tool's answer: its recorded result, or a
+    note saying it happened and its result was not kept (never ``None``)."""
+    why = not_kept(op)
+    if why is None:
+        return op.result
+    return (
+        f"{op.tool} was done in an earlier run of this thread ({op.id}); its result was "
+        f"not kept ({why}). Do not call it again for the same request."
+    )
+
+
+def in_doubt_note(tool: str, op_id: str) -> str:
+    """The model's answer for a call an earlier run of the thread left in doubt."""
+    return (
+        f"{tool} was sent in an earlier run of this thread ({op_id}) and may have taken "
+        "effect: its outcome is in doubt until a read-back or a reviewer settles it. "
+        "This call was not sent again, so that it cannot happen twice. Do not call it "
+        "again for the same request; report it as awaiting confirmation."
+    )
