@@ -14,6 +14,7 @@ ground truth in the provider's own log; barriers, no sleeps (ADR 0104).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from dbos import DBOS, SetWorkflowID
 
 from stopline import Headline, OpStatus, Receipt, RunState, UnknownRun
+from stopline.integrations import _dbos_watch
 from tests.engines import dbos_app
 from tests.engines.dbos_harness import MARKS, Harness, harness, status, until_status
 
@@ -108,27 +110,26 @@ async def test_one_read_watches_every_waiting_workflow_and_a_failed_read_is_made
     backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two gated workflows wait in ``recv``. The watcher reads DBOS's cancels of both in one
-    read; its first read fails (DBOS's database unreachable): counted in
-    ``ledger.health``, made again at the next interval, no workflow failed. One is
+    read; its first read fails (a fake: DBOS's database unreachable; the real outage is
+    probe 11's): counted in ``ledger.health``, made again at the next interval, no
+    workflow failed. One is
     cancelled in DBOS: its run is fenced while it waits, nothing it would send is sent;
     the other goes on and commits. The watcher stops with the last of them."""
     reads: list[list[str]] = []
     read_both = anyio.Event()
-    listed = DBOS.list_workflows_async
+    listed, loop = _dbos_watch._cancelled_among, asyncio.get_running_loop()
 
-    async def spy(**kwargs: Any) -> Any:
-        if kwargs.get("status") != "CANCELLED":
-            return await listed(**kwargs)
-        reads.append(sorted(kwargs["workflow_ids"]))
+    def spy(workflow_ids: list[str]) -> list[str]:  # in the read's thread
+        reads.append(sorted(workflow_ids))
         if len(reads) == 1:
             raise ConnectionError("DBOS's system database unreachable")
         if len(reads[-1]) == 2:
-            read_both.set()
-        return await listed(**kwargs)
+            loop.call_soon_threadsafe(read_both.set)
+        return listed(workflow_ids)
 
     async with harness(backend, tmp_path) as h:
         watcher = dbos_app.gate._watch
-        monkeypatch.setattr(DBOS, "list_workflows_async", spy)
+        monkeypatch.setattr(_dbos_watch, "_cancelled_among", spy)
         ids = sorted(f"wf-{uuid.uuid4().hex[:12]}" for _ in range(2))
         handles = {}
         for workflow_id in ids:

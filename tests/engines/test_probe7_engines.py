@@ -28,6 +28,7 @@ Ground truth is the provider's own file; barriers, no sleeps.
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -180,8 +181,14 @@ _attempts: list[str] = []  # the workflow ids whose ``flaky`` code ran, once per
 _read: list[anyio.Event] = []  # set at each read-back of ``flaky`` by a step's retry
 
 
+# set in ``flaky``'s call: the read-back its loss starts in the background sees it; a
+# retry's own read-back, made before its call, does not (ADR 0106: no read-back runs in
+# DBOS's context, so ``DBOS.workflow_id`` no longer tells them apart)
+_lost_here: contextvars.ContextVar[bool] = contextvars.ContextVar("lost_here", default=False)
+
+
 async def _read_back(ctx: CallContext) -> ReadBack:
-    if _read and DBOS.workflow_id is not None:  # a retry's own (not the ledger's own)
+    if _read and not _lost_here.get():  # a retry's own (not the ledger's own)
         _read.pop(0).set()
     return await dbos_app._verify(ctx)
 
@@ -190,6 +197,7 @@ async def _read_back(ctx: CallContext) -> ReadBack:
 @dbos_app.gate.step(description="upload it remotely", verify=_read_back, settles_within=1.5)
 async def flaky(payload: str) -> dict[str, Any]:
     workflow_id = DBOS.workflow_id or ""
+    _lost_here.set(True)
     _attempts.append(workflow_id)
     if _attempts.count(workflow_id) == 1:
         raise ConnectionError("connection reset: the request did not arrive")

@@ -11,6 +11,16 @@ step, as DBOS's check would: the runs it owns exclusively are fenced with it
 and their workflows cancelled in DBOS. A workflow inside a gated step is left
 to DBOS's contract for that step (preempted, or checked as it ends). No
 gated workflow running, nothing is read.
+
+DBOS's own calls wait out an outage of its system database: they retry, with
+a backoff that grows to a minute, until it answers. The watcher's read is one
+attempt instead (ADR 0106): a read that fails is counted in ``ledger.health``
+(the step ``watch_dbos_cancels`` failing: the ledger is degraded) and made
+again at the next interval, so the first read after the database is back
+answers, and the health recovers. A read that neither answers nor fails
+within ``READ_WITHIN`` (a lock held on SQLite, a server that does not answer)
+is counted the same way and waited for, one read at a time; the watcher stops
+without it when its last workflow leaves. A failed read fences nothing.
 """
 
 from __future__ import annotations
@@ -19,25 +29,32 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
-from dbos import DBOS
+from dbos._dbos import _get_dbos_instance
 from dbos._sys_db import WorkflowStatusString
 
 from stopline.integrations._engines import EngineGate
 from stopline.runtime.boundary import retryable
 
-__all__ = ["WATCH_EVERY", "Watcher", "outside_workflow", "why_cancelled"]
+__all__ = ["READ_WITHIN", "WATCH_EVERY", "Watcher", "outside_workflow", "why_cancelled"]
 
 log = logging.getLogger("stopline.integrations.dbos")
 R = TypeVar("R")
+_FIRST = asyncio.FIRST_COMPLETED
 # seconds between two reads of DBOS's status of the process's gated workflows (DBOS's
 # own watcher of preemptible steps reads as often)
 WATCH_EVERY = 1.0
+# seconds a read may go unanswered before it is counted as failed (DBOS reads its status
+# in milliseconds; DBOS caps its listings at 30 s, SQLite waits 30 s for a lock)
+READ_WITHIN = 5.0
 _CANCELLED = WorkflowStatusString.CANCELLED.value
+_STEP = "watch_dbos_cancels"  # the watcher's name in ``ledger.health``
+_UNANSWERED = "DBOS's system database has not answered a read of its cancels in {:g}s"
 
 
 @dataclasses.dataclass
@@ -53,12 +70,16 @@ class _Watched:
 class Watcher:
     """The gated DBOS workflows running in this process under one gate, and the one
     task that reads DBOS's cancels of them while any runs (behind the ledger's error
-    boundary: a failed read is logged, counted in ``ledger.health`` and made again at
-    the next interval; it never fails a workflow)."""
+    boundary: a failed or overdue read is logged, counted in ``ledger.health`` and made
+    again at the next interval; it never fails a workflow)."""
 
-    def __init__(self, gate: EngineGate, every: float = WATCH_EVERY) -> None:
+    def __init__(
+        self, gate: EngineGate, every: float = WATCH_EVERY, read_within: float = READ_WITHIN
+    ) -> None:
         self.gate = gate
         self.every = every
+        self.read_within = read_within
+        self._failing = False  # reads fail (or go unanswered) now: the health says so
         self._watched: dict[str, _Watched] = {}
         self._registered = 0
         self._running = False
@@ -119,6 +140,7 @@ class Watcher:
                 if self._watched:
                     await self._look()
         finally:
+            self._answered()  # no read made now fails: a later start reads afresh
             self._running = False
             self.stopped.set()
 
@@ -130,28 +152,59 @@ class Watcher:
         ids = [wid for wid, w in self._watched.items() if not w.fenced and not w.in_steps]
         if not ids:
             return
-        try:
-            found = await outside_workflow(
-                DBOS.list_workflows_async(
-                    workflow_ids=ids, status=_CANCELLED, load_input=False, load_output=False
-                )
-            )
-        except Exception as exc:  # DBOS's database: read again at the next interval
-            self.gate.ledger.health.failed("watch_dbos_cancels", exc, retrying=True)
-            return
-        for status in found:
-            watched = self._watched.get(status.workflow_id)
+        found = await self._read(ids)
+        for workflow_id in found or ():
+            watched = self._watched.get(workflow_id)
             if watched is None or watched.fenced or watched.in_steps or watched.since > began:
                 continue
             watched.fenced = True
             why = why_cancelled(watched.deadline_ms)
-            log.info("%s: %s seen while it waited; its run fenced", status.workflow_id, why)
+            log.info("%s: %s seen while it waited; its run fenced", workflow_id, why)
             try:
                 await self.gate.fence(watched.run_id, why)
             except Exception as exc:  # a fault that may clear: fenced at the next look
                 watched.fenced = not retryable(exc)
-                health = self.gate.ledger.health
-                health.failed("watch_dbos_cancels", exc, retrying=not watched.fenced)
+                self.gate.ledger.health.failed(_STEP, exc, retrying=not watched.fenced)
+
+    async def _read(self, ids: list[str]) -> list[str] | None:
+        """Which of ``ids`` DBOS has cancelled; ``None`` when the read failed (counted:
+        read again at the next interval) or the last watched workflow left before it
+        answered (let go: it ends in its thread, at its driver's own bound)."""
+        # an empty context: the read is no part of the workflow whose start began it
+        read = asyncio.create_task(
+            asyncio.to_thread(_cancelled_among, ids), context=contextvars.Context()
+        )
+        left = asyncio.create_task(self._wake.wait())  # set when the last one leaves
+        try:
+            both = {read, left}
+            done, _ = await asyncio.wait(both, timeout=self.read_within, return_when=_FIRST)
+            if not done:  # counted now, waited for still: a second read would wait too
+                self._failed(TimeoutError(_UNANSWERED.format(self.read_within)))
+                done, _ = await asyncio.wait(both, return_when=_FIRST)
+            if read not in done:
+                return None
+            try:
+                found = read.result()
+            except Exception as exc:  # DBOS's database: read again at the next interval
+                self._failed(exc)
+                return None
+            self._answered()
+            return found
+        finally:
+            left.cancel()
+            read.cancel()  # answered: nothing; else the watcher no longer waits for it
+
+    def _failed(self, exc: BaseException) -> None:
+        health = self.gate.ledger.health
+        health.failed(_STEP, exc, retrying=True)
+        if not self._failing:
+            self._failing = True
+            health.failing(_STEP, True)
+
+    def _answered(self) -> None:
+        if self._failing:
+            self._failing = False
+            self.gate.ledger.health.failing(_STEP, False)
 
 
 def why_cancelled(deadline_ms: int | None) -> str:
@@ -160,6 +213,21 @@ def why_cancelled(deadline_ms: int | None) -> str:
     if deadline_ms is not None and time.time() * 1000 >= deadline_ms:
         return "DBOS workflow timeout"
     return "DBOS.cancel_workflow"
+
+
+def _cancelled_among(ids: list[str]) -> list[str]:
+    """DBOS's listing of the cancelled workflows among ``ids``, in one attempt (in a
+    thread). ``DBOS.list_workflows`` retries a connection error or a locked SQLite until
+    the database answers, sleeping up to a minute between attempts: the watcher would
+    read nothing for that long after the database is back, and its thread would hold up
+    the process's exit while the database is down. DBOS's listing without that retry
+    (its system database handle, pinned ``dbos==3.4.*``) raises instead."""
+    system_db = _get_dbos_instance()._sys_db
+    listing = inspect.unwrap(type(system_db).list_workflows)  # under DBOS's ``db_retry``
+    found = listing(
+        system_db, workflow_ids=ids, status=_CANCELLED, load_input=False, load_output=False
+    )
+    return [status.workflow_id for status in found]
 
 
 async def outside_workflow(call: Coroutine[Any, Any, R]) -> R:

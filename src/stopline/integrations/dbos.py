@@ -36,6 +36,10 @@ What it promises:
   watcher of the process's gated workflows (ADR 0104); a stopline
   cancel (API, CLI, console) cancels the DBOS workflow and the child
   workflows the run owns exclusively, never a shared one.
+- **Whose code.** Only a step's call runs in DBOS's context: the gate and what the
+  ledger starts (a read-back, a provider's cancel) run as the application, and a
+  step's own ``DBOSWorkflowCancelledError`` fails the run unless DBOS cancelled the
+  workflow (ADR 0106).
 - **Forks and rewinds.** A fork (``DBOS.fork_workflow``) does not send again a
   step its original did whose result DBOS never recorded (it returns the
   original's); a rewind (``DBOS.rewind_workflow``) of a workflow whose run
@@ -56,25 +60,23 @@ Only ``async`` workflows and steps are supported: the ledger is asynchronous.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import logging
-import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from dbos import DBOS
 from dbos._context import get_local_dbos_context
-from dbos._error import DBOSWorkflowCancelledError, DBOSWorkflowConflictIDError
+from dbos._error import DBOSWorkflowCancelledError
 from dbos._sys_db import WorkflowStatusString
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import RunRecord
 from stopline.domain.receipt import Receipt
-from stopline.domain.vocab import Cancellable, Cause, OpStatus, Policy
+from stopline.domain.vocab import Cancellable, Cause, Policy
 from stopline.errors import (
     InvalidInput,
     NoAnswer,
@@ -85,9 +87,15 @@ from stopline.errors import (
     UnknownOperation,
     describe,
 )
-from stopline.integrations._dbos_watch import Watcher, why_cancelled
+from stopline.integrations._dbos_context import (
+    as_application,
+    cancelled_in_dbos,
+    step_body,
+    workflow_raised,
+)
+from stopline.integrations._dbos_watch import Watcher
 from stopline.integrations._dbos_watch import outside_workflow as _outside_workflow
-from stopline.integrations._engine_doubt import decided_at
+from stopline.integrations._engine_doubt import decided_at, until_decidable
 from stopline.integrations._engine_trees import workflows_of
 from stopline.integrations._engines import (
     ENDED_ON_ITS_OWN,
@@ -246,40 +254,10 @@ class StoplineDBOS:
                     return await fn(*args, **kwargs)  # called outside a workflow: not a step
                 if not _GATED.get(workflow_id):  # its run would be opened, and never end
                     raise InvalidInput("DBOS workflow", _not_gated(workflow_id, declared.name))
-                run_id = run_id_of(workflow_id)
-                gate, key = self.gate, f"{step_id}:{engine_key(declared.name)}"
-                done, result = await self._done_before_the_fork(workflow_id, step_id, key)
-                if done:
-                    return result  # type: ignore[no-any-return]
-
-                async def once() -> R:
-                    return await gate.call(
-                        run_id,
-                        "workflow",  # the run exists already: its workflow opened it
-                        key,
-                        gate.tool(declared.name),
-                        lambda: fn(*args, **kwargs),
-                        [list(args), kwargs],
-                        policy=policy,
-                        cut=lambda: _why_cut(workflow_id),
-                    )
-
-                try:
-                    with self._watch.in_step(workflow_id):
-                        while True:
-                            try:
-                                return await once()
-                            except OperationInDoubt as exc:  # a later look may decide it
-                                await _until_decidable(gate, run_id, workflow_id, key, exc)
-                except RunFenced:  # refused at the gate: DBOS stops the workflow
-                    run = await find_run(gate.ledger, run_id)
-                    if run is not None and run.state in ENDED_ON_ITS_OWN:
-                        # DBOS.rewind_workflow of a finished workflow: nobody cancelled it
-                        raise RunEnded(run_id, run.state, _REWOUND) from None
-                    why = _still_cancelled(workflow_id, key, run)
-                    log.warning("%s", why)
-                    await _cancel_in_dbos(workflow_id, why)
-                    raise DBOSWorkflowCancelledError(why) from None
+                body = step_body(fn, args, kwargs)  # only the call runs as the step
+                with as_application():  # the gate, and what it starts, do not (ADR 0106)
+                    call = (body, [list(args), kwargs])
+                    return await self._gated(workflow_id, step_id, declared, policy, call)
 
             return gated
 
@@ -298,25 +276,18 @@ class StoplineDBOS:
                 if workflow_id is None:
                     return await fn(*args, **kwargs)
                 gate, run_id = self.gate, run_id_of(workflow_id)
-                await gate.open_run(run_id, fn.__name__, parent_id=_parent_id(), shared=shared)
+                parent, deadline = _parent_id(), _deadline()  # from DBOS's context
+                with as_application():  # the ledger's work is not the workflow's (ADR 0106)
+                    await gate.open_run(run_id, fn.__name__, parent_id=parent, shared=shared)
                 gate.remember_engine_id(run_id, workflow_id)
                 _GATED[workflow_id] = _GATED.get(workflow_id, 0) + 1
                 watcher = self._watch
-                watcher.add(workflow_id, run_id, _deadline())
+                watcher.add(workflow_id, run_id, deadline)
                 try:
                     result = await fn(*args, **kwargs)
-                except DBOSWorkflowCancelledError:  # DBOS.cancel_workflow, seen at a step
-                    await gate.fence(run_id, why_cancelled(_deadline()))
-                    raise
-                except DBOSWorkflowConflictIDError:
-                    # this execution lost the workflow: DBOS.cancel_workflow during a step
-                    # it does not preempt (seen when the step's result is written), or a
-                    # hand-off (resume, recovery) whose new owner goes on with the run
-                    if await _cancelled_in_dbos(workflow_id):
-                        await gate.fence(run_id, why_cancelled(_deadline()))
-                    raise
-                except Exception as exc:
-                    await gate.end_run(run_id, exc)
+                except BaseException as exc:  # a cancel, a lost workflow, an error
+                    with as_application():
+                        await workflow_raised(gate, workflow_id, run_id, deadline, exc)
                     raise
                 finally:
                     watcher.remove(workflow_id)
@@ -325,12 +296,49 @@ class StoplineDBOS:
                         _GATED[workflow_id] -= 1
                     else:
                         del _GATED[workflow_id]
-                await gate.end_run(run_id)
+                with as_application():
+                    await gate.end_run(run_id)
                 return result
 
             return run
 
         return wrap
+
+    async def _gated(
+        self,
+        workflow_id: str,
+        step_id: int,
+        declared: Tool[R],
+        policy: Policy,
+        call: tuple[Callable[[], Awaitable[R]], list[Any]],
+    ) -> R:
+        """The step's ``call`` (its body and its arguments) through the gate."""
+        run_id = run_id_of(workflow_id)
+        gate, key = self.gate, f"{step_id}:{engine_key(declared.name)}"
+        done, result = await self._done_before_the_fork(workflow_id, step_id, key)
+        if done:
+            return result  # type: ignore[no-any-return]
+        body, args = call
+        tool = gate.tool(declared.name)
+        cut = functools.partial(_why_cut, workflow_id)
+        try:
+            with self._watch.in_step(workflow_id):
+                while True:
+                    try:  # the run exists already: its workflow opened it
+                        return await gate.call(
+                            run_id, "workflow", key, tool, body, args, policy=policy, cut=cut
+                        )
+                    except OperationInDoubt as exc:  # a later look may decide it
+                        await _until_decidable(gate, run_id, workflow_id, key, exc)
+        except RunFenced:  # refused at the gate: DBOS stops the workflow
+            run = await find_run(gate.ledger, run_id)
+            if run is not None and run.state in ENDED_ON_ITS_OWN:
+                # DBOS.rewind_workflow of a finished workflow: nobody cancelled it
+                raise RunEnded(run_id, run.state, _REWOUND) from None
+            why = _still_cancelled(workflow_id, key, run)
+            log.warning("%s", why)
+            await _cancel_in_dbos(workflow_id, why)
+            raise DBOSWorkflowCancelledError(why) from None
 
     async def _done_before_the_fork(
         self, workflow_id: str, step_id: int, key: str
@@ -377,29 +385,18 @@ async def _until_decidable(
     the workflow while a step it does not preempt ran), or a worker's whose death the
     ledger has not seen yet: sent again it would be a second effect, and raised it
     failed the workflow whose step may have succeeded (ADR 0102). A cancel ends the
-    wait: stopline's as its gate refuses (``RunFenced``), DBOS's as DBOS's check does."""
-    at = await decided_at(gate.ledger, exc)
-    if at is None and exc.status not in (OpStatus.REQUESTED, OpStatus.ACCEPTED):
-        raise exc
-    while at is None or time.time() < at:
-        if at is None:
-            op = await gate.ledger.backend.get_operation(exc.op_id)
-            if not op.status.in_flight:
-                return  # answered (or taken from a dead worker): the gate decides now
-        if await gate.is_fenced(run_id):
-            raise RunFenced(run_id, exc.op_id)
-        if at is None:  # an answer recorded here wakes it; another process's, a look
-            await gate.ledger.wait_for_change(run_id, poll=_LOOK_EVERY)
-        else:
-            await asyncio.sleep(min(at - time.time(), _LOOK_EVERY))
-        if await _cancelled_in_dbos(workflow_id):  # DBOS's own check
+    wait: stopline's as its gate refuses (``RunFenced``), DBOS's as DBOS's check does.
+    The wait is the engines' one (``until_decidable``: Temporal's retries wait so too)."""
+
+    async def dbos_check() -> None:  # DBOS's own check, after each wait
+        if await cancelled_in_dbos(workflow_id):
             waited = f"{workflow_id} cancelled while {key!r} waited"
             raise DBOSWorkflowCancelledError(waited) from exc
 
+    await until_decidable(gate, run_id, exc, await decided_at(gate.ledger, exc), look=dbos_check)
+
 
 _REMEMBER_ORIGINS = 10_000
-# a step waiting for its horizon (or its attempt in flight) looks for a cancel this often
-_LOOK_EVERY = 1.0
 # the DBOS workflows whose gated code runs in this process now (any ``StoplineDBOS``'s),
 # by how many executions of each: a gated step runs only inside one
 _GATED: dict[str, int] = {}
@@ -454,17 +451,12 @@ async def _why_cut(workflow_id: str) -> NoAnswer | None:
     else the step's own ``timeout_seconds`` or a shutdown, which cancel no run and are not
     recorded as a cancel (ADR 0102)."""
     try:
-        if await _cancelled_in_dbos(workflow_id):
+        if await cancelled_in_dbos(workflow_id):
             return None
         why = "its timeout_seconds passed, or DBOS is shutting down"
     except Exception as exc:  # the call is cut either way: its cause is what is known
         why = f"DBOS could not say why: {describe(exc)}"
     return NoAnswer(Cause.LOCAL_ERROR, f"DBOS cut the step, its workflow not cancelled ({why})")
-
-
-async def _cancelled_in_dbos(workflow_id: str) -> bool:
-    status = await _outside_workflow(DBOS.get_workflow_status_async(workflow_id))
-    return status is not None and str(status.status) == WorkflowStatusString.CANCELLED.value
 
 
 def _require_async(fn: Callable[..., Any]) -> None:
