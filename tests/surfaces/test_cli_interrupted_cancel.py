@@ -11,7 +11,6 @@ the interrupt prints no traceback.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -47,6 +46,9 @@ def _waits_for(holder: int) -> bool:
 
 
 def test_a_cancel_interrupted_before_the_answer_may_be_recorded(pg_url: str) -> None:
+    # here: test_cli_probe imports this module's helpers
+    from tests.surfaces.test_cli_probe import _ctrl_c_until_it_ends
+
     anyio.run(_running, pg_url)
     schema = pg_url.split("schema=")[1].split("&")[0]
     with psycopg.connect(server_url(), autocommit=True) as other:
@@ -65,8 +67,8 @@ def test_a_cancel_interrupted_before_the_answer_may_be_recorded(pg_url: str) -> 
             while not _waits_for(other.info.backend_pid):  # the cancel's statement is on the server
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)  # one Ctrl-C: the statement is cancelled
-            _, err = proc.communicate(timeout=30)
+            # Ctrl-C: the first waits for the write on its way, the second ends it (ADR 0109)
+            _, err = _ctrl_c_until_it_ends(proc)
         other.execute("ROLLBACK")
     assert proc.returncode == EXIT_PENDING, err
     assert "the cancel may be recorded or not" in err

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import functools
 import importlib.util
 import json
 import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
-import anyio
 import typer
 from rich.console import Console
 from rich.style import Style
 from rich.text import Text
 
 import stopline
+from stopline.cli._loop import drive
 from stopline.cli.views import CLI_TERMS
 from stopline.domain.limits import shown_whole
 from stopline.domain.receipt import Receipt
@@ -231,17 +228,18 @@ def run_sync(fn: Callable[[], Awaitable[T]], *, interrupted: Interrupt) -> T:
     ``interrupted`` (what is known of what it recorded), never with a bare exit.
 
     The loop runs in a daemon thread while the main thread waits for it and takes the
-    Ctrl-Cs. The first cancels the coroutine through an anyio cancel scope (not
-    asyncio's native ``task.cancel()``: a native cancel landing in a shielded section
-    or with a poll's deadline can be taken for it and swallowed, and the command would
-    wait on until its own timeout); a statement already sent may still finish, and
-    then its result is the command's. A second Ctrl-C interrupts at once: the threads
-    the loop started are daemons too, so one still blocked in a statement (a SQLite
-    lock wait) no longer holds the interpreter's exit, as it did for ever.
+    Ctrl-Cs (``cli._loop``). The first cancels the coroutine through an anyio cancel scope
+    (not asyncio's native ``task.cancel()``: a native cancel landing in a shielded
+    section or with a poll's deadline can be taken for it and swallowed, and the command
+    would wait on until its own timeout), and the command ends once the coroutine has
+    unwound, its ledger closed; a statement already sent may still finish, and then its
+    result is the command's. A second Ctrl-C interrupts at once: the threads the loop
+    started are daemons too, so one still blocked in a statement (a SQLite lock wait)
+    no longer holds the interpreter's exit, as it did for ever.
     """
     report = interrupted if callable(interrupted) else _saying(interrupted)
     try:
-        return _drive(fn)
+        return drive(fn)
     except KeyboardInterrupt:
         raise typer.Exit(report()) from None
 
@@ -252,57 +250,6 @@ def _saying(message: str) -> Callable[[], int]:
         return EXIT_PENDING
 
     return report
-
-
-def _soon(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop has closed: nothing left to stop
-        loop.call_soon_threadsafe(call)
-
-
-def _drive(fn: Callable[[], Awaitable[T]]) -> T:
-    """``run_sync``'s loop: raises ``KeyboardInterrupt`` at a second Ctrl-C, or once the
-    coroutine has unwound after the first."""
-
-    async def plain() -> T:
-        return await fn()
-
-    if threading.current_thread() is not threading.main_thread():
-        return anyio.run(plain)  # no signals here (a command run from another thread)
-
-    outcome: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
-    stop: list[Callable[[], object]] = []  # cancels the work, from the main thread
-
-    async def main() -> None:
-        work = anyio.CancelScope()
-        stop.append(functools.partial(_soon, asyncio.get_running_loop(), work.cancel))
-        with work:
-            outcome.append((True, await fn()))
-
-    def loop() -> None:
-        try:
-            anyio.run(main)
-        except BaseException as exc:  # handed to the main thread, raised there
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=loop, name="stopline command", daemon=True)
-    thread.start()
-    pressed = False
-    while True:
-        try:
-            thread.join()  # Ctrl-C interrupts the wait (KeyboardInterrupt, main thread)
-            break
-        except KeyboardInterrupt:
-            if pressed or not stop:  # the second Ctrl-C, or one before the loop ran
-                raise
-            pressed = True
-            stop[0]()
-    if not outcome:  # cancelled by the first Ctrl-C before it finished
-        raise KeyboardInterrupt
-    done, value = outcome[0]
-    if not done:
-        raise value
-    result: T = value
-    return result
 
 
 def print_json(data: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import anyio
@@ -24,6 +26,7 @@ from stopline.cli.views import (
 from stopline.domain.limits import check_wait
 from stopline.domain.receipt import Receipt
 from stopline.domain.vocab import RunState
+from stopline.errors import StoplineError
 
 __all__ = ["register"]
 
@@ -160,12 +163,24 @@ def cancel(
     progress = None if as_json else c.err.status(waiting)
     latest: list[Receipt] = []
     sent: list[bool] = []  # the cancel went to the ledger: it may be recorded from here on
+    recorded: list[bool] = []  # its fence committed: this process saw it (on_cancel)
     held: list[Holding | None] = []  # who holds the run, read when the wait gave up
+
+    def fenced(run_ids: Sequence[str]) -> None:
+        if run_id in run_ids:
+            recorded.append(True)
 
     async def go() -> Receipt:
         async with c.opened(url) as ledger:
+            ledger.on_cancel(fenced)
             sent.append(True)
-            receipt = await ledger.cancel(run_id, by=who, reason=reason)
+            try:
+                receipt = await ledger.cancel(run_id, by=who, reason=reason)
+            except anyio.get_cancelled_exc_class():
+                if recorded:  # Ctrl-C cut the answer of a committed cancel: read it now
+                    with anyio.CancelScope(shield=True), contextlib.suppress(StoplineError):
+                        latest.append(await ledger.receipt(run_id))
+                raise
             latest.append(receipt)
             if not wait or receipt.settled:
                 return receipt
@@ -191,7 +206,7 @@ def cancel(
             progress.stop()
         if not sent:
             c.err.print("stopline: interrupted before the cancel was sent: nothing recorded")
-        elif not latest:  # its commit may have landed with no answer back (R3's rule)
+        elif not (latest or recorded):  # its commit may have landed with no answer (R3)
             c.err.print(
                 f"stopline: interrupted before the ledger answered: the cancel may be "
                 f"recorded or not. See with: stopline show {run_id} (cancelling again is safe)"
@@ -201,7 +216,8 @@ def cancel(
                 f"stopline: interrupted; the cancel is recorded in the ledger. Follow it with: "
                 f"stopline show {run_id}"
             )
-            c.emit_receipt(latest[-1], as_json)
+            if latest:
+                c.emit_receipt(latest[-1], as_json)
         return c.EXIT_PENDING
 
     try:
