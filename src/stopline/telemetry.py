@@ -3,15 +3,12 @@
     async with stopline.open(url, observers=[Telemetry()]) as ledger:
         ...
 
-``Telemetry`` is an observer: it wraps the ledger's backend (the narrow storage seam)
-and turns every write that reached the ledger into spans and metrics, so a trace never
-shows more than the ledger proves. Only ``opentelemetry-api`` is needed (no SDK: no-ops).
-The spans (``stopline.run``, ``.phase``, ``.operation``, ``.dispatch``, ``.verify``,
-``.compensate``, ``.cancel``, ``.settle``, ``.outcome``), their attributes and the
-metrics (the figures of ``stopline stats``): docs/telemetry.md. The first resolved
-outcome of an operation carries a ``span`` evidence pointer ``<trace_id>:<span_id>``.
-Telemetry never fails what it observes: a span processor or metric hook that raises
-(the SDK runs them inline) is logged, and the write, its call and its run stand.
+``Telemetry`` wraps the ledger's backend (the storage seam) and turns every write that
+reached the ledger into spans and metrics: a trace never shows more than the ledger
+proves. Only ``opentelemetry-api`` is needed (no SDK: no-ops). Spans, attributes and
+metrics (``stopline stats``'s figures): docs/telemetry.md; an operation's first resolved
+outcome carries a ``span`` evidence pointer ``<trace_id>:<span_id>``. A span processor
+or metric hook that raises (the SDK runs them inline) is logged: the write stands.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN_CONTEXT as NO_SPAN
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from stopline.domain.lifecycle import CancelResult
@@ -67,12 +65,8 @@ _Read = tuple[RunRecord, list[OperationRecord]]  # a run and its tree's operatio
 _log = logging.getLogger(__name__)
 
 
-def _quietly(what: str) -> contextlib.AbstractContextManager[None]:
-    return quietly(what, _log)  # the rule, once (runtime.boundary)
-
-
 def _finish(span: Span, end_time: int | None = None) -> None:
-    with _quietly(f"ending span {getattr(span, 'name', '')!r}"):
+    with quietly(f"ending span {getattr(span, 'name', '')!r}", _log):
         span.end(end_time=end_time)
 
 
@@ -150,13 +144,9 @@ class TracedBackend(ForwardingBackend):
         super().__init__(inner)
         self._t = telemetry
         self._runs = telemetry.runs
-        self._phases = telemetry.phases
         self._ops = telemetry.ops
         self._verify = telemetry.verifying
         self._compensate = telemetry.compensating
-        self._cancels = telemetry.cancels
-        self._doubted = telemetry.doubted
-        self._linked = telemetry.linked
         self._open_outcomes = telemetry.open_outcomes
 
     # -- helpers -------------------------------------------------------------------
@@ -180,14 +170,14 @@ class TracedBackend(ForwardingBackend):
 
     def _start(self, name: str, context: Context | None = None, **options: Any) -> Span:
         """A span started, or a non-recording one if starting it raised."""
-        with _quietly(f"starting span {name!r}"):
+        with quietly(f"starting span {name!r}", _log):
             return self._t.tracer.start_span(name, context=context, **options)
         return trace.INVALID_SPAN
 
     @staticmethod
     def _measure(record: Callable[[float, dict[str, str]], None], value: float, **by: str) -> None:
         """One measurement (``add`` or ``record``), its attributes ``stopline.<key>``."""
-        with _quietly(f"measuring {getattr(getattr(record, '__self__', None), 'name', '')}"):
+        with quietly(f"measuring {getattr(getattr(record, '__self__', None), 'name', '')}", _log):
             record(value, {f"stopline.{key}": v for key, v in by.items()})
 
     @staticmethod
@@ -275,7 +265,7 @@ class TracedBackend(ForwardingBackend):
         if result.first:
             context = trace.set_span_in_context(span)
             for fenced in result.fenced:
-                self._cancels[fenced] = context
+                self._t.cancels[fenced] = context
                 run_span = self._runs.get(fenced)
                 if run_span is not None:
                     run_span.add_event("stopline.cancel", {"stopline.by": by})
@@ -300,7 +290,7 @@ class TracedBackend(ForwardingBackend):
         if run_span is not None and _may_change(run, ops):
             self._open_outcomes[run.id] = (run_span.get_span_context(), headline)
         self._measure(self._t.outcomes.add, 1, headline=headline)
-        cancel = self._cancels.pop(run.id, None)
+        cancel = self._t.cancels.pop(run.id, None)
         if event in _SETTLING_EVENTS and run.cancelled_at is not None:
             waited = max(0.0, run.updated_at - run.cancelled_at)
             self._measure(self._t.settle_time.record, waited, headline=headline)
@@ -308,14 +298,13 @@ class TracedBackend(ForwardingBackend):
                 "stopline.settle", context=cancel, attributes={ATTR_RUN_ID: run.id}
             )
             self._end(settle, run.state.value, headline=headline)
-        self._end(self._phases.pop(run.id, None), run.state.value)
+        self._end(self._t.phases.pop(run.id, None), run.state.value)
         self._end(self._runs.pop(run.id, None), run.state.value, headline=headline)
 
     def _revise(self, run: RunRecord, ops: Sequence[OperationRecord]) -> None:
         """A run whose span ended with a headline that could still change: if it did, a
         ``stopline.outcome`` span under the run's says so (its span's was true then)."""
-        ended = self._open_outcomes.get(run.id)
-        if ended is None:
+        if (ended := self._open_outcomes.get(run.id)) is None:
             return
         context, before = ended
         headline = headline_for(run, ops).value
@@ -333,6 +322,15 @@ class TracedBackend(ForwardingBackend):
         )
         self._end(span, run.state.value, headline=headline)
 
+    async def _follow_again(self, op_id: str) -> None:
+        """Before a contradiction reopens a call: its run, ended and followed no more, is
+        followed again from its headline, the last one counted (spans: a trace of their own)."""
+        with contextlib.suppress(Exception):  # tracing never breaks an outcome
+            op = await self.inner.get_operation(op_id)
+            run, ops = await self.inner.run_and_operations(op.run_id, descendants=True)
+            if run.state.ended and run.id not in self._open_outcomes:
+                self._open_outcomes[run.id] = (NO_SPAN, headline_for(run, ops).value)
+
     async def _revise_after(self, ops: Sequence[OperationRecord]) -> None:
         """The headline of each ended run followed whose operation just changed, read
         again (after the write: no run event marks it). A failed read traces nothing."""
@@ -342,8 +340,8 @@ class TracedBackend(ForwardingBackend):
 
     async def set_phase(self, run_id: str, kind: PhaseKind, policy: Policy) -> RunRecord:
         run = await self.inner.set_phase(run_id, kind, policy)
-        self._end(self._phases.pop(run_id, None), "left")
-        self._phases[run_id] = self._start(
+        self._end(self._t.phases.pop(run_id, None), "left")
+        self._t.phases[run_id] = self._start(
             f"stopline.phase {kind.value}",
             context=self._under_run(run_id),
             attributes={ATTR_RUN_ID: run_id, "stopline.policy": policy.value},
@@ -373,6 +371,8 @@ class TracedBackend(ForwardingBackend):
 
     async def record(self, op_id: str, update: OutcomeUpdate) -> OperationRecord:
         update = self._with_span(op_id, update)
+        if update.event is OpEvent.CONFLICT:  # written alone (Outcomes): it may reopen a run
+            await self._follow_again(op_id)
         op = self._recorded(await self.inner.record(op_id, update), update)
         await self._revise_after([op])
         return op
@@ -414,7 +414,7 @@ class TracedBackend(ForwardingBackend):
     def _with_span(self, op_id: str, update: OutcomeUpdate) -> OutcomeUpdate:
         """The outcome with a pointer to the operation's span among its evidence (once)."""
         span = self._ops.get(op_id)
-        if span is None or not self._resolving(update) or op_id in self._linked:
+        if span is None or not self._resolving(update) or op_id in self._t.linked:
             return update
         ctx = span.get_span_context()
         if not ctx.is_valid:
@@ -425,7 +425,7 @@ class TracedBackend(ForwardingBackend):
 
     def _recorded(self, op: OperationRecord, update: OutcomeUpdate) -> OperationRecord:
         if self._resolving(update):
-            self._linked.add(op.id)
+            self._t.linked.add(op.id)
         self._op_changed(op, update.event, late=update.late)
         return op
 
@@ -434,7 +434,7 @@ class TracedBackend(ForwardingBackend):
         span.add_event(f"stopline.{event.value}", {ATTR_STATUS: op.status.value, "late": late})
         span.set_attribute(ATTR_STATUS, op.status.value)
         if op.status is OpStatus.UNKNOWN:
-            self._doubted.add(op.id)
+            self._t.doubted.add(op.id)
             if op.id not in self._verify:
                 self._verify[op.id] = self._child(
                     "stopline.verify", span, {ATTR_RUN_ID: op.run_id, ATTR_OP_ID: op.id}
@@ -447,15 +447,15 @@ class TracedBackend(ForwardingBackend):
             )
         elif op.id in self._compensate and op.status is not OpStatus.COMPENSATING:
             self._end(self._compensate.pop(op.id), op.status.value)
-        if op.id in self._doubted and op.status in (OpStatus.COMMITTED, OpStatus.NOT_COMMITTED):
-            self._doubted.discard(op.id)
+        if op.id in self._t.doubted and op.status in (OpStatus.COMMITTED, OpStatus.NOT_COMMITTED):
+            self._t.doubted.discard(op.id)
             self._measure(self._t.unknowns.add, 1, resolved_by=resolved_by(event))
         if op.status.resolved and op.status is not OpStatus.NEEDS_REVIEW:
             self._measure(self._t.op_outcomes.add, 1, status=op.status.value)
             self._end(self._ops.pop(op.id, None), op.status.value, late=late)
-            self._linked.discard(op.id)  # per-operation state ends with the operation
+            self._t.linked.discard(op.id)  # per-operation state ends with the operation
         elif op.status is OpStatus.NEEDS_REVIEW:
-            self._doubted.add(op.id)  # a reviewer (or late evidence) resolves it
+            self._t.doubted.add(op.id)  # a reviewer (or late evidence) resolves it
 
     async def begin_compensation(
         self, spec: OperationSpec, evidence: Sequence[Evidence]
@@ -489,7 +489,7 @@ class TracedBackend(ForwardingBackend):
     async def close(self) -> None:
         """Spans still open end as ``unfinished``: the ledger keeps the truth for next time."""
         self._t.open_backends -= 1
-        for spans in (self._verify, self._compensate, self._ops, self._phases, self._runs):
+        for spans in (self._verify, self._compensate, self._ops, self._t.phases, self._runs):
             if self._t.open_backends > 0:
                 break  # another ledger of this process still writes these runs
             for span in spans.values():
