@@ -121,6 +121,28 @@ async def test_unregistered_worker_is_dead_once_stale(ledger_url: str) -> None:
         assert (await ledger.backend.get_operation("run_x/0:pay")).status is OpStatus.UNKNOWN
 
 
+async def test_recover_again_keeps_one_lease_loop(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ledger.recover()`` after the open's own (S17's explicit call) recovers again but
+    starts no second loop renewing the lease and sweeping: each call added one."""
+    from stopline.runtime.recovery import Workers
+
+    loops: list[Workers] = []
+    keep_alive = Workers.keep_alive
+
+    async def counted(self: Workers) -> None:
+        loops.append(self)
+        await keep_alive(self)
+
+    monkeypatch.setattr(Workers, "keep_alive", counted)
+    async with stopline.open(ledger_url) as ledger:
+        await ledger.recover()
+        await ledger.recover()
+        await anyio.wait_all_tasks_blocked()  # every loop spawned has started
+        assert len(loops) == 1
+
+
 async def test_a_clean_close_retires_the_worker(ledger_url: str) -> None:
     """What a closed runtime left in flight is recovered at once by the next start."""
     async with (

@@ -16,6 +16,7 @@ from stopline.domain.limits import check_limit, check_wait
 from stopline.domain.model import OperationRecord
 from stopline.domain.transitions import REVIEW_OPS
 from stopline.domain.vocab import NoteKind, RunState
+from stopline.runtime.boundary import retryable
 from stopline.runtime.reconcile import Reconciler, ReconcileSummary
 from stopline.runtime.recovery import RecoveryReport, Workers
 from stopline.runtime.review import ReviewCase, ReviewItem, ReviewVerdict
@@ -38,6 +39,7 @@ class Truth:
     def __init__(self, core: Core, lifecycle: Lifecycle) -> None:
         self._core = core
         self._lifecycle = lifecycle  # authority: who may correct, stop, resolve (R11)
+        self._kept_alive = False  # the lease's one loop runs (a second recover adds none)
         self.workers = Workers(core)
         self._reconciler = Reconciler(core, self.workers)
 
@@ -56,9 +58,21 @@ class Truth:
         """Register this worker, mark what dead workers left in flight ``unknown``,
         queue every unknown operation for verification, and keep the lease alive."""
         report = await self.workers.recover()
-        self._core.spawn(self.workers.keep_alive)
+        if not self._kept_alive:  # one loop renews the lease and sweeps, however many calls
+            self._kept_alive = True
+            self._core.spawn(self._keep_alive)
         self._core.spawn(self._advance_stranded)
         return report
+
+    async def _keep_alive(self) -> None:
+        """The lease's loop (its error boundary runs it again after a fault that may
+        clear); one the boundary gave up on is started again by the next ``recover``."""
+        try:
+            await self.workers.keep_alive()
+        except Exception as exc:
+            if not retryable(exc):
+                self._kept_alive = False
+            raise
 
     async def _advance_stranded(self) -> None:
         """Cancelled runs a closed or dead worker left before settling them: move them on
