@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sqlite3
+import threading
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -223,3 +225,16 @@ class TemporalSession:
 
     def close(self) -> None:
         self._stack.close()
+
+
+def hold_write_lock(path: Path, taken: threading.Event, release: threading.Event) -> None:
+    """In a thread: another connection holds the SQLite file's write lock (``BEGIN
+    IMMEDIATE``, as ``sqlite3`` at a prompt would) from ``taken`` until ``release``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        taken.set()
+        release.wait(60)
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()

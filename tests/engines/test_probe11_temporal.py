@@ -20,6 +20,7 @@ mid-call, and the test's ledger sweeps for dead workers only when the test says 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,7 +36,13 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 from stopline import Headline, OpStatus, RunState
 from stopline.integrations.temporal_server import TemporalDevServer
-from tests.engines.temporal_harness import Harness, harness, worker_for, worker_process
+from tests.engines.temporal_harness import (
+    Harness,
+    harness,
+    hold_write_lock,
+    killed_after_commit,
+    worker_for,
+)
 from tests.engines.temporal_workflows import Plan
 from tests.postgres.server import server_url
 
@@ -65,13 +72,7 @@ async def _killed_after_commit(
     its first sweep): the call stays ``requested`` until the test recovers it, as the
     call of a worker whose death the ledger has not seen yet (its lease not lapsed)."""
     h.ledger.lease = 3600.0  # before its first renewal's sweep: none in the test
-    child = await worker_process(server, h)
-    try:
-        handle = await h.start(plan)
-        committed = await child.expect("committed ")
-    finally:
-        await child.kill()
-    return handle, committed.split(" ", 1)[1]
+    return await killed_after_commit(server, h, plan)
 
 
 async def test_a_retry_meeting_its_call_in_flight_waits_for_recovery_and_sends_nothing(
@@ -312,18 +313,6 @@ async def test_a_beats_look_at_the_fence_held_by_an_sqlite_lock_loses_nothing(
     thread), and fail ``LedgerLocked`` at its ``busy_timeout``."""
     path = tmp_path / "ledger.db"
 
-    def lock(taken: threading.Event, release: threading.Event) -> None:
-        import sqlite3
-
-        conn = sqlite3.connect(path, isolation_level=None)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            taken.set()
-            release.wait(60)
-            conn.execute("ROLLBACK")
-        finally:
-            conn.close()
-
     url = f"sqlite:///{path}?busy_timeout=1"
     async with harness(temporal_server, tmp_path, worker=False, url=url) as h:
-        await _held_ledger_keeps_the_answer(h, lock, caplog)
+        await _held_ledger_keeps_the_answer(h, functools.partial(hold_write_lock, path), caplog)

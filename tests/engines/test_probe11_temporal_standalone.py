@@ -23,6 +23,7 @@ mid-call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sqlite3
 import threading
 import uuid
@@ -40,6 +41,7 @@ from tests.engines.temporal_harness import (
     Harness,
     activities,
     harness,
+    hold_write_lock,
     plugin,
     standalone_worker,
     start_standalone,
@@ -142,16 +144,7 @@ async def test_a_run_end_the_ledger_cannot_write_now_is_retried_by_its_error_bou
         hold = h.provider.barriers.hold("received")
         taken, release = threading.Event(), threading.Event()
 
-        def lock() -> None:
-            conn = sqlite3.connect(path, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                taken.set()
-                release.wait(60)
-                conn.execute("ROLLBACK")
-            finally:
-                conn.close()
-
+        lock = functools.partial(hold_write_lock, path, taken, release)
         thread = threading.Thread(target=lock, daemon=True)
         try:
             async with standalone_worker(h):
