@@ -143,6 +143,29 @@ async def test_recover_again_keeps_one_lease_loop(
         assert len(loops) == 1
 
 
+async def test_a_lease_set_on_an_open_ledger_is_renewed_under_at_once(ledger_url: str) -> None:
+    """``ledger.lease`` set on an open ledger whose loop already waits is the lease the
+    next renewal records, within a step of the loop, not after the wait the default
+    lease (30 s) set: a short lease taken for quick recovery was recorded only ten
+    seconds later."""
+    path = ledger_url.removeprefix("sqlite:///")
+    async with stopline.open(ledger_url) as ledger:
+        await anyio.wait_all_tasks_blocked()  # the lease's loop waits out the open's lease
+        ledger.lease = 0.9
+
+        def recorded() -> float:
+            with sqlite3.connect(path) as conn:
+                row = conn.execute(
+                    "SELECT lease_until FROM workers WHERE id = ?", (ledger.worker_id,)
+                ).fetchone()
+            return float(row[0])
+
+        with anyio.fail_after(6):  # the old loop's first renewal came at 10 s
+            while recorded() > time.time() + 5:  # noqa: ASYNC110 (the open's 30 s lease)
+                await anyio.sleep(0.05)
+        assert recorded() <= time.time() + 0.9
+
+
 async def test_a_clean_close_retires_the_worker(ledger_url: str) -> None:
     """What a closed runtime left in flight is recovered at once by the next start."""
     async with (

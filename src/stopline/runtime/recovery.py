@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["RecoveryReport", "Workers", "death_of", "is_dead", "pid_alive", "process_gone"]
 
 DEFAULT_LEASE = 30.0
+_LOOK_EVERY = 1.0  # seconds: how soon a lease set on an open ledger is taken up
 # a process that started this long after a worker's calls last moved is not the worker's
 _REUSE_MARGIN = 5.0
 
@@ -250,9 +251,15 @@ class Workers:
         """Renew the lease at a third of its length; sweep for workers that died meanwhile.
 
         A renewal that fails is retried by the error boundary, at once: the wait is
-        measured from the last renewal that committed."""
+        measured from the last renewal that committed. The wait is taken in steps of
+        at most ``_LOOK_EVERY``, each measured against the lease as it is then: a lease
+        set on an open ledger (``ledger.lease``, from any thread) takes effect within
+        one step, not after a wait the old lease set."""
         while True:
-            await anyio.sleep(max(0.0, self._renewed_at + self.lease / 3 - time.monotonic()))
+            due = self._renewed_at + self.lease / 3 - time.monotonic()
+            if due > 0:
+                await anyio.sleep(min(due, _LOOK_EVERY))
+                continue
             await self.register()
             _, recovered = await self.sweep()
             # unknown operations whose tool was registered since, and the newly orphaned
