@@ -458,7 +458,7 @@ async def test_r14_entering_a_run_that_has_ended_says_what_to_do(
 ) -> None:
     async with ledger.run("job", owner="user:1", run_id="run-done"):
         pass
-    with pytest.raises(RunEnded, match="start a new run"):
+    with pytest.raises(RunEnded, match="would send every action again"):
         async with ledger.run("job", owner="user:1", run_id="run-done"):
             pass
     async with ledger.run("job", owner="user:1", run_id="run-stopped") as run:

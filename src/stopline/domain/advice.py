@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "LIBRARY_TERMS",
+    "NEW_RUN",
     "Advice",
     "Do",
     "Step",
@@ -109,7 +110,7 @@ LIBRARY_TERMS: Terms = {
     Do.REENTER: lambda step: "re-enter the run with the same run id",
 }
 
-_NEW_RUN = "A new run would send every action again."
+NEW_RUN = "A new run would send every action again."
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,12 +143,12 @@ class Advice:
             return ""
         said = [terms[step.do](step) for step in self.steps]
         if self.refused:
-            return f"{said[0]}; resuming is refused until every operation is resolved. {_NEW_RUN}"
+            return f"{said[0]}; resuming is refused until every operation is resolved. {NEW_RUN}"
         resume, reenter = said[0], said[-1]
         lead = f"{resume}, then {reenter}"
         if self.paused:
             lead += " if its workflow stopped (one still waiting at its gate goes on by itself)"
-        return f"{lead}: {self._repeats()}{self._not_run_again()}{_NEW_RUN}"
+        return f"{lead}: {self._repeats()}{self._not_run_again()}{NEW_RUN}"
 
     def _repeats(self) -> str:
         sent, held = len(self.sent), len(self.held)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
-from stopline.domain.advice import LIBRARY_TERMS, Advice, Do, Step, Terms
+from stopline.domain.advice import LIBRARY_TERMS, NEW_RUN, Advice, Do, Step, Terms
 from stopline.domain.model import OperationRecord, RunRecord
 from stopline.domain.transitions import OPERATION_TABLE
 from stopline.domain.vocab import OpEvent, OpStatus, RunState
@@ -198,7 +198,11 @@ def what_to_do(run: RunRecord, *, by_parent: bool = False, terms: Terms = LIBRAR
             "again; the parent's new work goes in a child of another name"
         )
     if run.state in (RunState.COMPLETED, RunState.FAILED):
-        return "it has ended and cannot be resumed; start a new run (its actions get new keys)"
+        # not "start a new run": of a run that did anything, that repeats it (ADR 0007)
+        return (
+            f"it has ended and cannot be resumed; its receipt says what it did. {NEW_RUN[:-1]} "
+            "(its actions get new keys): start one only for work this run did not do"
+        )
     resume = terms[Do.RESUME](Step(Do.RESUME, run.id))
     reenter = terms[Do.REENTER](Step(Do.REENTER, run.id))
     if run.state is RunState.NEEDS_REVIEW:
