@@ -25,9 +25,10 @@ and comes back as itself; a kept result this process cannot read back is a repla
 that cannot give it (``NotReplayable``), never a decode error (ADR 0101).
 
 **A call an earlier run of the thread recorded** (``_langgraph_thread.answer``, ADR
-0107) is answered from that record before this run's gate is asked: replayed when it
-happened, told to the model as awaiting confirmation when it is still in doubt after
-a read-back (nothing sent), sent in this run when it provably did not happen.
+0107), or repeats under a new id one it left in doubt (ADR 0112), is answered from
+that record before this run's gate is asked: replayed when it happened, told to the
+model what its record proves and what settles it when it is still in doubt after a
+read-back (nothing sent), sent in this run when it provably did not happen.
 
 **A ``ParentCommand`` a gated call raises** (a graph it ran handed a command to a
 graph above) is how the call ends, not a pause: recorded ``committed`` with its
@@ -322,8 +323,11 @@ async def gated_message(
     except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
         if call_id is None:
             raise
-        mine = doubt.op_id.startswith(f"{current().run.id}/")
-        note = (in_doubt_note if mine else thread.in_doubt_note)(tool.name, doubt.op_id)
+        bound = current()
+        if doubt.op_id.startswith(f"{bound.run.id}/"):
+            note = in_doubt_note(tool.name, doubt.op_id)
+        else:  # an earlier run's: what its record proves, and what settles it (ADR 0112)
+            note = await thread.in_doubt_note(bound.ledger, tool.name, doubt.op_id)
         return ToolMessage(content=note, name=tool.name, tool_call_id=call_id, status="error")
     content = replayed(answer, op_id, tool.name)
     if isinstance(content, Command):

@@ -26,6 +26,15 @@ replayed and not sent; one in doubt is read back first (R5) and then replayed,
 sent, or refused (``OperationInDoubt``: nothing sent); one that provably did not
 happen goes through this run's gate and is sent. The same key with other
 arguments is a reused id, refused before anything is sent (ADR 0054).
+
+**A repeat of a call left in doubt** (``_repeated``, ADR 0112): a call under a new
+id with the same tool and arguments (the digest the gate records) as a call an
+earlier run left in doubt (the model was told it failed; the user asks again) is
+that call, answered as above: ADR 0097's open calls, across the thread's runs. A
+call settled by then is not matched: the repeat is a new request. The model's
+answer for a call in doubt says what its record proves and what settles it, in
+its receipt's words (``in_doubt_note``): a call still running there is settled by
+its own answer, not by a read-back.
 """
 
 from __future__ import annotations
@@ -41,16 +50,31 @@ from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import MAX_ID_CHARS, check_id, fitted
 from stopline.domain.model import OperationRecord, args_digest
 from stopline.domain.vocab import RunState
-from stopline.errors import InvalidInput, OperationInDoubt, UnknownOperation, UnstableValue
+from stopline.errors import (
+    InvalidInput,
+    OperationInDoubt,
+    UnknownOperation,
+    UnknownRun,
+    UnstableValue,
+)
 from stopline.integrations._frameworks import Bound, current
 from stopline.integrations._replayed import not_kept
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Tool
 
-__all__ = ["Thread", "answer", "for_model", "in_doubt_note", "remember", "runs_of", "turn_id"]
+__all__ = [
+    "OVER",
+    "Thread",
+    "answer",
+    "for_model",
+    "in_doubt_note",
+    "remember",
+    "runs_of",
+    "turn_id",
+]
 
 _TURN = re.compile(r"@turn:([1-9][0-9]*)\Z")
-_OVER = frozenset({RunState.COMPLETED, RunState.FAILED})  # ended on its own: a next run
+OVER = frozenset({RunState.COMPLETED, RunState.FAILED})  # ended on its own: a next run
 _KEY_ROOM = 256  # a derived id leaves this much of the ledger's id length for keys
 _BATCH = 16  # runs read at once while looking for the thread's current one, first
 _MOST = 1024  # ... and at most
@@ -69,6 +93,7 @@ class Thread:
 
     run_id: str
     earlier: tuple[str, ...] = ()
+    new: bool = False  # ``run_id`` did not exist when read: this entry makes it (``claim``)
 
 
 async def runs_of(ledger: Ledger, base: str, tenant: str) -> Thread:
@@ -85,8 +110,8 @@ async def runs_of(ledger: Ledger, base: str, tenant: str) -> Thread:
         records = await ledger.backend.get_runs(ids)
         for run_id in ids:
             record = records.get(run_id)
-            if record is None or record.state not in _OVER:
-                return Thread(run_id, tuple(reversed(earlier)))
+            if record is None or record.state not in OVER:
+                return Thread(run_id, tuple(reversed(earlier)), new=record is None)
             if tenant_of(record) == tenant:  # another tenant's records are not read
                 earlier.append(run_id)
         n, batch = n + batch, min(batch * 2, _MOST)
@@ -116,9 +141,9 @@ async def answer(
         return None
     read = await bound.ledger.backend.get_operations([f"{run}/{key}" for run in earlier])
     found = [op for op in read if not isinstance(op, UnknownOperation)]
-    if not found:
-        return None
     digest = _digest(args, kwargs)
+    if not found:  # a new id: a repeat of a call an earlier run left in doubt, if any
+        found = await _repeated(bound, tool.name, key, digest, earlier)
     for op in found:
         if op.args_digest != digest:
             raise InvalidInput(
@@ -141,6 +166,40 @@ async def answer(
     return None  # it did not happen in any: sent in this run
 
 
+# the calls the earlier runs of each entry's thread left in doubt, by (tool, digest),
+# read once per entry (a call settled does not go back to doubt: a fresh read of these
+# is all a repeat needs)
+_DOUBTS: weakref.WeakKeyDictionary[Bound, dict[tuple[str, str], list[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _repeated(
+    bound: Bound, tool: str, key: str, digest: str, earlier: tuple[str, ...]
+) -> list[OperationRecord]:
+    """The calls of the earlier runs, still in doubt, that a call under a new ``key``
+    repeats (the same tool, the same digest): ADR 0097's open calls across the thread's
+    runs (ADR 0112). None when this run recorded ``key`` (its own gate answers it)."""
+    doubts = _DOUBTS.get(bound)
+    if doubts is None:
+        doubts = _DOUBTS[bound] = {}
+        for tree in await bound.ledger.backend.runs_and_operations(earlier, settling=True):
+            for op in () if isinstance(tree, UnknownRun) else tree[1]:
+                if on_resume(op.status) is OnResume.BLOCKS:
+                    doubts.setdefault((op.tool, op.args_digest), []).append(op.id)
+    same = doubts.get((tool, digest))
+    if not same:
+        return []
+    try:
+        await bound.ledger.backend.get_operation(f"{bound.run.id}/{key}")
+        return []
+    except UnknownOperation:
+        pass
+    read = await bound.ledger.backend.get_operations(same)
+    ops = [op for op in read if not isinstance(op, UnknownOperation)]
+    return [op for op in ops if on_resume(op.status) is OnResume.BLOCKS]
+
+
 def _digest(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """The digest the gate records of a call's arguments (``Run.call_with``)."""
     try:
@@ -161,11 +220,21 @@ def for_model(op: OperationRecord) -> Any:
     )
 
 
-def in_doubt_note(tool: str, op_id: str) -> str:
-    """The model's answer for a call an earlier run of the thread left in doubt."""
+async def in_doubt_note(ledger: Ledger, tool: str, op_id: str) -> str:
+    """The model's answer for a call an earlier run of the thread left in doubt (nothing
+    sent): what its record proves and what settles it, in its receipt's words (the one
+    wording of each status: a call still running there settles by its own answer, one
+    whose answer was lost by a read-back, one in review by a reviewer)."""
+    op = await ledger.backend.get_operation(op_id)
+    receipt = await ledger.receipt(op.run_id)
+    said = f"{op.status.value}"  # its status, should its receipt not list it
+    for line in receipt.lines:
+        if line.op_id == op_id:
+            said = f"{line.status.value}: {line.status_words}"
+            said += f"; next: {line.recovery}" if line.recovery else ""
     return (
-        f"{tool} was sent in an earlier run of this thread ({op_id}) and may have taken "
-        "effect: its outcome is in doubt until a read-back or a reviewer settles it. "
-        "This call was not sent again, so that it cannot happen twice. Do not call it "
-        "again for the same request; report it as awaiting confirmation."
+        f"{tool} was sent in an earlier run of this thread ({op_id}) and was not sent "
+        f"again, so that it cannot happen twice. The ledger records it {said}. Until "
+        "that settles it, it may have taken effect. Do not call it again for the same "
+        "request; report it as the ledger records it."
     )

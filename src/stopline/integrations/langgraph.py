@@ -53,6 +53,9 @@ cancel commits again. Here:
   replayed and not sent; in doubt, read back first (R5), then replayed, sent or
   refused (nothing sent); not happened, sent in the new run. A run of the thread
   that was cancelled, is in review or paused is entered again once resumed (R10).
+  A repeat under a new id of a call an earlier run left in doubt is that call;
+  two entries of one thread at once: one enters, the other is told to retry
+  (``LedgerLocked``, ``_langgraph_entry``; ADR 0112).
 
 Node and tool results are replayed from the ledger: JSON as it is; a ``Command``
 or an update JSON cannot write (messages) as LangGraph's serializer writes it
@@ -105,8 +108,10 @@ from stopline.integrations._langgraph_calls import (
     replayed,
     restored,
 )
-from stopline.integrations._langgraph_thread import answer, for_model, remember, runs_of
+from stopline.integrations._langgraph_entry import entered
+from stopline.integrations._langgraph_thread import Thread, answer, for_model, remember
 from stopline.integrations._renamed import renamed_idle_timeout
+from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -203,24 +208,28 @@ async def run(
     """A stopline run of the thread bound to the graph's tools: the thread's run (by
     default its id is the thread id), or, once that ended ``completed`` or ``failed``,
     the thread's next one (``ID@turn:2`` ...), whose calls an earlier run recorded are
-    answered from that record (``_langgraph_thread``, ADR 0107)."""
-    thread = await runs_of(ledger, run_id or thread_id, tenant)
+    answered from that record (``_langgraph_thread``, ADR 0107). Another entry of the
+    thread in that run now: ``LedgerLocked``, retry once its turn ended (ADR 0112)."""
+    made = RunSpec(id=run_id or thread_id, name=name, owner=owner, tenant=tenant, policy=policy)
 
-    def session(bound: Bound) -> GraphRun:
-        remember(bound, thread)
-        return GraphRun(bound, thread_id)
+    def opening(thread: Thread) -> contextlib.AbstractAsyncContextManager[GraphRun]:
+        def session(bound: Bound) -> GraphRun:
+            remember(bound, thread)
+            return GraphRun(bound, thread_id)
 
-    async with open_run(
-        ledger,
-        session,
-        name=name,
-        owner=owner,
-        run_id=thread.run_id,
-        tenant=tenant,
-        policy=policy,
-        approver=approver,
-    ) as graph_run:
-        yield graph_run
+        return open_run(
+            ledger,
+            session,
+            name=name,
+            owner=owner,
+            run_id=thread.run_id,
+            tenant=tenant,
+            policy=policy,
+            approver=approver,
+        )
+
+    async with contextlib.AsyncExitStack() as stack:  # another entry at once: ADR 0112
+        yield await entered(stack, ledger, thread_id, made, opening)
 
 
 _Execute = Callable[[ToolCallRequest], Awaitable[Any]]

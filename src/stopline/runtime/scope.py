@@ -35,7 +35,7 @@ import sniffio
 
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import tenant_of
-from stopline.domain.limits import check_new_id
+from stopline.domain.limits import check_id, check_new_id
 from stopline.domain.vocab import RunState
 from stopline.errors import AlreadyAttached, InvalidInput, NoRun, RunEnded, UnknownRun
 from stopline.ledger.backend import RunSpec
@@ -47,9 +47,22 @@ if TYPE_CHECKING:
     from stopline.runtime.core import Core
     from stopline.runtime.ledger import Ledger
 
-__all__ = ["RunContext", "RunScope"]
+__all__ = ["RunContext", "RunScope", "check_new_run"]
 
 log = logging.getLogger("stopline.runs")
+
+
+def check_new_run(spec: RunSpec) -> None:
+    """The ids a run is created with, as ids being made (``check_new_id``: no
+    bidirectional nor C1 control), else ``InvalidInput`` and nothing written; a run
+    created before the rule is entered by its id as it is. Its name is a label, as a
+    description is (a name in Hebrew may need a mark): shown with its controls escaped
+    (ADR 0070, ADR 0078). Every maker of a run goes through it (``RunScope``, a
+    LangGraph thread's next run)."""
+    check_id("name", spec.name)
+    for what, value in (("run_id", spec.id), ("owner", spec.owner), ("tenant", spec.tenant)):
+        check_new_id(what, value)
+
 
 _SETTLING = frozenset({RunState.CANCELLING, RunState.SETTLING})
 # the runs whose blocks are open around the code running now, innermost last (a task
@@ -147,13 +160,7 @@ class RunScope:
         return run
 
     def _new_ids(self) -> None:
-        """The ids a run is created with, as ids being made (``check_new_id``: no
-        bidirectional nor C1 control); a run created before the rule is entered by its
-        id as it is. Its name is a label, as a description is (a name in Hebrew may
-        need a mark): shown with its controls escaped (ADR 0070, ADR 0078)."""
-        spec = self._spec
-        for what, value in (("run_id", spec.id), ("owner", spec.owner), ("tenant", spec.tenant)):
-            check_new_id(what, value)
+        check_new_run(self._spec)
 
     async def _of_parents_tenant(self, parent: Run | None) -> None:
         """R11: a child run is of its parent's tenant, else ``InvalidInput`` and nothing
