@@ -324,10 +324,9 @@ async def gated_message(
         if call_id is None:
             raise
         bound = current()
-        if doubt.op_id.startswith(f"{bound.run.id}/"):
-            note = in_doubt_note(tool.name, doubt.op_id)
-        else:  # an earlier run's: what its record proves, and what settles it (ADR 0112)
-            note = await thread.in_doubt_note(bound.ledger, tool.name, doubt.op_id)
+        mine = doubt.op_id.startswith(f"{bound.run.id}/")
+        when = "earlier in this run" if mine else "in an earlier run of this thread"
+        note = await in_doubt_note(bound.ledger, tool.name, doubt.op_id, when=when)
         return ToolMessage(content=note, name=tool.name, tool_call_id=call_id, status="error")
     content = replayed(answer, op_id, tool.name)
     if isinstance(content, Command):

@@ -33,7 +33,7 @@ earlier run left in doubt (the model was told it failed; the user asks again) is
 that call, answered as above: ADR 0097's open calls, across the thread's runs. A
 call settled by then is not matched: the repeat is a new request. The model's
 answer for a call in doubt says what its record proves and what settles it, in
-its receipt's words (``in_doubt_note``): a call still running there is settled by
+its receipt's words (``_open_calls.in_doubt_note``): a call still running there is settled by
 its own answer, not by a read-back.
 """
 
@@ -67,7 +67,6 @@ __all__ = [
     "Thread",
     "answer",
     "for_model",
-    "in_doubt_note",
     "remember",
     "runs_of",
     "turn_id",
@@ -217,24 +216,4 @@ def for_model(op: OperationRecord) -> Any:
     return (
         f"{op.tool} was done in an earlier run of this thread ({op.id}); its result was "
         f"not kept ({why}). Do not call it again for the same request."
-    )
-
-
-async def in_doubt_note(ledger: Ledger, tool: str, op_id: str) -> str:
-    """The model's answer for a call an earlier run of the thread left in doubt (nothing
-    sent): what its record proves and what settles it, in its receipt's words (the one
-    wording of each status: a call still running there settles by its own answer, one
-    whose answer was lost by a read-back, one in review by a reviewer)."""
-    op = await ledger.backend.get_operation(op_id)
-    receipt = await ledger.receipt(op.run_id)
-    said = f"{op.status.value}"  # its status, should its receipt not list it
-    for line in receipt.lines:
-        if line.op_id == op_id:
-            said = f"{line.status.value}: {line.status_words}"
-            said += f"; next: {line.recovery}" if line.recovery else ""
-    return (
-        f"{tool} was sent in an earlier run of this thread ({op_id}) and was not sent "
-        f"again, so that it cannot happen twice. The ledger records it {said}. Until "
-        "that settles it, it may have taken effect. Do not call it again for the same "
-        "request; report it as the ledger records it."
     )

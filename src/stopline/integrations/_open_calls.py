@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 from stopline.domain.model import args_digest
 from stopline.domain.vocab import OpStatus
 from stopline.errors import NotFound, UnstableValue
+from stopline.integrations._replayed import said_of
 
 if TYPE_CHECKING:
     from stopline.integrations._frameworks import Bound
+    from stopline.runtime.ledger import Ledger
 
 __all__ = ["Open", "in_doubt_note", "open_calls"]
 
@@ -111,11 +113,19 @@ def _digest(args: Any) -> str:
         return ""
 
 
-def in_doubt_note(tool: str, op_id: str) -> str:
-    """The model's answer for a call that repeats one in doubt: nothing was sent."""
+async def in_doubt_note(
+    ledger: Ledger, tool: str, op_id: str, *, when: str = "earlier in this run"
+) -> str:
+    """The model's answer for a call that repeats one in doubt, or in review (nothing
+    was sent): what its record proves and what settles it, in its receipt's words
+    (``said_of``, the one wording of each status: a call still running settles by its
+    own answer, one whose answer was lost by a read-back, one in review by a reviewer;
+    one whose correction failed happened). Every adapter's, and a LangGraph thread's
+    for a call of an earlier run (``when``), ADR 0112, ADR 0113."""
+    op = await ledger.backend.get_operation(op_id)
+    said = said_of((await ledger.receipt(op.run_id)).lines, op_id) or op.status.value
     return (
-        f"{tool} was called earlier in this run with the same arguments ({op_id}) and may "
-        "have taken effect: its outcome is in doubt until a read-back or a reviewer "
-        "settles it. This call was not sent, so that it cannot happen twice. Do not call "
-        "it again for the same request; report it as awaiting confirmation."
+        f"{tool} was called {when} with the same arguments ({op_id}) and was not sent "
+        f"again, so that it cannot happen twice. The ledger records it {said}. Do not "
+        "call it again for the same request; report it as the ledger records it."
     )

@@ -6,24 +6,42 @@ reads as "it did not happen, try again": ``timeout_text`` says the call may have
 taken effect and that a repeat is answered from its outcome (``gated_call``
 matches a repeat of an open call to its key, ``_open_calls``). A resumed model is
 told of each recorded call it does not see with what its evidence allows
-(``recorded_line``).
+(``resume_note``, ``recorded_line``); one in doubt or in review in its receipt's words
+(``_replayed.said_of``: "in doubt, under review" was said of a call
+``compensation_failed`` too, whose effect happened and whose correction failed).
+Pydantic AI's history and a LangGraph thread's earlier runs say it with the same
+``said_of`` (ADR 0113).
+
+Not every error of a gated call is the tool's: ``NOT_GATED`` are stopline's refusals to
+gate it at all (no run bound: a gated agent run outside ``sl.run``; a run entered in
+another event loop: ``Runner.run_sync`` in a thread; a closed ledger). Nothing was
+recorded or sent. The SDK's error text ("An error occurred while running the tool.
+Please try again.") would let the SDK run go on as if a tool had failed once, and
+invite the retry; they fail the SDK run instead (ADR 0113).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.model import OperationRecord
+from stopline.domain.vocab import OpStatus
+from stopline.errors import LedgerClosed, NoRun, WrongEventLoop
 from stopline.integrations._call_ids import unkept_note
-from stopline.integrations._replayed import not_kept
+from stopline.integrations._replayed import not_kept, said_of
 
 if TYPE_CHECKING:
     from agents import FunctionTool
     from agents.tool import ToolErrorFunction
 
-__all__ = ["recorded_line", "timeout_text"]
+    from stopline.runtime.ledger import Ledger
+
+__all__ = ["NOT_GATED", "recorded_line", "resume_note", "timeout_text"]
+
+NOT_GATED = (NoRun, WrongEventLoop, LedgerClosed)
 
 
 def timeout_text(tool: FunctionTool) -> ToolErrorFunction | None:
@@ -44,15 +62,48 @@ def timeout_text(tool: FunctionTool) -> ToolErrorFunction | None:
     return said
 
 
-def recorded_line(op: OperationRecord, key: str) -> str:
+async def resume_note(ledger: Ledger, run_id: str, shown: Collection[str]) -> str | None:
+    """What a resumed model is told of the run's recorded calls its input does not show
+    (by call id, ``shown``), ``None`` when there are none. A correction is told with the
+    call it corrects (``said_of``), never as a call of its own: "did not happen; it may be
+    called again" of a failed correction read as the call itself not done."""
+    ops = await ledger.backend.operations(run_id)
+    keys = {op.id: op.id.removeprefix(f"{run_id}/") for op in ops}
+    corrected = {op.compensates for op in ops if op.compensates is not None}
+    told = [
+        op
+        for op in ops
+        if keys[op.id].removeprefix("tool:") not in shown
+        and op.status is not OpStatus.PREVENTED
+        and op.compensates is None
+    ]
+    if not told:
+        return None
+    worded = {op.id for op in told if op.id in corrected or _blocks(op)}
+    lines = list((await ledger.receipt(run_id)).lines) if worded else []
+    said = [
+        recorded_line(op, keys[op.id], said_of(lines, op.id) if op.id in worded else "")
+        for op in told
+    ]
+    return "Recorded before this resume, each call with what its evidence proves:\n" + "\n".join(
+        said
+    )
+
+
+def _blocks(op: OperationRecord) -> bool:
+    return on_resume(op.status) is OnResume.BLOCKS
+
+
+def recorded_line(op: OperationRecord, key: str, said: str = "") -> str:
     """One recorded call for a resumed model: what following its evidence allows
-    (``on_resume``, the rule a receipt's recovery line is derived from, R14)."""
-    said = f"- {op.tool} ({key}): {op.status.value}: "
+    (``on_resume``, the rule a receipt's recovery line is derived from, R14); one in
+    doubt or in review, or corrected, as ``said`` (``said_of``)."""
+    line = f"- {op.tool} ({key}): "
     follows = on_resume(op.status)
     if follows is OnResume.SENT:
-        return said + "did not happen; it may be called again"
+        return line + f"{op.status.value}: did not happen; it may be called again"
     if follows is OnResume.BLOCKS:
-        return said + "in doubt; do not repeat it, it is under review"
+        return line + f"{said or op.status.value + ': in doubt, under review'}; do not repeat it"
     why = not_kept(op)  # none kept, or a read-back's commit: a note, never ``null``
     result = json.dumps(op.result, default=str) if why is None else unkept_note(op.tool, why)
-    return said + f"done, do not repeat it; result {result}"
+    return line + f"{said or op.status.value}: done, do not repeat it; result {result}"

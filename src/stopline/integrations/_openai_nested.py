@@ -14,11 +14,16 @@ first agent's do (``gate_agent`` hands each of them to ``again``, its gated copy
   pass the gate of the same run: after a cancel's fence, the child dispatches
   nothing more (R1), whatever the cancel's mode.
 
-A hook may give an agent a handoff at run time (``agent.handoffs = [...]`` in
-``RunHooks.on_agent_start`` or ``AgentHooks.on_start``): the SDK reads the list every
-turn (``get_handoffs``, a function of its own, after the hooks). The gated copy's
-``get_all_tools``, the turn's read of its tools just before, gates what the list
-gained (``gate_handoffs``), ADR 0108.
+User code may give an agent a handoff at run time (``agent.handoffs = [...]`` or
+``.append``) anywhere: a hook (``on_agent_start``, ``on_llm_end``, ...), a dynamic
+``instructions`` or ``prompt`` function, a tool. The SDK reads the list where it
+likes (``get_handoffs``, a function of its own: after the turn's tools and
+instructions, and before the tools when it resumes an interrupted turn). So the
+gated copy's ``handoffs`` is an attribute that gates what it holds whenever it is
+read (``gate_handoffs``): whoever reads it, at any point of a turn, gets gated
+entries only. Gating at one read of the SDK's (the turn's ``get_all_tools``, ADR
+0108) let a handoff given between that read and ``get_handoffs`` (by a dynamic
+``instructions``) lead to an ungated agent (ADR 0113).
 
 Both rest on the SDK's private structure (0.24); when it is not there,
 ``agent_tool_over`` refuses with ``InvalidInput`` naming the tool rather than let
@@ -58,17 +63,42 @@ def handoff_to(handoff: Handoff[Any, Any], again: Again) -> Handoff[Any, Any]:
     return copy
 
 
-def gate_handoffs(agent: Agent[Any], again: Again, made: dict[int, object]) -> None:
-    """Give ``agent`` (a gated copy) a list of its handoffs in which each entry not gated
-    yet (not in ``made``, by id) is its gated copy; the list as it was when all are."""
-    if all(id(h) in made for h in agent.handoffs):
-        return
-    led = [
-        h if id(h) in made else again(h) if isinstance(h, Agent) else handoff_to(h, again)
-        for h in agent.handoffs
-    ]
-    made.update((id(h), h) for h in led)  # held: an id is never another handoff's
-    agent.handoffs = led
+def gate_handoffs(copy: Agent[Any], again: Again) -> None:
+    """Make ``copy`` (a gated copy) an agent whose ``handoffs``, read by anyone, hold
+    only gated entries: each one not gated yet becomes its gated copy (an ``Agent``) or
+    a copy leading to one (a ``Handoff``, ``handoff_to``) as it is read. Its clones
+    (``agent.clone()``, the SDK's execution copies) are of the same kind."""
+    made: dict[int, object] = {}  # the entries gated, by id (held: an id is never reused)
+
+    def read(agent: Agent[Any]) -> list[Any]:
+        listed: list[Any] = agent.__dict__.get("handoffs", [])
+        if all(id(h) in made for h in listed):
+            return listed  # the same list: an in-place ``append`` is seen at the next read
+        led = [
+            h if id(h) in made else again(h) if isinstance(h, Agent) else handoff_to(h, again)
+            for h in listed
+        ]
+        made.update((id(h), h) for h in led)
+        agent.__dict__["handoffs"] = led
+        return led
+
+    def assign(agent: Agent[Any], value: list[Any]) -> None:
+        agent.__dict__["handoffs"] = value  # gated when read
+
+    base = type(copy)
+    kind = type(
+        base.__name__,
+        (base,),
+        {
+            "handoffs": property(read, assign),
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+        },
+    )
+    handoffs = copy.__dict__.get("handoffs", [])
+    copy.__class__ = kind  # a data descriptor: it is read and set in place of the field
+    copy.handoffs = list(handoffs)  # its own list: the user's agent keeps its own
+    read(copy)  # the agents it leads to now, gated before the run starts
 
 
 def agent_of(tool: FunctionTool) -> Agent[Any] | None:

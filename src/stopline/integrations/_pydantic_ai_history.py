@@ -6,8 +6,11 @@ such a call itself before the next request (its history repair: "The tool call w
 interrupted before a result was produced."), which, for a call that committed,
 reads as "it did not happen": the model asks again. ``repair_history`` adds the
 recorded result of every call the ledger proves committed, and, for a call in doubt
-(its status blocks a resume, ``on_resume``), a return saying it may have happened
-(``doubt_note``): the common case is an agent run that failed and is retried in its
+(its status blocks a resume, ``on_resume``), a return saying what its record proves
+(``doubt_note``: in flight, unknown or in review, it may have happened; a correction
+that failed, it happened and was not undone, ADR 0113), in the words of the run's
+receipt (``_replayed.said_of``, shared with the other adapters), the one source of what
+each status proves: the common case is an agent run that failed and is retried in its
 block (ADR 0108), whose interrupted request holds the other calls' returns. A call
 of a response that ends the history is left open: Pydantic AI runs it again under
 its own id and the gate answers it from its record (ADR 0097). Each return goes
@@ -32,7 +35,7 @@ from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.model import OperationRecord
 from stopline.errors import NotFound
 from stopline.integrations._pydantic_ai_mcp import history_key
-from stopline.integrations._replayed import for_model
+from stopline.integrations._replayed import for_model, said_of
 from stopline.runtime.ledger import Ledger
 
 __all__ = ["doubt_note", "repair_history", "unanswered"]
@@ -81,12 +84,14 @@ async def repair_history(
     # the response ending the history is Pydantic AI's to run again, unless a return is
     # added after it (then it no longer ends the history)
     frontier = len(out) - 1 if out and isinstance(out[-1], ModelResponse) else None
-    for at, part, op in doubts:
-        if at != frontier or at in returns:
-            note = doubt_note(part.tool_name, op.status.value, op.id)
-            returns.setdefault(at, []).append(
-                ToolReturnPart(part.tool_name, note, part.tool_call_id, outcome="interrupted")
-            )
+    noted = [(at, part, op) for at, part, op in doubts if at != frontier or at in returns]
+    # what each status proves, as the run's receipt says it (read once, when needed)
+    lines = list((await ledger.receipt(run_id)).lines) if noted else []
+    for at, part, op in noted:
+        note = doubt_note(part.tool_name, op.id, said_of(lines, op.id))
+        returns.setdefault(at, []).append(
+            ToolReturnPart(part.tool_name, note, part.tool_call_id, outcome="interrupted")
+        )
     for at in sorted(returns, reverse=True):  # from the end: the indices stay true
         after = at + 1
         if after < len(out) and isinstance(request := out[after], ModelRequest):
@@ -108,11 +113,11 @@ def _unanswered_at(messages: Sequence[ModelMessage]) -> list[tuple[int, ToolCall
     ]
 
 
-def doubt_note(tool: str, status: str, op_id: str) -> str:
-    """The return of a call in doubt that has none: it may have happened."""
+def doubt_note(tool: str, op_id: str, said: str) -> str:
+    """The return of a call in doubt, or in review, that has none: what the ledger records
+    of it, ``said`` in its receipt's words (``said_of``: its status first)."""
     return (
-        f"This call of {tool} ({op_id}) got no answer, and the run's ledger records it "
-        f"{status}: it may have taken effect, and its outcome is in doubt until a "
-        "read-back or a reviewer settles it. Do not call it again for the same request "
-        "(the same call is not sent a second time); report it as awaiting confirmation."
+        f"This call of {tool} ({op_id}) got no answer here. The run's ledger records it "
+        f"{said}. Do not call it again for the same request (the same call is not sent a "
+        "second time); report it as the ledger records it."
     )

@@ -12,18 +12,19 @@ the gate) tells the model with ``unkept_note`` instead.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.model import OperationRecord
+from stopline.domain.receipt import OperationLine
 from stopline.domain.vocab import EvidenceKind
 from stopline.integrations._call_ids import unkept_note
 
 if TYPE_CHECKING:
     from stopline.integrations._frameworks import Bound
 
-__all__ = ["for_model", "not_kept", "told"]
+__all__ = ["for_model", "not_kept", "said_of", "told"]
 
 
 def not_kept(op: OperationRecord) -> str | None:
@@ -52,3 +53,19 @@ async def told(bound: Bound, key: str | None, answer: Awaitable[Any]) -> Any:
         return result
     op = await bound.ledger.backend.get_operation(f"{bound.run.id}/{key}")
     return for_model(op) if on_resume(op.status) is OnResume.REPLAYED else result
+
+
+def said_of(lines: Sequence[OperationLine], op_id: str) -> str:
+    """What the ledger records of ``op_id`` in its receipt's words (``lines``; the one
+    wording of what each status proves): its status and its words, its latest
+    correction's, and what follows; ``""`` when ``lines`` do not hold it."""
+    line = next((line for line in lines if line.op_id == op_id), None)
+    if line is None:
+        return ""
+    said = [f"{line.status.value}: {line.status_words}"]
+    said += [
+        f"its correction {c.op_id}: {c.status_words}"
+        for c in [c for c in lines if c.op_id.startswith(f"{op_id}~compensate")][-1:]
+    ]
+    said += [f"next: {line.recovery}"] if line.recovery else []
+    return "; ".join(said)

@@ -29,7 +29,7 @@ under new call ids. Here:
   the one in doubt (``_openai_doubt``, ADR 0097): never a blind second dispatch;
 - an SDK run that failed, retried in the same ``sl.run`` block, is resumed as a new
   entry would be (``Bound.load``, ADR 0108); a tool or a handoff a hook assigns at
-  run time is gated too (``get_all_tools``, ``gate_handoffs``);
+  run time is gated too (``get_all_tools``; ``gate_handoffs``: whenever it is read);
 - ``s.cancel(by=..., mode=...)`` fences the run first (R1), then calls the SDK's
   ``RunResultStreaming.cancel(mode)``. ``after_turn`` lets the calls in flight
   finish (the run's policy becomes ``at_boundary``); ``immediate`` keeps the
@@ -73,7 +73,7 @@ from agents.stream_events import StreamEvent
 from agents.tool_context import ToolContext
 
 from stopline.domain.lifecycle import Action
-from stopline.domain.vocab import OpStatus, Policy
+from stopline.domain.vocab import Policy
 from stopline.errors import OperationInDoubt
 from stopline.integrations._frameworks import (
     Bound,
@@ -82,13 +82,14 @@ from stopline.integrations._frameworks import (
     VerifyByKey,
     Work,
     as_verifier,
+    current,
     detached_tool,
     gated_call,
     open_run,
 )
 from stopline.integrations._open_calls import in_doubt_note
 from stopline.integrations._openai_arguments import json_value, refusing_arguments
-from stopline.integrations._openai_doubt import recorded_line, timeout_text
+from stopline.integrations._openai_doubt import NOT_GATED, resume_note, timeout_text
 from stopline.integrations._openai_local import gate_local
 from stopline.integrations._openai_mcp import (
     GATED,
@@ -181,9 +182,9 @@ def gated(
             key = f"tool:{ctx.tool_call_id}"
             return await gated_call(stopline_tool, json_value(arguments), key=key)
         except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
-            return in_doubt_note(tool.name, doubt.op_id)
+            return await in_doubt_note(current().ledger, tool.name, doubt.op_id)
         except Exception as exc:
-            if body is invoke:
+            if body is invoke or isinstance(exc, NOT_GATED):  # no gate: the SDK run fails
                 raise
             # recorded; now what the SDK does with a tool's error (text for the model)
             cause = exc.__cause__ if isinstance(exc, Rejected) else None
@@ -253,9 +254,7 @@ def gate_agent(
 
     copy = seen[id(agent)] = agent.clone()  # first: an agent may lead back to itself
     copy.tools = [gate(t) for t in agent.tools]
-    copy.handoffs = list(agent.handoffs)  # its own: a hook may append to it
-    led: dict[int, object] = {}  # the handoffs gated, by id
-    gate_handoffs(copy, again, led)
+    gate_handoffs(copy, again)  # gated whenever read: a hook, instructions may assign them
     listed, every = copy.get_mcp_tools, copy.get_all_tools
     made = {id(t): t for t in copy.tools}  # held: an id is never another tool's
 
@@ -264,9 +263,7 @@ def gate_agent(
 
     async def get_all_tools(run_context: Any) -> list[AgentsTool]:
         """Every turn's tools; one a hook gave the agent at run time (``agent.tools =``,
-        which the SDK reads after its hooks) passes the gate too, and so do the tools of
-        an agent a hook gave as a handoff (read next, ``gate_handoffs``), ADR 0108."""
-        gate_handoffs(copy, again, led)
+        which the SDK reads after its hooks) passes the gate too (ADR 0108)."""
         return [t if id(t) in made else gate(t, mcp=True) for t in await every(run_context)]
 
     object.__setattr__(copy, "get_mcp_tools", get_mcp_tools)
@@ -436,23 +433,15 @@ class AgentSession:
             model_data = await filtered if hasattr(filtered, "__await__") else filtered
         if not self.bound.resumed:
             return model_data  # nothing recorded before this entry
-        ops = await self.bound.ledger.backend.operations(self.id)
         shown = {
             str(item.get("call_id"))
             for item in model_data.input
             if isinstance(item, dict) and item.get("call_id")
         }
-        keys = {op.id: op.id.removeprefix(f"{self.id}/") for op in ops}
-        lines = [
-            recorded_line(op, keys[op.id])
-            for op in ops
-            if keys[op.id].removeprefix("tool:") not in shown
-            and op.status is not OpStatus.PREVENTED
-        ]
-        if not lines:
+        note = await resume_note(self.bound.ledger, self.id, shown)
+        if note is None:
             return model_data
-        note = "Recorded before this resume, each call with what its evidence proves:\n"
-        message: Any = {"role": "developer", "content": note + "\n".join(lines)}
+        message: Any = {"role": "developer", "content": note}
         return dataclasses.replace(model_data, input=[*model_data.input, message])
 
 

@@ -86,6 +86,7 @@ from stopline.integrations._frameworks import (
     VerifyByKey,
     Work,
     as_verifier,
+    current,
     detached_tool,
     gated_call,
     open_run,
@@ -156,7 +157,7 @@ class StoplineToolset(WrapperToolset[Any]):
         try:
             return await gated_call(gated_tool, tool_args, key=key)
         except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
-            return in_doubt_note(name, doubt.op_id)
+            return await in_doubt_note(current().ledger, name, doubt.op_id)
         except _RetryRejected as refused:  # recorded not committed; the model asked again
             raise refused.retry from refused.retry.__cause__
         finally:
