@@ -3,10 +3,11 @@
 python -m tests.engines.temporal_worker ADDRESS TASK_QUEUE LEDGER_URL EFFECTS_FILE [remote]
 
 It says ``ready`` once polling and ``committed KEY`` after each effect, then
-holds every response forever: the test kills it there. With ``remote`` its tools
-declare no horizon (a remote provider's: an activity's is its attempt's bound), and
-it says ``reached received KEY`` and holds the first call there, before any effect
-(a request on its way).
+holds every response forever: the test kills it there. It caches no workflow (no
+sticky queue), so the workflow's next task goes to the next worker at once. With
+``remote`` its tools declare no horizon (a remote provider's: an activity's is its
+attempt's bound), and it says ``reached received KEY`` and holds the first call
+there, before any effect (a request on its way).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ async def main(*argv: str) -> None:
             workflows=[Pipeline],
             activities=acts,
             plugins=[plugin(ledger, provider, acts, settles_within=None if remote else 0.0)],
+            # no sticky queue: a worker killed mid-call would hold its workflow's next task
+            # on it until Temporal gives up on it (10 s), then hands it to the next worker
+            max_cached_workflows=0,
         ):
             say("ready")
             await anyio.sleep_forever()

@@ -2,7 +2,7 @@
 
 This module imports only ``temporalio`` and the standard library, because it
 runs inside Temporal's workflow sandbox. The workflow talks to the ledger
-only through three local activities (the worker side, ``temporal.py``):
+only through three local activities (the worker side, ``_temporal_ledger``):
 
 - ``stopline.open_run`` when the workflow starts: the run exists before any
   activity, so a cancel before the first dispatch has a run to fence; a child
@@ -16,7 +16,10 @@ only through three local activities (the worker side, ``temporal.py``):
   CLI): the fence is committed *before* the workflow's code hears of the
   cancel, so nothing it does afterwards passes the gate (R1); it opens the
   run first if the cancel came before ``open_run`` did;
-- ``stopline.end_run`` when the workflow ends on its own.
+- ``stopline.end_run`` when the workflow ends on its own. A fault that may clear is
+  retried while it lasts; one no retry can fix (the ledger refuses the write) fails
+  the workflow, typed and non-retryable, naming its run, left as the ledger holds it
+  (ADR 0111).
 
 Every activity the workflow starts carries its ``ActivityCancellationType``
 and its run's id in headers, from which the worker side picks the call's
@@ -34,7 +37,8 @@ from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
-from temporalio.exceptions import FailureError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.worker import (
     ContinueAsNewInput,
     ExecuteWorkflowInput,
@@ -70,13 +74,39 @@ EXECUTION_HEADER = "stopline-execution"
 # local activity retried after a backoff (past its ``local_retry_threshold``) a new activity
 # id, so that id does not name the call across its attempts
 LOCAL_HEADER = "stopline-local-activity"
-# a ledger write that cannot succeed fails at once (the worker side makes it non-retryable)
 _LEDGER_TIMEOUT = timedelta(seconds=30)
+# a ledger write that cannot succeed fails at once (the worker side makes it non-retryable,
+# ``_temporal_ledger``); one that may (a lock, a lost connection) is retried at most 5 s
+# apart while it lasts: Temporal's default waited up to 100 s once the ledger was back
+_LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=100),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+)
 
 
 async def _ledger(name: str, *args: Any) -> Any:
     return await workflow.execute_local_activity(
-        name, args=list(args), start_to_close_timeout=_LEDGER_TIMEOUT
+        name, args=list(args), start_to_close_timeout=_LEDGER_TIMEOUT, retry_policy=_LEDGER_RETRY
+    )
+
+
+def _not_ended(run_id: str, exc: ActivityError | ApplicationError) -> ApplicationError:
+    """The workflow's failure when its code returned and the ledger refused its run's end
+    for good (ADR 0111): named as the ledger's error, non-retryable (a retry of the
+    workflow would run its code again), the run left as the ledger holds it."""
+    cause = exc.cause if isinstance(exc, ActivityError) else exc
+    kind = cause.type if isinstance(cause, ApplicationError) and cause.type else "LedgerError"
+    said = cause.message if isinstance(cause, ApplicationError) else str(exc)
+    then = (
+        "; end it (ledger.end) once the ledger takes the write" if kind.startswith("Ledger") else ""
+    )
+    return ApplicationError(
+        f"the workflow's code returned, but the ledger did not end its run {run_id!r}"
+        f" ({kind}: {said}): the run is left as the ledger holds it, its receipt saying what"
+        f" its calls did{then}",
+        type=kind,
+        non_retryable=True,
     )
 
 
@@ -137,9 +167,18 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
                 result = await main
         except FailureError as exc:  # the workflow fails (a plain exception retries its task)
             if outbound.run_id:  # else its run never opened: nothing to end
-                await _ledger(END_RUN, outbound.run_id, f"{type(exc).__name__}: {exc}")
+                try:
+                    await _ledger(END_RUN, outbound.run_id, f"{type(exc).__name__}: {exc}")
+                except (ActivityError, ApplicationError) as refused:  # its own is the failure
+                    workflow.logger.error(
+                        "the ledger did not end run %r: %s", outbound.run_id, refused
+                    )
             raise
-        await _ledger(END_RUN, outbound.run_id, "")
+        try:
+            await _ledger(END_RUN, outbound.run_id, "")
+        except (ActivityError, ApplicationError) as exc:  # a local activity's failure
+            # refused for good (a fault that may clear is retried): a retry would be too
+            raise _not_ended(outbound.run_id, exc) from exc
         return result
 
 

@@ -3,7 +3,8 @@
     plugin = StoplinePlugin(ledger, tools=[upload_tool])
     worker = Worker(client, task_queue="q", workflows=[W], activities=[upload], plugins=[plugin])
 
-The plugin adds an interceptor and three local activities (``_temporal_workflow``):
+The plugin adds an interceptor and three local activities (``_temporal_workflow``; their
+faults, a retry only where one may help: ``_temporal_ledger``, ADR 0111):
 
 - **Key stable across retries and crashes.** An activity is the operation
   ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``call_of``);
@@ -48,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import temporalio.client
@@ -65,14 +66,10 @@ from temporalio.worker import (
 )
 from temporalio.workflow import ActivityCancellationType
 
-from stopline.domain.limits import check_wait, fitted
+from stopline.domain.limits import check_wait
 from stopline.domain.vocab import Policy
 from stopline.errors import (
-    IdempotencyConflict,
-    IllegalTransition,
     InvalidInput,
-    NotPermitted,
-    NotReplayable,
     OperationInDoubt,
     RunFenced,
     StoplineError,
@@ -80,7 +77,6 @@ from stopline.errors import (
     describe,
 )
 from stopline.integrations._engines import (
-    RUN_ROOM,
     EngineGate,
     call_context,
     engine_key,
@@ -94,13 +90,13 @@ from stopline.integrations._temporal_horizon import (
     retried,
     why_cut,
 )
+from stopline.integrations._temporal_ledger import failing_for_good, ledger_activities
 from stopline.integrations._temporal_runs import (
     activity_run,
     activity_run_id,
     call_of,
     cancel,
     cancel_activity,
-    execution_run,
     keyed_by_header,
     request_cancel,
     run_id_of,
@@ -139,25 +135,6 @@ POLICIES: dict[ActivityCancellationType, Policy] = {
     ActivityCancellationType.ABANDON: Policy.AT_BOUNDARY,
 }
 _OURS = frozenset({OPEN_RUN, FENCE_RUN, END_RUN})
-# stopline's errors that no retry can fix: the activity fails at once, named, with its message
-_FOR_GOOD = (
-    NotReplayable,
-    InvalidInput,
-    IdempotencyConflict,
-    NotPermitted,
-    IllegalTransition,
-    UnknownRun,
-)
-
-
-@contextlib.contextmanager
-def _failing_for_good() -> Iterator[None]:
-    """A stopline error no retry can fix fails the activity at once: Temporal's default
-    retry policy would repeat it for ever."""
-    try:
-        yield
-    except _FOR_GOOD as exc:
-        raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
 
 
 class StoplinePlugin(SimplePlugin):
@@ -189,7 +166,7 @@ class StoplinePlugin(SimplePlugin):
         super().__init__(
             "stopline.StoplinePlugin",
             interceptors=[StoplineInterceptor(self)],
-            activities=self._ledger_activities(),
+            activities=ledger_activities(self.gate),
         )
 
     def configure_worker(
@@ -212,71 +189,6 @@ class StoplinePlugin(SimplePlugin):
             look.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await look
-
-    # -- the workflow side's local activities -------------------------------------
-    def _ledger_activities(self) -> list[Any]:
-        gate = self.gate
-
-        @activity.defn(name=OPEN_RUN)
-        async def open_run(
-            workflow_id: str,
-            execution: str,
-            workflow: str,
-            parent_run: str,
-            parent_workflow: str,
-            shared: bool,
-            carried: str,
-            original: str = "",
-        ) -> list[str]:
-            """The execution's run and the execution its keys name (``execution_run``);
-            its parent's run is the header's, else (a parent started before the
-            header) its workflow id's; ``original``: the execution a reset one was
-            reset from (none from a workflow that predates it)."""
-            with _failing_for_good():
-                parent_id = parent_run or (run_id_of(parent_workflow) if parent_workflow else None)
-                run_id, keyed_by = await execution_run(
-                    gate,
-                    workflow_id,
-                    execution,
-                    fitted(workflow, RUN_ROOM),
-                    parent_id=parent_id,
-                    shared=shared,
-                    carried=carried,
-                    original=original,
-                )
-                return [run_id, keyed_by]
-
-        @activity.defn(name=FENCE_RUN)
-        async def fence_run(
-            workflow_id: str,
-            execution: str,
-            workflow: str,
-            parent_run: str,
-            parent_workflow: str,
-            shared: bool,
-            carried: str,
-            reason: str,
-            original: str = "",
-        ) -> None:
-            run_id, _ = await open_run(
-                workflow_id,
-                execution,
-                workflow,
-                parent_run,
-                parent_workflow,
-                shared,
-                carried,
-                original,
-            )
-            with _failing_for_good():
-                await gate.fence(run_id, f"temporal workflow cancel: {reason}")
-
-        @activity.defn(name=END_RUN)
-        async def end_run(run_id: str, error: str) -> None:
-            with _failing_for_good():
-                await gate.end_run(run_id, RuntimeError(error) if error else None)
-
-        return [open_run, fence_run, end_run]
 
     def watched(self, watch: asyncio.Task[None]) -> None:
         """A fence watch that outlived its activity has ended: a bug's error is logged."""
@@ -380,7 +292,7 @@ class _GatedActivity(ActivityInboundInterceptor):
             async with self._heartbeats(run_id, info):
                 while True:
                     try:
-                        with _failing_for_good():
+                        with failing_for_good():
                             return await gate.call(
                                 run_id,
                                 info.workflow_type or info.activity_type,
