@@ -18,7 +18,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("stopline.integrations.mcp.testing", "os._exit"): "the stdlib's documented hard exit",
     ("stopline.integrations._dbos_watch", "_get_dbos_instance()._sys_db"): (
         "DBOS publishes no read of its system database that does not wait out an outage: "
-        "the watcher of waiting workflows reads once an interval (ADR 0106)"
+        "the watcher of waiting workflows reads once an interval (ADR 0106), and a "
+        "workflow's ownership token tells its code's cancel error from DBOS's (ADR 0114)"
     ),
     ("stopline.integrations.mcp.testing", "_stdio._claims"): (
         "the MCP SDK's stdio server keeps the real wire as a private dup of fd 1"

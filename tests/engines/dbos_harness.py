@@ -5,15 +5,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import pytest
 from dbos import DBOS, SetWorkflowID
 
 import stopline
+from stopline import UnknownRun
 from tests.conftest import FAST_VERIFY
 from tests.engines import dbos_app, subprocess_worker
 from tests.engines.provider import FileProvider
@@ -143,3 +146,115 @@ async def worker_process(
     ``point`` as that module says."""
     args = (dbs.system_url, dbs.schema, dbs.ledger_url, str(provider.path), workflow_id)
     return await subprocess_worker.start("tests.engines.dbos_worker", *args, *point)
+
+
+# -- an outage of DBOS's system database alone, for real (probes 11, 12) -----------------
+
+
+class Outage(Protocol):
+    def begin(self) -> None: ...
+    def end(self) -> None: ...
+
+
+class LockedFile:
+    """Another connection holds an exclusive lock on DBOS's SQLite file: DBOS can neither
+    read nor write it until the lock goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn: sqlite3.Connection | None = None
+
+    def begin(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        conn.execute("BEGIN EXCLUSIVE")  # waits out DBOS's own writes first
+        self.conn = conn
+
+    def end(self) -> None:
+        if self.conn is not None:
+            self.conn.execute("ROLLBACK")
+            self.conn.close()
+            self.conn = None
+
+
+class RoleLockedOut:
+    """DBOS connects to PostgreSQL as a role of its own: the server ends that role's
+    sessions and refuses its logins (the ledger's, as another role, go on)."""
+
+    def __init__(self, server: str, role: str) -> None:
+        self.server, self.role = server, role
+
+    def admin(self, *statements: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.server, autocommit=True) as admin:
+            for statement in statements:
+                admin.execute(statement)
+
+    def begin(self) -> None:
+        self.admin(
+            f'ALTER ROLE "{self.role}" NOLOGIN',
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{self.role}'",
+        )
+
+    def end(self) -> None:
+        self.admin(f'ALTER ROLE "{self.role}" LOGIN')
+
+
+@contextlib.contextmanager
+def outage_ready(backend: str, tmp_path: Path) -> Iterator[tuple[Databases, Outage]]:
+    """DBOS's system database, and an outage of it alone (the ledger stays reachable)."""
+    if backend == "sqlite":
+        dbos_file = tmp_path / "dbos.sqlite"
+        dbs = Databases(f"sqlite:///{dbos_file}", "", f"sqlite:///{tmp_path / 'ledger.db'}")
+        locked = LockedFile(dbos_file)
+        try:
+            yield dbs, locked
+        finally:
+            locked.end()
+        return
+    from sqlalchemy.engine import make_url
+
+    from tests.postgres.server import drop_schema, fresh_schema, require_server
+
+    server = require_server()
+    role, secret = f"dbos_probe11_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
+    schema = f"dbos_{uuid.uuid4().hex[:12]}"
+    url = make_url(server)
+    locked_out = RoleLockedOut(server, role)
+    locked_out.admin(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{secret}'")
+    as_role = url.set(username=role, password=secret).render_as_string(hide_password=False)
+    try:
+        locked_out.admin(f'GRANT CREATE ON DATABASE "{url.database}" TO "{role}"')
+        for ledger_url in fresh_schema():
+            yield Databases(as_role, schema, ledger_url), locked_out
+    finally:
+        drop_schema(schema)
+        locked_out.admin(
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
+            f'DROP OWNED BY "{role}"',
+            f'DROP ROLE "{role}"',
+        )
+
+
+async def until_opened(h: Harness, run_id: str) -> None:
+    """Until the workflow's run is in the ledger."""
+    with anyio.fail_after(30):
+        while True:
+            try:
+                await h.ledger.backend.get_run(run_id)
+                return
+            except UnknownRun:
+                await h.ledger.wait_for_change(run_id)
+
+
+async def until_watch_failing(h: Harness, failing: bool) -> None:
+    """Until ``ledger.health`` says the watcher's reads fail (or no longer do)."""
+    health = h.ledger.health
+
+    def failing_now() -> bool:
+        watch = health.steps.get("watch_dbos_cancels")
+        return watch is not None and watch.failing > 0
+
+    with anyio.fail_after(30):
+        while failing_now() != failing:
+            await health.changed()

@@ -24,37 +24,34 @@ ground truth in the provider's own log; barriers, no sleeps (ADR 0106).
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import pytest
 from dbos import DBOS, SetWorkflowID
 from dbos._error import DBOSWorkflowCancelledError
 
-from stopline import Headline, OpStatus, ReadBack, RunState, UnknownRun
+from stopline import Headline, OpStatus, ReadBack, RunState
 from stopline.integrations.dbos import call_context
 from stopline.runtime.context import CallContext
 from tests.engines import dbos_app
-from tests.engines.dbos_harness import MARKS, Databases, Harness, harness, running, status
+from tests.engines.dbos_harness import (
+    MARKS,
+    Harness,
+    harness,
+    outage_ready,
+    running,
+    status,
+    until_opened,
+    until_watch_failing,
+)
 from tests.engines.provider import FileProvider
 
 pytestmark = MARKS
 
 _WATCH = "watch_dbos_cancels"  # the watcher's step in ledger.health
-
-
-async def _until_opened(h: Harness, run_id: str) -> None:
-    with anyio.fail_after(30):
-        while True:
-            try:
-                await h.ledger.backend.get_run(run_id)
-                return
-            except UnknownRun:
-                await h.ledger.wait_for_change(run_id)
 
 
 async def _until_fenced(h: Harness, run_id: str) -> None:
@@ -66,111 +63,13 @@ async def _until_fenced(h: Harness, run_id: str) -> None:
 async def _until_ended(h: Harness, run_id: str) -> None:
     """Until the run has left ``running`` (DBOS parks a workflow its own cancel error
     left: its handle never answers)."""
-    await _until_opened(h, run_id)
+    await until_opened(h, run_id)
     with anyio.fail_after(30):
         while (await h.ledger.backend.get_run(run_id)).state is RunState.RUNNING:
             await h.ledger.wait_for_change(run_id)
 
 
 # -- an outage of DBOS's system database, for real --------------------------------------
-
-
-class Outage(Protocol):
-    def begin(self) -> None: ...
-    def end(self) -> None: ...
-
-
-class LockedFile:
-    """Another connection holds an exclusive lock on DBOS's SQLite file: DBOS can neither
-    read nor write it until the lock goes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.conn: sqlite3.Connection | None = None
-
-    def begin(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        conn.execute("BEGIN EXCLUSIVE")  # waits out DBOS's own writes first
-        self.conn = conn
-
-    def end(self) -> None:
-        if self.conn is not None:
-            self.conn.execute("ROLLBACK")
-            self.conn.close()
-            self.conn = None
-
-
-class RoleLockedOut:
-    """DBOS connects to PostgreSQL as a role of its own: the server ends that role's
-    sessions and refuses its logins (the ledger's, as another role, go on)."""
-
-    def __init__(self, server: str, role: str) -> None:
-        self.server, self.role = server, role
-
-    def admin(self, *statements: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self.server, autocommit=True) as admin:
-            for statement in statements:
-                admin.execute(statement)
-
-    def begin(self) -> None:
-        self.admin(
-            f'ALTER ROLE "{self.role}" NOLOGIN',
-            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{self.role}'",
-        )
-
-    def end(self) -> None:
-        self.admin(f'ALTER ROLE "{self.role}" LOGIN')
-
-
-@contextlib.contextmanager
-def _outage_ready(backend: str, tmp_path: Path) -> Iterator[tuple[Databases, Outage]]:
-    """DBOS's system database, and an outage of it alone (the ledger stays reachable)."""
-    if backend == "sqlite":
-        dbos_file = tmp_path / "dbos.sqlite"
-        dbs = Databases(f"sqlite:///{dbos_file}", "", f"sqlite:///{tmp_path / 'ledger.db'}")
-        locked = LockedFile(dbos_file)
-        try:
-            yield dbs, locked
-        finally:
-            locked.end()
-        return
-    from sqlalchemy.engine import make_url
-
-    from tests.postgres.server import drop_schema, fresh_schema, require_server
-
-    server = require_server()
-    role, secret = f"dbos_probe11_{uuid.uuid4().hex[:10]}", uuid.uuid4().hex
-    schema = f"dbos_{uuid.uuid4().hex[:12]}"
-    url = make_url(server)
-    locked_out = RoleLockedOut(server, role)
-    locked_out.admin(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{secret}'")
-    as_role = url.set(username=role, password=secret).render_as_string(hide_password=False)
-    try:
-        locked_out.admin(f'GRANT CREATE ON DATABASE "{url.database}" TO "{role}"')
-        for ledger_url in fresh_schema():
-            yield Databases(as_role, schema, ledger_url), locked_out
-    finally:
-        drop_schema(schema)
-        locked_out.admin(
-            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
-            f'DROP OWNED BY "{role}"',
-            f'DROP ROLE "{role}"',
-        )
-
-
-async def _until_watch_failing(h: Harness, failing: bool) -> None:
-    """Until ``ledger.health`` says the watcher's reads fail (or no longer do)."""
-    health = h.ledger.health
-
-    def failing_now() -> bool:
-        watch = health.steps.get(_WATCH)
-        return watch is not None and watch.failing > 0
-
-    with anyio.fail_after(30):
-        while failing_now() != failing:
-            await health.changed()
 
 
 async def test_the_watcher_survives_an_outage_of_dbos_database_and_says_so(
@@ -183,7 +82,7 @@ async def test_the_watcher_survives_an_outage_of_dbos_database_and_says_so(
     DBOS's retry), and no run is fenced. The database back, the health recovers; a
     ``DBOS.cancel_workflow`` of one of them is fenced by the next read; the other goes
     on and commits; the watcher stops with the last of them."""
-    with _outage_ready(backend, tmp_path) as (dbs, outage):
+    with outage_ready(backend, tmp_path) as (dbs, outage):
         async with running(dbs, FileProvider(tmp_path / "effects.jsonl")) as h:
             watcher = dbos_app.gate._watch
             ids = sorted(f"wf-{uuid.uuid4().hex[:12]}" for _ in range(2))
@@ -193,15 +92,15 @@ async def test_the_watcher_survives_an_outage_of_dbos_database_and_says_so(
                     handles[workflow_id] = await DBOS.start_workflow_async(
                         dbos_app.pipeline, ["upload"], True
                     )
-                await _until_opened(h, workflow_id)
+                await until_opened(h, workflow_id)
             await anyio.to_thread.run_sync(outage.begin)
             try:
-                await _until_watch_failing(h, True)
+                await until_watch_failing(h, True)
                 degraded = h.ledger.health.degraded
                 fenced_in_outage = [(await h.ledger.backend.get_run(w)).cancelled_at for w in ids]
             finally:
                 await anyio.to_thread.run_sync(outage.end)
-            await _until_watch_failing(h, False)  # the first read after it answered
+            await until_watch_failing(h, False)  # the first read after it answered
             cancelled, going_on = ids
             await DBOS.cancel_workflow_async(cancelled)
             await _until_fenced(h, cancelled)
@@ -279,7 +178,7 @@ async def test_a_steps_own_dbos_cancel_error_is_its_exception_unless_dbos_cancel
     assert receipt.run_state is RunState.FAILED  # old: cancelled by dbos
     assert receipt.cancelled_by is None
     assert receipt.headline is Headline.FAILED
-    assert dbos_says != "CANCELLED"  # old: cancelled by stopline's fence; DBOS parks it
+    assert dbos_says != "CANCELLED"  # old: cancelled by stopline's fence; ERROR (ADR 0114)
 
 
 # -- a read-back started from a step ----------------------------------------------------

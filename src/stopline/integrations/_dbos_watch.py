@@ -21,6 +21,11 @@ answers, and the health recovers. A read that neither answers nor fails
 within ``READ_WITHIN`` (a lock held on SQLite, a server that does not answer)
 is counted the same way and waited for, one read at a time; the watcher stops
 without it when its last workflow leaves. A failed read fences nothing.
+
+An outage is one failure, however many reads it fails (ADR 0114): counted and
+logged (a warning, by ``ledger.health``) as its first read fails, and logged
+again as a read answers, with how long it lasted and how many reads it failed
+(or as the watcher stops before that). The reads between say nothing.
 """
 
 from __future__ import annotations
@@ -38,10 +43,18 @@ from typing import Any, TypeVar
 from dbos._dbos import _get_dbos_instance
 from dbos._sys_db import WorkflowStatusString
 
+from stopline.errors import describe
 from stopline.integrations._engines import EngineGate
 from stopline.runtime.boundary import retryable
 
-__all__ = ["READ_WITHIN", "WATCH_EVERY", "Watcher", "outside_workflow", "why_cancelled"]
+__all__ = [
+    "READ_WITHIN",
+    "WATCH_EVERY",
+    "Watcher",
+    "outside_workflow",
+    "owner_in_dbos",
+    "why_cancelled",
+]
 
 log = logging.getLogger("stopline.integrations.dbos")
 R = TypeVar("R")
@@ -55,6 +68,15 @@ READ_WITHIN = 5.0
 _CANCELLED = WorkflowStatusString.CANCELLED.value
 _STEP = "watch_dbos_cancels"  # the watcher's name in ``ledger.health``
 _UNANSWERED = "DBOS's system database has not answered a read of its cancels in {:g}s"
+
+
+@dataclasses.dataclass
+class _Outage:
+    """DBOS's system database failing the watcher's reads since ``began`` (monotonic)."""
+
+    began: float
+    last_error: str
+    reads: int = 1  # failed or unanswered since it began
 
 
 @dataclasses.dataclass
@@ -79,7 +101,7 @@ class Watcher:
         self.gate = gate
         self.every = every
         self.read_within = read_within
-        self._failing = False  # reads fail (or go unanswered) now: the health says so
+        self._outage: _Outage | None = None  # reads fail (or go unanswered) now
         self._watched: dict[str, _Watched] = {}
         self._registered = 0
         self._running = False
@@ -140,7 +162,7 @@ class Watcher:
                 if self._watched:
                     await self._look()
         finally:
-            self._answered()  # no read made now fails: a later start reads afresh
+            self._answered(stopping=True)  # no read made now fails: a later start reads afresh
             self._running = False
             self.stopped.set()
 
@@ -178,7 +200,8 @@ class Watcher:
         try:
             both = {read, left}
             done, _ = await asyncio.wait(both, timeout=self.read_within, return_when=_FIRST)
-            if not done:  # counted now, waited for still: a second read would wait too
+            overdue = not done
+            if overdue:  # counted now, waited for still: a second read would wait too
                 self._failed(TimeoutError(_UNANSWERED.format(self.read_within)))
                 done, _ = await asyncio.wait(both, return_when=_FIRST)
             if read not in done:
@@ -186,7 +209,7 @@ class Watcher:
             try:
                 found = read.result()
             except Exception as exc:  # DBOS's database: read again at the next interval
-                self._failed(exc)
+                self._failed(exc, counted=overdue)
                 return None
             self._answered()
             return found
@@ -194,17 +217,47 @@ class Watcher:
             left.cancel()
             read.cancel()  # answered: nothing; else the watcher no longer waits for it
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, *, counted: bool = False) -> None:
+        """A read failed or went unanswered (``counted``: this one, counted as overdue,
+        failed since): the first of an outage is counted in the health (its warning says
+        so), the others only in the outage (ADR 0114)."""
+        if self._outage is not None:
+            self._outage.reads += not counted
+            self._outage.last_error = _first_line(exc)
+            return
+        self._outage = _Outage(time.monotonic(), _first_line(exc))
         health = self.gate.ledger.health
         health.failed(_STEP, exc, retrying=True)
-        if not self._failing:
-            self._failing = True
-            health.failing(_STEP, True)
+        health.failing(_STEP, True)
 
-    def _answered(self) -> None:
-        if self._failing:
-            self._failing = False
-            self.gate.ledger.health.failing(_STEP, False)
+    def _answered(self, *, stopping: bool = False) -> None:
+        """A read answered (or the watcher stops): an outage ends, said once."""
+        outage, self._outage = self._outage, None
+        if outage is None:
+            return
+        lasted = time.monotonic() - outage.began
+        if stopping:
+            log.warning(_STOPPED_IN_OUTAGE, lasted, outage.reads, outage.last_error)
+        else:
+            log.warning(_ANSWERED_AGAIN, lasted, outage.reads, outage.last_error)
+        self.gate.ledger.health.failing(_STEP, False)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error, without the statement SQLAlchemy appends to its message."""
+    return describe(exc).partition("\n")[0]
+
+
+_ANSWERED_AGAIN = (
+    "DBOS's system database answers the watcher of waiting workflows again: its reads of"
+    " DBOS's cancels failed for %.1fs (reads failed: %d; the last: %s); a cancel made"
+    " meanwhile is fenced now"
+)
+_STOPPED_IN_OUTAGE = (
+    "the watcher of waiting workflows stops (no gated workflow runs) while DBOS's system"
+    " database does not answer: its reads of DBOS's cancels failed for %.1fs (reads"
+    " failed: %d; the last: %s)"
+)
 
 
 def why_cancelled(deadline_ms: int | None) -> str:
@@ -228,6 +281,14 @@ def _cancelled_among(ids: list[str]) -> list[str]:
         system_db, workflow_ids=ids, status=_CANCELLED, load_input=False, load_output=False
     )
     return [status.workflow_id for status in found]
+
+
+async def owner_in_dbos(workflow_id: str) -> str | None:
+    """DBOS's ownership token of the workflow now (``None``: none, cancelled or done),
+    read as the application. DBOS publishes no read of it: its system database's own
+    (pinned ``dbos==3.4.*``), which waits out an outage as DBOS's calls do (ADR 0114)."""
+    read = _get_dbos_instance()._sys_db.get_workflow_owner
+    return await outside_workflow(asyncio.to_thread(read, workflow_id))
 
 
 async def outside_workflow(call: Coroutine[Any, Any, R]) -> R:

@@ -37,9 +37,10 @@ What it promises:
   cancel (API, CLI, console) cancels the DBOS workflow and the child
   workflows the run owns exclusively, never a shared one.
 - **Whose code.** Only a step's call runs in DBOS's context: the gate and what the
-  ledger starts (a read-back, a provider's cancel) run as the application, and a
-  step's own ``DBOSWorkflowCancelledError`` fails the run unless DBOS cancelled the
-  workflow (ADR 0106).
+  ledger starts (a read-back, a provider's cancel) run as the application. A
+  ``DBOSWorkflowCancelledError`` the workflow's code or a step's call raised itself
+  (DBOS's record: not cancelled) fails the run, and the workflow ends ``ERROR`` in
+  DBOS with ``RunEnded`` (ADRs 0106, 0114).
 - **Forks and rewinds.** A fork (``DBOS.fork_workflow``) does not send again a
   step its original did whose result DBOS never recorded (it returns the
   original's); a rewind (``DBOS.rewind_workflow``) of a workflow whose run
@@ -90,6 +91,7 @@ from stopline.errors import (
 from stopline.integrations._dbos_context import (
     as_application,
     cancelled_in_dbos,
+    owner_token,
     step_body,
     workflow_raised,
 )
@@ -277,6 +279,7 @@ class StoplineDBOS:
                     return await fn(*args, **kwargs)
                 gate, run_id = self.gate, run_id_of(workflow_id)
                 parent, deadline = _parent_id(), _deadline()  # from DBOS's context
+                execution = deadline, owner_token()
                 with as_application():  # the ledger's work is not the workflow's (ADR 0106)
                     await gate.open_run(run_id, fn.__name__, parent_id=parent, shared=shared)
                 gate.remember_engine_id(run_id, workflow_id)
@@ -287,7 +290,9 @@ class StoplineDBOS:
                     result = await fn(*args, **kwargs)
                 except BaseException as exc:  # a cancel, a lost workflow, an error
                     with as_application():
-                        await workflow_raised(gate, workflow_id, run_id, deadline, exc)
+                        instead = await workflow_raised(gate, workflow_id, run_id, execution, exc)
+                    if instead is not None:  # DBOS records it, not DBOS's cancel (ADR 0114)
+                        raise instead from exc
                     raise
                 finally:
                     watcher.remove(workflow_id)
