@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stopline.domain.model import CancelState, Evidence, OperationRecord, RunRecord
-from stopline.domain.receipt import HEADLINE_MESSAGES, build_receipt, headline_for
+from stopline.domain.receipt import HEADLINE_MESSAGES, build_receipt, headline_for, horizon_words
 from stopline.domain.vocab import (
     Cancellable,
     EvidenceKind,
@@ -209,7 +209,18 @@ def test_a_review_line_offers_not_committed_only_after_its_recorded_horizon() ->
     line = build_receipt(run_record(), [landing]).lines[0]
     assert line.recovery == (
         "a reviewer decides committed, or not committed once its effect can no longer "
-        "land (after 08:00:00 UTC)"
+        "land (after 2027-01-15 08:00:00 UTC)"
     )
     plain = build_receipt(run_record(), [op(OpStatus.NEEDS_REVIEW)]).lines[0]
     assert plain.recovery == "a reviewer decides committed or not committed"
+
+
+def test_a_horizon_of_another_day_is_said_with_its_date() -> None:
+    """R13: a horizon is said as a time of day only when it is today's (UTC); one of
+    another day carries its date. "until 00:34:11 UTC" said at 23:34 read as a time
+    already past, where the effect may still land for an hour; receipts said it so,
+    while the CLI's own view of the same horizon added the date."""
+    evening = 1_796_686_440.0  # 2026-12-07 23:34:00 UTC
+    assert horizon_words(evening + 60, now=evening) == "23:35:00 UTC"
+    assert horizon_words(evening + 3600, now=evening) == "2026-12-08 00:34:00 UTC"
+    assert horizon_words(evening - 86_400, now=evening) == "2026-12-06 23:34:00 UTC"

@@ -15,6 +15,7 @@ import pytest
 
 import stopline
 from stopline import Headline, OpStatus, PhaseKind, Policy, ReadBack, Verdict, VerifyBudget
+from stopline.domain.receipt import horizon_words
 from tests.scenarios.workflows import Started, start
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,7 +79,7 @@ async def test_r13_not_found_before_the_horizon_keeps_verifying(
         assert op.status is OpStatus.UNKNOWN  # ... which proves nothing yet (R13)
         assert op.horizon is not None and op.horizon > time.time()
         receipt = await ledger.receipt(run_id)
-        until = time.strftime("%H:%M:%S UTC", time.gmtime(op.horizon))
+        until = horizon_words(op.horizon)  # with its date should it be tomorrow's
         assert receipt.lines[0].status_words == f"may have happened; verifying until {until}"
         assert receipt.headline is Headline.VERIFYING
         provider.commit_now.set()  # the provider lands it after that read-back

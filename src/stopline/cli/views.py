@@ -98,9 +98,7 @@ def lands_until(horizon: float | None, now: float | None = None) -> str:
     now = time.time() if now is None else now
     if horizon is None or horizon <= now:
         return ""
-    if time.gmtime(horizon)[:3] == time.gmtime(now)[:3]:
-        return horizon_words(horizon)
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(horizon))
+    return horizon_words(horizon, now)
 
 
 def decide(step: Step) -> str:

@@ -201,9 +201,14 @@ def _cancel_words(op: OperationRecord) -> str:
     return ""
 
 
-def horizon_words(at: float) -> str:
-    """A horizon as a receipt says it (R13: "until 12:03:05 UTC")."""
-    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+def horizon_words(at: float, now: float | None = None) -> str:
+    """A horizon as every surface says it (R13: "until 12:03:05 UTC"), with its date when
+    it is not today's (``now``'s, UTC): "until 00:34:11 UTC" said at 23:34 read as a time
+    already past, where the effect may still land for an hour."""
+    now = time.time() if now is None else now
+    if time.gmtime(at)[:3] == time.gmtime(now)[:3]:
+        return time.strftime("%H:%M:%S UTC", time.gmtime(at))
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def _status_words(op: OperationRecord) -> str:
