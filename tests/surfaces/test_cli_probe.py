@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -25,8 +27,10 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import anyio
 import psycopg
@@ -184,18 +188,60 @@ def test_console_help_names_the_value_allow_host_takes() -> None:
 # -- Ctrl-C -------------------------------------------------------------------------
 
 
-def _ctrl_c_until_it_ends(proc: subprocess.Popen[str], every: float = 10.0) -> tuple[str, str]:
-    """Ctrl-C, and again if the command has not ended within ``every`` seconds (a second
-    one ends it at once). Not every 0.2 s where one may be enough: one landing while the
-    interpreter tears down after the report ends it by the signal (Python's own: status
-    -2), not by its status."""
-    for _ in range(int(60 / every)):  # a guard, not a timing
+# What the first Ctrl-C says at once, on stderr: a second one ends the command now.
+SECOND_ENDS_IT = "Ctrl-C again ends it now"
+GUARD = 60  # seconds: a hang guard, not a timing
+
+
+@dataclasses.dataclass(frozen=True)
+class Pressed:
+    """A command Ctrl-C ended: what it printed, and whether it still ran once the first
+    press had said what it did (a second was pressed then)."""
+
+    out: str
+    err: str
+    pressed_twice: bool
+
+
+def _ctrl_c_twice(proc: subprocess.Popen[str]) -> Pressed:
+    """Ctrl-C, and once the command has said what that did (``SECOND_ENDS_IT``, at once
+    on stderr) a second if it is still running: for a command the first cannot end (it
+    waits for a lock held throughout). It pressed again only if the command had not
+    ended within 10 s, since it said nothing until then; and not every 0.2 s, where one
+    may be enough: one landing while the interpreter tears down after the report ends it
+    by the signal (Python's own: status -2), not by its status."""
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: list[str] = []
+    said = threading.Event()
+
+    def read(stream: IO[str]) -> None:
+        for line in stream:
+            lines.append(line)
+            if SECOND_ENDS_IT in line:
+                said.set()
+        said.set()  # the command ended: nothing more comes
+
+    reader = threading.Thread(target=read, args=(proc.stderr,), name="stderr")
+    reader.start()
+    try:
         proc.send_signal(signal.SIGINT)
-        try:
-            return proc.communicate(timeout=every)
-        except subprocess.TimeoutExpired:
-            continue
-    raise AssertionError("the command did not end after Ctrl-C")
+        assert said.wait(GUARD), "".join(lines)
+        assert any(SECOND_ENDS_IT in line for line in lines), "".join(lines)
+        twice = proc.poll() is None
+        if twice:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(GUARD)
+    finally:
+        if proc.poll() is None:  # a failed assertion: the command still waits
+            proc.kill()
+        reader.join()
+    return Pressed(proc.stdout.read(), "".join(lines), twice)
+
+
+def _ctrl_c_until_it_ends(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """``_ctrl_c_twice``: stdout and stderr."""
+    pressed = _ctrl_c_twice(proc)
+    return pressed.out, pressed.err
 
 
 def _cli(url: str, *args: str) -> subprocess.Popen[str]:
@@ -240,8 +286,23 @@ def test_ctrl_c_on_a_statement_waiting_for_postgres_says_what_is_known(
     assert "Traceback" not in err
 
 
-def _threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
+def _sleeps_in_a_lock_wait(pid: int) -> bool:
+    """Whether a thread of the process ``pid`` sleeps in SQLite's busy handler, between
+    two tries at a lock another connection holds (Linux: the kernel's wait channel; no
+    other thread of a command sleeps so, the loop waits in epoll and the others on
+    futexes)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            if Path(f"/proc/{pid}/task/{task}/wchan").read_text() == "hrtimer_nanosleep":
+                return True
+    return False
+
+
+def _until_it_waits_for_sqlite(proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + GUARD  # a guard, not a timing
+    while not _sleeps_in_a_lock_wait(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
 
 
 def test_ctrl_c_twice_on_a_locked_sqlite_ledger_ends_the_command(tmp_path: Path) -> None:
@@ -254,12 +315,8 @@ def test_ctrl_c_twice_on_a_locked_sqlite_ledger_ends_the_command(tmp_path: Path)
     holder.execute("BEGIN EXCLUSIVE")  # another process's write lock, held throughout
     try:
         with _cli(url + "?busy_timeout=120", "pause", "run_live") as proc:
-            deadline = time.monotonic() + 60  # a guard, not a timing
-            # a worker thread exists: the event loop runs, Ctrl-C is the command's now
-            while _threads(proc.pid) < 2:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.05)
-            _, err = _ctrl_c_until_it_ends(proc, every=0.5)  # one cannot end a lock wait
+            _until_it_waits_for_sqlite(proc)  # a statement on its way: Ctrl-C is the command's
+            _, err = _ctrl_c_until_it_ends(proc)  # one cannot end a lock wait
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -16,7 +16,7 @@ from stopline.cli import check_mcp, extras, lifecycle, mapping, review, runs, st
 from stopline.cli.views import UsageError
 from stopline.errors import InvalidInput, StoplineError
 
-__all__ = ["app", "main"]
+__all__ = ["app", "interrupted_at_start", "main"]
 
 app = typer.Typer(
     name="stopline",
@@ -123,6 +123,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         c.err.print(f"stopline: error: {exc}")
         return c.EXIT_ERROR
     return c.EXIT_OK
+
+
+# The commands a Ctrl-C ends with 130, as a shell's does; the others end with 3 (docs/cli.md).
+_SHELL_CTRL_C = frozenset({"demo", "bench", "map", "check-mcp"})
+_EXIT_SHELL_CTRL_C = 130
+
+
+def interrupted_at_start(argv: Sequence[str] | None = None) -> int:
+    """A Ctrl-C while the command's modules imported (``stopline.cli.main``): it ends
+    before it starts, nothing done, with the code a Ctrl-C of that command ends with."""
+    c.err.print("stopline: interrupted before the command started; nothing was done")
+    args = list(sys.argv[1:] if argv is None else argv)
+    return _EXIT_SHELL_CTRL_C if _command(args) in _SHELL_CTRL_C else c.EXIT_PENDING
+
+
+def _command(args: list[str]) -> str | None:
+    """The command ``args`` name: the first word after the global options."""
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--ledger":
+            next(rest, None)  # its value
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

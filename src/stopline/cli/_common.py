@@ -33,6 +33,7 @@ __all__ = [
     "EXIT_PENDING",
     "EXIT_USAGE",
     "READ_INTERRUPTED",
+    "STOPPING",
     "Interrupt",
     "MissingExtra",
     "Options",
@@ -221,6 +222,13 @@ async def opened(url: str) -> AsyncIterator[stopline.Ledger]:
 # function that prints what is known and returns the exit code.
 Interrupt: TypeAlias = str | Callable[[], int]
 READ_INTERRUPTED = "interrupted; nothing was changed (a read)"
+# Said at once by the first Ctrl-C, before the command's own line: what it did, and what
+# a second does. Until it was, a first press on a statement waiting for another
+# process's lock showed nothing until the second.
+STOPPING = (
+    "stopping: the command ends once the ledger has answered what it already sent "
+    "(that may wait for another process's lock); Ctrl-C again ends it now"
+)
 
 
 def run_sync(fn: Callable[[], Awaitable[T]], *, interrupted: Interrupt) -> T:
@@ -231,17 +239,22 @@ def run_sync(fn: Callable[[], Awaitable[T]], *, interrupted: Interrupt) -> T:
     Ctrl-Cs (``cli._loop``). The first cancels the coroutine through an anyio cancel scope
     (not asyncio's native ``task.cancel()``: a native cancel landing in a shielded
     section or with a poll's deadline can be taken for it and swallowed, and the command
-    would wait on until its own timeout), and the command ends once the coroutine has
-    unwound, its ledger closed; a statement already sent may still finish, and then its
-    result is the command's. A second Ctrl-C interrupts at once: the threads the loop
+    would wait on until its own timeout), says so at once on stderr (``STOPPING``), and
+    the command ends once the coroutine has unwound, its ledger closed; a statement
+    already sent may still finish, and then its result is the command's. A second
+    Ctrl-C interrupts at once: the threads the loop
     started are daemons too, so one still blocked in a statement (a SQLite lock wait)
     no longer holds the interpreter's exit, as it did for ever.
     """
     report = interrupted if callable(interrupted) else _saying(interrupted)
     try:
-        return drive(fn)
+        return drive(fn, said=_stopping)
     except KeyboardInterrupt:
         raise typer.Exit(report()) from None
+
+
+def _stopping() -> None:
+    err.print(f"stopline: {STOPPING}")
 
 
 def _saying(message: str) -> Callable[[], int]:
