@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the TypeScript SDK's reference MCP servers, pinned by their lock (tests/mcp/test_node_servers.py)
+NODE_DIR := tests/mcp/node
+NODE_SERVERS := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: demo test lint typecheck unit bench clean browser
 
@@ -23,7 +26,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) browser
+unit: $(STAMP) browser $(NODE_SERVERS)
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
@@ -32,7 +35,15 @@ bench: $(STAMP)
 	$(BIN)/stopline bench --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache $(NODE_DIR)/node_modules
+
+# npm ci installs exactly the lock, offline-safe at test time; no node: those tests skip
+$(NODE_SERVERS): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@if command -v npm >/dev/null; then \
+		npm ci --prefix $(NODE_DIR) --no-audit --no-fund && touch $@; \
+	else \
+		echo "the TypeScript MCP server tests need Node.js 20+ and npm"; \
+	fi
 
 # The console's browser tests drive Debian's chromium (never a downloaded build).
 browser:

@@ -223,8 +223,9 @@ async def test_mcp_causes_are_told_apart(ledger: stopline.Ledger, plain: Server)
     async with ledger.run("causes", owner="user:1") as run:
         with pytest.raises(stopline.Rejected):
             await plain.conn.call(run, "upload", {"payload": "x"}, key="refused")
+        await plain.fault("upload", "answer0")  # the server answers an error of its own
         with pytest.raises(stopline.NoAnswer) as server_error:
-            await plain.conn.call(run, "upload", {"wrong": "arguments"}, key="bad")
+            await plain.conn.call(run, "upload", {"payload": "y"}, key="bad")
         with pytest.raises(stopline.NoAnswer) as timeout:
             await plain.conn.call(run, "notify", {"payload": "x"}, key="slow", idle_timeout=0.05)
     await plain.release("received:notify")

@@ -12,16 +12,26 @@ when a listing is read, so a ``Tool`` a caller holds follows too (ADR 0062):
   sent (before the gate ``UnknownTool``; after it ``not_committed``, nothing sent), and
   a read whose tool became effectful is not sent (``Rejected``; called again, it is
   gated).
+
+A call's arguments are checked against the tool's listed ``inputSchema`` before the
+gate (``fits_schema``; ``StoplineMCP(..., check_input_schemas=False)``: not): a server
+validates them before its tool runs and, since 2025-11-25, answers a misfit as a tool
+error (``isError: true``, which proves nothing), so sent they left an ``unknown``
+operation to read back for a call that never ran.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+# the MCP SDK's own dependency (it checks results against a tool's outputSchema with it)
+import jsonschema  # type: ignore[import-untyped]
+
 from stopline.domain.vocab import Cancellable
-from stopline.errors import UnknownTool
+from stopline.errors import InvalidInput, UnknownTool
 from stopline.integrations._verify import ServerReadBack, server_id
 from stopline.integrations.mcp._call import connected, read_back, sendable
 from stopline.runtime.tool import Tool
@@ -29,7 +39,7 @@ from stopline.runtime.tool import Tool
 if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
 
-__all__ = ["declare", "listed_check", "routed"]
+__all__ = ["declare", "fits_schema", "listed_check", "routed"]
 
 
 def declare(conn: StoplineMCP, name: str, tool: Tool[Any], invoke: Any, read: Any) -> None:
@@ -56,14 +66,48 @@ def declare(conn: StoplineMCP, name: str, tool: Tool[Any], invoke: Any, read: An
 
 def listed_check(conn: StoplineMCP, name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], None]:
     """The tool's ``check_arguments``: a tool the listing no longer names is refused
-    before the gate (``UnknownTool``); arguments no request can carry, ``InvalidInput``."""
+    before the gate (``UnknownTool``); arguments no request can carry, or (when the
+    connection checks them) that its listed ``inputSchema`` refuses, ``InvalidInput``."""
 
     def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if name not in conn.listing:
             raise UnknownTool(name, conn.name)
         sendable(args, kwargs)
+        arguments = args[0] if args else kwargs.get("arguments")
+        if conn.check_input_schemas and (arguments is None or isinstance(arguments, dict)):
+            fits_schema(conn, name, arguments or {})
 
     return check
+
+
+def fits_schema(conn: StoplineMCP, name: str, arguments: dict[str, Any]) -> None:
+    """``InvalidInput`` unless ``arguments`` (with the key the client adds, when the
+    tool's policy names a ``key_argument``) fit ``name``'s listed ``inputSchema``. A
+    schema that is itself invalid checks nothing: the server is left to judge."""
+    schema = conn.listing[name].input_schema
+    key_argument = conn.policy(name).key_argument
+    if key_argument:  # the client sets it after this check: as the server will get it
+        arguments = {**arguments, key_argument: "io.stopline/key"}
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    errors = () if validator is None else validator.iter_errors(arguments)
+    error = jsonschema.exceptions.best_match(errors)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+        why = f"tool {name!r} of {conn.name!r} takes no such arguments: {where}: {error.message}"
+        raise InvalidInput("arguments", why)
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema: str) -> Any:
+    """The validator of a listed schema (as JSON text), or ``None`` for one that is no
+    valid schema. Cached: each call of a tool checks against the same few schemas."""
+    loaded = json.loads(schema)
+    cls = jsonschema.validators.validator_for(loaded, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(loaded)
+    except jsonschema.exceptions.SchemaError:
+        return None
+    return cls(loaded)
 
 
 async def routed(conn: StoplineMCP, name: str, *, as_read: bool) -> str | None:

@@ -116,10 +116,10 @@ class StoplineMCP:
         connect_timeout: float = 30.0,
         backoff: Backoff | None = None,
         trust_read_hints: bool = False,
+        check_input_schemas: bool = True,
     ) -> None:
-        waits = [progress_cap, settle_timeout, poll_wait, connect_timeout]
-        names = ["progress_cap", "settle_timeout", "poll_wait", "connect_timeout"]
-        for what, wait in zip(names, waits, strict=True):
+        waits = dict(progress_cap=progress_cap, settle_timeout=settle_timeout, poll_wait=poll_wait)
+        for what, wait in {**waits, "connect_timeout": connect_timeout}.items():
             check_seconds(what, wait)  # here, not in a call after its gate
         self.target = target
         self.mode = mode
@@ -134,8 +134,8 @@ class StoplineMCP:
         if tasks:  # MCP tasks: 2026 when the server decides, 2025 for policy.task tools
             self.tasks = TasksClient(spawn=self._spawn, on_final=self._task_final)
             self.extensions.append(self.tasks)
-        # a server's readOnlyHint makes a tool an ungated read only when trusted (ADR 0055)
-        self.trust_read_hints = trust_read_hints
+        # readOnlyHint makes a read only when trusted (ADR 0055); listed schemas: ``_tools``
+        self.trust_read_hints, self.check_input_schemas = trust_read_hints, check_input_schemas
         self.tool_listing = Listing()  # the tools as listed, kept current (ADR 0062)
         self.late: list[LateAnswer] = []  # every late answer seen, for inspection
         self._tools: dict[str, Tool[Any]] = {}
