@@ -23,8 +23,6 @@ Real agents with the SDK's ``ScriptedModel``, real SQLite ledgers.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -44,6 +42,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 import stopline
 from stopline import OpStatus, RunState
 from stopline.integrations import openai_agents as sl
+from tests.support.own_loop import in_own_loop
 from tests.truth.helpers import quiesce
 
 pytestmark = pytest.mark.timeout(30)
@@ -52,19 +51,6 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture(autouse=True)
 def no_trace_export() -> None:
     set_tracing_disabled(True)
-
-
-def in_own_loop(call: Callable[[], object]) -> None:
-    """``call`` (a framework's ``run_sync``) in a worker thread, with an event loop of the
-    thread's own that is closed after: the framework takes the thread's loop and never
-    closes it, and a loop left open is a ``ResourceWarning`` in whichever test collects it."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        call()
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
 
 
 async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:

@@ -19,8 +19,6 @@ Real agents with Pydantic AI's ``FunctionModel``/``TestModel``, real SQLite ledg
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -46,22 +44,10 @@ from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent
 from stopline.integrations import pydantic_ai as sl
 from stopline.ledger.backend import OutcomeUpdate
+from tests.support.own_loop import in_own_loop
 from tests.truth.helpers import quiesce
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def in_own_loop(call: Callable[[], object]) -> None:
-    """``call`` (a framework's ``run_sync``) in a worker thread, with an event loop of the
-    thread's own that is closed after: the framework takes the thread's loop and never
-    closes it, and a loop left open is a ``ResourceWarning`` in whichever test collects it."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        call()
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
 
 
 async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
