@@ -22,7 +22,7 @@ import typer
 from stopline.cli import _common as c
 from stopline.cli.progress import progress
 from stopline.domain.limits import check_wait
-from stopline.errors import InvalidInput
+from stopline.errors import InvalidInput, NoAnswer
 
 __all__ = ["register"]
 
@@ -99,7 +99,10 @@ def check_mcp(
             c.fail(str(exc), Exit.ERROR)
         except Exception as exc:
             leaf = _leaf(exc)
-            if isinstance(leaf, ValidationError) and era == "2026-07-28":
+            # a connection that could not be opened is ``NoAnswer`` over the SDK's error
+            cause = leaf.__cause__ if isinstance(leaf, NoAnswer) else None
+            under = leaf if cause is None else _leaf(cause)
+            if isinstance(under, ValidationError) and era == "2026-07-28":
                 c.fail(
                     f"cannot check {' '.join(target)}: its answers do not fit the 2026-07-28 "
                     "protocol: pass --era legacy (or --era auto to negotiate)",

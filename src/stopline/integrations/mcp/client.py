@@ -58,7 +58,7 @@ from mcp import Client, StdioServerParameters
 from stopline.domain.limits import check_seconds
 from stopline.domain.model import CancelState
 from stopline.domain.vocab import Cause
-from stopline.errors import UnknownTool
+from stopline.errors import UnknownTool, describe
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.integrations._verify import through
 from stopline.integrations.mcp._call import (
@@ -73,6 +73,7 @@ from stopline.integrations.mcp._call import (
 from stopline.integrations.mcp._client_transport import transport_for
 from stopline.integrations.mcp._http import HttpRefusals
 from stopline.integrations.mcp._listing import Listing, follow, list_all
+from stopline.integrations.mcp._opening import failed_opening, first_error
 from stopline.integrations.mcp._stdio import on_bad_bytes
 from stopline.integrations.mcp._tools import declare, listed_check, routed
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
@@ -234,12 +235,9 @@ class StoplineMCP:
                     silent = f"no answer within {self.connect_timeout:g} s of opening"
                     raise NoAnswer(Cause.TIMEOUT, f"MCP server {self.name!r}: {silent}")
             except Exception as exc:
-                if first:
-                    raise
-                cause: BaseException = exc
-                while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
-                    cause = cause.exceptions[0]  # the transport's own error, not the group
-                ended = f"{type(cause).__name__}: {cause}"
+                if first:  # raises NoAnswer naming the server, not the SDK's group (ADR 0117)
+                    failed_opening(self.name, self.target, self.mode, exc)
+                ended = describe(first_error(exc))
                 logger.warning("stopline: MCP connection %s ended: %r", self.name, exc)
             self._lost(client, ended)  # and no longer the client to use
             if self._closing:
