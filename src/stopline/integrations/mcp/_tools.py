@@ -27,8 +27,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-# the MCP SDK's own dependency (it checks results against a tool's outputSchema with it)
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 
 from stopline.domain.vocab import Cancellable
 from stopline.errors import InvalidInput, UnknownTool
