@@ -23,7 +23,7 @@ operation to read back for a call that never ran.
 from __future__ import annotations
 
 import functools
-import json
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,7 @@ def fits_schema(conn: StoplineMCP, name: str, arguments: dict[str, Any]) -> None
     key_argument = conn.policy(name).key_argument
     if key_argument:  # the client sets it after this check: as the server will get it
         arguments = {**arguments, key_argument: "io.stopline/key"}
-    validator = _validator(json.dumps(schema, sort_keys=True))
+    validator = _validator(conn, name, schema)
     errors = () if validator is None else validator.iter_errors(arguments)
     error = jsonschema.exceptions.best_match(errors)
     if error is not None:
@@ -96,17 +96,29 @@ def fits_schema(conn: StoplineMCP, name: str, arguments: dict[str, Any]) -> None
         raise InvalidInput("arguments", why)
 
 
-@functools.lru_cache(maxsize=256)
-def _validator(schema: str) -> Any:
-    """The validator of a listed schema (as JSON text), or ``None`` for one that is no
-    valid schema. Cached: each call of a tool checks against the same few schemas."""
-    loaded = json.loads(schema)
-    cls = jsonschema.validators.validator_for(loaded, default=jsonschema.Draft202012Validator)
+# each connection's validators by tool name, with the listed schema each was made of: a
+# call is checked against its tool's schema as listed now, made again only once a new
+# listing replaced it (not the schema serialized at every call to find it in a cache)
+_VALIDATORS: weakref.WeakKeyDictionary[StoplineMCP, dict[str, tuple[object, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _validator(conn: StoplineMCP, name: str, schema: dict[str, Any]) -> Any:
+    """The validator of ``name``'s listed ``schema``, or ``None`` for one that is no
+    valid schema."""
+    made = _VALIDATORS.setdefault(conn, {})
+    held = made.get(name)
+    if held is not None and held[0] is schema:
+        return held[1]
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(loaded)
+        cls.check_schema(schema)
+        validator: Any = cls(schema)
     except jsonschema.exceptions.SchemaError:
-        return None
-    return cls(loaded)
+        validator = None
+    made[name] = (schema, validator)
+    return validator
 
 
 async def routed(conn: StoplineMCP, name: str, *, as_read: bool) -> str | None:
