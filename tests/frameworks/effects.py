@@ -137,3 +137,9 @@ class FileEffect:
     def __exit__(self, *exc: object) -> None:
         self.release.set()  # never leave a worker thread parked
         self.async_release.set()
+
+
+async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, stopline.OpStatus]:
+    """The run's operations' statuses by key (the run id taken off)."""
+    ops = await ledger.backend.operations(run_id)
+    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}

@@ -36,13 +36,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 import stopline
 from stopline import OpStatus, RunState
 from stopline.integrations import pydantic_ai as sl
+from tests.frameworks.effects import statuses
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 def returns(messages: list[ModelMessage]) -> dict[str, str]:

@@ -39,13 +39,9 @@ from pydantic_ai.toolsets import FunctionToolset
 import stopline
 from stopline import OpStatus, RunState
 from stopline.integrations import pydantic_ai as sl
+from tests.frameworks.effects import statuses
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 def refund_agent(done: list[str], *, own_gate: bool = False) -> Agent[None, str]:

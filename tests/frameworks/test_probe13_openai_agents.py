@@ -42,6 +42,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 import stopline
 from stopline import OpStatus, RunState
 from stopline.integrations import openai_agents as sl
+from tests.frameworks.effects import statuses
 from tests.support.own_loop import in_own_loop
 from tests.truth.helpers import quiesce
 
@@ -51,11 +52,6 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture(autouse=True)
 def no_trace_export() -> None:
     set_tracing_disabled(True)
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 def refund_tool(done: list[str]) -> Tool:

@@ -44,15 +44,11 @@ from stopline.domain.model import Evidence
 from stopline.domain.vocab import OpEvent
 from stopline.integrations import pydantic_ai as sl
 from stopline.ledger.backend import OutcomeUpdate
+from tests.frameworks.effects import statuses
 from tests.support.own_loop import in_own_loop
 from tests.truth.helpers import quiesce
 
 pytestmark = pytest.mark.timeout(30)
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 def booking(ledger: stopline.Ledger, booked: list[str], go_on: anyio.Event) -> stopline.Tool[Any]:

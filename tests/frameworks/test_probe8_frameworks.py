@@ -65,6 +65,7 @@ import stopline
 from stopline import Headline, InvalidInput, OpStatus, ReadBack, RunState, Verdict
 from stopline.integrations import langgraph as lg
 from stopline.integrations import openai_agents as sl
+from tests.frameworks.effects import statuses
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -139,11 +140,6 @@ class Effects:
     def local_shell(self, request: Any) -> str:  # a ``def`` executor: the SDK calls it inline
         self.done.append(("local_shell", request.data.action.command))
         return "ran locally"
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 async def test_custom_and_shell_calls_pass_the_gate(ledger: stopline.Ledger) -> None:

@@ -40,7 +40,7 @@ import stopline
 from stopline import OpStatus, ReadBack, Verdict
 from stopline.integrations import langgraph as lg
 from stopline.integrations import openai_agents as sl
-from tests.frameworks.effects import SyncEffect, until_unknown
+from tests.frameworks.effects import SyncEffect, statuses, until_unknown
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,11 +48,6 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.fixture(autouse=True)
 def no_trace_export() -> None:
     set_tracing_disabled(True)
-
-
-async def statuses(ledger: stopline.Ledger, run_id: str) -> dict[str, OpStatus]:
-    ops = await ledger.backend.operations(run_id)
-    return {op.id.removeprefix(f"{run_id}/"): op.status for op in ops}
 
 
 def told(result: RunResultStreaming) -> dict[str, str]:
