@@ -56,6 +56,7 @@ def check_mcp(
     from mcp import StdioServerParameters
     from stopline.integrations.mcp.check import PlanError, check, load_plan
     from stopline.integrations.mcp.check_report import Exit, render_text
+    from stopline.integrations.mcp.opening import first_error
 
     if era not in ERAS:
         c.fail(f"--era must be one of {', '.join(ERAS)}", Exit.ERROR)
@@ -98,10 +99,10 @@ def check_mcp(
         except PlanError as exc:
             c.fail(str(exc), Exit.ERROR)
         except Exception as exc:
-            leaf = _leaf(exc)
+            leaf = first_error(exc)
             # a connection that could not be opened is ``NoAnswer`` over the SDK's error
             cause = leaf.__cause__ if isinstance(leaf, NoAnswer) else None
-            under = leaf if cause is None else _leaf(cause)
+            under = leaf if cause is None else first_error(cause)
             if isinstance(under, ValidationError) and era == "2026-07-28":
                 c.fail(
                     f"cannot check {' '.join(target)}: its answers do not fit the 2026-07-28 "
@@ -117,13 +118,6 @@ def check_mcp(
     else:
         c.out.print(render_text(profile))
     raise typer.Exit(int(profile.exit))
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The one error inside nested exception groups (a task group's), else the group."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def register(app: typer.Typer) -> None:

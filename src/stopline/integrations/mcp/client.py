@@ -73,10 +73,10 @@ from stopline.integrations.mcp._call import (
 from stopline.integrations.mcp._client_transport import transport_for
 from stopline.integrations.mcp._http import HttpRefusals
 from stopline.integrations.mcp._listing import Listing, follow, list_all
-from stopline.integrations.mcp._opening import failed_opening, first_error
 from stopline.integrations.mcp._stdio import on_bad_bytes
 from stopline.integrations.mcp._tools import declare, listed_check, routed
 from stopline.integrations.mcp._vocab import KEY_META, VERIFY_TOOL, ToolPolicy, policy_from_listing
+from stopline.integrations.mcp.opening import failed_opening, first_error
 from stopline.integrations.mcp.tap import LateAnswer, LateResponseTap, classify_late
 from stopline.integrations.mcp.tasks_client import CURRENT_CALL, TaskOutcome, TasksClient
 from stopline.runtime.boundary import Backoff, span_quietly

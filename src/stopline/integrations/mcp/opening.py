@@ -1,5 +1,7 @@
 """What a connection of ``StoplineMCP`` that could not be opened raises (ADR 0117).
 
+Public so that `stopline check-mcp` unwraps the SDK's errors as the client does.
+
 The SDK's failures while opening arrive wrapped in its task groups' ``ExceptionGroup``:
 a server that speaks only 2025-11-25 opened with ``mode="2026-07-28"`` (its tool
 listing does not parse: ``cacheScope``, ``resultType``, ``ttlMs`` missing), a stdio
