@@ -221,7 +221,11 @@ class Ledger:
         """A run; with ``parent_id`` a child owned by that run, exclusively unless ``shared``.
 
         Entering it with the ``run_id`` of a run that has ended raises ``RunEnded``
-        saying what to do (resume it first, resolve its review, or start a new run).
+        saying what to do (resume it first, resolve its review, or start a new run). With
+        the ``run_id`` of a run that is running, it enters that run; two entries (of
+        this process's ledger or another's) that find no run of that id and make it at
+        once both enter the one made, and a second block of this process gets
+        ``AlreadyAttached``.
         """
         if run_id is not None:  # "" is refused, never replaced by a new id
             check_id("run_id", run_id)

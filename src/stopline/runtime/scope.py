@@ -36,8 +36,16 @@ import sniffio
 from stopline.domain.guidance import what_to_do
 from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import check_id, check_new_id
+from stopline.domain.model import RunRecord
 from stopline.domain.vocab import RunState
-from stopline.errors import AlreadyAttached, InvalidInput, NoRun, RunEnded, UnknownRun
+from stopline.errors import (
+    AlreadyAttached,
+    InvalidInput,
+    LedgerError,
+    NoRun,
+    RunEnded,
+    UnknownRun,
+)
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.boundary import only_cancels_of
 from stopline.runtime.replay import replays
@@ -119,15 +127,14 @@ class RunScope:
     async def __aenter__(self) -> Run:
         backend = self._core.backend
         self._core.at_home("a run's block is entered")
-        if self._spec.id in self._core.runs:
-            raise AlreadyAttached(self._spec.id)
+        self._not_attached_here()
         record = None
         if self._attach:
             try:
                 record = await backend.get_run(self._spec.id)
             except UnknownRun:
                 record = None
-        replaying = record is not None and replays(self._spec, record)
+        made = record is None
         if record is None:
             parent = self._core.runs.get(self._spec.parent_id or "")
             if parent is not None and parent.replaying:  # new work under an ended child
@@ -135,13 +142,15 @@ class RunScope:
             self._new_ids()
             if self._spec.parent_id is not None:
                 await self._of_parents_tenant(parent)
-            record = await backend.create_run(self._spec)
-        elif (record.state.ended or record.state in _SETTLING) and not replaying:
+            record, made = await self._create()
+        replaying = not made and replays(self._spec, record)
+        if not made and (record.state.ended or record.state in _SETTLING) and not replaying:
             by_parent = self._spec.parent_id is not None and (
                 record.parent_id == self._spec.parent_id
             )
             # and what to do (R14)
             raise RunEnded(record.id, record.state, what_to_do(record, by_parent=by_parent))
+        self._not_attached_here()  # another block of this process may have entered it since
         run = self._run = Run(self._ledger, self._core, record, self._scope)
         run.replaying = replaying
         run.block_task_cancels = _task_cancels()
@@ -161,6 +170,27 @@ class RunScope:
 
     def _new_ids(self) -> None:
         check_new_run(self._spec)
+
+    def _not_attached_here(self) -> None:
+        if self._spec.id in self._core.runs:
+            raise AlreadyAttached(self._spec.id)
+
+    async def _create(self) -> tuple[RunRecord, bool]:
+        """The run made, else (its ``run_id`` given) the one that stands there now: two
+        entries that both found no run create it at once, and the one that loses finds
+        the winner's, which it enters as it would have a moment later (a run whose
+        write committed but whose answer was lost is found the same way). Whether it
+        was made here."""
+        try:
+            return await self._core.backend.create_run(self._spec), True
+        except LedgerError:
+            if not self._attach:
+                raise
+            try:
+                return await self._core.backend.get_run(self._spec.id), False
+            except UnknownRun:
+                pass
+            raise
 
     async def _of_parents_tenant(self, parent: Run | None) -> None:
         """R11: a child run is of its parent's tenant, else ``InvalidInput`` and nothing
