@@ -89,9 +89,14 @@ class ProviderAsks:
         )
         if cut and ctx.cut_sends and never:
             # R14: the record says what was sent, although its policy says not to ask
+            policy = (
+                "its tool is not declared cancellable"
+                if tool.cancellable is Cancellable.NEVER
+                else "its provider had accepted it, and its tool cancels only until then"
+            )
             why = (
                 f"the call was cut here, and the cut sent its provider a cancel "
-                f"({ctx.cut_sends}); its tool is not declared cancellable (R12)"
+                f"({ctx.cut_sends}); {policy} (R12)"
             )
             written = self._answered(ctx, CancelState.ASKED, why, ctx.cut_sends)
             if ctx.canceller is not None:  # what the cut's cancel got back, when it answers
