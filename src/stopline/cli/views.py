@@ -261,6 +261,7 @@ _WORDS: dict[str, str] = {
     NoteKind.VERIFY_FAILED: "read-back failed",
     NoteKind.READ_BEFORE_RETRY: "read-back of an earlier attempt, kept as evidence",
     NoteKind.LATE_RESPONSE: "late response kept as evidence",
+    NoteKind.REPEAT_ANSWERED: "a later call repeating it was answered from this record",
 }
 
 

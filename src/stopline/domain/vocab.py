@@ -203,6 +203,8 @@ class NoteKind(enum.StrEnum):
     COMPENSATION_STOP_ASKED = "compensation_stop_asked"
     MCP_REISSUED = "mcp_reissued"  # a broken stream lost the request: sent again
     TASK_CANCEL_REQUESTED = "task_cancel_requested"  # tasks/cancel sent (MCP tasks)
+    # a later run's call repeating it was answered from its record (LangGraph, ADR 0120)
+    REPEAT_ANSWERED = "repeat_answered"
 
 
 class Policy(enum.StrEnum):

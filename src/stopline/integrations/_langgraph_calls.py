@@ -57,6 +57,8 @@ from langgraph.types import Command
 from pydantic import PrivateAttr
 
 from stopline.domain import jsontext
+from stopline.domain.guidance import OnResume, on_resume
+from stopline.domain.model import OperationRecord
 from stopline.errors import NotReplayable, OperationInDoubt
 from stopline.integrations import _langgraph_thread as thread
 from stopline.integrations._call_ids import unkept_note
@@ -70,6 +72,7 @@ from stopline.integrations._frameworks import (
 )
 from stopline.integrations._langchain_tools import fits, refusing, runs_in_thread
 from stopline.integrations._open_calls import in_doubt_note
+from stopline.integrations._replayed import not_kept
 from stopline.runtime.context import CallContext
 from stopline.runtime.tool import Rejected
 
@@ -83,6 +86,7 @@ __all__ = [
     "pausing",
     "replayed",
     "restored",
+    "update_of",
 ]
 
 Execute = Callable[[], Awaitable[Any]]
@@ -176,6 +180,17 @@ def restored(value: Any, op_id: str) -> Any:
         why = f"its kept ParentCommand reads back as a {type(got).__name__}"
         raise NotReplayable(op_id, why)
     raise ParentCommand(got)
+
+
+def update_of(op: OperationRecord) -> Any:
+    """A node's update as ``op`` records it, replayed (``None`` for a call of it that did
+    not happen); ``NotReplayable`` when the record of one that happened holds none (not
+    kept, or committed by a read-back or a reviewer, which prove the effect and return
+    no update): the graph is not handed an empty update for it (ADR 0120)."""
+    why = not_kept(op) if on_resume(op.status) is OnResume.REPLAYED else None
+    if why is not None:
+        raise NotReplayable(op.id, why)
+    return op.result
 
 
 def keeping(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -314,7 +329,7 @@ async def gated_message(
     try:
         earlier = await thread.answer(gated_tool, key, args, kwargs)  # the thread's record
         if earlier is not None:  # it happened in an earlier run of the thread: not sent
-            answer, op_id = thread.for_model(earlier), earlier.id
+            answer, op_id = thread.for_model(earlier, key), earlier.id
         else:
             with bubbled(key, paused):
                 answer = await gated_call(gated_tool, *args, key=key, **kwargs)

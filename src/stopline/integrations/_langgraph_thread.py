@@ -27,14 +27,19 @@ sent, or refused (``OperationInDoubt``: nothing sent); one that provably did not
 happen goes through this run's gate and is sent. The same key with other
 arguments is a reused id, refused before anything is sent (ADR 0054).
 
-**A repeat of a call left in doubt** (``_repeated``, ADR 0112): a call under a new
-id with the same tool and arguments (the digest the gate records) as a call an
-earlier run left in doubt (the model was told it failed; the user asks again) is
-that call, answered as above: ADR 0097's open calls, across the thread's runs. A
-call settled by then is not matched: the repeat is a new request. The model's
-answer for a call in doubt says what its record proves and what settles it, in
-its receipt's words (``_open_calls.in_doubt_note``): a call still running there is settled by
-its own answer, not by a read-back.
+**A repeat of a call left in doubt** (``_repeated``, ADR 0112, ADR 0120): a call under a
+new id with the same tool and arguments (the digest the gate records) as a call an
+earlier run left without its answer for the model (its log shows the answer lost, or
+coming after its run ended: the model was told it failed or was in doubt; the user
+asks again) is that call, answered as above: ADR 0097's open calls, across the
+thread's runs, whatever it has settled to since. Settled ``committed`` or corrected,
+it is replayed from its record, not sent; provably not done, the repeat is sent. Once
+the model has had an answer from its record (a repeat or a retry replayed from it),
+the call carries a note saying so (``repeat_answered``) and matches no further
+repeat: a later identical call is a new request. The model's answer for a call in
+doubt says what its record proves and what settles it, in its receipt's words
+(``_open_calls.in_doubt_note``): a call still running there is settled by its own
+answer, not by a read-back.
 """
 
 from __future__ import annotations
@@ -45,11 +50,12 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from stopline.domain import jsontext
 from stopline.domain.guidance import OnResume, on_resume
 from stopline.domain.lifecycle import tenant_of
 from stopline.domain.limits import MAX_ID_CHARS, check_id, fitted
-from stopline.domain.model import OperationRecord, args_digest
-from stopline.domain.vocab import RunState
+from stopline.domain.model import EventRecord, OperationRecord, args_digest
+from stopline.domain.vocab import NoteKind, OpStatus, RunState
 from stopline.errors import (
     InvalidInput,
     OperationInDoubt,
@@ -74,6 +80,7 @@ __all__ = [
 
 _TURN = re.compile(r"@turn:([1-9][0-9]*)\Z")
 OVER = frozenset({RunState.COMPLETED, RunState.FAILED})  # ended on its own: a next run
+_KEPT = "io.stopline/langgraph"  # a result kept as LangGraph writes it (``_langgraph_calls``)
 _KEY_ROOM = 256  # a derived id leaves this much of the ledger's id length for keys
 _BATCH = 16  # runs read at once while looking for the thread's current one, first
 _MOST = 1024  # ... and at most
@@ -153,40 +160,55 @@ async def answer(
             )
     for op in found:  # worst first: what happened in any of them is not sent again
         if on_resume(op.status) is OnResume.REPLAYED:
-            return op
+            return await _answered(bound, op, key)
     for op in found:
         if on_resume(op.status) is OnResume.BLOCKS:  # in doubt: read back first (R5)
             bound.ledger.register_tool(tool)  # the read-back is this tool's verifier
             op = await bound.ledger.verify(op.id)
             if on_resume(op.status) is OnResume.REPLAYED:
-                return op
+                return await _answered(bound, op, key)
             if on_resume(op.status) is OnResume.BLOCKS:
                 raise OperationInDoubt(op.id, op.status)
     return None  # it did not happen in any: sent in this run
 
 
-# the calls the earlier runs of each entry's thread left in doubt, by (tool, digest),
-# read once per entry (a call settled does not go back to doubt: a fresh read of these
-# is all a repeat needs)
-_DOUBTS: weakref.WeakKeyDictionary[Bound, dict[tuple[str, str], list[str]]] = (
-    weakref.WeakKeyDictionary()
-)
+# the calls of the earlier runs of each entry's thread, by (tool, digest), read once per
+# entry, and the logs of their runs read for a repeat (``_Calls``)
+@dataclasses.dataclass(slots=True)
+class _Calls:
+    by_call: dict[tuple[str, str], list[str]] | None = None  # read at the first repeat
+    logs: dict[str, list[EventRecord]] = dataclasses.field(default_factory=dict)
+
+
+def _calls(bound: Bound) -> _Calls:
+    found = _CALLS.get(bound)
+    if found is None:
+        found = _CALLS[bound] = _Calls()
+    return found
+
+
+_CALLS: weakref.WeakKeyDictionary[Bound, _Calls] = weakref.WeakKeyDictionary()
+ANSWERED = NoteKind.REPEAT_ANSWERED  # a later run's call was answered from this record
+_LOST = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})  # its answer did not come
+_SENT = frozenset({OpStatus.REQUESTED, OpStatus.ACCEPTED})
 
 
 async def _repeated(
     bound: Bound, tool: str, key: str, digest: str, earlier: tuple[str, ...]
 ) -> list[OperationRecord]:
-    """The calls of the earlier runs, still in doubt, that a call under a new ``key``
-    repeats (the same tool, the same digest): ADR 0097's open calls across the thread's
-    runs (ADR 0112). None when this run recorded ``key`` (its own gate answers it)."""
-    doubts = _DOUBTS.get(bound)
-    if doubts is None:
-        doubts = _DOUBTS[bound] = {}
-        for tree in await bound.ledger.backend.runs_and_operations(earlier, settling=True):
+    """The calls of the earlier runs that a call under a new ``key`` repeats (the same
+    tool, the same digest): each still in doubt, or settled since but left without its
+    answer for the model and answered to it from its record by no call since (``_left``):
+    ADR 0097's open calls across the thread's runs (ADR 0112, ADR 0120). None when this
+    run recorded ``key`` (its own gate answers it)."""
+    calls = _calls(bound)
+    if calls.by_call is None:
+        calls.by_call = {}
+        for tree in await bound.ledger.backend.runs_and_operations(earlier):
             for op in () if isinstance(tree, UnknownRun) else tree[1]:
-                if on_resume(op.status) is OnResume.BLOCKS:
-                    doubts.setdefault((op.tool, op.args_digest), []).append(op.id)
-    same = doubts.get((tool, digest))
+                if op.compensates is None:  # a correction is no call of the model's
+                    calls.by_call.setdefault((op.tool, op.args_digest), []).append(op.id)
+    same = calls.by_call.get((tool, digest))
     if not same:
         return []
     try:
@@ -196,7 +218,38 @@ async def _repeated(
         pass
     read = await bound.ledger.backend.get_operations(same)
     ops = [op for op in read if not isinstance(op, UnknownOperation)]
-    return [op for op in ops if on_resume(op.status) is OnResume.BLOCKS]
+    blocks = [op for op in ops if on_resume(op.status) is OnResume.BLOCKS]
+    happened = [op for op in ops if on_resume(op.status) is OnResume.REPLAYED]
+    return blocks + [op for op in happened if await _left(bound, calls, op)]
+
+
+async def _left(bound: Bound, calls: _Calls, op: OperationRecord) -> bool:
+    """Whether the model was left without ``op``'s answer and has had none from its
+    record since: its log shows the answer lost (``unknown``, in review) or coming after
+    its run had ended (the run's graph raised while it was at work), and no
+    ``repeat_answered`` note."""
+    log = calls.logs.get(op.run_id)
+    if log is None:
+        log = calls.logs[op.run_id] = await bound.ledger.backend.events(op.run_id)
+    mine = [e for e in log if e.op_id == op.id]
+    if any(e.kind == ANSWERED for e in mine):
+        return False
+    if any(e.to_state in _LOST for e in mine):
+        return True
+    end = next((e.seq for e in log if e.op_id is None and e.to_state in OVER), None)
+    return end is not None and any(e.seq > end and e.from_state in _SENT for e in mine)
+
+
+async def _answered(bound: Bound, op: OperationRecord, key: str) -> OperationRecord:
+    """``op``, an earlier run's call that happened, answers this run's call ``key`` from
+    its record: when the model was left without its answer (``_left``), a note on it says
+    so, and it matches no further repeat (a later identical call is a new request)."""
+    calls = _calls(bound)
+    if await _left(bound, calls, op):
+        by = f"{bound.run.id}/{key}"
+        await bound.ledger.backend.note(op.id, ANSWERED, {"by": by})
+        calls.logs.pop(op.run_id, None)  # read again with the note, if needed again
+    return op
 
 
 def _digest(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
@@ -207,13 +260,27 @@ def _digest(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
         return f"unstable:{exc.path}"
 
 
-def for_model(op: OperationRecord) -> Any:
-    """An earlier run's call, replayed, as the tool's answer: its recorded result, or a
-    note saying it happened and its result was not kept (never ``None``)."""
+def for_model(op: OperationRecord, key: str | None = None) -> Any:
+    """An earlier run's call, replayed, as the tool's answer to the call ``key``: its
+    recorded result; or a note saying it happened and its result was not kept, or that
+    the call under ``key`` repeats it and was not sent (never ``None``: the model is told
+    what the record proves, and no more)."""
     why = not_kept(op)
-    if why is None:
+    repeat = key is not None and not op.id.endswith(f"/{key}")
+    if why is None and not repeat:
         return op.result
-    return (
-        f"{op.tool} was done in an earlier run of this thread ({op.id}); its result was "
-        f"not kept ({why}). Do not call it again for the same request."
-    )
+    said = [f"the ledger records it {op.status.value}"]
+    if why is not None:
+        said.append(f"its result was not kept ({why})")
+    elif isinstance(op.result, str):
+        said.append(f"its answer then: {op.result}")
+    elif not (isinstance(op.result, dict) and _KEPT in op.result):  # not a kept Command
+        said.append(f"its answer then: {jsontext.compact_or_str(op.result)}")
+    if repeat:
+        head = (
+            f"{op.tool} was called in an earlier run of this thread with the same arguments "
+            f"({op.id}) and was not sent again, so that it cannot happen twice"
+        )
+    else:
+        head = f"{op.tool} was done in an earlier run of this thread ({op.id})"
+    return f"{head}: {'; '.join(said)}. Do not call it again for the same request."

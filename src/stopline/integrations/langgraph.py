@@ -53,9 +53,11 @@ cancel commits again. Here:
   replayed and not sent; in doubt, read back first (R5), then replayed, sent or
   refused (nothing sent); not happened, sent in the new run. A run of the thread
   that was cancelled, is in review or paused is entered again once resumed (R10).
-  A repeat under a new id of a call an earlier run left in doubt is that call;
+  A repeat under a new id of a call an earlier run left without its answer for the
+  model is that call, settled since or not (answered once, then noted; ADR 0120);
   two entries of one thread at once: one enters, the other is told to retry
-  (``LedgerLocked``, ``_langgraph_entry``; ADR 0112).
+  (``LedgerLocked``, ``_langgraph_entry``; ADR 0112); a turn whose run another
+  entry ended under it raises ``RunEnded`` saying so, never a quiet end (ADR 0120).
 
 Node and tool results are replayed from the ledger: JSON as it is; a ``Command``
 or an update JSON cannot write (messages) as LangGraph's serializer writes it
@@ -65,7 +67,8 @@ tool call that runs returns its own ``ToolMessage`` (its ``artifact``,
 ``additional_kwargs`` and ``response_metadata`` kept); the ledger records its
 content only, so a replayed call's message is rebuilt from that content. A
 replayed tool call whose result was not kept answers with a note saying so; a
-replayed node raises ``NotReplayable``.
+replayed node whose record holds no update (not kept, or proved by a read-back)
+raises ``NotReplayable`` (``update_of``), never an empty update.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ from langchain_core.tools import tool as lc_tool
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from stopline.domain.vocab import Cancellable, Policy
-from stopline.errors import NotReplayable, RunFenced
+from stopline.errors import RunEnded, RunFenced, UnknownOperation
 from stopline.integrations._frameworks import (
     Bound,
     NoRun,
@@ -107,9 +110,10 @@ from stopline.integrations._langgraph_calls import (
     pausing,
     replayed,
     restored,
+    update_of,
 )
 from stopline.integrations._langgraph_entry import entered
-from stopline.integrations._langgraph_thread import Thread, answer, for_model, remember
+from stopline.integrations._langgraph_thread import OVER, Thread, answer, for_model, remember
 from stopline.integrations._renamed import renamed_idle_timeout
 from stopline.ledger.backend import RunSpec
 from stopline.runtime.ledger import Ledger
@@ -162,11 +166,31 @@ class GraphRun:
             try:
                 async with self.bound.native_cancels():
                     result = await graph.ainvoke(graph_input, merged)
+            except RunFenced as fenced:  # refused at the gate: cancelled, or ended under it
+                if fenced.run_id == self.id:
+                    await self._ended_under()
+                raise
             finally:
                 self._scope = None
             await self._pause_if_waiting(graph, merged)
             return result
+        await self._ended_under()
         raise RunFenced(self.id)  # the graph was cancelled: leave the run's block
+
+    async def _ended_under(self) -> None:
+        """The graph was stopped at the gate, and no cancel did it: another entry of the
+        thread in the same run (another worker) ended the run under this one. Said, as
+        ``RunEnded``, not a quiet end of the block (ADR 0120): the turn was cut."""
+        record = await self.bound.ledger.backend.get_run(self.id)
+        if record.state in OVER and record.cancelled_by is None:
+            raise RunEnded(
+                self.id,
+                record.state,
+                f"it was ended by another entry of thread {self.thread_id!r} (another "
+                "worker in the same run at once) while this one was in it: this turn was "
+                "cut at its next gated call, which was not sent; enter the thread again "
+                "(sl.run) to go on in its next run",
+            )
 
     async def _pause_if_waiting(self, graph: Any, config: Any) -> None:
         """The graph stopped before its end (an interrupt, a breakpoint): pause the run,
@@ -347,12 +371,14 @@ def node(
             key = _task_key()
             earlier = await answer(t, key, (state,), {})  # an earlier run's record of it
             if earlier is not None:  # it happened: replayed, not sent
-                if earlier.result_not_kept is not None:
-                    raise NotReplayable(earlier.id, earlier.result_not_kept)
-                return restored(earlier.result, earlier.id)
+                return restored(update_of(earlier), earlier.id)
             with bubbled():  # interrupt(): recorded not committed, then LangGraph's pause
                 result = await gated_call(t, state, key=key, unkept_as_text=False)
-            return restored(result, op_id_of(current().run.id, key, label))
+            op_id = op_id_of(current().run.id, key, label)
+            if result is None and key is not None:  # replayed from a record with no update?
+                with contextlib.suppress(UnknownOperation):  # (a repeat under another key)
+                    result = update_of(await current().ledger.backend.get_operation(op_id))
+            return restored(result, op_id)
 
         gated_node.__name__ = gated_node.__qualname__ = label
         gated_node.__doc__ = f.__doc__
@@ -419,7 +445,7 @@ def tool(
         key = f"tool:{call_id}" if call_id else None
         earlier = await answer(t, key, (), kwargs)  # an earlier run's record of it
         if earlier is not None:  # it happened: replayed, not sent
-            return replayed(for_model(earlier), earlier.id, base.name)
+            return replayed(for_model(earlier, key), earlier.id, base.name)
         with bubbled(key, _paused):
             result = await gated_call(t, key=key, **kwargs)
         return replayed(result, op_id_of(current().run.id, key, base.name), base.name)
@@ -462,7 +488,7 @@ def _mcp_tool(
         key = f"tool:{call_id}" if call_id else None
         earlier = await answer(conn.tool(name), key, (kwargs,), {})  # as conn.call digests
         if earlier is not None:  # it happened in an earlier run of the thread: not sent
-            return for_model(earlier)
+            return for_model(earlier, key)
         return await mcp_call(conn, name, kwargs, key=key, idle_timeout=idle)
 
     return _GatedTool(name=name, description=description, args_schema=dict(schema), coroutine=call)
