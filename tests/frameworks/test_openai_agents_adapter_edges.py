@@ -257,9 +257,9 @@ async def test_resume_note_says_what_each_recorded_call_proves(
     ]
     lines = {line.split(" ")[2]: line for line in note.splitlines()[1:]}
     assert "did not happen; it may be called again" in lines["(tool:c1):"]
-    assert "done, do not repeat it" in lines["(tool:c2):"]
+    assert "committed: completed; do not repeat it" in lines["(tool:c2):"]
     assert "result was not kept" in lines["(tool:c2):"] and "null" not in lines["(tool:c2):"]
-    assert "done, do not repeat it" in lines["(tool:c3):"]
+    assert "committed: completed; do not repeat it" in lines["(tool:c3):"]
     assert "these calls are done" not in note
 
 

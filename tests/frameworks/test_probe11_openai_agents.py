@@ -100,7 +100,7 @@ async def test_a_retry_after_the_model_failed_repeats_no_committed_call(
         result = await s.stream(agent, "refund order 1042")  # the user's retry
     assert payments.done == ["refund 1042"]
     assert result.final_output == "done"
-    assert "refund (tool:a1): committed: done, do not repeat it" in developer_notes(model)
+    assert "refund (tool:a1): committed: completed; do not repeat it" in developer_notes(model)
     assert await statuses(ledger, "retry-1") == {"tool:a1": OpStatus.COMMITTED}
     assert (await ledger.backend.get_run("retry-1")).state is RunState.COMPLETED
 

@@ -193,7 +193,7 @@ async def test_openai_agents_resume_note_says_a_read_back_result_was_not_kept(
         if isinstance(item, dict) and item.get("role") == "developer"
     ]
     (line,) = [line for line in note.splitlines() if "(tool:c1)" in line]
-    assert "done, do not repeat it" in line
+    assert "committed: completed; do not repeat it" in line  # the receipt's words (ADR 0121)
     assert "result was not kept" in line and "null" not in line
     assert effect.lines == ["n1"]
 

@@ -25,6 +25,15 @@ entries only. Gating at one read of the SDK's (the turn's ``get_all_tools``, ADR
 0108) let a handoff given between that read and ``get_handoffs`` (by a dynamic
 ``instructions``) lead to an ungated agent (ADR 0113).
 
+A run resumed from a ``RunState`` runs the state's agents, not the one handed to
+``Runner.run_streamed``: its current agent (and its starting agent, the root of the
+identities its approvals are bound to). A state restored with ``RunState.from_json(agent,
+...)`` (the SDK's way to keep an interrupted run across processes) holds the user's own
+agents: the approved call and every later one ran ungated, with no record (ADR 0121).
+``gated_state`` restores it against their gated copies (``s.stream`` and
+``s.apply_decisions`` do; ``s.run_streamed``, which cannot wait for that, refuses such
+a state).
+
 Both rest on the SDK's private structure (0.24); when it is not there,
 ``agent_tool_over`` refuses with ``InvalidInput`` naming the tool rather than let
 the child's tools run ungated.
@@ -38,14 +47,61 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, FunctionTool
+from agents import Agent, FunctionTool, RunState
 from agents.handoffs import Handoff
 
 from stopline.errors import InvalidInput
 
-__all__ = ["agent_of", "agent_tool_over", "gate_handoffs", "handoff_to"]
+__all__ = [
+    "agent_of",
+    "agent_tool_over",
+    "gate_handoffs",
+    "gated_state",
+    "handoff_to",
+    "is_gated",
+    "refuse_ungated",
+    "ungated_state",
+]
 
 Again = Callable[[Agent[Any]], Agent[Any]]
+GATED_COPY = "__stopline_gated_copy__"  # a class attribute of every gated copy's kind
+
+
+def is_gated(agent: Agent[Any]) -> bool:
+    """``agent`` is a gated copy (made by ``gate_agent``), or a clone of one."""
+    return bool(getattr(type(agent), GATED_COPY, False))
+
+
+def ungated_state(state: RunState[Any, Any]) -> bool:
+    """The SDK would resume ``state`` with an agent nobody gated (restored from JSON)."""
+    agent = getattr(state, "_current_agent", None)  # the SDK's (private in 0.24)
+    return isinstance(agent, Agent) and not is_gated(agent)
+
+
+def refuse_ungated(run_input: Any) -> None:
+    """``s.run_streamed`` (it cannot wait for ``gated_state``) refuses a ``RunState``
+    whose agents nobody gated, naming the ways that restore it gated."""
+    if isinstance(run_input, RunState) and ungated_state(run_input):
+        raise InvalidInput(
+            "run_input",
+            "a RunState whose agents nobody gated (restored with RunState.from_json): the "
+            "SDK would run them, their tools ungated. Use s.stream(agent, state), or state "
+            "= await s.apply_decisions(state) before s.run_streamed(agent, state)",
+        )
+
+
+async def gated_state(state: RunState[Any, Any], again: Again) -> RunState[Any, Any]:
+    """``state``, or, when it holds agents nobody gated, the same state as the SDK restores
+    it against their gated copies (``again``): its own round trip (``to_json``,
+    ``from_json``) finds every agent and tool by name in the gated graph, the calls
+    waiting for approval and an agent tool's nested state among them. Its context is
+    kept as it is (the object, not a copy)."""
+    # the SDK's own fields (private in 0.24): the agent the run began with, its context
+    root = getattr(state, "_starting_agent", None) or getattr(state, "_current_agent", None)
+    if not isinstance(root, Agent) or not ungated_state(state):
+        return state
+    context = getattr(state, "_context", None)  # the user's object, approvals and all
+    return await RunState.from_json(again(root), state.to_json(), context_override=context)
 
 
 def handoff_to(handoff: Handoff[Any, Any], again: Again) -> Handoff[Any, Any]:
@@ -91,6 +147,7 @@ def gate_handoffs(copy: Agent[Any], again: Again) -> None:
         (base,),
         {
             "handoffs": property(read, assign),
+            GATED_COPY: True,
             "__module__": base.__module__,
             "__qualname__": base.__qualname__,
         },

@@ -39,7 +39,8 @@ under new call ids. Here:
 - a sync tool's call runs to its end in the ledger's task group: it is
   ``unknown`` when the run is cancelled, then ``committed`` with the late result
   (R4); an interrupted async tool is ``unknown`` until verified;
-- resume: from ``s.result.to_state()`` or from the prompt alone, in a new
+- resume: from ``s.result.to_state()`` (or its JSON: ``RunState.from_json``, the
+  state's agents gated, ``_openai_nested.gated_state``) or from the prompt alone, in a new
   ``sl.run`` with the same run id (after ``ledger.resume``). The model input
   gets the recorded outcome of each gated call it does not show
   (``RunConfig.call_model_input_filter``), and a call issued again with the
@@ -61,9 +62,9 @@ import contextvars
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from agents import Agent, FunctionTool, RunConfig, Runner
+from agents import Agent, FunctionTool, RunConfig, Runner, RunState
 from agents import Tool as AgentsTool
 from agents import tool as agents_tool
 from agents.exceptions import ModelBehaviorError
@@ -103,14 +104,17 @@ from stopline.integrations._openai_mcp import (
     offered,
     reads_only,
 )
-from stopline.integrations._openai_nested import agent_of, agent_tool_over, gate_handoffs
+from stopline.integrations._openai_nested import (
+    agent_of,
+    agent_tool_over,
+    gate_handoffs,
+    gated_state,
+    refuse_ungated,
+)
 from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import CancelFn, Rejected, Tool, Verifier
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["AgentSession", "NoRun", "gate_agent", "gated", "mcp_tools", "run"]
 
@@ -308,16 +312,11 @@ class AgentSession:
         is committed at once. Consuming its ``stream_events()`` to the end ends the run
         as ``s.stream`` does (``_ended``): cancelled, it raises ``RunFenced`` (the run's
         block ends quietly); stopped for approvals, the run is paused. A ``RunState``
-        as ``run_input`` takes the recorded decisions from ``await s.apply_decisions(state)``
-        first (``s.stream`` applies them).
+        as ``run_input`` is first ``state = await s.apply_decisions(state)`` (the recorded
+        decisions; one restored from JSON is refused without it: ADR 0121).
         """
-        gated_agent = gate_agent(
-            agent,
-            reads=self.reads,
-            verify=self.verify,
-            cancel=self.cancels,
-            settles_within=self.settles_within,
-        )
+        refuse_ungated(run_input)  # the SDK runs a state's agents: none ungated
+        gated_agent = self._gate(agent)
         config = kwargs.pop("run_config", None) or RunConfig()
         user_filter = config.call_model_input_filter
         config = dataclasses.replace(
@@ -354,14 +353,23 @@ class AgentSession:
             sdk_cancel(mode="immediate")
         return result
 
+    def _gate(self, agent: Agent[Any]) -> Agent[Any]:
+        return gate_agent(
+            agent,
+            reads=self.reads,
+            verify=self.verify,
+            cancel=self.cancels,
+            settles_within=self.settles_within,
+        )
+
     async def stream(self, agent: Any, run_input: Any, **kwargs: Any) -> RunResultStreaming:
         """Run to the end, consuming the events; a cancel ends the run's block quietly.
 
         An SDK run stopped for approvals pauses the stopline run (``s.result`` keeps
         the interruptions; resume with ``s.stream(agent, s.result.to_state())``).
         """
-        if hasattr(run_input, "get_interruptions"):  # a RunState
-            await self.apply_decisions(run_input)
+        if isinstance(run_input, RunState):
+            run_input = await self.apply_decisions(run_input)
         result = self.run_streamed(agent, run_input, **kwargs)
         async for _ in result.stream_events():
             pass
@@ -391,11 +399,15 @@ class AgentSession:
         waiting = [f"tool:{item.call_id}" for item in result.interruptions]
         await self.bound.ended(waiting=waiting)
 
-    async def apply_decisions(self, state: Any) -> None:
-        """Approve or reject each interruption of ``state`` as recorded in the ledger."""
+    async def apply_decisions(self, state: Any) -> Any:
+        """Approve or reject each interruption of ``state`` as recorded in the ledger; the
+        state to run: ``state``, or one restored from JSON, restored again against the gated
+        agents (``gated_state``: the SDK runs the state's agents, ADR 0121)."""
+        state = await gated_state(state, self._gate)
         items = {f"tool:{item.call_id}": item for item in state.get_interruptions()}
         for key, granted in (await self.bound.decisions(items)).items():
             (state.approve if granted else state.reject)(items[key])
+        return state
 
     async def cancel(
         self, *, by: str, reason: str = "", mode: Literal["immediate", "after_turn"] = "immediate"

@@ -70,8 +70,8 @@ from typing import Any
 
 from pydantic_ai import CancellationToken, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import ModelRetry, UserError
 from pydantic_ai.exceptions import RunCancelled as AgentRunCancelled
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.mcp import MCPToolset as NativeMCPToolset
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.tools import RunContext
@@ -92,6 +92,7 @@ from stopline.integrations._frameworks import (
     open_run,
 )
 from stopline.integrations._open_calls import in_doubt_note
+from stopline.integrations._pydantic_ai_calls import Refused, said_nothing_done
 from stopline.integrations._pydantic_ai_history import repair_history, unanswered
 from stopline.integrations._pydantic_ai_mcp import (
     OP_ID,
@@ -108,7 +109,7 @@ from stopline.integrations._verify import ServerReadBack, server_id, through
 from stopline.integrations.mcp import VERIFY_TOOL, policy_from_listing
 from stopline.runtime.context import CallContext
 from stopline.runtime.ledger import Ledger
-from stopline.runtime.tool import CancelFn, Rejected, Tool, Verifier
+from stopline.runtime.tool import CancelFn, Tool, Verifier
 
 __all__ = [
     "AgentSession",
@@ -158,8 +159,8 @@ class StoplineToolset(WrapperToolset[Any]):
             return await gated_call(gated_tool, tool_args, key=key)
         except OperationInDoubt as doubt:  # a repeat of a call in doubt: nothing was sent
             return await in_doubt_note(current().ledger, name, doubt.op_id)
-        except _RetryRejected as refused:  # recorded not committed; the model asked again
-            raise refused.retry from refused.retry.__cause__
+        except Refused as refused:  # recorded not committed: Pydantic AI's own exception
+            raise refused.then from refused.then.__cause__
         finally:
             _CALL.reset(token)
 
@@ -207,26 +208,12 @@ class StoplineToolset(WrapperToolset[Any]):
             run_ctx, tool = call
             (tool_args,) = args
 
-            async def work() -> Any:
-                try:
-                    return await self.wrapped.call_tool(name, tool_args, run_ctx, tool)
-                except ModelRetry as retry:
-                    if isinstance(retry.__cause__, Rejected):  # the tool says: nothing done
-                        raise _RetryRejected(retry, retry.__cause__) from retry
-                    raise  # a retry alone proves nothing: unknown, then verified
-
-            return work
+            # a retry ``from Rejected``, ``ApprovalRequired``, ``CallDeferred``: not run
+            return lambda: said_nothing_done(
+                lambda: self.wrapped.call_tool(name, tool_args, run_ctx, tool)
+            )
 
         return start
-
-
-class _RetryRejected(Rejected):
-    """``raise ModelRetry(...) from stopline.Rejected(...)`` in a tool: the tool refused
-    before doing anything (recorded ``not_committed``), and the model is asked again."""
-
-    def __init__(self, retry: ModelRetry, rejected: Rejected) -> None:
-        super().__init__(rejected.reason, ref=rejected.ref)
-        self.retry = retry
 
 
 def _reads_only(tool: ToolsetTool[Any]) -> bool:
