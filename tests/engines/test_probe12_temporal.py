@@ -83,9 +83,9 @@ async def test_a_run_end_the_ledger_refuses_fails_the_workflow_typed_at_once(
         handle = await h.start(Plan(["upload"]))
         with anyio.fail_after(30), pytest.raises(WorkflowFailureError) as failed:
             await handle.result()  # old: never
+        run = await h.ledger.backend.get_run(handle.id)  # before a look ends it (ADR 0119)
         db.execute("DROP TRIGGER no_end")
         db.close()
-        run = await h.ledger.backend.get_run(handle.id)
         ops = await h.ledger.backend.operations(handle.id)
         step = h.ledger.health.steps[END_RUN]
         nxt = await h.start(Plan(["upload"]))

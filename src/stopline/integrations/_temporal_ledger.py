@@ -102,6 +102,7 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
         shared: bool,
         carried: str,
         original: str,
+        continued: str,
     ) -> list[str]:
         parent_id = parent_run or (run_id_of(parent_workflow) if parent_workflow else None)
         run_id, keyed_by = await execution_run(
@@ -113,6 +114,7 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
             shared=shared,
             carried=carried,
             original=original,
+            continued=continued,
         )
         return [run_id, keyed_by]
 
@@ -126,11 +128,13 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
         shared: bool,
         carried: str,
         original: str = "",
+        continued: str = "",
     ) -> list[str]:
         """The execution's run and the execution its keys name (``execution_run``);
         its parent's run is the header's, else (a parent started before the
         header) its workflow id's; ``original``: the execution a reset one was
-        reset from (none from a workflow that predates it)."""
+        reset from (none from a workflow that predates it); ``continued``: what the
+        keys of the execution a continue-as-new goes on from named (ADR 0119)."""
         with _ledger_write(gate, OPEN_RUN):
             return await opened(
                 workflow_id,
@@ -141,6 +145,7 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
                 shared,
                 carried,
                 original,
+                continued,
             )
 
     @activity.defn(name=FENCE_RUN)
@@ -154,6 +159,7 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
         carried: str,
         reason: str,
         original: str = "",
+        continued: str = "",
     ) -> None:
         with _ledger_write(gate, FENCE_RUN):
             run_id, _ = await opened(
@@ -165,6 +171,7 @@ def ledger_activities(gate: EngineGate) -> list[Any]:
                 shared,
                 carried,
                 original,
+                continued,
             )
             await gate.fence(run_id, f"temporal workflow cancel: {reason}")
 

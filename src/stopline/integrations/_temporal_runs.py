@@ -11,6 +11,10 @@ activities' keys name (ADRs 0050, 0056, 0073).
   keys name that execution, so an activity it runs again reaches the operation
   already recorded (committed: its recorded result, never sent again), and it
   goes on in that execution's run while the run has not ended.
+- **A continue-as-new's execution is its place in the chain** (ADR 0119): it goes
+  on in the run the header carries, its keys naming ``FIRST~N`` (``next_in_chain``),
+  not its own execution, so that a reset of an earlier execution, which continues
+  as new again, reaches the operations the chain recorded at each place.
 - **An activity whose workflow runs without the plugin** (``ungated``, ADR 0098):
   no run header, and no run its workflow opened: refused before dispatch, as a
   gated DBOS step of an ungated workflow is. Its calls would join a run nothing
@@ -71,6 +75,7 @@ __all__ = [
     "cancel_activity",
     "execution_run",
     "keyed_by_header",
+    "next_in_chain",
     "own_run",
     "pending_children",
     "request_cancel",
@@ -82,6 +87,8 @@ __all__ = [
 
 _EXECUTION = "@run:"
 _ACTIVITY = "@run:activity:"
+_NEXT = "~"  # ``FIRST~N``: the keys of the Nth execution after a chain's first (ADR 0119)
+_EXECUTION_ROOM = 36  # an execution's in an operation's id (``_engines.RUN_ROOM``)
 # what follows ``_ACTIVITY`` in a standalone activity's run: Temporal's activity run id (a
 # UUID), or nothing (a server that gives none); never a ``:``, ``#`` or ``@``
 _ACTIVITY_RUN = re.compile(r"[0-9A-Za-z_-]*")
@@ -175,16 +182,20 @@ async def execution_run(
     shared: bool = False,
     carried: str = "",
     original: str = "",
+    continued: str = "",
 ) -> tuple[str, str]:
     """The run a workflow execution opens, and the execution its activities' keys
     name: its ``original`` (the same as its own unless it is a reset) in the run that
-    execution is in; its own in a run of its own. A cancelled run is kept: its fence
-    refuses every later execution of the id (ADR 0024) until it is resumed."""
+    execution is in; its own in a run of its own; an execution a continue-as-new goes
+    on in the run with, its place in the chain (``next_in_chain`` of ``continued``,
+    what the keys of the execution it goes on from named: ADR 0119). A cancelled run
+    is kept: its fence refuses every later execution of the id (ADR 0024) until it is
+    resumed."""
     original = original or execution
     if carried:
         record = await find_run(gate.ledger, carried)
         if record is not None and record.state not in ENDED_ON_ITS_OWN:
-            return carried, original
+            return carried, next_in_chain(continued) if continued else original
     run_id = run_id_of(workflow_id)
     record = await find_run(gate.ledger, run_id)
     if record is not None and record.state in ENDED_ON_ITS_OWN:
@@ -194,6 +205,22 @@ async def execution_run(
     opened = await gate.open_run(run_id, workflow, parent_id=parent_id, shared=shared)
     gate.remember_engine_id(run_id, workflow_id)
     return run_id, await _keyed_by(gate, opened, original)
+
+
+def next_in_chain(keyed_by: str) -> str:
+    """What the keys of the execution a continue-as-new starts name, from what its
+    predecessor's named (ADR 0119): ``FIRST~N`` for the Nth after the chain's first
+    (whose keys name ``FIRST``). The same wherever the chain is re-run from: a reset
+    of an earlier execution continues as new into the same names, and reaches the
+    operations the chain recorded there (committed: their results, never sent again),
+    as a reset execution reaches its original's (ADR 0073)."""
+    head, mark, count = keyed_by.rpartition(_NEXT)
+    if not (mark and head and count.isdecimal()):
+        head, count = keyed_by, "0"
+    after = f"{_NEXT}{int(count) + 1}"
+    # within an execution's room in an operation's id (a Temporal run id's 36): the
+    # start of FIRST, which only this run's other executions' keys could meet
+    return f"{head[: max(1, _EXECUTION_ROOM - len(after))]}{after}"
 
 
 async def _keyed_by(gate: EngineGate, run: RunRecord, execution: str) -> str:

@@ -29,6 +29,10 @@ workflow's code ends it: the worker running the execution's last attempt does
   any cancelled run does, its call in doubt read back. A run whose activity id is
   derived (``standalone_of`` cannot read it back), or whose execution Temporal no
   longer knows (past its retention), is left as it is.
+- **So is a workflow's run nothing ended** (ADR 0119, ``_temporal_closed``): the
+  same look asks Temporal of each running workflow's run of its owner and tenant
+  that no live worker's call holds; one whose workflow Temporal recorded completed
+  or failed (its end refused by the ledger as the workflow ended) is ended so.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from stopline.domain.model import RunRecord
 from stopline.domain.vocab import RunState
 from stopline.errors import LedgerError, StoplineError, describe
 from stopline.integrations._engines import EngineGate, find_run, resumed_after_cancel
+from stopline.integrations._temporal_closed import workflow_end, workflow_of
 from stopline.integrations._temporal_horizon import ACTIVITY_CLOSED
 from stopline.integrations._temporal_runs import standalone_of
 
@@ -154,22 +159,25 @@ class ActivityRuns:
                 await self._look_once()
             except (StoplineError, RPCError) as exc:
                 log.warning(
-                    "the look for standalone activities' runs nothing ended failed (made"
-                    " again at the next sweep): %s",
+                    "the look for standalone activities' and workflows' runs nothing ended"
+                    " failed (made again at the next sweep): %s",
                     describe(exc),
                 )
             await asyncio.sleep(self.gate.ledger.lease / 3)
 
     async def _look_once(self) -> None:
-        """The running standalone activities' runs of the plugin's owner and tenant (one
-        read of the ledger's running runs) whose call is not in flight under a live
-        worker's lease, nor their attempt running here: each asked of Temporal."""
+        """The running standalone activities' and workflows' runs of the plugin's owner
+        and tenant (one read of the ledger's running runs) whose call is not in flight
+        under a live worker's lease, nor their attempt running here: each asked of
+        Temporal."""
         backend, gate = self.gate.ledger.backend, self.gate
         running = await backend.list_runs(state=RunState.RUNNING, owner=gate.owner, limit=_LOOK)
         runs = [
             run
             for run in running
-            if standalone_of(run.id) is not None and self._ours(run) and run.id not in self.here
+            if (standalone_of(run.id) or workflow_of(run.id)) is not None
+            and self._ours(run)
+            and run.id not in self.here
         ]
         if not runs:
             return
@@ -185,11 +193,26 @@ class ActivityRuns:
             if op.status.in_flight and op.worker in live
         }
         for run in runs:
-            if run.id not in held:
+            if run.id in held:
+                continue
+            if standalone_of(run.id) is not None:
                 await self._closed_in_temporal(run)
+            else:
+                await self._workflow_closed(run)
 
     def _ours(self, run: RunRecord) -> bool:
         return self.gate.owns(run) and tenant_of(run) == self.gate.tenant
+
+    async def _workflow_closed(self, run: RunRecord) -> None:
+        """A workflow's run closed as Temporal recorded its workflow's end (completed, or
+        failed), which its workflow's side could not write (ADR 0119); nothing while the
+        workflow runs, or when it ended otherwise, or Temporal no longer knows it."""
+        workflow = workflow_of(run.id)
+        if workflow is None or self.client is None:
+            return
+        ended = await workflow_end(self.client, *workflow)
+        if ended is not None:
+            await self.close(run.id, RuntimeError(ended) if ended else None)
 
     async def _closed_in_temporal(self, run: RunRecord) -> None:
         """The run closed as Temporal says its execution closed; nothing while it runs,

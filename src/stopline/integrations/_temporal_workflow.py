@@ -19,13 +19,16 @@ only through three local activities (the worker side, ``_temporal_ledger``):
 - ``stopline.end_run`` when the workflow ends on its own. A fault that may clear is
   retried while it lasts; one no retry can fix (the ledger refuses the write) fails
   the workflow, typed and non-retryable, naming its run, left as the ledger holds it
-  (ADR 0111).
+  (ADR 0111), until a worker's look ends it as Temporal recorded the workflow's end
+  (ADR 0119, ``_temporal_closed``).
 
 Every activity the workflow starts carries its ``ActivityCancellationType``
 and its run's id in headers, from which the worker side picks the call's
 phase policy and its run (a local activity also its call, ``LOCAL_HEADER``);
 a child workflow carries its parent's run, and a continue-as-new the run it
-goes on with.
+goes on with and what its keys named: the next execution's keys name its place
+in the chain (``FIRST~N``, ADR 0119), so that the continuation of a reset
+execution reaches the operations of the one it re-runs.
 """
 
 from __future__ import annotations
@@ -99,7 +102,10 @@ def _not_ended(run_id: str, exc: ActivityError | ApplicationError) -> Applicatio
     kind = cause.type if isinstance(cause, ApplicationError) and cause.type else "LedgerError"
     said = cause.message if isinstance(cause, ApplicationError) else str(exc)
     then = (
-        "; end it (ledger.end) once the ledger takes the write" if kind.startswith("Ledger") else ""
+        "; a worker's look ends it as Temporal records this failure once the ledger takes"
+        " the write (ADR 0119)"
+        if kind.startswith("Ledger")
+        else ""
     )
     return ApplicationError(
         f"the workflow's code returned, but the ledger did not end its run {run_id!r}"
@@ -136,12 +142,14 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
             _header(input, SHARED_HEADER, bool, False),
             "" if parent else _header(input, RUN_HEADER, str, ""),
         )
-        # the execution a reset one was reset from (ADR 0073): its own unless reset
+        # the execution a reset one was reset from (ADR 0073): its own unless reset; and
+        # what the keys of the execution a continue-as-new goes on from named (ADR 0119)
         original = info.original_execution_run_id or info.run_id
+        continued = "" if parent else _header(input, EXECUTION_HEADER, str, "")
         outbound = self._outbound
 
         async def opened_then_run() -> Any:
-            opened = await _ledger(OPEN_RUN, *execution, original)
+            opened = await _ledger(OPEN_RUN, *execution, original, continued)
             # a history recorded before open_run answered: the run was the workflow id's;
             # before it answered with the execution the keys name: this one
             if isinstance(opened, list) and len(opened) == 2:
@@ -162,7 +170,8 @@ class StoplineWorkflowInbound(WorkflowInboundInterceptor):
                     raise
                 # R1: fence first (opening the run if the cancel came before it was
                 # opened), then let the workflow's code hear of the cancel
-                await _ledger(FENCE_RUN, *execution, reason or "workflow cancel", original)
+                said = reason or "workflow cancel"
+                await _ledger(FENCE_RUN, *execution, said, original, continued)
                 main.cancel()
                 result = await main
         except FailureError as exc:  # the workflow fails (a plain exception retries its task)
@@ -225,5 +234,10 @@ class _Outbound(WorkflowOutboundInterceptor):
         return await self.next.start_child_workflow(input)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        """The next execution goes on in the run, its keys named after this one's (its
+        place in the chain, which a reset of an earlier execution comes to again)."""
         input.headers = self._with_run(dict(input.headers))
+        if self.keyed_by:
+            convert = workflow.payload_converter().to_payload
+            input.headers[EXECUTION_HEADER] = convert(self.keyed_by)
         self.next.continue_as_new(input)

@@ -4,7 +4,9 @@
     worker = Worker(client, task_queue="q", workflows=[W], activities=[upload], plugins=[plugin])
 
 The plugin adds an interceptor and three local activities (``_temporal_workflow``; their
-faults, a retry only where one may help: ``_temporal_ledger``, ADR 0111):
+faults, a retry only where one may help: ``_temporal_ledger``, ADR 0111; a run whose end
+the ledger refused, ended by the worker's look as Temporal recorded its workflow's end:
+``_temporal_closed``, ADR 0119):
 
 - **Key stable across retries and crashes.** An activity is the operation
   ``WORKFLOW_ID/RUN_ID:ACTIVITY_ID`` (a local one ``local-N``: ``call_of``);
@@ -181,7 +183,8 @@ class StoplinePlugin(SimplePlugin):
         next: Callable[[temporalio.worker.Worker], Awaitable[None]],
     ) -> None:
         """The worker runs, and beside it the look for standalone activities' runs that
-        nothing ended (their last attempt's worker died: ADR 0105)."""
+        nothing ended (their last attempt's worker died: ADR 0105), and workflows' runs
+        whose end the ledger refused (ADR 0119)."""
         look = asyncio.create_task(self.activity_runs.look())
         try:
             await super().run_worker(worker, next)
