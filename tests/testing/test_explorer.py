@@ -91,7 +91,14 @@ async def test_handoff_approval_and_compensable_tool_every_cell_passes() -> None
 
 
 async def test_mutation_gate_ignoring_the_fence_breaks_r1_in_the_right_cells() -> None:
-    cancels = ("cancel", "cancel_twice", "late_response", "compensate", "compensate_again")
+    cancels = (
+        "cancel",
+        "cancel_twice",
+        "late_response",
+        "cancel_resume",
+        "compensate",
+        "compensate_again",
+    )
     with gate_ignores_fence():
         matrix = await explore(report_upload_notify, Demo, actions=ACTIONS, out=None)
     broken = {(c.point, c.action) for c in matrix.broken("R1")}

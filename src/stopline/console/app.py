@@ -66,7 +66,7 @@ from stopline.errors import (
     StoplineError,
 )
 from stopline.ledger import redact
-from stopline.runtime.review import ReviewVerdict
+from stopline.runtime.review import REVIEW_STATUSES, ReviewVerdict
 
 __all__ = ["LOCAL_HOSTS", "ConsoleConfig", "HostGuard", "check_principal", "create_app"]
 
@@ -141,7 +141,18 @@ CONSOLE_TERMS: Terms = {
     Do.REVIEW: lambda step: f"{reviewing(step)} (on the Review queue page{_not_yet(step)})",
     Do.RESUME: lambda step: f"{CLI_TERMS[Do.RESUME](step)} (the console does not resume runs)",
 }
-_TEMPLATES.env.globals["recovery"] = lambda receipt: receipt.advice.say(CONSOLE_TERMS)
+# an action's answer (a cancel's, a decision's) is a page of its own that does not
+# refresh: its run page is the one that follows the run
+ANSWER_TERMS: Terms = {
+    **CONSOLE_TERMS,
+    Do.WAIT: lambda step: (
+        "wait until it settles (its run page follows it)"
+        + reading_back(step, "a worker of your application opened with it; not the console")
+    ),
+}
+_TEMPLATES.env.globals["recovery"] = lambda receipt, answer=False: receipt.advice.say(
+    ANSWER_TERMS if answer else CONSOLE_TERMS
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -361,7 +372,12 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         reason = str(form.get("reason", "")).strip()
         run_id = request.path_params["run_id"]
         receipt = await ledger.cancel(run_id, by=operator(session.principal), reason=reason)
-        return render(request, "receipt.html", receipt=receipt, by=session.principal)
+        # R7: one cancel per run; a second (a double submit, a stale page's form, a run
+        # that ended meanwhile) records nothing, and the page says so (the record's cancel)
+        recorded = receipt.cancelled_by == session.principal
+        return render(
+            request, "receipt.html", receipt=receipt, by=session.principal, recorded=recorded
+        )
 
     async def review_page(request: Request) -> Response:
         ledger = the_ledger(request)
@@ -390,7 +406,10 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         note = check_note(str(form.get("note", "")).strip())  # whole, or refused: 400
         op_id = request.path_params["op_id"]
         if verdict is ReviewVerdict.COMPENSATE:  # refused before anything is written
-            why = correct_elsewhere(ledger, await ledger.backend.get_operation(op_id))
+            op = await ledger.backend.get_operation(op_id)
+            # only of an item in review: one decided meanwhile (a stale page's form) is
+            # the ledger's refusal, "not in review: it is committed", not "record it here"
+            why = correct_elsewhere(ledger, op) if op.status in REVIEW_STATUSES else ""
             if why:
                 message = f"operation {op_id!r} is not corrected from here: {why}"
                 return render(request, "error.html", 409, message=message)
@@ -422,6 +441,8 @@ def create_app(config: ConsoleConfig, *, ledger: stopline.Ledger | None = None) 
         Route("/stats", authed(stats_page)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
+    if ledger is not None:  # served without a lifespan (an ASGI server's lifespan="off")
+        app.state.ledger = ledger
     app.add_middleware(HostGuard, allowed=LOCAL_HOSTS | frozenset(config.allowed_hosts))
     app.add_middleware(SecureHeaders)  # outermost: the guard's refusals too
     return app

@@ -6,6 +6,7 @@ import inspect
 import os
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
@@ -134,6 +135,7 @@ class CellRunner(Generic[P]):
         self.settle_timeout = min(cell_timeout / 2, max(3.0, 2 * _budget(verify)))
         self.name = str(getattr(workflow, "__name__", "workflow"))
         self.last_sources: Sources | None = None
+        self.baseline: dict[str, int] = {}  # effects by tool of the discovery run
 
     async def run_plain(
         self,
@@ -173,6 +175,8 @@ class CellRunner(Generic[P]):
             if _not_ours(exc) or isinstance(exc, ExplorerError):
                 raise
             return Cell(where, what, seed, CellStatus.ERROR, run_id, note=_why(exc))
+        if point is None:  # a run never cancelled: what a resumed one may do at most
+            self.baseline = {tool: len(t.effects) for tool, t in seen.truths().items()}
         violations, needs_recovery = check(seen, require_ground_truth=self.require_ground_truth)
         if point is None and seen.error is not None:
             # the discovery run: a workflow that fails on its own cannot be explored
@@ -255,6 +259,8 @@ class CellRunner(Generic[P]):
                                 holding.held,
                                 driven.done,
                             )
+                            ctx.reenter = partial(self._reenter, ledger, run_id, providers, driven)
+                            ctx.settle_timeout = self.settle_timeout
                             try:
                                 await action.at_point(ctx)
                             finally:
@@ -316,6 +322,14 @@ class CellRunner(Generic[P]):
                 raise
         finally:
             driven.done.set()
+
+    async def _reenter(self, ledger: Ledger, run_id: str, providers: P, driven: _Driven) -> None:
+        """The workflow entered again under its run id, its providers kept (a resume)."""
+        try:
+            async with ledger.run(self.name, owner=OWNER, run_id=run_id) as run:
+                await self.workflow(run, providers)
+        except Exception as exc:  # the workflow's own failure is data, as on its first entry
+            driven.error = exc
 
     async def _observe(
         self,
@@ -417,6 +431,7 @@ class CellRunner(Generic[P]):
             recovered=recovered,
             truth=truth,
             error=describe(driven.error) if driven.error is not None else None,
+            baseline=self.baseline if ctx is not None and ctx.resumed else None,
         )
 
 

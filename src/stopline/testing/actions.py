@@ -37,6 +37,7 @@ __all__ = [
     "Action",
     "ActionContext",
     "Cancel",
+    "CancelResume",
     "CancelTwice",
     "Compensate",
     "CompensateAgain",
@@ -112,6 +113,11 @@ class ActionContext:
         self.cancels: list[tuple[Receipt, frozenset[str]]] = []
         self.late: list[str] = []  # operation ids a late response was delivered for
         self.crashed = False
+        # the workflow entered again under the same run id, its providers kept (a
+        # ``CancelResume``'s; set by the cell), and whether an action did so
+        self.reenter: Callable[[], Awaitable[None]] | None = None
+        self.resumed = False
+        self.settle_timeout: float | None = None  # the cell's wait for its run to settle
         self._undo: list[Callable[[], None]] = []  # ``patch``es to put back, last first
 
     @property
@@ -331,6 +337,36 @@ class PauseResume(Action):
         await ledger.resume(ctx.run_id, by=BY)
 
 
+class CancelResume(Action):
+    """Cancel; once the run settled, resume it and enter the workflow again under the
+    same run id, as the receipt's recovery line says: what was done is returned from
+    the ledger, not done again. A workflow whose calls are not the same on re-entry (a
+    key of its own drawn afresh, a call made outside ``run.call``) repeats its effects:
+    the check compares each destination with a run never cancelled (R4). A run that
+    cannot be resumed (in review) is left as the cancel left it."""
+
+    name = "cancel_resume"
+
+    def unsupported(self, ledger: Ledger) -> str | None:
+        if hasattr(ledger, "resume"):
+            return None
+        return "this runtime has no ledger.resume"
+
+    async def at_point(self, ctx: ActionContext) -> None:
+        await ctx.cancel()
+
+    async def after_done(self, ctx: ActionContext) -> None:
+        try:
+            receipt = await ctx.ledger.wait_settled(ctx.run_id, timeout=ctx.settle_timeout)
+        except TimeoutError:
+            return  # unsettled: the cell's own wait says so (R2), nothing to resume
+        if receipt.run_state is not RunState.CANCELLED or ctx.reenter is None:
+            return  # it ended before the cancel, or waits for a reviewer: nothing to resume
+        await ctx.ledger.resume(ctx.run_id, by=BY)
+        ctx.resumed = True
+        await ctx.reenter()
+
+
 class ExpireApproval(Action):
     """Let the run's pending approvals expire, then cancel (S5)."""
 
@@ -407,6 +443,7 @@ DEFAULT_ACTIONS: tuple[Action, ...] = (
     CrashWorker(),
     CrashLateCommit(),
     PauseResume(),
+    CancelResume(),
     ExpireApproval(),
     Compensate(),
     CompensateAgain(),

@@ -61,6 +61,9 @@ class Observed:
     # the keys of this run's effects its destination holds
     truth: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     error: str | None = None  # what the workflow raised, if it did
+    # resumed and entered again (``CancelResume``): the effects by tool of a run never
+    # cancelled, which the resumed run's may not exceed
+    baseline: Mapping[str, int] | None = None
 
     @property
     def tree(self) -> tuple[str, ...]:
@@ -144,6 +147,20 @@ def _own(seen: Observed) -> list[EventRecord]:
     return [e for e in seen.events if e.run_id == seen.run.id]
 
 
+def _fenced(seen: Observed) -> list[tuple[int, float]]:
+    """(the first cancel, the resume that lifted it or infinity), per fence of the run:
+    a resume (``CancelResume``) lets the run dispatch again."""
+    out: list[tuple[int, float]] = []
+    fence: int | None = None
+    for e in _own(seen):
+        if e.kind == RunEvent.CANCEL and fence is None:
+            fence = e.seq
+        elif e.kind == RunEvent.RESUME and fence is not None:
+            out.append((fence, e.seq))
+            fence = None
+    return [*out, (fence, float("inf"))] if fence is not None else out
+
+
 def _passed(seen: Observed) -> Counter[str]:
     return Counter(e.op_id for e in seen.events if e.kind == OpEvent.GATE_PASSED and e.op_id)
 
@@ -161,11 +178,12 @@ def _unresolved(seen: Observed) -> list[OperationRecord]:
 def _r1(seen: Observed) -> Iterator[Violation]:
     """No dispatch after the fence (the run's cancel, which fences its tree): in ledger
     order, and at the providers."""
-    cancels = [e.seq for e in _own(seen) if e.kind == RunEvent.CANCEL]
-    if cancels:
-        fence, corrections = min(cancels), _corrections(seen)
+    corrections = _corrections(seen)
+    for fence, lifted in _fenced(seen):
         for e in seen.events:
-            if e.kind == OpEvent.GATE_PASSED and e.seq > fence and e.op_id not in corrections:
+            if e.kind != OpEvent.GATE_PASSED or e.op_id in corrections:
+                continue
+            if fence < e.seq < lifted:
                 yield Violation(
                     "R1", f"{e.op_id} passed the gate (seq {e.seq}) after the cancel (seq {fence})"
                 )
@@ -244,10 +262,26 @@ def _r3_r4(seen: Observed) -> Iterator[Violation]:
     yield from _answers(seen, corrections)
     if seen.entries > 1:
         yield Violation("R4", f"the workflow was started {seen.entries} times")
+    if seen.baseline is not None:
+        yield from _repeated(seen, seen.baseline)
     kept = {e.op_id for e in seen.events if e.data.get("late")}
     for op_id in seen.late:
         if op_id not in kept:
             yield Violation("R4", f"the late response for {op_id} was not kept as evidence")
+
+
+def _repeated(seen: Observed, baseline: Mapping[str, int]) -> Iterator[Violation]:
+    """R4 after a resume and a re-entry (``CancelResume``): no destination holds more
+    effects than a run never cancelled makes (a call made again under another key)."""
+    for tool, truth in seen.truths().items():
+        done, once = len(truth.effects), baseline.get(tool, 0)
+        if done > once:
+            yield Violation(
+                "R4",
+                f"{truth.who} holds {done} effects after a cancel, a resume and the workflow "
+                f"entered again; a run never cancelled makes {once}: the re-entered "
+                "workflow repeated what was done",
+            )
 
 
 def _answers(seen: Observed, corrections: set[str]) -> Iterator[Violation]:
