@@ -9,10 +9,11 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from dbos import DBOS, SetWorkflowID
 
 import stopline
@@ -55,6 +56,9 @@ class Databases:
     system_url: str
     schema: str
     ledger_url: str
+    # SQLite: how long DBOS's connections wait for a lock (DBOS's own engine: 30 s);
+    # None: DBOS's engine
+    busy_ms: int | None = None
 
 
 @dataclasses.dataclass
@@ -82,9 +86,10 @@ def databases(backend: str, tmp_path: Path) -> Iterator[Databases]:
         drop_schema(schema)
 
 
-def launch(dbs: Databases, version: str = "stopline-tests") -> None:
+def launch(dbs: Databases, version: str = "stopline-tests") -> sa.Engine | None:
     """DBOS launched on ``dbs``; another ``version`` recovers none of the tests' workflows
-    (a process that only cancels)."""
+    (a process that only cancels). The engine DBOS was given, if any: the caller
+    disposes of it after ``DBOS.destroy()``."""
     config: dict[str, object] = {
         "name": "stopline-tests",
         "system_database_url": dbs.system_url,
@@ -95,8 +100,29 @@ def launch(dbs: Databases, version: str = "stopline-tests") -> None:
     }
     if dbs.schema:
         config["dbos_system_schema"] = dbs.schema
+    engine = None
+    if dbs.busy_ms is not None:
+        engine = config["system_database_engine"] = sqlite_engine(dbs.system_url, dbs.busy_ms)
     DBOS(config=config)  # type: ignore[arg-type]
     DBOS.launch()
+    return engine
+
+
+def sqlite_engine(url: str, busy_ms: int) -> sa.Engine:
+    """DBOS's SQLite system database engine as DBOS makes it (immediate transactions,
+    foreign keys), but waiting ``busy_ms`` for a lock instead of DBOS's 30 s: a user's
+    ``system_database_engine``, DBOS's own setting for a shorter lock wait (its engine
+    sets the wait on each connection, over any ``db_engine_kwargs``). The caller
+    disposes of it (DBOS does not dispose of an engine it was given)."""
+    engine = sa.create_engine(url)
+
+    @sa.event.listens_for(engine, "connect")
+    def as_dbos_does(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = "IMMEDIATE"
+        dbapi_conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+    return engine
 
 
 @contextlib.asynccontextmanager
@@ -105,11 +131,13 @@ async def running(dbs: Databases, provider: FileProvider) -> AsyncIterator[Harne
     dbos_app.use(provider)
     async with stopline.open(dbs.ledger_url, verify=FAST_VERIFY) as ledger:
         with dbos_app.gate.bound(ledger):
-            launch(dbs)
+            engine = launch(dbs)
             try:
                 yield Harness(ledger, provider, dbs)
             finally:
                 DBOS.destroy()
+                if engine is not None:  # DBOS does not dispose of an engine it was given
+                    engine.dispose()
     # what the test left for the garbage collector goes now, inside the test (see
     # test_dbos.py's warning filter), not in whichever test runs next
     gc.collect()
@@ -165,7 +193,8 @@ class LockedFile:
         self.conn: sqlite3.Connection | None = None
 
     def begin(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        # begun and ended from worker threads, not always the same one (anyio's)
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30, check_same_thread=False)
         conn.execute("BEGIN EXCLUSIVE")  # waits out DBOS's own writes first
         self.conn = conn
 
@@ -201,11 +230,16 @@ class RoleLockedOut:
 
 
 @contextlib.contextmanager
-def outage_ready(backend: str, tmp_path: Path) -> Iterator[tuple[Databases, Outage]]:
-    """DBOS's system database, and an outage of it alone (the ledger stays reachable)."""
+def outage_ready(
+    backend: str, tmp_path: Path, busy_ms: int | None = None
+) -> Iterator[tuple[Databases, Outage]]:
+    """DBOS's system database, and an outage of it alone (the ledger stays reachable).
+    ``busy_ms``: SQLite, how long DBOS waits for a lock (``sqlite_engine``; DBOS's own
+    engine waits 30 s): the lock is the outage either way, and a read fails sooner."""
     if backend == "sqlite":
         dbos_file = tmp_path / "dbos.sqlite"
-        dbs = Databases(f"sqlite:///{dbos_file}", "", f"sqlite:///{tmp_path / 'ledger.db'}")
+        ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+        dbs = Databases(f"sqlite:///{dbos_file}", "", ledger_url, busy_ms=busy_ms)
         locked = LockedFile(dbos_file)
         try:
             yield dbs, locked

@@ -40,7 +40,12 @@ from dbos._sys_db import WorkflowStatusString
 
 from stopline.domain.vocab import RunState
 from stopline.errors import RunEnded, describe
-from stopline.integrations._dbos_watch import outside_workflow, owner_in_dbos, why_cancelled
+from stopline.integrations._dbos_watch import (
+    outside_workflow,
+    owner_in_dbos,
+    short,
+    why_cancelled,
+)
 from stopline.integrations._engines import EngineGate
 
 __all__ = ["as_application", "cancelled_in_dbos", "owner_token", "step_body", "workflow_raised"]
@@ -183,7 +188,7 @@ async def _whose_cancel(workflow_id: str, owner: str | None, exc: BaseException)
             "%s: DBOS's record of the workflow could not be read (%s): the cancel error"
             " (%s) is taken as %s",
             workflow_id,
-            describe(failed),
+            describe(short(failed)),
             describe(exc),
             "the step's call's own" if whose is _Whose.THE_CODES else "DBOS's",
         )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import inspect
 import logging
@@ -42,6 +43,7 @@ from typing import Any, TypeVar
 
 from dbos._dbos import _get_dbos_instance
 from dbos._sys_db import WorkflowStatusString
+from sqlalchemy.exc import StatementError
 
 from stopline.errors import describe
 from stopline.integrations._engines import EngineGate
@@ -53,6 +55,7 @@ __all__ = [
     "Watcher",
     "outside_workflow",
     "owner_in_dbos",
+    "short",
     "why_cancelled",
 ]
 
@@ -227,7 +230,7 @@ class Watcher:
             return
         self._outage = _Outage(time.monotonic(), _first_line(exc))
         health = self.gate.ledger.health
-        health.failed(_STEP, exc, retrying=True)
+        health.failed(_STEP, short(exc), retrying=True)
         health.failing(_STEP, True)
 
     def _answered(self, *, stopping: bool = False) -> None:
@@ -243,9 +246,22 @@ class Watcher:
         self.gate.ledger.health.failing(_STEP, False)
 
 
+def short(exc: BaseException) -> BaseException:
+    """DBOS's database error as a log or a record tells it: SQLAlchemy's error without
+    the statement, parameters and link it appends to its message (``[SQL: ...]``, all of
+    a listing's ids; ADR 0118). A copy of the same type, with the original as its cause
+    (a traceback still shows it); any other error as it is."""
+    if not isinstance(exc, StatementError):
+        return exc
+    told = copy.copy(exc)
+    told.statement, told.params, told.code = None, None, None
+    told.__cause__, told.__traceback__ = exc, exc.__traceback__
+    return told
+
+
 def _first_line(exc: BaseException) -> str:
-    """The error, without the statement SQLAlchemy appends to its message."""
-    return describe(exc).partition("\n")[0]
+    """The error's first line, without what SQLAlchemy appends to its message."""
+    return describe(short(exc)).partition("\n")[0]
 
 
 _ANSWERED_AGAIN = (

@@ -95,7 +95,7 @@ from stopline.integrations._dbos_context import (
     step_body,
     workflow_raised,
 )
-from stopline.integrations._dbos_watch import Watcher
+from stopline.integrations._dbos_watch import Watcher, short
 from stopline.integrations._dbos_watch import outside_workflow as _outside_workflow
 from stopline.integrations._engine_doubt import decided_at, until_decidable
 from stopline.integrations._engine_trees import workflows_of
@@ -415,10 +415,12 @@ def _not_gated(workflow_id: str, step: str) -> str:
     )
 
 
-# what a rewound workflow whose run ended on its own is told (ADR 0072)
+# what a rewound (or resumed, ADR 0118) workflow whose run ended on its own is told
+# (ADR 0072)
 _REWOUND = (
-    "DBOS.rewind_workflow does not reopen a finished run: DBOS.fork_workflow runs it "
-    "again as a new workflow (a step that happened is not sent again)"
+    "DBOS.rewind_workflow (or DBOS.resume_workflow) does not reopen a finished run: "
+    "DBOS.fork_workflow runs it again as a new workflow (a step that happened is not "
+    "sent again)"
 )
 
 
@@ -446,8 +448,16 @@ def _deadline() -> int | None:
 
 
 async def _cancel_in_dbos(workflow_id: str, reason: str) -> None:
-    """DBOS cancels only the workflow named: its children go by stopline's ownership."""
-    await _outside_workflow(DBOS.cancel_workflow_async(workflow_id))
+    """DBOS cancels only the workflow named: its children go by stopline's ownership.
+    A database error DBOS does not retry is raised without the statement SQLAlchemy
+    appends (it reaches ``ledger.health``'s log from a forwarded cancel, ADR 0118)."""
+    try:
+        await _outside_workflow(DBOS.cancel_workflow_async(workflow_id))
+    except Exception as exc:
+        told = short(exc)
+        if told is exc:
+            raise
+        raise told from exc
 
 
 async def _why_cut(workflow_id: str) -> NoAnswer | None:
@@ -460,7 +470,7 @@ async def _why_cut(workflow_id: str) -> NoAnswer | None:
             return None
         why = "its timeout_seconds passed, or DBOS is shutting down"
     except Exception as exc:  # the call is cut either way: its cause is what is known
-        why = f"DBOS could not say why: {describe(exc)}"
+        why = f"DBOS could not say why: {describe(short(exc))}"
     return NoAnswer(Cause.LOCAL_ERROR, f"DBOS cut the step, its workflow not cancelled ({why})")
 
 
