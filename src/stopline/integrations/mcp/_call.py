@@ -7,6 +7,7 @@ what happens                                   recorded
 ============================================  =================================
 a result, ``isError: false``                   committed (its evidence: digest)
 a result, ``isError: true``                    unknown / server_error
+a result the SDK refuses (its outputSchema)    unknown / server_error
 error with ``data["io.stopline/outcome"]``     not_committed (refused before
 ``== "not_committed"``                         any effect)
 HTTP 404 for the session, or 413 (the first    not_committed (never processed;
@@ -118,6 +119,19 @@ def sendable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         raise InvalidInput("arguments", f"an MCP request cannot carry them: {exc}") from None
 
 
+def refused_answer(exc: BaseException) -> NoAnswer | None:
+    """``server_error`` when the SDK refused an answer it received (its check of a result
+    against the tool's listed ``outputSchema``, ``validate_tool_result``: a misfit, no
+    structured content, a schema it cannot use), else ``None``. The server answered and
+    the connection is sound: dropping it ended every other call in flight on it."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "validate_tool_result":
+            return NoAnswer(Cause.SERVER_ERROR, f"malformed result: {describe(exc)}")
+        tb = tb.tb_next
+    return None
+
+
 def plain_result(result: CallToolResult) -> Any:
     """What a gated call returns: the structured content, else the text."""
     if result.structured_content is not None:
@@ -171,6 +185,10 @@ async def read_tool(
             why = f"MCP connection closed: {exc.message}"
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             why = describe(exc)
+        except Exception as exc:
+            if (refused := refused_answer(exc)) is not None:
+                raise refused from exc
+            raise
         conn.mark_broken(client)
         if attempt == 2:
             raise NoAnswer(Cause.TRANSPORT, why)
@@ -318,8 +336,10 @@ class McpCall:
         except NoAnswer as exc:  # no connection, so nothing was sent: provably not committed
             raise never_processed(self.ref, "not_sent", f"not sent: {exc.detail}") from exc
         self.scope.deadline = deadline.initial()
-        if cap is not None:  # R13: no answer is awaited past this; the stated horizon
-            self.ctx.settles_by(self.ctx.started_at + cap)
+        if cap is not None:  # R13: no answer is awaited past this; the stated horizon,
+            # never before the tool's declared one (the server's work may outlive our wait)
+            declared = self.ctx.tool.settles_within
+            self.ctx.settles_by(self.ctx.started_at + max(cap, declared or 0.0))
         with self.scope:
             attempt = 1
             while True:
@@ -379,8 +399,10 @@ class McpCall:
         except ValidationError as exc:
             failure, cause = NoAnswer(Cause.SERVER_ERROR, f"malformed result: {exc}"), exc
         except Exception as exc:
-            self.conn.mark_broken(client)
-            failure, cause = NoAnswer(Cause.TRANSPORT, describe(exc)), exc
+            refused = refused_answer(exc)
+            if refused is None:  # the SDK's own failure: the connection cannot be trusted
+                self.conn.mark_broken(client)
+            failure, cause = refused or NoAnswer(Cause.TRANSPORT, describe(exc)), exc
         else:  # only ``connection_lost`` cancels this scope: the request may have been read
             failure = NoAnswer(Cause.TRANSPORT, f"MCP connection ended: {self.lost}")
         finally:

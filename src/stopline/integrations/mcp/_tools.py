@@ -17,12 +17,16 @@ A call's arguments are checked against the tool's listed ``inputSchema`` before 
 gate (``fits_schema``; ``StoplineMCP(..., check_input_schemas=False)``: not): a server
 validates them before its tool runs and, since 2025-11-25, answers a misfit as a tool
 error (``isError: true``, which proves nothing), so sent they left an ``unknown``
-operation to read back for a call that never ran.
+operation to read back for a call that never ran. A listed schema the validator cannot
+use (invalid, or one whose use fails: a ``$ref`` that resolves nowhere, a schema that
+refers to itself whole) checks nothing, said once per listing in the log: the call is
+gated and sent, and the server judges its arguments (ADR 0122).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
     from stopline.integrations.mcp.client import StoplineMCP
 
 __all__ = ["declare", "fits_schema", "listed_check", "routed"]
+
+logger = logging.getLogger(__name__)
 
 
 def declare(conn: StoplineMCP, name: str, tool: Tool[Any], invoke: Any, read: Any) -> None:
@@ -82,14 +88,20 @@ def listed_check(conn: StoplineMCP, name: str) -> Callable[[tuple[Any, ...], dic
 def fits_schema(conn: StoplineMCP, name: str, arguments: dict[str, Any]) -> None:
     """``InvalidInput`` unless ``arguments`` (with the key the client adds, when the
     tool's policy names a ``key_argument``) fit ``name``'s listed ``inputSchema``. A
-    schema that is itself invalid checks nothing: the server is left to judge."""
+    schema the validator cannot use checks nothing (logged once): the server judges."""
     schema = conn.listing[name].input_schema
     key_argument = conn.policy(name).key_argument
     if key_argument:  # the client sets it after this check: as the server will get it
         arguments = {**arguments, key_argument: "io.stopline/key"}
     validator = _validator(conn, name, schema)
-    errors = () if validator is None else validator.iter_errors(arguments)
-    error = jsonschema.exceptions.best_match(errors)
+    if validator is None:
+        return
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    except Exception as exc:  # the schema's use failed, not the arguments: unusable
+        _unusable(conn, name, exc)
+        _VALIDATORS[conn][name] = (schema, None)
+        return
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         why = f"tool {name!r} of {conn.name!r} takes no such arguments: {where}: {error.message}"
@@ -106,19 +118,35 @@ _VALIDATORS: weakref.WeakKeyDictionary[StoplineMCP, dict[str, tuple[object, Any]
 
 def _validator(conn: StoplineMCP, name: str, schema: dict[str, Any]) -> Any:
     """The validator of ``name``'s listed ``schema``, or ``None`` for one that is no
-    valid schema."""
+    valid schema (or whose use failed before)."""
     made = _VALIDATORS.setdefault(conn, {})
     held = made.get(name)
     if held is not None and held[0] is schema:
         return held[1]
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
+        default = jsonschema.Draft202012Validator
+        cls = jsonschema.validators.validator_for(schema, default=default)
         cls.check_schema(schema)
         validator: Any = cls(schema)
-    except jsonschema.exceptions.SchemaError:
+    except Exception as exc:  # SchemaError, or a dialect no validator knows
+        _unusable(conn, name, exc)
         validator = None
     made[name] = (schema, validator)
     return validator
+
+
+def _unusable(conn: StoplineMCP, name: str, exc: Exception) -> None:
+    """Said once per listed schema: ``name``'s calls are not checked (ADR 0122)."""
+    why = str(exc).split("\n", 1)[0][:200]
+    logger.warning(
+        "stopline: MCP server %r lists tool %r with an inputSchema no validator can use"
+        " (%s: %s): its calls are gated and sent unchecked; the server judges their"
+        " arguments",
+        conn.name,
+        name,
+        type(exc).__name__,
+        why,
+    )
 
 
 async def routed(conn: StoplineMCP, name: str, *, as_read: bool) -> str | None:
