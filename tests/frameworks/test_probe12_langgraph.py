@@ -9,7 +9,7 @@ Real graphs (``StateGraph``, ``ToolNode``, LangChain tools, ``GenericFakeChatMod
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -24,6 +24,7 @@ from stopline.integrations import langgraph as lg
 from tests.conftest import FAST_VERIFY
 from tests.frameworks.effects import BARRIER_LIMIT
 from tests.frameworks.test_probe11_langgraph import Shop, call, chat_graph, told
+from tests.support.held_reads import held_reads
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -41,21 +42,6 @@ async def other(ledger_url: str) -> AsyncIterator[stopline.Ledger]:
     """A second worker on the same ledger (its own runtime, as another process has)."""
     async with stopline.open(ledger_url, verify=FAST_VERIFY) as opened:
         yield opened
-
-
-def held_reads(
-    monkeypatch: pytest.MonkeyPatch, ledger: stopline.Ledger, after: Callable[[], Awaitable[None]]
-) -> None:
-    """``ledger``'s reads of a thread's runs (``get_runs``) each wait for ``after()``
-    once they have read: how "at the same moment" is made certain."""
-    read = ledger.backend.get_runs
-
-    async def held(run_ids: Any) -> Any:
-        found = await read(run_ids)
-        await after()
-        return found
-
-    monkeypatch.setattr(ledger.backend, "get_runs", held)
 
 
 async def enter_once(

@@ -10,7 +10,6 @@ A failure to make the run that leaves no run there is still raised as it came.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +18,7 @@ import stopline
 from stopline.domain.vocab import RunState
 from tests.conftest import FAST_VERIFY
 from tests.faults.recovery_outside_harness import outside_sql
+from tests.support.held_reads import held_reads
 
 pytestmark = pytest.mark.anyio
 
@@ -28,22 +28,6 @@ async def other(ledger_url: str) -> AsyncIterator[stopline.Ledger]:
     """A second ledger on the same database: another worker process's."""
     async with stopline.open(ledger_url, verify=FAST_VERIFY) as opened:
         yield opened
-
-
-def held_reads(
-    monkeypatch: pytest.MonkeyPatch, ledger: stopline.Ledger, after: Callable[[], Awaitable[None]]
-) -> None:
-    """``ledger``'s reads of a run (``get_run``) each wait for ``after()`` once they have
-    read: how "both found no run" is made certain."""
-    read = ledger.backend.get_run
-
-    async def held(run_id: str) -> Any:
-        try:
-            return await read(run_id)
-        finally:
-            await after()
-
-    monkeypatch.setattr(ledger.backend, "get_run", held)
 
 
 def both_read_first() -> Callable[[], Awaitable[None]]:
@@ -64,8 +48,8 @@ async def test_two_workers_making_one_run_at_once_both_enter_it(
     ledger: stopline.Ledger, other: stopline.Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     after = both_read_first()
-    held_reads(monkeypatch, ledger, after)
-    held_reads(monkeypatch, other, after)
+    held_reads(monkeypatch, ledger, after, "get_run")
+    held_reads(monkeypatch, other, after, "get_run")
     entered: dict[str, str] = {}
     inside = anyio.Event()
     leave = anyio.Event()
@@ -92,7 +76,7 @@ async def test_two_workers_making_one_run_at_once_both_enter_it(
 async def test_two_blocks_of_one_ledger_at_once_the_second_is_already_attached(
     ledger: stopline.Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    held_reads(monkeypatch, ledger, both_read_first())
+    held_reads(monkeypatch, ledger, both_read_first(), "get_run")
     outcomes: list[str | BaseException] = []
     leave = anyio.Event()
 
