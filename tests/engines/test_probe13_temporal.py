@@ -31,7 +31,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from stopline import Headline, OpStatus, RunState
 from stopline.errors import UnknownRun
 from stopline.integrations.temporal_server import TemporalDevServer
-from tests.engines.temporal_harness import Harness, harness, worker_for
+from tests.engines.temporal_harness import Harness, activities, harness, plugin, worker_for
 from tests.engines.temporal_workflows import Chain, Plan
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,3 +212,37 @@ async def test_a_reset_of_a_chains_execution_sends_no_upload_again(
     assert runs == [handle.id]
     assert [line.status for line in receipt.lines] == [OpStatus.COMMITTED, OpStatus.COMMITTED]
     assert receipt.headline is Headline.COMPLETED
+
+
+async def test_a_workflow_that_waits_is_asked_of_again_only_after_its_wait(
+    temporal_server: TemporalDevServer, tmp_path: Path
+) -> None:
+    """A workflow waiting for a signal (its run running, no call in flight) is asked of
+    Temporal once, then again only after a wait that doubles each time it is still
+    running, from a third of the lease up to 10 minutes (ADR 0119): three looks in a
+    row ask once (old: one ``describe`` per worker at every sweep of every running
+    workflow). Its run ended, the look forgets it."""
+    async with harness(temporal_server, tmp_path, worker=False) as h, worker_for(h):
+        waiting = await h.start(Plan(["upload"], wait_for_go=True))
+        with anyio.fail_after(30):
+            await _opened(h, waiting)
+        looks = plugin(h.ledger, h.provider, activities(h.provider)).activity_runs
+        looks.client = h.client
+        await looks._look_once()
+        first = looks._again.get(waiting.id)
+        await looks._look_once()
+        await looks._look_once()
+        again = looks._again.get(waiting.id)
+        looks._again[waiting.id] = (0.0, first[1] if first else 0.0)  # its wait passed
+        await looks._look_once()
+        doubled = looks._again.get(waiting.id)
+        await waiting.signal("go")
+        with anyio.fail_after(30):
+            await waiting.result()
+            await _ended(h, waiting.id)
+        await looks._look_once()
+        forgotten = waiting.id not in looks._again
+    assert first is not None and first[1] == h.ledger.lease / 3, first  # asked, running
+    assert again == first  # not asked again before its wait
+    assert doubled is not None and doubled[1] == 2 * first[1], doubled  # asked: twice the wait
+    assert forgotten

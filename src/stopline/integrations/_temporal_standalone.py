@@ -66,6 +66,10 @@ log = logging.getLogger("stopline.integrations.temporal")
 # the running runs a look reads (newest first): the standalone activities' among them
 _LOOK = 10_000
 _ASK = timedelta(seconds=5)
+# a workflow's run Temporal says is running is asked of again after twice the wait each
+# time (from a sweep's), up to this: a workflow that waits days for a signal is not one
+# ``describe`` per worker at every sweep (ADR 0119)
+_ASK_AGAIN_MOST = 600.0
 
 
 class ActivityRuns:
@@ -80,6 +84,8 @@ class ActivityRuns:
         self.derived: dict[str, tuple[str, str]] = {}
         self.here: dict[str, int] = {}  # runs an attempt of which runs in this process
         self._kept: set[asyncio.Task[None]] = set()  # ends gone on in the background
+        # each workflow's run found running: when to ask of it again, and the wait
+        self._again: dict[str, tuple[float, float]] = {}
 
     @contextlib.contextmanager
     def running_here(self, run_id: str) -> Iterator[None]:
@@ -179,6 +185,7 @@ class ActivityRuns:
             and self._ours(run)
             and run.id not in self.here
         ]
+        self._again = {r.id: self._again[r.id] for r in runs if r.id in self._again}
         if not runs:
             return
         now = time.time()
@@ -197,22 +204,28 @@ class ActivityRuns:
                 continue
             if standalone_of(run.id) is not None:
                 await self._closed_in_temporal(run)
-            else:
-                await self._workflow_closed(run)
+                continue
+            at, wait = self._again.get(run.id, (0.0, 0.0))
+            if time.monotonic() >= at and not await self._workflow_closed(run):
+                wait = min(max(2 * wait, gate.ledger.lease / 3), _ASK_AGAIN_MOST)
+                self._again[run.id] = (time.monotonic() + wait, wait)
 
     def _ours(self, run: RunRecord) -> bool:
         return self.gate.owns(run) and tenant_of(run) == self.gate.tenant
 
-    async def _workflow_closed(self, run: RunRecord) -> None:
+    async def _workflow_closed(self, run: RunRecord) -> bool:
         """A workflow's run closed as Temporal recorded its workflow's end (completed, or
         failed), which its workflow's side could not write (ADR 0119); nothing while the
-        workflow runs, or when it ended otherwise, or Temporal no longer knows it."""
+        workflow runs, or when it ended otherwise, or Temporal no longer knows it.
+        Whether it was closed."""
         workflow = workflow_of(run.id)
         if workflow is None or self.client is None:
-            return
+            return False
         ended = await workflow_end(self.client, *workflow)
-        if ended is not None:
-            await self.close(run.id, RuntimeError(ended) if ended else None)
+        if ended is None:
+            return False
+        await self.close(run.id, RuntimeError(ended) if ended else None)
+        return True
 
     async def _closed_in_temporal(self, run: RunRecord) -> None:
         """The run closed as Temporal says its execution closed; nothing while it runs,
