@@ -386,10 +386,12 @@ class _Files:
     """Where each cell's ledger lives."""
 
     def __init__(self, ledger_url: str | None, tmp: Path) -> None:
+        self.query = ""
         if ledger_url is None:
             self.dir, self.stem = tmp, "ledger"
         elif isinstance(ledger_url, str) and ledger_url.startswith("sqlite:///"):
-            name = ledger_url.removeprefix("sqlite:///").partition("?")[0]
+            name, mark, query = ledger_url.removeprefix("sqlite:///").partition("?")
+            self.query = mark + query  # each cell's ledger is opened with its options
             if name in ("", ":memory:"):  # was a file named ":memory:-<run id>.db" here
                 raise ExplorerError(
                     f"the explorer keeps a ledger file per cell: {ledger_url!r} names no "
@@ -404,4 +406,4 @@ class _Files:
         path = self.dir / f"{self.stem}-{name}.db"
         for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             stale.unlink(missing_ok=True)  # a fresh ledger file per cell, re-runs included
-        return f"sqlite:///{path}"
+        return f"sqlite:///{path}{self.query}"
