@@ -124,7 +124,7 @@ class _Handed:
 
 # the JSON object a result is kept in when JSON cannot write it: LangGraph's own bytes;
 # with ``raised``, the command of a ``ParentCommand`` (``_Handed``)
-_KEPT = "io.stopline/langgraph"
+_KEPT = thread.KEPT
 _SHAPES = (frozenset({_KEPT, "data", "shows"}), frozenset({_KEPT, "data", "shows", "raised"}))
 _SERDE = JsonPlusSerializer()  # what a checkpointer writes with, by default
 

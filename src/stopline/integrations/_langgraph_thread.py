@@ -69,6 +69,7 @@ from stopline.runtime.ledger import Ledger
 from stopline.runtime.tool import Tool
 
 __all__ = [
+    "KEPT",
     "OVER",
     "Thread",
     "answer",
@@ -80,7 +81,8 @@ __all__ = [
 
 _TURN = re.compile(r"@turn:([1-9][0-9]*)\Z")
 OVER = frozenset({RunState.COMPLETED, RunState.FAILED})  # ended on its own: a next run
-_KEPT = "io.stopline/langgraph"  # a result kept as LangGraph writes it (``_langgraph_calls``)
+# the mark of a result kept as LangGraph's serializer writes it (``_langgraph_calls``)
+KEPT = "io.stopline/langgraph"
 _KEY_ROOM = 256  # a derived id leaves this much of the ledger's id length for keys
 _BATCH = 16  # runs read at once while looking for the thread's current one, first
 _MOST = 1024  # ... and at most
@@ -188,7 +190,6 @@ def _calls(bound: Bound) -> _Calls:
 
 
 _CALLS: weakref.WeakKeyDictionary[Bound, _Calls] = weakref.WeakKeyDictionary()
-ANSWERED = NoteKind.REPEAT_ANSWERED  # a later run's call was answered from this record
 _LOST = frozenset({OpStatus.UNKNOWN, OpStatus.NEEDS_REVIEW})  # its answer did not come
 _SENT = frozenset({OpStatus.REQUESTED, OpStatus.ACCEPTED})
 
@@ -232,7 +233,7 @@ async def _left(bound: Bound, calls: _Calls, op: OperationRecord) -> bool:
     if log is None:
         log = calls.logs[op.run_id] = await bound.ledger.backend.events(op.run_id)
     mine = [e for e in log if e.op_id == op.id]
-    if any(e.kind == ANSWERED for e in mine):
+    if any(e.kind == NoteKind.REPEAT_ANSWERED for e in mine):
         return False
     if any(e.to_state in _LOST for e in mine):
         return True
@@ -247,7 +248,7 @@ async def _answered(bound: Bound, op: OperationRecord, key: str) -> OperationRec
     calls = _calls(bound)
     if await _left(bound, calls, op):
         by = f"{bound.run.id}/{key}"
-        await bound.ledger.backend.note(op.id, ANSWERED, {"by": by})
+        await bound.ledger.backend.note(op.id, NoteKind.REPEAT_ANSWERED, {"by": by})
         calls.logs.pop(op.run_id, None)  # read again with the note, if needed again
     return op
 
@@ -274,7 +275,7 @@ def for_model(op: OperationRecord, key: str | None = None) -> Any:
         said.append(f"its result was not kept ({why})")
     elif isinstance(op.result, str):
         said.append(f"its answer then: {op.result}")
-    elif not (isinstance(op.result, dict) and _KEPT in op.result):  # not a kept Command
+    elif not (isinstance(op.result, dict) and KEPT in op.result):  # not a kept Command
         said.append(f"its answer then: {jsontext.compact_or_str(op.result)}")
     if repeat:
         head = (
